@@ -1,0 +1,106 @@
+"""Strict readers for settings that come from the environment.
+
+Every helper fails loudly (ImproperlyConfigured naming the variable and what it expected) instead of silently
+falling back to a default when a value is present but malformed: a typo in production must stop the process, not
+turn DEBUG on or point the console at an empty database.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_str(name: str, default: str | None = None) -> str:
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ImproperlyConfigured(f"{name} must be set")
+        return default
+    return value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}={value!r} is not a boolean: use one of 1/0, true/false, yes/no, on/off")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}={value!r} is not an integer") from None
+    if minimum is not None and number < minimum:
+        raise ImproperlyConfigured(f"{name}={number} must be at least {minimum}")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    items = [item.strip() for item in value.split(",")]
+    if any(not item for item in items):
+        raise ImproperlyConfigured(f"{name}={value!r} has an empty item: use a comma-separated list")
+    return items
+
+
+def database_from_env(name: str, *, sqlite_default: Path) -> dict:
+    """DATABASES['default'] from a URL; an unset variable means the embedded SQLite file."""
+    url = os.environ.get(name, "").strip()
+    if not url:
+        sqlite_default.parent.mkdir(parents=True, exist_ok=True)
+        return sqlite_config(sqlite_default)
+    scheme = urlsplit(url).scheme
+    if scheme in {"postgres", "postgresql", "pgsql"}:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        config["ENGINE"] = "django.db.backends.postgresql"
+        if not config.get("NAME"):
+            raise ImproperlyConfigured(f"{name} must name a database: postgres://user@host:5432/dbname")
+        return config
+    if scheme == "sqlite":
+        path = url.removeprefix("sqlite:///").removeprefix("sqlite://")
+        if not path:
+            raise ImproperlyConfigured(f"{name}={url!r}: use sqlite:////absolute/path.sqlite3")
+        return sqlite_config(Path(path))
+    raise ImproperlyConfigured(f"{name}={url!r}: only postgres:// and sqlite:/// URLs are supported")
+
+
+def sqlite_config(path: Path) -> dict:
+    # WAL lets the console read while a job writes; IMMEDIATE takes the write lock at BEGIN so two writers queue
+    # on the busy timeout instead of failing half-way with "database is locked".
+    return {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(path),
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        },
+    }
+
+
+def redis_url_from_env(name: str) -> str | None:
+    url = os.environ.get(name, "").strip()
+    if not url:
+        return None
+    if urlsplit(url).scheme not in {"redis", "rediss", "unix"}:
+        raise ImproperlyConfigured(f"{name}={url!r}: use redis://host:6379/0 (or rediss://, unix://)")
+    return url

@@ -1,0 +1,323 @@
+"""The tamper-evident audit trail (SPEC §15.6): append, verify, and the recorded maintenance switch.
+
+Every event belongs to one chain ("task:<id>" for everything about a task and its calls, "system" for the rest)
+and carries the hash of its predecessor in that chain, plus a gap-free global `seq`. Appending locks the global
+counter row first and the chain head second — one lock order for every writer, so appenders never deadlock each
+other and a chain can never fork. Both locks are held to the end of the caller's transaction, which is what makes
+the sequence gap-free: a rolled-back append releases its number with everything else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from django.db import connections
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from recovery import dbguards
+from recovery.engine.canonical import canonical_json, normalize
+from recovery.models import ActorKind, AuditChainHead, AuditEvent
+
+GLOBAL = "global"
+SYSTEM_CHAIN = "system"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Actor:
+    """Who did it: a person, an agent runtime's token, a background job or the system."""
+
+    kind: str
+    label: str
+    user_id: int | None = None
+    token_id: int | None = None
+
+    @classmethod
+    def for_user(cls, user) -> Actor:
+        return cls(kind=ActorKind.USER, label=f"user:{user.get_username()}", user_id=user.pk)
+
+    @classmethod
+    def for_token(cls, token) -> Actor:
+        return cls(kind=ActorKind.TOKEN, label=f"token:{token.name}", token_id=token.pk)
+
+    @classmethod
+    def job(cls, name: str) -> Actor:
+        return cls(kind=ActorKind.JOB, label=f"job:{name}")
+
+    @classmethod
+    def system(cls, name: str) -> Actor:
+        return cls(kind=ActorKind.SYSTEM, label=f"system:{name}")
+
+
+def chain_key(task_id: int | None) -> str:
+    return f"task:{task_id}" if task_id else SYSTEM_CHAIN
+
+
+def _timestamp(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
+
+
+def event_hash(
+    *,
+    seq: int,
+    chain: str,
+    chain_seq: int,
+    prev_hash: str,
+    task_id: int | None,
+    call_id: int | None,
+    actor_kind: str,
+    actor_label: str,
+    actor_user_id: int | None,
+    actor_token_id: int | None,
+    action: str,
+    from_state: str,
+    to_state: str,
+    reason: str,
+    evidence: Any,
+    created_at: datetime,
+) -> str:
+    payload = canonical_json(
+        {
+            "seq": seq,
+            "chain": chain,
+            "chain_seq": chain_seq,
+            "prev_hash": prev_hash,
+            "task_id": task_id,
+            "call_id": call_id,
+            "actor_kind": actor_kind,
+            "actor_label": actor_label,
+            "actor_user_id": actor_user_id,
+            "actor_token_id": actor_token_id,
+            "action": action,
+            "from_state": from_state,
+            "to_state": to_state,
+            "reason": reason,
+            "evidence": evidence,
+            "created_at": _timestamp(created_at),
+        }
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _hash_of(event: AuditEvent) -> str:
+    return event_hash(
+        seq=event.seq,
+        chain=event.chain,
+        chain_seq=event.chain_seq,
+        prev_hash=event.prev_hash,
+        task_id=event.task_id,
+        call_id=event.call_id,
+        actor_kind=event.actor_kind,
+        actor_label=event.actor_label,
+        actor_user_id=event.actor_user_id,
+        actor_token_id=event.actor_token_id,
+        action=event.action,
+        from_state=event.from_state,
+        to_state=event.to_state,
+        reason=event.reason,
+        evidence=event.evidence,
+        created_at=event.created_at,
+    )
+
+
+_ADVANCE = (
+    "UPDATE recovery_auditchainhead SET length = length + 1 WHERE key = %s RETURNING length, head_hash, head_event_id"
+)
+_CREATE_HEAD = (
+    "INSERT INTO recovery_auditchainhead (key, length, head_hash, updated_at) VALUES (%s, 0, '', %s) "
+    "ON CONFLICT (key) DO NOTHING"
+)
+
+
+def _advance(cursor, key: str, now: datetime) -> tuple[int, str, int | None]:
+    """Lock a head row and take its next number. A head is created on a chain's first event."""
+    cursor.execute(_ADVANCE, [key])
+    row = cursor.fetchone()
+    if row is None:
+        # A concurrent creator of the same head waits on the unique key and then finds the row.
+        cursor.execute(_CREATE_HEAD, [key, now])
+        cursor.execute(_ADVANCE, [key])
+        row = cursor.fetchone()
+    return int(row[0]), row[1], row[2]
+
+
+def append_event(
+    *,
+    action: str,
+    actor: Actor,
+    task_id: int | None = None,
+    call_id: int | None = None,
+    from_state: str = "",
+    to_state: str = "",
+    reason: str = "",
+    evidence: dict | None = None,
+    using: str = "default",
+) -> AuditEvent:
+    """Append one event to its task's chain. Must run inside the transaction whose change it records."""
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        raise RuntimeError("append_event() must run inside transaction.atomic(), with the change it records")
+    now = timezone.now()
+    chain = chain_key(task_id)
+    evidence = normalize(evidence or {})
+    with connection.cursor() as cursor:
+        seq, _, _ = _advance(cursor, GLOBAL, now)  # global first: the one lock order
+        chain_seq, prev_hash, prev_id = _advance(cursor, chain, now)
+        fields = dict(
+            seq=seq,
+            chain=chain,
+            chain_seq=chain_seq,
+            prev_hash=prev_hash,
+            task_id=task_id,
+            call_id=call_id,
+            actor_kind=str(actor.kind),
+            actor_label=actor.label,
+            actor_user_id=actor.user_id,
+            actor_token_id=actor.token_id,
+            action=action,
+            from_state=str(from_state),
+            to_state=str(to_state),
+            reason=reason,
+            evidence=evidence,
+            created_at=now,
+        )
+        event = AuditEvent(prev_id=prev_id, hash=event_hash(**fields), **fields)
+        event.save(using=using, force_insert=True)
+        cursor.execute(
+            "UPDATE recovery_auditchainhead SET head_hash = %s, head_event_id = %s, updated_at = %s "
+            "WHERE key IN (%s, %s)",
+            [event.hash, event.pk, now, chain, GLOBAL],
+        )
+    return event
+
+
+@contextmanager
+def audit_maintenance(*, reason: str, actor: Actor, using: str = "default") -> Iterator[None]:
+    """The documented maintenance switch: lets this transaction UPDATE or DELETE audit rows (retention, tests).
+
+    Its use is recorded as an `audit.maintenance` event before the switch turns on, in the same transaction, so
+    the record cannot be skipped and is itself chained. Rows it removes will show as gaps to verify_audit unless
+    the whole chain and its head go together.
+    """
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        raise RuntimeError("audit_maintenance() must run inside transaction.atomic()")
+    if not reason.strip():
+        raise ValueError("audit_maintenance() needs a reason")
+    append_event(action="audit.maintenance", actor=actor, reason=reason, using=using)
+    dbguards.set_maintenance(connection, True, local=True)
+    try:
+        yield
+    finally:
+        dbguards.set_maintenance(connection, False, local=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditReport:
+    events: int
+    chains: int
+    problem: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def _verify_global(using: str) -> tuple[int, str | None]:
+    head = AuditChainHead.objects.using(using).filter(key=GLOBAL).first()
+    expected = 0
+    last_hash = ""
+    rows = AuditEvent.objects.using(using).order_by("seq").values_list("seq", "hash")
+    for seq, hash_ in rows.iterator(chunk_size=5000):
+        expected += 1
+        if seq != expected:
+            return expected - 1, f"global sequence gap: event #{expected} is missing (next present is #{seq})"
+        last_hash = hash_
+    length = head.length if head else 0
+    if length != expected:
+        return expected, f"global sequence ends at #{expected} but the head says #{length}: the tail was removed"
+    if head and head.head_hash != last_hash:
+        return expected, f"the last event #{expected} is not the one the global head recorded"
+    return expected, None
+
+
+def _check_heads(batch: list[tuple[str, int, str, int]], using: str) -> str | None:
+    heads = {h.key: h for h in AuditChainHead.objects.using(using).filter(key__in=[chain for chain, *_ in batch])}
+    for chain, length, last_hash, last_id in batch:
+        head = heads.get(chain)
+        if head is None:
+            return f"chain {chain} has events but no head"
+        if head.length != length:
+            return f"chain {chain} ends at #{length} but its head says #{head.length}: the tail was removed"
+        if head.head_hash != last_hash or head.head_event_id != last_id:
+            return f"chain {chain}: the last event #{length} is not the one its head recorded"
+    return None
+
+
+def _chain_problem(event: AuditEvent, expected_seq: int, prev: AuditEvent | None) -> str | None:
+    where = f"chain {event.chain} event #{event.chain_seq} (seq {event.seq})"
+    if event.chain_seq != expected_seq:
+        return f"chain {event.chain}: event #{expected_seq} is missing (next present is #{event.chain_seq})"
+    if event.prev_hash != (prev.hash if prev else "") or event.prev_id != (prev.pk if prev else None):
+        return f"{where} does not link to the event before it"
+    if _hash_of(event) != event.hash:
+        return f"{where} does not match its hash: its content was edited"
+    return None
+
+
+def verify_events(events, using: str = "default") -> tuple[int, int, str | None]:
+    """Walk events ordered by (chain, chain_seq); compare each finished chain with its head."""
+    count = chains = 0
+    prev: AuditEvent | None = None
+    batch: list[tuple[str, int, str, int]] = []
+    for event in events:
+        count += 1
+        if prev is None or event.chain != prev.chain:
+            if prev is not None:
+                batch.append((prev.chain, prev.chain_seq, prev.hash, prev.pk))
+            chains += 1
+            prev = None
+        problem = _chain_problem(event, (prev.chain_seq + 1) if prev else 1, prev)
+        if problem:
+            return count, chains, problem
+        prev = event
+        if len(batch) >= 500:
+            problem = _check_heads(batch, using)
+            if problem:
+                return count, chains, problem
+            batch = []
+    if prev is not None:
+        batch.append((prev.chain, prev.chain_seq, prev.hash, prev.pk))
+    return count, chains, _check_heads(batch, using) if batch else None
+
+
+def verify_chain(key: str, using: str = "default") -> AuditReport:
+    events = AuditEvent.objects.using(using).filter(chain=key).order_by("chain_seq")
+    count, chains, problem = verify_events(events.iterator(chunk_size=2000), using)
+    if problem is None and count == 0 and AuditChainHead.objects.using(using).filter(key=key, length__gt=0).exists():
+        problem = f"chain {key} has a head but no events: they were removed"
+    return AuditReport(events=count, chains=chains, problem=problem)
+
+
+def verify_all(using: str = "default") -> AuditReport:
+    total, problem = _verify_global(using)
+    if problem:
+        return AuditReport(events=total, chains=0, problem=problem)
+    events = AuditEvent.objects.using(using).order_by("chain", "chain_seq").iterator(chunk_size=5000)
+    count, chains, problem = verify_events(events, using)
+    if problem is None:
+        orphan = (
+            AuditChainHead.objects.using(using)
+            .exclude(key=GLOBAL)
+            .filter(length__gt=0)
+            .exclude(Exists(AuditEvent.objects.using(using).filter(chain=OuterRef("key"))))
+            .first()
+        )
+        if orphan:
+            problem = f"chain {orphan.key} has a head but no events: they were removed"
+    return AuditReport(events=count, chains=chains, problem=problem)

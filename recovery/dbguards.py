@@ -1,0 +1,143 @@
+"""Rules the database itself enforces, so that no code path (ORM, raw SQL, a shell) can bypass them.
+
+1. The call state machine: a trigger generated from `recovery.states.ALLOWED_PAIRS` refuses any state change that
+   is not an edge of SPEC §8, any state change that does not bump `version` by exactly one, and any version change
+   without a state change. Violations raise IntegrityError.
+2. Append-only audit: UPDATE, DELETE (and TRUNCATE on PostgreSQL) of `recovery_auditevent` are refused unless the
+   audit maintenance switch is on for the current session. The switch is a session setting
+   (`recovery.audit_maintenance` on PostgreSQL; a per-connection flag read through an SQL function on SQLite),
+   turned on only by `recovery.audit.audit_maintenance()`, which first records its own use as an audit event.
+
+SQLite note: Django rebuilds a table to alter it, which drops its triggers. A migration that alters `recovery_call`
+or `recovery_auditevent` must call `install(schema_editor)` again; tests/test_dbguards.py fails otherwise.
+"""
+
+from __future__ import annotations
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.backends.signals import connection_created
+
+from recovery.states import ALLOWED_PAIRS
+
+SETTING = "recovery.audit_maintenance"
+
+
+def _edge_list(pairs: tuple[tuple[str, str], ...]) -> str:
+    return ", ".join(f"'{src}>{dst}'" for src, dst in pairs)
+
+
+def postgres_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
+    return [
+        f"""
+        CREATE OR REPLACE FUNCTION recovery_call_state_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.state IS DISTINCT FROM OLD.state THEN
+                IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
+                    RAISE EXCEPTION 'call %: state change % -> % must bump version by one (% -> %)',
+                        OLD.id, OLD.state, NEW.state, OLD.version, NEW.version USING ERRCODE = 'check_violation';
+                END IF;
+                IF NOT (OLD.state || '>' || NEW.state = ANY (ARRAY[{_edge_list(pairs)}])) THEN
+                    RAISE EXCEPTION 'call %: illegal state change % -> %', OLD.id, OLD.state, NEW.state
+                        USING ERRCODE = 'check_violation';
+                END IF;
+            ELSIF NEW.version IS DISTINCT FROM OLD.version THEN
+                RAISE EXCEPTION 'call %: version changes only with the state', OLD.id
+                    USING ERRCODE = 'check_violation';
+            END IF;
+            RETURN NEW;
+        END $$;
+        """,
+        "DROP TRIGGER IF EXISTS recovery_call_state_guard ON recovery_call",
+        """
+        CREATE TRIGGER recovery_call_state_guard BEFORE UPDATE OF state, version ON recovery_call
+        FOR EACH ROW EXECUTE FUNCTION recovery_call_state_guard()
+        """,
+        f"""
+        CREATE OR REPLACE FUNCTION recovery_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF coalesce(current_setting('{SETTING}', true), '') = 'on' THEN
+                IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+                RETURN NEW;
+            END IF;
+            RAISE EXCEPTION '% is append-only: % refused (see recovery.audit.audit_maintenance)',
+                TG_TABLE_NAME, TG_OP USING ERRCODE = 'restrict_violation';
+        END $$;
+        """,
+        "DROP TRIGGER IF EXISTS recovery_auditevent_append_only ON recovery_auditevent",
+        """
+        CREATE TRIGGER recovery_auditevent_append_only BEFORE UPDATE OR DELETE ON recovery_auditevent
+        FOR EACH ROW EXECUTE FUNCTION recovery_audit_append_only()
+        """,
+        "DROP TRIGGER IF EXISTS recovery_auditevent_no_truncate ON recovery_auditevent",
+        """
+        CREATE TRIGGER recovery_auditevent_no_truncate BEFORE TRUNCATE ON recovery_auditevent
+        FOR EACH STATEMENT EXECUTE FUNCTION recovery_audit_append_only()
+        """,
+    ]
+
+
+def sqlite_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
+    # RAISE(ABORT, ...) reports SQLITE_CONSTRAINT, which Django raises as IntegrityError.
+    return [
+        "DROP TRIGGER IF EXISTS recovery_call_state_edge",
+        f"""
+        CREATE TRIGGER recovery_call_state_edge BEFORE UPDATE OF state ON recovery_call
+        FOR EACH ROW WHEN NEW.state IS NOT OLD.state AND (OLD.state || '>' || NEW.state) NOT IN ({_edge_list(pairs)})
+        BEGIN SELECT RAISE(ABORT, 'illegal call state change: not an edge of the state table'); END
+        """,
+        "DROP TRIGGER IF EXISTS recovery_call_state_version",
+        """
+        CREATE TRIGGER recovery_call_state_version BEFORE UPDATE OF state, version ON recovery_call
+        FOR EACH ROW WHEN (NEW.state IS NOT OLD.state AND NEW.version IS NOT OLD.version + 1)
+                       OR (NEW.state IS OLD.state AND NEW.version IS NOT OLD.version)
+        BEGIN SELECT RAISE(ABORT, 'call version must rise by exactly one with each state change'); END
+        """,
+        "DROP TRIGGER IF EXISTS recovery_auditevent_no_update",
+        """
+        CREATE TRIGGER recovery_auditevent_no_update BEFORE UPDATE ON recovery_auditevent
+        FOR EACH ROW WHEN recovery_audit_maintenance() = 0
+        BEGIN SELECT RAISE(ABORT, 'recovery_auditevent is append-only: UPDATE refused'); END
+        """,
+        "DROP TRIGGER IF EXISTS recovery_auditevent_no_delete",
+        """
+        CREATE TRIGGER recovery_auditevent_no_delete BEFORE DELETE ON recovery_auditevent
+        FOR EACH ROW WHEN recovery_audit_maintenance() = 0
+        BEGIN SELECT RAISE(ABORT, 'recovery_auditevent is append-only: DELETE refused'); END
+        """,
+    ]
+
+
+def install(schema_editor, pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> None:
+    """Install (or replace) every guard on the connection of a migration's schema editor."""
+    vendor = schema_editor.connection.vendor
+    if vendor == "postgresql":
+        statements = postgres_sql(pairs)
+    elif vendor == "sqlite":
+        statements = sqlite_sql(pairs)
+    else:
+        raise RuntimeError(f"no database guards for {vendor}: only PostgreSQL and SQLite are supported")
+    for statement in statements:
+        schema_editor.execute(statement, params=None)  # None: '%' in PL/pgSQL is not a placeholder
+
+
+def set_maintenance(connection: BaseDatabaseWrapper, on: bool, *, local: bool) -> None:
+    """Flip the switch. Call it only through recovery.audit.audit_maintenance(), which records the use."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT set_config(%s, %s, %s)", [SETTING, "on" if on else "off", local])
+    else:
+        connection.ensure_connection()
+        connection.recovery_audit_maintenance = on
+
+
+def _register_sqlite_function(sender, connection: BaseDatabaseWrapper, **kwargs) -> None:
+    if connection.vendor != "sqlite":
+        return
+    connection.recovery_audit_maintenance = False
+    connection.connection.create_function(
+        "recovery_audit_maintenance", 0, lambda: 1 if connection.recovery_audit_maintenance else 0
+    )
+
+
+def connect_signals() -> None:
+    connection_created.connect(_register_sqlite_function, dispatch_uid="recovery_sqlite_guard_function")

@@ -1,0 +1,1 @@
+"""The recovery engine: pure Python, no Django import (tests/test_engine_purity.py enforces it)."""

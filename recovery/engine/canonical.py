@@ -1,0 +1,37 @@
+"""Canonical JSON: one byte string per value, whatever the key order or number spelling.
+
+Rule: objects with keys sorted; no insignificant whitespace; UTF-8 kept as is; integral floats written as integers
+(800.0 and 800 are the same amount) and other floats in their shortest round-trip form; NaN and infinities refused
+(they are not JSON). Strings are never touched: "800.0" (a string) stays distinct from 800 (a number), because a
+type change is a business change. Fingerprints and audit hashes both use it, so a value read back from PostgreSQL's
+jsonb or SQLite's JSON text hashes exactly as it did when it was written.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def normalize(value: Any) -> Any:
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value) or math.isinf(value):
+            raise ValueError("NaN and infinities are not JSON numbers")
+        return int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"object keys must be strings, got {type(key).__name__}")
+            out[key] = normalize(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [normalize(item) for item in value]
+    raise ValueError(f"{type(value).__name__} is not a JSON value")
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

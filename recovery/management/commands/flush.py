@@ -1,0 +1,29 @@
+"""`flush` with the audit tables' append-only guard lifted for the duration, and that use recorded in the log.
+
+Django's test runner flushes between transactional tests; without this the guard (rightly) refuses. Any other
+flush of a production database wipes the audit trail with it, so it is logged loudly.
+"""
+
+import logging
+
+from django.core.management.commands.flush import Command as FlushCommand
+from django.db import connections
+
+from recovery import dbguards
+
+logger = logging.getLogger("recovery.audit")
+
+
+class Command(FlushCommand):
+    help = FlushCommand.help + " The audit maintenance switch is on for the flush, and its use is logged."
+
+    def handle(self, **options):
+        connection = connections[options["database"]]
+        logger.warning(
+            "flush: audit maintenance switch on for database %r (every audit row is deleted)", options["database"]
+        )
+        dbguards.set_maintenance(connection, True, local=False)
+        try:
+            return super().handle(**options)
+        finally:
+            dbguards.set_maintenance(connection, False, local=False)

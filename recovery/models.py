@@ -1,0 +1,473 @@
+"""The data model of SPEC §2.
+
+Fields that queues and workers filter on are real columns with indexes; nested policy that only the engine reads
+(request templates, schemas, schedules) is JSON validated by the registry loader. A call's `state` and `version`
+are written by `recovery.transitions` alone (and guarded by a database trigger); audit rows are append-only at the
+database level (see `recovery.dbguards`).
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from recovery.states import RECONCILABLE, CallState
+
+name_validator = RegexValidator(r"^[a-z0-9][a-z0-9_.-]*$", "Use lowercase letters, digits, '.', '_' and '-'.")
+
+
+class SideEffect(models.TextChoices):
+    READ = "read"  # no effect outside: safe to repeat
+    WRITE = "write"  # changes the world: money, orders, access, messages
+
+
+class Risk(models.TextChoices):
+    LOW = "low"
+    HIGH = "high"  # payments, deletes, admin writes: never swapped silently, reviewed first
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=64, unique=True, validators=[name_validator])
+    display_name = models.CharField(max_length=200, blank=True)
+    sandbox = models.BooleanField(default=False, help_text="Test tenant: duplicate probes are allowed here only.")
+    all_tools = models.BooleanField(default=False, help_text="May use every registered tool.")
+    tools = models.ManyToManyField("Tool", blank=True, related_name="tenants")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Provider(models.Model):
+    name = models.CharField(max_length=64, unique=True, validators=[name_validator])
+    base_url = models.URLField(max_length=500)
+    connect_timeout_s = models.FloatField(default=3.0)
+    read_timeout_s = models.FloatField(default=10.0)
+    # {"kind": "bearer"|"header"|"none", "secret_env": "ENV_VAR_NAME", ...}: secrets live in the environment only.
+    auth = models.JSONField(default=dict, blank=True)
+    callback_secret_env = models.CharField(max_length=100, blank=True)
+    idempotency_conflict_codes = models.JSONField(default=list, blank=True)
+    # The provider's status endpoint has a breaker of its own (window_s, min_calls, failure_rate, cooldown_s).
+    status_breaker = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tool(models.Model):
+    name = models.CharField(max_length=100, unique=True, validators=[name_validator])
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="tools")
+    description = models.TextField(blank=True)
+    side_effect = models.CharField(max_length=8, choices=SideEffect.choices)
+    risk = models.CharField(max_length=8, choices=Risk.choices, default=Risk.LOW)
+    replay_safe = models.BooleanField(default=False, help_text="A same-key replay cannot cause a second effect.")
+    # Switched off when a duplicate probe observes a second effect; only an admin turns it back on (SPEC §11).
+    retry_path_safe = models.BooleanField(default=True)
+    provider_ref_field = models.CharField(max_length=100, blank=True)
+    request = models.JSONField(default=dict, blank=True)  # {method, path, body}: replays, probes, dry runs
+    args_schema = models.JSONField(default=dict, blank=True)
+    result_schema = models.JSONField(default=dict, blank=True)
+    required_result_fields = models.JSONField(default=list, blank=True)
+    max_result_age_s = models.PositiveIntegerField(null=True, blank=True)
+    approvable_codes = models.JSONField(default=list, blank=True)
+    alternates = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="alternate_of")
+    outcome_timeout_s = models.PositiveIntegerField(default=30)
+    key_retention_s = models.PositiveIntegerField(default=86_400)
+    status_query = models.JSONField(default=dict, blank=True)  # {method, path, status_map}
+    reconcile = models.JSONField(default=dict, blank=True)  # {first_check_s, backoff, max_checks, deadline_s}
+    compensation = models.JSONField(default=dict, blank=True)  # {tool, args}
+    budgets = models.JSONField(default=dict, blank=True)  # {max_attempts, write_retry, unknown_budget, ...}
+    backoff = models.JSONField(default=dict, blank=True)  # {base_ms, cap_ms, jitter}
+    breaker = models.JSONField(default=dict, blank=True)  # {window_s, min_calls, failure_rate, cooldown_s, ...}
+    fallback = models.CharField(max_length=100, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiToken(models.Model):
+    name = models.CharField(max_length=100, unique=True)
+    # The first characters of the token, shown in lists and used to find the row; the rest is only in `digest`.
+    prefix = models.CharField(max_length=16, unique=True)
+    digest = models.CharField(max_length=64, unique=True)  # HMAC-SHA256(pepper, token), hex
+    tenants = models.ManyToManyField(Tenant, related_name="api_tokens")
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(default=timezone.now)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+
+class TaskStatus(models.TextChoices):
+    OPEN = "open"  # the runtime is still working
+    SUBMITTED = "submitted"  # the runtime submitted its deliverable (POST .../complete)
+    ABANDONED = "abandoned"  # the runtime or an operator gave up
+
+
+class TaskOutcome(models.TextChoices):
+    COMPLETED = "completed"  # every call settled and the deliverable submitted
+    COMPLETED_WITH_UNKNOWNS = "completed_with_unknowns"  # submitted while some effects are still unknown
+    FAILED = "failed"  # nothing or not enough was done
+    DEGRADED = "degraded"  # finished on a fallback path (e.g. read-only summary)
+    ABANDONED = "abandoned"
+
+
+class Task(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="tasks")
+    external_id = models.CharField(max_length=200)
+    agent = models.CharField(max_length=200)
+    goal = models.TextField()
+    status = models.CharField(max_length=16, choices=TaskStatus.choices, default=TaskStatus.OPEN)
+    outcome = models.CharField(max_length=32, choices=TaskOutcome.choices, blank=True)
+    no_submission = models.BooleanField(default=False, help_text="Past its deadline without a submission.")
+    budget = models.JSONField(default=dict, blank=True)  # as given by the runtime, validated
+    max_rounds = models.PositiveIntegerField(null=True, blank=True)
+    deadline = models.DateTimeField(null=True, blank=True)
+    token_budget = models.PositiveIntegerField(null=True, blank=True)
+    rounds_used = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveIntegerField(default=0)
+    write_retries_used = models.PositiveIntegerField(default=0)
+    submission = models.JSONField(null=True, blank=True)
+    created_by_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "external_id"], name="task_unique_external_id"),
+        ]
+        indexes = [models.Index(fields=["status", "deadline"], name="task_status_deadline_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant.name}/{self.external_id}"
+
+
+class Step(models.Model):
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="steps")
+    index = models.PositiveIntegerField()
+    name = models.CharField(max_length=200, blank=True)
+    depends_on = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="dependents")
+    compensation = models.JSONField(default=dict, blank=True)  # the saga's compensation action for this step
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["task", "index"]
+        constraints = [models.UniqueConstraint(fields=["task", "index"], name="step_unique_index")]
+
+    def __str__(self) -> str:
+        return f"step {self.index}"
+
+
+class Call(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="calls")
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="calls")
+    step = models.ForeignKey(Step, on_delete=models.PROTECT, related_name="calls")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="calls")
+    idempotency_key = models.CharField(max_length=255)
+    arguments = models.JSONField(default=dict)
+    fingerprint = models.CharField(max_length=64)  # sha256(tool + ":" + canonical_json(arguments))
+    side_effect = models.CharField(max_length=8, choices=SideEffect.choices)  # the tool's, when the call was made
+    risk = models.CharField(max_length=8, choices=Risk.choices)
+    # Written only by recovery.transitions (and guarded by a trigger): version counts state changes, nothing else.
+    state = models.CharField(max_length=32, choices=CallState.choices, default=CallState.READY)
+    version = models.PositiveIntegerField(default=0)
+    state_changed_at = models.DateTimeField(default=timezone.now)
+    outcome = models.CharField(max_length=32, blank=True)  # retry_exhausted, human_review_required, ...
+    max_attempts = models.PositiveIntegerField(default=3)
+    attempts_count = models.PositiveIntegerField(default=0)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    outcome_timeout_s = models.PositiveIntegerField(default=30)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    # Reconciliation counters: receipts do not bump the version.
+    checks_made = models.PositiveIntegerField(default=0)
+    last_receipt_at = models.DateTimeField(null=True, blank=True)
+    last_receipt_status = models.CharField(max_length=32, blank=True)
+    next_check_at = models.DateTimeField(null=True, blank=True)
+    # Two separate leases: a worker checking the provider, and a reviewer working the item.
+    check_lease_owner = models.CharField(max_length=100, blank=True)
+    check_lease_until = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="claimed_calls"
+    )
+    claim_until = models.DateTimeField(null=True, blank=True)
+    effects_observed = models.PositiveIntegerField(null=True, blank=True)
+    duplicate_effect = models.BooleanField(default=False)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "tool", "idempotency_key"], name="call_unique_key"),
+        ]
+        indexes = [
+            # Queues: one state, oldest first, keyset on (state_changed_at, id).
+            models.Index(fields=["state", "state_changed_at", "id"], name="call_queue_idx"),
+            models.Index(fields=["tenant", "state", "state_changed_at"], name="call_tenant_state_idx"),
+            models.Index(fields=["tool", "state", "state_changed_at"], name="call_tool_state_idx"),
+            models.Index(fields=["idempotency_key"], name="call_key_idx"),
+            models.Index(fields=["provider_ref"], name="call_provider_ref_idx"),
+            models.Index(fields=["task", "fingerprint"], name="call_task_fingerprint_idx"),
+            models.Index(
+                fields=["next_check_at"],
+                name="call_due_check_idx",
+                condition=Q(state__in=sorted(RECONCILABLE)),
+            ),
+            models.Index(fields=["sent_at"], name="call_sent_idx", condition=Q(state=CallState.SENT)),
+        ]
+        permissions = [
+            ("review_call", "Can claim calls, preview and request actions"),
+            ("approve_action", "Can approve or reject actions requested by others"),
+            ("export_audit", "Can export recovery history"),
+            ("verify_audit", "Can verify the audit chain"),
+        ]
+
+    def __str__(self) -> str:
+        return f"call {self.pk} {self.tool_id} {self.idempotency_key}"
+
+
+class Diagnostic(models.Model):
+    """Raw failure detail, redacted before storage, for operators only (`Failure.diagnostic_ref`)."""
+
+    ref = models.CharField(max_length=40, unique=True)
+    tenant = models.ForeignKey(Tenant, null=True, blank=True, on_delete=models.PROTECT)
+    call = models.ForeignKey(Call, null=True, blank=True, on_delete=models.PROTECT, related_name="diagnostics")
+    source = models.CharField(max_length=32)  # attempt, receipt, api, job
+    summary = models.CharField(max_length=300)
+    detail = models.TextField(blank=True)
+    data = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.ref
+
+
+class Attempt(models.Model):
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="attempts")
+    attempt_id = models.CharField(max_length=100)  # chosen by the runtime, unique within its call
+    number = models.PositiveIntegerField()  # 1..n within the call
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="attempts")
+    arguments = models.JSONField(default=dict)
+    fingerprint = models.CharField(max_length=64)
+    credential_version = models.PositiveIntegerField(null=True, blank=True)
+    evidence = models.JSONField(default=list, blank=True)  # evidence kinds the candidate claimed
+    policy_bypassed = models.BooleanField(default=False)  # reported after the fact; the gate would have denied it
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    reported_at = models.DateTimeField(null=True, blank=True)
+    facts = models.JSONField(null=True, blank=True)  # the outcome facts as reported (error text redacted)
+    connection_opened = models.BooleanField(null=True, blank=True)
+    sent = models.BooleanField(null=True, blank=True)
+    http_status = models.PositiveIntegerField(null=True, blank=True)
+    error_kind = models.CharField(max_length=32, blank=True)
+    error_code = models.CharField(max_length=100, blank=True)
+    provider_request_id = models.CharField(max_length=255, blank=True)
+    retry_after_ms = models.PositiveIntegerField(null=True, blank=True)
+    tokens_used = models.PositiveIntegerField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    failure = models.JSONField(null=True, blank=True)  # the Failure object of SPEC §3
+    failure_class = models.CharField(max_length=32, blank=True)
+    diagnostic = models.ForeignKey(Diagnostic, null=True, blank=True, on_delete=models.PROTECT)
+    # API idempotency: the same attempt posted twice gets the stored answer; another body under the id is a 422.
+    request_hash = models.CharField(max_length=64, blank=True)
+    response = models.JSONField(null=True, blank=True)
+    outcome_request_hash = models.CharField(max_length=64, blank=True)
+    outcome_response = models.JSONField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["call", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["call", "attempt_id"], name="attempt_unique_id"),
+            models.UniqueConstraint(fields=["call", "number"], name="attempt_unique_number"),
+        ]
+        indexes = [models.Index(fields=["tool", "created_at"], name="attempt_tool_time_idx")]
+
+    def __str__(self) -> str:
+        return f"attempt {self.number} of call {self.call_id}"
+
+
+class Decision(models.Model):
+    """The recovery decision card of SPEC §4, one per failed attempt."""
+
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="decisions")
+    attempt = models.OneToOneField(Attempt, on_delete=models.PROTECT, related_name="decision")
+    route = models.CharField(max_length=16)  # repair, retry, reauth, replan, reconcile, reject, escalate, ...
+    delay_ms = models.PositiveIntegerField(default=0)
+    next_actions = models.JSONField(default=list)
+    forbidden = models.JSONField(default=list)
+    required_next = models.JSONField(default=dict)
+    public_message = models.TextField()
+    fallback = models.CharField(max_length=100, blank=True)
+    card = models.JSONField(default=dict)  # the whole card as returned by the API
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["call", "created_at"], name="decision_call_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.route} for call {self.call_id}"
+
+
+class GateDecision(models.Model):
+    """A stored admission answer (SPEC §5): allowed or denied, why, and what is required next."""
+
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="gate_decisions")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    candidate_attempt_id = models.CharField(max_length=100, blank=True)
+    candidate = models.JSONField(default=dict)  # tool, fingerprint, credential version, claimed evidence
+    dry_run = models.BooleanField(default=False)  # asked through POST .../gate: nothing was admitted
+    allowed = models.BooleanField()
+    reason = models.CharField(max_length=64)
+    evidence_used = models.CharField(max_length=32, blank=True)
+    checks = models.JSONField(default=list)  # [{check, passed, detail}] in admission order
+    required_next = models.JSONField(default=dict, blank=True)
+    actor_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.PROTECT)
+    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [models.Index(fields=["call", "created_at"], name="gate_call_idx")]
+
+    def __str__(self) -> str:
+        return f"{'allowed' if self.allowed else 'denied'} ({self.reason}) for call {self.call_id}"
+
+
+class ReceiptSource(models.TextChoices):
+    POLL = "poll"  # a status query by a background job or an immediate check
+    CALLBACK = "callback"  # a signed provider callback
+    RUNTIME = "runtime"  # the runtime's own 2xx with a provider reference (an idempotency record)
+    OPERATOR = "operator"  # evidence entered by a person with an approved action
+
+
+class Observation(models.TextChoices):
+    COMMITTED = "committed"  # the provider has the effect
+    NOT_COMMITTED = "not_committed"  # the provider confirms it never executed (or gave up)
+    PENDING = "pending"  # the provider is still working on it
+    FAILED = "failed"  # the query failed (5xx, timeout): nothing learned
+    AMBIGUOUS = "ambiguous"  # an answer we cannot map: nothing learned
+    UNREACHABLE = "unreachable"  # skipped: the status endpoint's breaker is open
+
+
+class Receipt(models.Model):
+    """A reconcile receipt (SPEC §10): what one status check observed, and what it still lacks."""
+
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="receipts")
+    provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="receipts")
+    source = models.CharField(max_length=16, choices=ReceiptSource.choices)
+    observed = models.CharField(max_length=16, choices=Observation.choices)
+    provider_status = models.CharField(max_length=64, blank=True)
+    provider_ref = models.CharField(max_length=255, blank=True)
+    effects_observed = models.PositiveIntegerField(null=True, blank=True)
+    request = models.JSONField(default=dict, blank=True)  # method and URL, secrets masked
+    response = models.JSONField(default=dict, blank=True)  # status and body, redacted
+    http_status = models.PositiveIntegerField(null=True, blank=True)
+    local_state_before = models.CharField(max_length=32)
+    local_state_after = models.CharField(max_length=32)
+    applied = models.BooleanField(default=False)  # it moved the call
+    forbidden = models.JSONField(default=list, blank=True)
+    next_actions = models.JSONField(default=list, blank=True)
+    evidence = models.JSONField(default=list, blank=True)
+    event_id = models.CharField(max_length=200, blank=True)  # callbacks: deduplication key
+    diagnostic = models.ForeignKey(Diagnostic, null=True, blank=True, on_delete=models.PROTECT)
+    checked_at = models.DateTimeField(default=timezone.now)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["provider", "event_id"], condition=~Q(event_id=""), name="receipt_unique_callback_event"
+            ),
+        ]
+        indexes = [models.Index(fields=["call", "checked_at"], name="receipt_call_idx")]
+
+    def __str__(self) -> str:
+        return f"receipt {self.pk}: {self.observed}"
+
+
+class ActorKind(models.TextChoices):
+    USER = "user"  # a signed-in person
+    TOKEN = "token"  # an agent runtime's API token
+    JOB = "job"  # a background job
+    SYSTEM = "system"  # a management command or migration
+
+
+class AuditEvent(models.Model):
+    """One append-only, hash-chained record of a state change or operator action (SPEC §15.6).
+
+    `seq` is a gap-free global sequence; `chain`/`chain_seq` number the events of one task (or the system chain).
+    `hash` covers every field below plus `prev_hash`, so an edited payload or a removed event breaks the chain.
+    UPDATE, DELETE and TRUNCATE are refused by the database (recovery.dbguards); `prev` and the chain head's
+    `head_event` are foreign keys, so even with the guard off a referenced event cannot be deleted.
+    """
+
+    seq = models.BigIntegerField(unique=True)
+    chain = models.CharField(max_length=64)
+    chain_seq = models.BigIntegerField()
+    prev = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    prev_hash = models.CharField(max_length=64)
+    hash = models.CharField(max_length=64)
+    task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events")
+    call = models.ForeignKey(Call, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events")
+    actor_kind = models.CharField(max_length=8, choices=ActorKind.choices)
+    actor_label = models.CharField(max_length=200)
+    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    actor_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.PROTECT)
+    action = models.CharField(max_length=64)
+    from_state = models.CharField(max_length=32, blank=True)
+    to_state = models.CharField(max_length=32, blank=True)
+    reason = models.TextField(blank=True)
+    evidence = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [models.UniqueConstraint(fields=["chain", "chain_seq"], name="audit_unique_chain_seq")]
+        indexes = [
+            models.Index(fields=["task", "seq"], name="audit_task_idx"),
+            models.Index(fields=["call", "seq"], name="audit_call_idx"),
+            models.Index(fields=["action", "created_at"], name="audit_action_idx"),
+            models.Index(fields=["actor_label", "created_at"], name="audit_actor_idx"),
+            models.Index(fields=["created_at"], name="audit_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.seq} {self.action}"
+
+
+class AuditChainHead(models.Model):
+    """The head of one audit chain (a task's, the system's) or the global sequence counter (key 'global').
+
+    Appending locks the head row, so concurrent writers queue instead of forking the chain; `length` and
+    `head_hash` let verify_audit notice a deleted tail even when the foreign keys were bypassed.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    length = models.BigIntegerField(default=0)
+    head_hash = models.CharField(max_length=64, blank=True)
+    head_event = models.ForeignKey(AuditEvent, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.key} @ {self.length}"

@@ -1,0 +1,49 @@
+"""The four roles of SPEC §1 as Django groups with explicit permissions.
+
+A data migration creates them (recovery/migrations/0003_roles_and_audit_heads.py); `sync_roles` is idempotent, so a
+later migration that changes this table just calls it again. Roles add up: a user may be reviewer and approver,
+but the four-eyes rule (nobody approves their own request) is enforced on the action itself, not by the roles.
+"""
+
+from __future__ import annotations
+
+VIEWER, REVIEWER, APPROVER, ADMIN = "viewer", "reviewer", "approver", "admin"
+ROLES = (VIEWER, REVIEWER, APPROVER, ADMIN)
+
+# Models every role may read. Diagnostics (raw failure detail, redacted) are for reviewers and above.
+_READABLE = (
+    "tenant", "provider", "tool", "task", "step", "call", "attempt", "decision", "gatedecision", "receipt",
+    "auditevent", "auditchainhead",
+)  # fmt: skip
+_REGISTRY = ("tenant", "provider", "tool", "apitoken")
+
+_VIEW = [f"recovery.view_{model}" for model in _READABLE] + ["recovery.export_audit"]
+
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    VIEWER: _VIEW,
+    REVIEWER: [*_VIEW, "recovery.view_diagnostic", "recovery.review_call"],
+    APPROVER: [*_VIEW, "recovery.view_diagnostic", "recovery.approve_action"],
+    ADMIN: _VIEW
+    + ["recovery.view_diagnostic", "recovery.verify_audit", "recovery.view_apitoken"]
+    + [f"recovery.{verb}_{model}" for model in _REGISTRY for verb in ("add", "change", "delete")]
+    + [f"auth.{verb}_{model}" for model in ("user", "group") for verb in ("view", "add", "change")],
+}
+
+
+def sync_roles(apps) -> None:
+    """Create or update the groups so each holds exactly its permissions (usable from a migration)."""
+    from django.contrib.auth.management import create_permissions
+
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, apps=apps, verbosity=0)
+        app_config.models_module = None
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    for role, names in ROLE_PERMISSIONS.items():
+        perms = []
+        for name in names:
+            app_label, codename = name.split(".")
+            perms.append(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+        group, _ = Group.objects.get_or_create(name=role)
+        group.permissions.set(perms)

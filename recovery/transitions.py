@@ -1,0 +1,82 @@
+"""The one function that moves a call between states (SPEC §8).
+
+A conditional UPDATE on (id, state, version) bumps the version and sets the new state; the AuditEvent is written in
+the same transaction. "rowcount != 1" means someone else moved the call first: nothing is changed and the caller
+gets TransitionConflict. An edge that is not in recovery.states raises IllegalTransition before any SQL runs (and
+the database trigger would refuse it anyway).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.expressions import Combinable
+from django.utils import timezone
+
+from recovery.audit import Actor, append_event
+from recovery.models import Call
+from recovery.states import CallState, is_allowed
+
+_FORBIDDEN_CHANGES = {"id", "state", "version", "state_changed_at", "task", "task_id", "tenant", "tenant_id"}
+
+
+class IllegalTransition(Exception):
+    """The state table has no such edge."""
+
+
+class TransitionConflict(Exception):
+    """The call was changed by someone else since it was read: re-read it and decide again."""
+
+
+def transition_call(
+    call: Call,
+    to: CallState | str,
+    *,
+    actor: Actor,
+    reason: str,
+    evidence: dict | None = None,
+    changes: dict[str, Any] | None = None,
+    action: str = "call.transition",
+) -> Call:
+    """Move `call` from the state and version it was read with to `to`; update `call` in place and return it.
+
+    `changes` are other columns written by the same UPDATE (e.g. next_check_at, provider_ref), so a state and the
+    facts that justify it can never be seen apart.
+    """
+    src, dst = CallState(call.state), CallState(to)
+    if not is_allowed(src, dst):
+        raise IllegalTransition(f"call {call.pk}: {src} -> {dst} is not an edge of the state table")
+    if not reason.strip():
+        raise ValueError("a transition needs a reason")
+    changes = dict(changes or {})
+    if bad := sorted(_FORBIDDEN_CHANGES & set(changes)):
+        raise ValueError(f"transition_call() cannot change {', '.join(bad)} through `changes`")
+    now = timezone.now()
+    with transaction.atomic():
+        updated = Call.objects.filter(pk=call.pk, state=src, version=call.version).update(
+            state=dst, version=F("version") + 1, state_changed_at=now, updated_at=now, **changes
+        )
+        if updated != 1:
+            raise TransitionConflict(
+                f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
+            )
+        append_event(
+            action=action,
+            actor=actor,
+            task_id=call.task_id,
+            call_id=call.pk,
+            from_state=src,
+            to_state=dst,
+            reason=reason,
+            evidence=evidence,
+        )
+    call.state, call.version, call.state_changed_at, call.updated_at = dst, call.version + 1, now, now
+    expressions = [name for name, value in changes.items() if isinstance(value, Combinable)]
+    for name, value in changes.items():
+        if name not in expressions:
+            setattr(call, name, value)
+    if expressions:
+        call.refresh_from_db(fields=expressions)
+    return call
