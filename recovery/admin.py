@@ -5,6 +5,7 @@ offer add, change or delete — not even to superusers.
 """
 
 from django.contrib import admin
+from django.db import models as django_models
 
 from recovery import models
 
@@ -24,13 +25,16 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class TenantAdmin(admin.ModelAdmin):
     list_display = ["name", "display_name", "sandbox", "all_tools", "created_at"]
     list_filter = ["sandbox"]
+    readonly_fields = ["created_at"]
     search_fields = ["name", "display_name"]
     filter_horizontal = ["tools"]
 
 
 @admin.register(models.Provider)
 class ProviderAdmin(admin.ModelAdmin):
+    formfield_overrides = {django_models.URLField: {"assume_scheme": "https"}}
     list_display = ["name", "base_url", "connect_timeout_s", "read_timeout_s"]
+    readonly_fields = ["created_at", "updated_at"]
     search_fields = ["name"]
 
 
@@ -40,6 +44,7 @@ class ToolAdmin(admin.ModelAdmin):
     list_filter = ["side_effect", "risk", "replay_safe", "retry_path_safe", "provider"]
     search_fields = ["name"]
     filter_horizontal = ["alternates"]
+    readonly_fields = ["created_at", "updated_at"]
 
 
 @admin.register(models.ApiToken)

@@ -197,24 +197,71 @@ def append_event(
 
 
 @contextmanager
-def audit_maintenance(*, reason: str, actor: Actor, using: str = "default") -> Iterator[None]:
+def audit_maintenance(
+    *, reason: str, actor: Actor, evidence: dict | None = None, using: str = "default"
+) -> Iterator[None]:
     """The documented maintenance switch: lets this transaction UPDATE or DELETE audit rows (retention, tests).
 
     Its use is recorded as an `audit.maintenance` event before the switch turns on, in the same transaction, so
-    the record cannot be skipped and is itself chained. Rows it removes will show as gaps to verify_audit unless
-    the whole chain and its head go together.
+    the record cannot be skipped and is itself chained. Removing rows by hand leaves gaps verify_audit reports;
+    retention goes through `audit_purge_chains`, whose record names what it removed.
     """
     connection = connections[using]
     if not connection.in_atomic_block:
         raise RuntimeError("audit_maintenance() must run inside transaction.atomic()")
     if not reason.strip():
         raise ValueError("audit_maintenance() needs a reason")
-    append_event(action="audit.maintenance", actor=actor, reason=reason, using=using)
+    append_event(action="audit.maintenance", actor=actor, reason=reason, evidence=evidence, using=using)
     dbguards.set_maintenance(connection, True, local=True)
     try:
         yield
     finally:
         dbguards.set_maintenance(connection, False, local=True)
+
+
+def _ranges(numbers: list[int]) -> list[list[int]]:
+    ranges: list[list[int]] = []
+    for n in sorted(numbers):
+        if ranges and ranges[-1][1] == n - 1:
+            ranges[-1][1] = n
+        else:
+            ranges.append([n, n])
+    return ranges
+
+
+def audit_purge_chains(*, chains: list[str], reason: str, actor: Actor, using: str = "default") -> int:
+    """Retention: remove whole chains (events and heads) under the maintenance switch; returns events removed.
+
+    The maintenance record lists the chains and the global sequence numbers removed, so verify_audit can tell
+    these gaps from tampering — and that record is itself hash-chained in the system chain, which is never purged.
+    """
+    if SYSTEM_CHAIN in chains or GLOBAL in chains:
+        raise ValueError("the system chain and the global sequence are never purged")
+    events = AuditEvent.objects.using(using).filter(chain__in=chains)
+    seqs = list(events.values_list("seq", flat=True))
+    evidence = {"purged_chains": sorted(chains), "purged_seqs": _ranges(seqs)}
+    with audit_maintenance(reason=reason, actor=actor, evidence=evidence, using=using):
+        AuditChainHead.objects.using(using).filter(key__in=chains).delete()
+        events._raw_delete(using)  # one DELETE; Collector-based delete would trip over the self-referencing FK
+    return len(seqs)
+
+
+def _purged_ranges(using: str) -> list[tuple[int, int]]:
+    rows = AuditEvent.objects.using(using).filter(action="audit.maintenance", evidence__has_key="purged_seqs")
+    return sorted(
+        (start, end) for evidence in rows.values_list("evidence", flat=True) for start, end in evidence["purged_seqs"]
+    )
+
+
+def _covered(start: int, end: int, purged: list[tuple[int, int]]) -> bool:
+    """Is every number in [start, end] inside a recorded purge?"""
+    position = start
+    for low, high in purged:
+        if low <= position <= high:
+            position = high + 1
+        if position > end:
+            return True
+    return position > end
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -230,20 +277,21 @@ class AuditReport:
 
 def _verify_global(using: str) -> tuple[int, str | None]:
     head = AuditChainHead.objects.using(using).filter(key=GLOBAL).first()
-    expected = 0
+    purged = _purged_ranges(using)
+    count = last_seq = 0
     last_hash = ""
     rows = AuditEvent.objects.using(using).order_by("seq").values_list("seq", "hash")
     for seq, hash_ in rows.iterator(chunk_size=5000):
-        expected += 1
-        if seq != expected:
-            return expected - 1, f"global sequence gap: event #{expected} is missing (next present is #{seq})"
-        last_hash = hash_
+        count += 1
+        if seq != last_seq + 1 and not _covered(last_seq + 1, seq - 1, purged):
+            return count, f"global sequence gap: event #{last_seq + 1} is missing (next present is #{seq})"
+        last_seq, last_hash = seq, hash_
     length = head.length if head else 0
-    if length != expected:
-        return expected, f"global sequence ends at #{expected} but the head says #{length}: the tail was removed"
-    if head and head.head_hash != last_hash:
-        return expected, f"the last event #{expected} is not the one the global head recorded"
-    return expected, None
+    if length != last_seq and not _covered(last_seq + 1, length, purged):
+        return count, f"global sequence ends at #{last_seq} but the head says #{length}: the tail was removed"
+    if head and length == last_seq and head.head_hash != last_hash:
+        return count, f"the last event #{last_seq} is not the one the global head recorded"
+    return count, None
 
 
 def _check_heads(batch: list[tuple[str, int, str, int]], using: str) -> str | None:

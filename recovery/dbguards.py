@@ -4,12 +4,14 @@
    is not an edge of SPEC §8, any state change that does not bump `version` by exactly one, and any version change
    without a state change. Violations raise IntegrityError.
 2. Append-only audit: UPDATE, DELETE (and TRUNCATE on PostgreSQL) of `recovery_auditevent` are refused unless the
-   audit maintenance switch is on for the current session. The switch is a session setting
-   (`recovery.audit_maintenance` on PostgreSQL; a per-connection flag read through an SQL function on SQLite),
-   turned on only by `recovery.audit.audit_maintenance()`, which first records its own use as an audit event.
+   audit maintenance switch is on for the current session; chain heads only move forward by one and are never
+   deleted (a rewound head would let a removed tail pass unnoticed, or block every later append). The switch is a
+   session setting (`recovery.audit_maintenance` on PostgreSQL; a per-connection flag read through an SQL function
+   on SQLite), turned on only by `recovery.audit.audit_maintenance()`, which first records its use as an audit event.
 
-SQLite note: Django rebuilds a table to alter it, which drops its triggers. A migration that alters `recovery_call`
-or `recovery_auditevent` must call `install(schema_editor)` again; tests/test_dbguards.py fails otherwise.
+Migrations: 0002 calls `install()`. Any later change here, in the state table, or to the guarded tables (SQLite
+rebuilds a table to alter it, which drops its triggers) needs a new migration that calls `install()` again;
+tests/test_states.py and tests/test_audit.py fail until there is one.
 """
 
 from __future__ import annotations
@@ -68,6 +70,25 @@ def postgres_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str
         CREATE TRIGGER recovery_auditevent_append_only BEFORE UPDATE OR DELETE ON recovery_auditevent
         FOR EACH ROW EXECUTE FUNCTION recovery_audit_append_only()
         """,
+        f"""
+        CREATE OR REPLACE FUNCTION recovery_audit_head_forward_only() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF coalesce(current_setting('{SETTING}', true), '') = 'on' THEN
+                IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
+                RETURN NEW;
+            END IF;
+            IF TG_OP = 'UPDATE' AND NEW.key = OLD.key AND NEW.length BETWEEN OLD.length AND OLD.length + 1 THEN
+                RETURN NEW;
+            END IF;
+            RAISE EXCEPTION 'audit chain heads only move forward by one: % refused', TG_OP
+                USING ERRCODE = 'restrict_violation';
+        END $$;
+        """,
+        "DROP TRIGGER IF EXISTS recovery_auditchainhead_forward_only ON recovery_auditchainhead",
+        """
+        CREATE TRIGGER recovery_auditchainhead_forward_only BEFORE UPDATE OR DELETE ON recovery_auditchainhead
+        FOR EACH ROW EXECUTE FUNCTION recovery_audit_head_forward_only()
+        """,
         "DROP TRIGGER IF EXISTS recovery_auditevent_no_truncate ON recovery_auditevent",
         """
         CREATE TRIGGER recovery_auditevent_no_truncate BEFORE TRUNCATE ON recovery_auditevent
@@ -98,6 +119,19 @@ def sqlite_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
         FOR EACH ROW WHEN recovery_audit_maintenance() = 0
         BEGIN SELECT RAISE(ABORT, 'recovery_auditevent is append-only: UPDATE refused'); END
         """,
+        "DROP TRIGGER IF EXISTS recovery_auditchainhead_forward_only",
+        """
+        CREATE TRIGGER recovery_auditchainhead_forward_only BEFORE UPDATE ON recovery_auditchainhead
+        FOR EACH ROW WHEN recovery_audit_maintenance() = 0
+            AND (NEW.key IS NOT OLD.key OR NEW.length < OLD.length OR NEW.length > OLD.length + 1)
+        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward by one'); END
+        """,
+        "DROP TRIGGER IF EXISTS recovery_auditchainhead_no_delete",
+        """
+        CREATE TRIGGER recovery_auditchainhead_no_delete BEFORE DELETE ON recovery_auditchainhead
+        FOR EACH ROW WHEN recovery_audit_maintenance() = 0
+        BEGIN SELECT RAISE(ABORT, 'audit chain heads cannot be deleted'); END
+        """,
         "DROP TRIGGER IF EXISTS recovery_auditevent_no_delete",
         """
         CREATE TRIGGER recovery_auditevent_no_delete BEFORE DELETE ON recovery_auditevent
@@ -123,11 +157,21 @@ def install(schema_editor, pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -
 def set_maintenance(connection: BaseDatabaseWrapper, on: bool, *, local: bool) -> None:
     """Flip the switch. Call it only through recovery.audit.audit_maintenance(), which records the use."""
     if connection.vendor == "postgresql":
+        if not on and local and _transaction_failed(connection):
+            return  # the rollback that must follow resets a SET LOCAL; any SQL now would hide the real error
         with connection.cursor() as cursor:
             cursor.execute("SELECT set_config(%s, %s, %s)", [SETTING, "on" if on else "off", local])
     else:
         connection.ensure_connection()
         connection.recovery_audit_maintenance = on
+
+
+def _transaction_failed(connection: BaseDatabaseWrapper) -> bool:
+    from psycopg.pq import TransactionStatus
+
+    return connection.connection is not None and connection.connection.info.transaction_status == (
+        TransactionStatus.INERROR
+    )
 
 
 def _register_sqlite_function(sender, connection: BaseDatabaseWrapper, **kwargs) -> None:

@@ -3,7 +3,7 @@
 This table is the single source of truth: `transitions.py` checks it before its conditional UPDATE, and a
 migration generates the database trigger from it (`dbguards.call_state_trigger_sql`), so no code path — ORM,
 raw SQL or a shell — can move a call along an edge that is not here. Changing the table therefore needs a new
-migration that re-installs the trigger (copy 0002_call_state_trigger.py); `tests/test_states.py` fails until then.
+migration that calls `dbguards.install()` again (as 0002_database_guards does); `tests/test_states.py` fails until then.
 """
 
 from django.db import models

@@ -1,0 +1,38 @@
+# The two commands of the README, plus bench and lint. Everything runs from .venv, built from the pinned files.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+
+.PHONY: run test bench lint format install
+
+$(VENV)/.installed-run: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	touch $@
+
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed-run
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+install: $(VENV)/.installed-run
+
+# Embedded default: SQLite under var/ and in-process jobs. Set DATABASE_URL / REDIS_URL for PostgreSQL / RQ.
+run: $(VENV)/.installed-run
+	DEBUG=$${DEBUG:-1} $(PY) manage.py run
+
+# The whole suite. Tests needing PostgreSQL, Redis or Chromium skip with the reason when those are missing;
+# REQUIRE_SERVICES=1 turns each such skip into a failure.
+test: $(VENV)/.installed-dev
+	$(PY) -m pytest
+
+# Ratios against baselines measured in the same run; use DATABASE_URL=postgres://... for the SPEC §19 figures.
+bench: $(VENV)/.installed-dev
+	DEBUG=$${DEBUG:-1} $(PY) manage.py bench
+
+lint: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format: $(VENV)/.installed-dev
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .

@@ -1,0 +1,144 @@
+"""`make bench`: performance figures as ratios against a baseline measured in the same run.
+
+Runs in a throwaway database created like the test database (test_<NAME> on PostgreSQL), so it never touches the
+console's data. Benchmarks:
+
+- transitions: `transition_call` (conditional UPDATE + hash-chained audit row, one transaction) against the bare
+  conditional UPDATE it is built on, one transaction per transition each, along the common path of an unknown
+  write READY -> SENT -> UNKNOWN -> COMMITTED. Reports per-transition latency (median, p99), the ratio, and SQL
+  statements per transition (the first event of a task's chain also creates its chain head: one more INSERT).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import connection, transaction
+
+from recovery.audit import Actor
+from recovery.engine.canonical import canonical_json
+from recovery.models import Call, Provider, Step, Task, Tenant, Tool
+from recovery.transitions import transition_call
+
+
+def _percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _calls(count: int, label: str) -> list[Call]:
+    tenant, _ = Tenant.objects.get_or_create(name="bench")
+    provider, _ = Provider.objects.get_or_create(name="bench", defaults={"base_url": "http://127.0.0.1:9/"})
+    tool, _ = Tool.objects.get_or_create(name="bench.write", defaults={"provider": provider, "side_effect": "write"})
+    calls = []
+    for n in range(count):
+        task = Task.objects.create(tenant=tenant, external_id=f"{label}-{n}", agent="bench", goal="bench")
+        step = Step.objects.create(task=task, index=1)
+        args = {"n": n}
+        calls.append(
+            Call(
+                tenant=tenant,
+                task=task,
+                step=step,
+                tool=tool,
+                idempotency_key=f"{label}-{n}",
+                arguments=args,
+                fingerprint=canonical_json(args),
+                side_effect="write",
+                risk="low",
+            )
+        )
+    return Call.objects.bulk_create(calls)
+
+
+PATH = [("READY", "SENT"), ("SENT", "UNKNOWN"), ("UNKNOWN", "COMMITTED")]
+
+
+def _timed(calls: list[Call], op: Callable[[Call, str, str, int], None]) -> list[float]:
+    samples = []
+    for version, (src, dst) in enumerate(PATH):
+        for call in calls:
+            start = time.perf_counter()
+            op(call, src, dst, version)
+            samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _bare_update(call: Call, src: str, dst: str, version: int) -> None:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE recovery_call SET state = %s, version = version + 1 WHERE id = %s AND state = %s AND version = %s",
+            [dst, call.pk, src, version],
+        )
+        assert cursor.rowcount == 1
+
+
+class _StatementCounter:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        self.count += 1
+        return execute(sql, params, many, context)
+
+
+def bench_transitions(count: int) -> dict:
+    actor = Actor.system("bench")
+    baseline_calls, product_calls = _calls(count, "bare"), _calls(count, "product")
+
+    def product(call: Call, src: str, dst: str, version: int) -> None:
+        transition_call(call, dst, actor=actor, reason="bench")
+
+    # Warm both paths (connection, statement caches) before measuring.
+    warm_bare, warm_product = _calls(1, "warm-bare")[0], _calls(1, "warm-product")[0]
+    for version, (src, dst) in enumerate(PATH):
+        _bare_update(warm_bare, src, dst, version)
+        product(warm_product, src, dst, version)
+    baseline = _timed(baseline_calls, _bare_update)
+    measured = _timed(product_calls, product)
+    probe, counter = _calls(1, "probe")[0], _StatementCounter()
+    with connection.execute_wrapper(counter):
+        _timed([probe], product)
+    return {
+        "benchmark": "transitions",
+        "database": connection.vendor,
+        "count": count,
+        "baseline_median_us": round(statistics.median(baseline) * 1e6, 1),
+        "baseline_p99_us": round(_percentile(baseline, 0.99) * 1e6, 1),
+        "transition_median_us": round(statistics.median(measured) * 1e6, 1),
+        "transition_p99_us": round(_percentile(measured, 0.99) * 1e6, 1),
+        "ratio_median": round(statistics.median(measured) / statistics.median(baseline), 2),
+        "statements_per_transition": round(counter.count / len(PATH), 2),
+    }
+
+
+BENCHMARKS = {"transitions": bench_transitions}
+
+
+class Command(BaseCommand):
+    help = "Run the benchmarks in a throwaway database and print ratios against same-run baselines."
+
+    def add_arguments(self, parser):
+        parser.add_argument("names", nargs="*", choices=[*BENCHMARKS, []], help="benchmarks to run (default: all)")
+        parser.add_argument("--count", type=int, default=2000, help="operations per measured series")
+        parser.add_argument("--json", dest="json_path", help="also write the results to this file")
+
+    def handle(self, *args, names, count, json_path, **options):
+        settings.DEBUG = False  # measure what production runs: no query logging
+        if connection.vendor != "postgresql":
+            self.stderr.write("note: SPEC §19 figures are defined on PostgreSQL; set DATABASE_URL=postgres://...")
+        old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
+        try:
+            results = [BENCHMARKS[name](count) for name in (names or BENCHMARKS)]
+        finally:
+            connection.creation.destroy_test_db(old_name, verbosity=0)
+        for result in results:
+            self.stdout.write(json.dumps(result))
+        if json_path:
+            with open(json_path, "w") as fh:
+                json.dump(results, fh, indent=2)
