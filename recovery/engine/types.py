@@ -1,4 +1,4 @@
-"""The engine's vocabulary (SPEC §2–§7) as frozen, keyword-only value objects.
+"""The engine's vocabulary (SPEC §2 to §7) as frozen, keyword-only value objects.
 
 The engine never sees a Django model: callers build these views from rows (recovery/registry.py for tools), the
 engine answers with values, and the callers store them. Every field an answer depends on is here, so a test can
