@@ -1,13 +1,118 @@
 """Django admin: the registry is edited here; everything recorded by the engine is read-only.
 
-Calls, attempts and audit rows change only through services and `transitions.py`, so their admin pages never
-offer add, change or delete — not even to superusers.
+Tenants, providers and tools validate like `load_tools`: each form builds the one-item registry file its object
+would have and maps every RegistryError's JSON path onto the form field it names, so the admin cannot store what
+the loader would refuse. Each edit is also an audit event. Calls, attempts and audit rows change only through
+services and `transitions.py`, so their admin pages never offer add, change or delete — not even to superusers.
 """
 
+import re
+
+from django import forms
 from django.contrib import admin
 from django.db import models as django_models
+from django.db import transaction
 
 from recovery import models
+from recovery.audit import Actor, append_event
+from recovery.registry import validate_registry
+from recovery.registry.loader import PROVIDER_FIELDS, TOOL_FIELDS
+
+_PATH_HEAD = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)(.*)")
+_EMPTY = (None, "", {}, [])
+
+
+class RegistryForm(forms.ModelForm):
+    """A registry object's form: clean() runs the loader's validation on the object as a registry file would hold it."""
+
+    kind = ""  # "tenants", "providers" or "tools": the list the object belongs to in a registry file
+
+    def registry_item(self, cleaned: dict) -> dict:
+        raise NotImplementedError
+
+    def clean(self):
+        cleaned = super().clean()
+        for name, field in self.fields.items():
+            # An emptied JSON box means "not configured": the model's default, as an absent key in a file.
+            if isinstance(field, forms.JSONField) and name in cleaned and cleaned[name] is None:
+                cleaned[name] = self._meta.model._meta.get_field(name).get_default()
+        failed = set(self.errors)  # fields that already failed their own validation are not reported twice
+        prefix = f"$.{self.kind}[0]"
+        for error in validate_registry({self.kind: [self.registry_item(cleaned)]}):
+            match = _PATH_HEAD.fullmatch(error.path.removeprefix(prefix))
+            if match and match[1] in self.fields:
+                if match[1] not in failed:
+                    detail = match[2].lstrip(".")
+                    self.add_error(match[1], f"{detail}: {error.message}" if detail else error.message)
+            else:
+                self.add_error(None, f"{error.path.removeprefix(prefix).lstrip('.') or 'this'}: {error.message}")
+        return cleaned
+
+
+def _present(cleaned: dict, keys) -> dict:
+    """The keys a registry file would carry: empty values are left out, as absent keys take the default."""
+    return {key: cleaned[key] for key in keys if key in cleaned and cleaned[key] not in _EMPTY}
+
+
+class TenantForm(RegistryForm):
+    kind = "tenants"
+
+    def registry_item(self, cleaned: dict) -> dict:
+        item = _present(cleaned, ("name", "display_name", "sandbox"))
+        tools = sorted(tool.name for tool in cleaned.get("tools") or [])
+        if cleaned.get("all_tools") and tools:
+            self.add_error("tools", "'All tools' is ticked: clear this list, or untick it to allow only these tools.")
+        item["tools"] = "*" if cleaned.get("all_tools") else tools
+        return item
+
+
+class ProviderForm(RegistryForm):
+    kind = "providers"
+
+    def registry_item(self, cleaned: dict) -> dict:
+        return _present(cleaned, ("name", *PROVIDER_FIELDS))
+
+
+class ToolForm(RegistryForm):
+    kind = "tools"
+
+    def registry_item(self, cleaned: dict) -> dict:
+        item = _present(cleaned, ("name", *TOOL_FIELDS))
+        if cleaned.get("provider") is not None:
+            item["provider"] = cleaned["provider"].name
+        alternates = cleaned.get("alternates") or []
+        if self.instance.pk and any(other.pk == self.instance.pk for other in alternates):
+            self.add_error("alternates", "A tool is not its own alternate.")
+        item["alternates"] = sorted(other.name for other in alternates if other.pk != self.instance.pk)
+        return item
+
+
+class RegistryAdmin(admin.ModelAdmin):
+    """Registry edits are operator actions: each one is an audit event, in the admin's own transaction."""
+
+    def _record(self, request, obj, op: str, fields: list[str]) -> None:
+        kind = self.model._meta.model_name
+        append_event(
+            action="registry.edited",
+            actor=Actor.for_user(request.user),
+            reason=f"{op} {kind} {obj.name} in the admin",
+            evidence={"kind": kind, "name": obj.name, "op": op, "fields": sorted(fields)},
+        )
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if form.changed_data or not change:
+            self._record(request, obj, "changed" if change else "added", form.changed_data)
+
+    def delete_model(self, request, obj):
+        self._record(request, obj, "deleted", [])
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request, queryset):
+        with transaction.atomic():  # the changelist's bulk delete action runs outside the admin's transaction
+            for obj in queryset:
+                self._record(request, obj, "deleted", [])
+            super().delete_queryset(request, queryset)
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -22,7 +127,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(RegistryAdmin):
+    form = TenantForm
     list_display = ["name", "display_name", "sandbox", "all_tools", "created_at"]
     list_filter = ["sandbox"]
     readonly_fields = ["created_at"]
@@ -31,7 +137,8 @@ class TenantAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Provider)
-class ProviderAdmin(admin.ModelAdmin):
+class ProviderAdmin(RegistryAdmin):
+    form = ProviderForm
     formfield_overrides = {django_models.URLField: {"assume_scheme": "https"}}
     list_display = ["name", "base_url", "connect_timeout_s", "read_timeout_s"]
     readonly_fields = ["created_at", "updated_at"]
@@ -39,7 +146,8 @@ class ProviderAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.Tool)
-class ToolAdmin(admin.ModelAdmin):
+class ToolAdmin(RegistryAdmin):
+    form = ToolForm
     list_display = ["name", "provider", "side_effect", "risk", "replay_safe", "retry_path_safe"]
     list_filter = ["side_effect", "risk", "replay_safe", "retry_path_safe", "provider"]
     search_fields = ["name"]

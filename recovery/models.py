@@ -80,6 +80,8 @@ class Tool(models.Model):
     result_schema = models.JSONField(default=dict, blank=True)
     required_result_fields = models.JSONField(default=list, blank=True)
     max_result_age_s = models.PositiveIntegerField(null=True, blank=True)
+    result_time_field = models.CharField(max_length=100, blank=True)  # ISO 8601 time that max_result_age_s reads
+    invariants = models.JSONField(default=list, blank=True)  # [{result, equals_arg | one_of | minimum}]
     approvable_codes = models.JSONField(default=list, blank=True)
     alternates = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="alternate_of")
     outcome_timeout_s = models.PositiveIntegerField(default=30)
@@ -91,6 +93,9 @@ class Tool(models.Model):
     backoff = models.JSONField(default=dict, blank=True)  # {base_ms, cap_ms, jitter}
     breaker = models.JSONField(default=dict, blank=True)  # {window_s, min_calls, failure_rate, cooldown_s, ...}
     fallback = models.CharField(max_length=100, blank=True)
+    exhausted_to_review = models.BooleanField(
+        default=False, help_text="Out of budget, a retryable call goes to human review instead of failing."
+    )
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

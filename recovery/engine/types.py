@@ -1,6 +1,6 @@
 """The engine's vocabulary (SPEC §2 to §7) as frozen, keyword-only value objects.
 
-The engine never sees a Django model: callers build these views from rows (recovery/registry.py for tools), the
+The engine never sees a Django model: callers build these views from rows (recovery/registry for tools), the
 engine answers with values, and the callers store them. Every field an answer depends on is here, so a test can
 state a whole situation in a few lines and the same inputs always give the same answer.
 """
@@ -312,6 +312,9 @@ class TaskView:
     write_retries_used: int = 0
     unsettled_unknowns: int = 0  # calls of the task in UNKNOWN / STILL_UNKNOWN
     unsettled_by_tool: dict[str, int] = field(default_factory=dict)
+    # The registry's unknown_budget of each tool in unsettled_by_tool: a tool's 0 means one unsettled UNKNOWN of
+    # that tool holds back every write of the task (a permission grant or a payment in doubt).
+    unknown_budget_by_tool: dict[str, int | None] = field(default_factory=dict)
     budgets: Budgets = field(default_factory=Budgets)
 
 

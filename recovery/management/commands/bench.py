@@ -3,6 +3,8 @@
 Runs in a throwaway database created like the test database (test_<NAME> on PostgreSQL), so it never touches the
 console's data. Benchmarks:
 
+- engine: classify + decide for a mix of outcomes, and admit for a retry, in-process (no database), against
+  the canonical JSON of the same input as the baseline. Reports median and p99 per operation.
 - transitions: `transition_call` (conditional UPDATE + hash-chained audit row, one transaction) against the bare
   conditional UPDATE it is built on, one transaction per transition each, along the common path of an unknown
   write READY -> SENT -> UNKNOWN -> COMMITTED. Reports per-transition latency (median, p99), the ratio, and SQL
@@ -15,10 +17,12 @@ import json
 import statistics
 import time
 from collections.abc import Callable
+from datetime import timedelta
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connection, transaction
+from django.utils import timezone
 
 from recovery.audit import Actor
 from recovery.engine.canonical import canonical_json
@@ -117,7 +121,97 @@ def bench_transitions(count: int) -> dict:
     }
 
 
-BENCHMARKS = {"transitions": bench_transitions}
+def _engine_fixture():
+    from recovery.engine.types import BackoffPolicy, Budgets, ErrorFacts, Facts, ToolPolicy
+
+    amount = {"type": "integer", "minimum": 1, "x-unit": "cents"}
+    tool = ToolPolicy(
+        name="refund.create",
+        side_effect="write",
+        provider_ref_field="refund_id",
+        args_schema={
+            "type": "object",
+            "properties": {"order_id": {"type": "string", "pattern": "^O-\\d+$"}, "amount_cents": amount},
+            "required": ["order_id", "amount_cents"],
+            "additionalProperties": False,
+        },
+        result_schema={"type": "object", "required": ["refund_id", "status"]},
+        budgets=Budgets(max_attempts=3),
+        backoff=BackoffPolicy(base_ms=500, cap_ms=10_000),
+    )
+    facts = [
+        Facts(connection_opened=True, sent=True, error=ErrorFacts(kind="read_timeout")),
+        Facts(connection_opened=False, sent=False, error=ErrorFacts(kind="connection_refused")),
+        Facts(connection_opened=True, sent=True, http_status=503, retry_after_ms=2000),
+        Facts(connection_opened=True, sent=True, http_status=422),
+        Facts(connection_opened=True, sent=True, http_status=200, provider_request_id="p-1",
+              result={"refund_id": "r-1", "status": "succeeded"}),
+    ]  # fmt: skip
+    return tool, facts
+
+
+def bench_engine(count: int) -> dict:
+    """classify + decide per outcome and admit per candidate, in-process; baseline: canonical JSON of the input."""
+    import dataclasses
+    import random
+
+    from recovery.engine.classify import classify
+    from recovery.engine.decide import decide
+    from recovery.engine.gate import admit
+    from recovery.engine.types import (
+        BreakerView,
+        CallView,
+        Candidate,
+        ClassifyContext,
+        GateContext,
+        PreviousAttempt,
+        TaskView,
+    )
+
+    tool, facts = _engine_fixture()
+    args = {"order_id": "O-1842", "amount_cents": 80000}
+    ctx = ClassifyContext(call_id="1", attempt_id="a", idempotency_key="k", arguments=args)
+    call = CallView(call_id="1", tool=tool.name, state="RETRYABLE", idempotency_key="k", fingerprint="f",
+                    attempts_made=1, max_attempts=3)  # fmt: skip
+    now = timezone.now()
+    previous = PreviousAttempt(number=1, tool=tool.name, fingerprint="f", credential_version=1,
+                               failure_class="transient", phase="dispatch", side_effect="not_sent",
+                               finished_at=now - timedelta(seconds=5), wait_ms=1000)  # fmt: skip
+    gate_context = GateContext(now=now, tool=tool, previous=previous, task=TaskView(rounds_used=1))
+    candidate = Candidate(attempt_id="a2", tool=tool.name, arguments=args, evidence=("time_elapsed",))
+    rng, breaker, task = random.Random(1), BreakerView(), TaskView(rounds_used=1)
+
+    def decision(i: int) -> None:
+        outcome = classify(facts[i % len(facts)], tool, ctx)
+        decide(outcome, call=call, task=task, tool=tool, breaker=breaker, now=now, rng=rng)
+
+    def admission(i: int) -> None:
+        assert admit(call, candidate, gate_context).allowed
+
+    def baseline(i: int) -> None:
+        canonical_json(dataclasses.asdict(facts[i % len(facts)]) | {"args": args})
+
+    series = {}
+    for name, op in (("baseline", baseline), ("decision", decision), ("admission", admission)):
+        for i in range(200):  # warm-up
+            op(i)
+        samples = []
+        for i in range(count):
+            start = time.perf_counter()
+            op(i)
+            samples.append(time.perf_counter() - start)
+        series[name] = samples
+    base = statistics.median(series["baseline"])
+    result = {"benchmark": "engine", "count": count}
+    for name, samples in series.items():
+        result[f"{name}_median_us"] = round(statistics.median(samples) * 1e6, 1)
+        result[f"{name}_p99_us"] = round(_percentile(samples, 0.99) * 1e6, 1)
+        if name != "baseline":
+            result[f"{name}_ratio_median"] = round(statistics.median(samples) / base, 2)
+    return result
+
+
+BENCHMARKS = {"transitions": bench_transitions, "engine": bench_engine}
 
 
 class Command(BaseCommand):

@@ -1,0 +1,216 @@
+"""The recovery decision card (SPEC §4): what to do next, what is forbidden, how long to wait.
+
+decide() takes classify()'s Outcome and applies what the table alone cannot know: the call's and task's budgets,
+the deadline, and the tool's breaker. A RETRYABLE row with nothing left to spend becomes an explicit exhaustion
+(FAILED_PERMANENT + retry_exhausted, or HUMAN_REVIEW + human_review_required where the tool says so); a wait that
+cannot fit before the deadline stops now instead of starting a doomed wait; an open breaker turns a retry into a
+degrade that names the fallback.
+"""
+
+from __future__ import annotations
+
+import random
+from datetime import datetime
+
+from recovery.engine import messages
+from recovery.engine.budgets import backoff_delay, fits_deadline, tighter
+from recovery.engine.types import (
+    AUTHENTICATION,
+    AUTHORIZATION,
+    CAPABILITY_MISSING,
+    DEGRADED_READ_ONLY,
+    FORCED_OPEN,
+    HUMAN_REVIEW_REQUIRED,
+    INVALID_ARGUMENTS,
+    INVALID_RESULT,
+    OPEN,
+    RETRY_EXHAUSTED,
+    TRANSIENT,
+    UNRECOVERABLE,
+    BreakerView,
+    Budgets,
+    BudgetView,
+    CallView,
+    Decision,
+    Outcome,
+    RequiredNext,
+    TaskView,
+    ToolPolicy,
+)
+
+RETRYABLE, FAILED_PERMANENT, HUMAN_REVIEW = "RETRYABLE", "FAILED_PERMANENT", "HUMAN_REVIEW"
+
+
+def _budget_view(call: CallView, task: TaskView, budgets: Budgets, now: datetime) -> BudgetView:
+    deadline_in = (budgets.deadline - now).total_seconds() if budgets.deadline else None
+    return BudgetView(
+        attempt=call.attempts_made,
+        max_attempts=budgets.max_attempts,
+        task_rounds=task.rounds_used,
+        max_rounds=budgets.max_rounds,
+        deadline_in_s=round(deadline_in, 3) if deadline_in is not None else None,
+        tokens_used=task.tokens_used,
+        token_budget=budgets.token_budget,
+    )
+
+
+def _exhausted_limit(call: CallView, task: TaskView, tool: ToolPolicy, budgets: Budgets) -> str | None:
+    """Which limit leaves no further attempt, if any (the attempt just reported is already counted)."""
+    if budgets.max_attempts is not None and call.attempts_made >= budgets.max_attempts:
+        return "max_attempts"
+    if budgets.max_rounds is not None and task.rounds_used >= budgets.max_rounds:
+        return "max_rounds"
+    if budgets.token_budget is not None and task.tokens_used >= budgets.token_budget:
+        return "token_budget"
+    if tool.is_write and budgets.write_retry is not None and task.write_retries_used >= budgets.write_retry:
+        return "write_retry"
+    return None
+
+
+def _forbidden(outcome: Outcome, tool: ToolPolicy) -> tuple[str, ...]:
+    noun = messages.effect_noun(tool.name).replace(" ", "_")
+    if tool.is_write and outcome.side_effect == "unknown":
+        return ("blind_replay", f"duplicate_{noun}", "new_idempotency_key")
+    cls = outcome.failure.failure_class if outcome.failure else ""
+    if cls == INVALID_ARGUMENTS:
+        return ("same_call_same_arguments",)
+    if cls == AUTHENTICATION:
+        return ("same_call_same_credentials",)
+    if cls == AUTHORIZATION:
+        return ("same_call_without_approval",)
+    if cls == INVALID_RESULT:
+        return ("treating_result_as_fact",)
+    if cls == TRANSIENT:
+        return ("unbounded_retry", "retry_before_delay")
+    if cls in (UNRECOVERABLE, CAPABILITY_MISSING):
+        return ("same_call",)
+    return ()
+
+
+def decide(
+    outcome: Outcome,
+    *,
+    call: CallView,
+    task: TaskView,
+    tool: ToolPolicy,
+    breaker: BreakerView,
+    now: datetime,
+    rng: random.Random | None = None,
+    call_estimate_ms: int = 1_000,
+) -> Decision | None:
+    """The card for a failed or accepted attempt; None for COMMITTED (nothing to recover)."""
+    if outcome.state == "COMMITTED":
+        return None
+    rng = rng or random.Random()
+    budgets = tighter(tool.budgets, task.budgets, Budgets(max_attempts=call.max_attempts))
+    view = _budget_view(call, task, budgets, now)
+    # SPEC §4: while a dependency keeps failing, a write is never switched at once to a backup write tool.
+    breaker_open = breaker.state in (OPEN, FORCED_OPEN)
+    degraded_write = ("switch_to_backup_write_tool",) if tool.is_write and breaker_open else ()
+
+    def card(route, state, action, *, delay=0, message="", next_=(), result="", detail=None, fallback=""):
+        return Decision(
+            route=route,
+            call_state=state,
+            outcome=result,
+            error=outcome.error,
+            phase=outcome.phase,
+            stage=outcome.stage,
+            side_effect=outcome.side_effect,
+            delay_ms=delay,
+            next=tuple(next_),
+            forbidden=_forbidden(outcome, tool) + degraded_write,
+            public_message=message or (outcome.failure.public_message if outcome.failure else ""),
+            required_next=RequiredNext(action=action, after_ms=delay, detail=detail or {}),
+            budget=view,
+            fallback=fallback,
+            breaker_state=breaker.state,
+        )
+
+    def exhausted(limit: str) -> Decision:
+        if tool.exhausted_to_review:
+            return card(
+                "escalate",
+                HUMAN_REVIEW,
+                "request_approval",
+                message=messages.exhausted_message(tool, HUMAN_REVIEW_REQUIRED),
+                next_=("human_review",),
+                result=HUMAN_REVIEW_REQUIRED,
+                detail={"exhausted": limit},
+            )
+        return card(
+            "stop",
+            FAILED_PERMANENT,
+            "stop",
+            message=messages.exhausted_message(tool, RETRY_EXHAUSTED),
+            next_=("report_not_executed",),
+            result=RETRY_EXHAUSTED,
+            detail={"exhausted": limit},
+        )
+
+    # Settling outcomes: the effect may exist. Reconcile by key; a person decides what code cannot.
+    if outcome.state == "ACCEPTED":
+        return card(
+            "reconcile",
+            "ACCEPTED",
+            "wait_for_reconcile",
+            delay=tool.reconcile_first_check_s * 1000,
+            message=messages.accepted_message(tool),
+            next_=("query_provider_status", "if_unknown:human_review"),
+        )
+    if outcome.state == "UNKNOWN":
+        return card(
+            "reconcile",
+            "UNKNOWN",
+            "wait_for_reconcile",
+            delay=tool.reconcile_first_check_s * 1000,
+            next_=("query_provider_status", "if_unknown:human_review"),
+        )
+    if outcome.hard_stop:
+        return card(
+            "escalate",
+            HUMAN_REVIEW,
+            "request_approval",
+            message=messages.hard_stop_message(tool, outcome.hard_stop),
+            next_=("human_review",),
+            detail={"hard_stop": outcome.hard_stop},
+        )
+
+    failure = outcome.failure
+    assert failure is not None, "only COMMITTED and ACCEPTED outcomes carry no failure"
+    cls = failure.failure_class
+
+    if outcome.state == HUMAN_REVIEW:  # an authorization an approval can grant (row 6)
+        return card("escalate", HUMAN_REVIEW, "request_approval", next_=("request_permission", "human_review"))
+    if outcome.state == FAILED_PERMANENT:
+        if cls == AUTHORIZATION:
+            return card("reject", FAILED_PERMANENT, "replan", next_=("replan",))
+        return card("stop", FAILED_PERMANENT, "stop", next_=("report_not_executed",))
+
+    # The row says RETRYABLE: what may be retried still needs budget, time and a closed breaker.
+    if limit := _exhausted_limit(call, task, tool, budgets):
+        return exhausted(limit)
+    if breaker_open and cls in (TRANSIENT, INVALID_RESULT):
+        return card(
+            "degrade",
+            RETRYABLE,
+            "degrade",
+            delay=breaker.retry_in_ms,
+            message=messages.degraded_message(tool, tool.fallback),
+            next_=("use_fallback", "human_review") if tool.fallback else ("human_review",),
+            result=DEGRADED_READ_ONLY if tool.fallback else "",
+            detail={"fallback": tool.fallback},
+            fallback=tool.fallback,
+        )
+    if cls == INVALID_ARGUMENTS:
+        errors = [{"field": e.field, "expected": e.expected, "suggestion": e.suggestion} for e in failure.field_errors]
+        return card("repair", RETRYABLE, "repair_args", next_=("repair_arguments",), detail={"field_errors": errors})
+    if cls == AUTHENTICATION:
+        return card("reauth", RETRYABLE, "refresh_credentials", next_=("refresh_credentials",))
+
+    # transient, or a read's invalid result: wait, then the same call again (time_elapsed at admission).
+    delay = backoff_delay(call.attempts_made, tool.backoff, retry_after_ms=failure.retry_after_ms, rng=rng)
+    if not fits_deadline(now=now, deadline=budgets.deadline, wait_ms=delay, call_estimate_ms=call_estimate_ms):
+        return exhausted("deadline")
+    route = "reject" if cls == INVALID_RESULT else "retry"
+    return card(route, RETRYABLE, "retry_after", delay=delay, next_=("retry_same_call",))

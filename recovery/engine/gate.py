@@ -1,0 +1,455 @@
+"""Admission: the change-before-retry gate of SPEC §5.
+
+Every attempt, the first included, passes these checks in this order, and the first that fails answers:
+
+    state -> preflight -> dependencies -> budgets -> evidence -> key_retention -> breaker
+
+The breaker is last so that an attempt denied for any other reason never uses up a half-open probe. Each check is
+recorded (GateDecision.checks) so the console can show why an answer was given. An attempt after the first needs
+new evidence: one of the kinds the candidate claims must hold, judged from trusted facts (the previous attempt, the
+latest receipt, approvals, the server clock), never from what the runtime says about them.
+
+Two guards use the fingerprint: no progress (after a non-transient failure the same fingerprint is not admitted
+on time alone) and duplicate intent (duplicate_intent(), used when a call is added).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from recovery.engine.budgets import exhausted_limit, tighter
+from recovery.engine.canonical import canonical_json
+from recovery.engine.fingerprint import fingerprint
+from recovery.engine.messages import public_message
+from recovery.engine.types import (
+    APPROVAL_GRANTED,
+    ARGS_CHANGED,
+    AUTHENTICATION,
+    AUTHORIZATION,
+    CAPABILITY_MISSING,
+    CREDENTIAL_REFRESHED,
+    FORCED_OPEN,
+    HALF_OPEN,
+    INVALID_ARGUMENTS,
+    INVALID_RESULT,
+    OPEN,
+    OUTCOME_UNKNOWN,
+    STATE_VERIFIED,
+    TIME_ELAPSED,
+    TOOL_CHANGED,
+    TRANSIENT,
+    UNRECOVERABLE,
+    WRITE,
+    Budgets,
+    CallView,
+    Candidate,
+    Check,
+    FieldError,
+    GateContext,
+    GateDecision,
+    PreviousAttempt,
+    RequiredNext,
+    ToolPolicy,
+)
+from recovery.engine.validation import ARGUMENTS_ROOT, validate_args
+
+# Call states (plain strings: recovery/states.py imports Django).
+READY, SENT, RETRYABLE, ACCEPTED = "READY", "SENT", "RETRYABLE", "ACCEPTED"
+UNKNOWN, STILL_UNKNOWN, NOT_COMMITTED, COMMITTED = "UNKNOWN", "STILL_UNKNOWN", "NOT_COMMITTED", "COMMITTED"
+FAILED_PERMANENT, HUMAN_REVIEW = "FAILED_PERMANENT", "HUMAN_REVIEW"
+UNSETTLED = frozenset({UNKNOWN, STILL_UNKNOWN})
+# A dependency in one of these may still commit by itself: wait instead of replanning.
+_SETTLING = frozenset({UNKNOWN, STILL_UNKNOWN, ACCEPTED, SENT})
+
+# Outcome.side_effect values that prove the previous attempt executed nothing (SPEC §9: our preflight, a provider
+# validation rejection, a request that never left).
+NOTHING_EXECUTED = frozenset({"not_sent", "not_executed"})
+
+_STEPS = ("state", "preflight", "dependencies", "budgets", "evidence", "key_retention", "breaker")
+
+# What the runtime sees: fixed text per reason, never provider text or anything the runtime sent.
+MESSAGES = {
+    "first_attempt": "Admitted: make the first attempt now.",
+    "admitted": "Admitted: make the attempt now, with the same idempotency key.",
+    "outcome_unknown": "The previous attempt may have taken effect. Its status is being checked; do not repeat it.",
+    "human_review": "This call is waiting for a person's review; it can be attempted again only once approved.",
+    "committed": "This call has already taken effect; it is never attempted again.",
+    "in_flight": "An attempt of this call is in flight; report its outcome before making another.",
+    "in_progress": "The provider is still processing this call; wait for its status instead of repeating it.",
+    "not_committed": "The provider confirmed this call did not take effect; wait until it is retryable again.",
+    "state_final": "This call is finished and will not be attempted again.",
+    "tool_not_allowed": "That tool is not an accepted alternate for this call; plan another step instead.",
+    "preflight": "The arguments do not match the tool's schema; repair the listed fields and try again.",
+    "blocked_by_dependency": "A step this call depends on has not committed yet.",
+    "budget_exhausted:max_attempts": "This call has used all its attempts; do not repeat it.",
+    "budget_exhausted:max_rounds": "This task has used all its rounds; stop and report what is done.",
+    "budget_exhausted:deadline": "The task's deadline leaves no time for another attempt; stop and report.",
+    "budget_exhausted:token_budget": "This task has used its token budget; stop and report what is done.",
+    "budget_exhausted:write_retry": "This task has used all its write retries; do not repeat the write.",
+    "unknown_budget": "Too many of this task's outcomes are still unknown; writes wait until they are settled.",
+    "args_locked": "The previous attempt may have taken effect, so this call's arguments cannot change; "
+    "plan a new call instead.",
+    "no_new_evidence": "Nothing has changed since the last attempt; a new attempt needs new evidence.",
+    "key_expired": "The provider no longer remembers this call's idempotency key; a replay would be a new "
+    "operation and needs a person's approval.",
+    "breaker_open": "This tool is failing and temporarily blocked; use the fallback instead of retrying.",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Step:
+    check: Check
+    reason: str = ""  # the denial's code; empty when the check passed
+    required_next: RequiredNext | None = None
+    field_errors: tuple[FieldError, ...] = ()
+    evidence_used: str = ""
+    uses_probe: bool = False
+
+
+def _pass(name: str, detail: str, **kw) -> _Step:
+    return _Step(check=Check(name=name, passed=True, detail=detail), **kw)
+
+
+def _deny(
+    name: str, reason: str, detail: str, action: str, *, after_ms: int = 0, info: dict | None = None, **kw
+) -> _Step:
+    required = RequiredNext(action=action, after_ms=max(0, after_ms), detail=info or {})
+    return _Step(check=Check(name=name, passed=False, detail=detail), reason=reason, required_next=required, **kw)
+
+
+def _public_message(step: _Step, context: GateContext) -> str:
+    if step.field_errors:  # name the fields and what they must be, from the schema's templates
+        tool = context.candidate_tool or context.tool
+        return public_message(INVALID_ARGUMENTS, tool=tool, field_errors=step.field_errors)
+    return MESSAGES[step.reason]
+
+
+def admit(call: CallView, candidate: Candidate, context: GateContext) -> GateDecision:
+    """Admit or deny one attempt of `call` (SPEC §5). The answer is unsaved: the caller stores it either way."""
+    checks: list[Check] = []
+    evidence_used, uses_probe = "", False
+    for name in _STEPS:
+        step = _CHECKS[name](call, candidate, context)
+        checks.append(step.check)
+        if step.reason:
+            return GateDecision(
+                allowed=False,
+                reason=step.reason,
+                checks=tuple(checks),
+                required_next=step.required_next,
+                public_message=_public_message(step, context),
+                field_errors=step.field_errors,
+            )
+        evidence_used = evidence_used or step.evidence_used
+        uses_probe = uses_probe or step.uses_probe
+    reason = "first_attempt" if call.state == READY else "admitted"
+    return GateDecision(
+        allowed=True,
+        reason=reason,
+        evidence_used=evidence_used,
+        checks=tuple(checks),
+        public_message=MESSAGES[reason],
+        uses_probe=uses_probe,
+    )
+
+
+def duplicate_intent(*, side_effect: str, fingerprint: str, existing: Iterable[tuple[str, str, str]]) -> str | None:
+    """The id of a call of the same task that already carries this write intent, or None (SPEC §5).
+
+    `existing` holds (call id, fingerprint, state) for the task's other calls. A FAILED_PERMANENT original does not
+    block a new call; reads never conflict. The caller answers "same key, same arguments" with the existing call
+    before asking this, so a fresh idempotency key cannot launder a blind replay.
+    """
+    if side_effect != WRITE:
+        return None
+    for call_id, other, state in existing:
+        if other == fingerprint and state != FAILED_PERMANENT:
+            return call_id
+    return None
+
+
+# --- the checks, in order ------------------------------------------------------------------------------------------
+
+
+def _executing_tool(candidate: Candidate, context: GateContext) -> ToolPolicy | None:
+    """The registry entry the candidate will run: the call's tool, or an accepted alternate with its policy."""
+    if candidate.tool == context.tool.name:
+        return context.tool
+    alternate = context.candidate_tool
+    if candidate.tool in context.tool.alternates and alternate is not None and alternate.name == candidate.tool:
+        return alternate
+    return None
+
+
+def _is_write(context: GateContext) -> bool:
+    return context.tool.is_write or (context.candidate_tool is not None and context.candidate_tool.is_write)
+
+
+def _check_state(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    state = call.state
+    if state == READY:
+        return _pass("state", "READY: first attempt, no evidence needed")
+    if state == RETRYABLE:
+        return _pass("state", "RETRYABLE: needs new evidence")
+    if state in UNSETTLED:
+        if context.approval_available:
+            return _pass("state", f"{state}: an approved same-key replay")
+        return _deny("state", "outcome_unknown", f"{state}: only an approved replay", "wait_for_reconcile")
+    if state == HUMAN_REVIEW:
+        if context.approval_available:
+            return _pass("state", "HUMAN_REVIEW: approval granted")
+        return _deny("state", "human_review", "HUMAN_REVIEW: needs an approval", "request_approval")
+    if state == COMMITTED:
+        return _deny("state", "committed", "COMMITTED: never admitted again", "stop")
+    if state == SENT:
+        return _deny("state", "in_flight", "SENT: an attempt is in flight", "wait_for_reconcile")
+    if state == ACCEPTED:
+        return _deny("state", "in_progress", "ACCEPTED: the provider is processing it", "wait_for_reconcile")
+    if state == NOT_COMMITTED:
+        return _deny("state", "not_committed", "NOT_COMMITTED: becomes RETRYABLE first", "wait_for_reconcile")
+    # FAILED_PERMANENT may be replaced by a new call (duplicate intent allows it); compensation states may not.
+    action = "replan" if state == FAILED_PERMANENT else "stop"
+    return _deny("state", "state_final", f"{state}: no further attempt", action)
+
+
+def _check_preflight(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    tool = _executing_tool(candidate, context)
+    if tool is None:
+        info = {"alternates": sorted(context.tool.alternates)}
+        return _deny(
+            "preflight", "tool_not_allowed", "not the call's tool nor an accepted alternate", "replan", info=info
+        )
+    try:
+        canonical_json(candidate.arguments)
+    except ValueError:
+        error = FieldError(
+            field=ARGUMENTS_ROOT,
+            expected="a JSON object",
+            received=type(candidate.arguments).__name__,
+            suggestion="Send plain JSON values: no NaN or infinities.",
+        )
+        return _deny("preflight", "preflight", "arguments are not JSON", "repair_args", field_errors=(error,))
+    if not isinstance(candidate.arguments, dict):
+        error = FieldError(
+            field=ARGUMENTS_ROOT,
+            expected="a JSON object",
+            received=type(candidate.arguments).__name__,
+            suggestion="Send the arguments as one JSON object.",
+        )
+        return _deny("preflight", "preflight", "arguments are not an object", "repair_args", field_errors=(error,))
+    errors = tuple(validate_args(tool.args_schema, candidate.arguments))
+    if errors:
+        detail = f"{len(errors)} field error(s) against {tool.name}'s schema"
+        return _deny("preflight", "preflight", detail, "repair_args", field_errors=errors)
+    return _pass("preflight", f"arguments match {tool.name}'s schema")
+
+
+def _check_dependencies(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    blocking = {call_id: state for call_id, state in context.dependencies.items() if state != COMMITTED}
+    if not blocking:
+        return _pass("dependencies", f"{len(context.dependencies)} dependencies committed")
+    blocked_by = sorted(blocking)
+    action = "wait_for_reconcile" if any(s in _SETTLING for s in blocking.values()) else "replan"
+    detail = "waiting on " + ", ".join(f"{c} ({blocking[c]})" for c in blocked_by)
+    return _deny("dependencies", "blocked_by_dependency", detail, action, info={"blocked_by": blocked_by})
+
+
+def _check_budgets(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    task = context.task
+    scopes = [context.tool.budgets, task.budgets, Budgets(max_attempts=call.max_attempts)]
+    if context.candidate_tool is not None and candidate.tool != context.tool.name:
+        scopes.append(context.candidate_tool.budgets)
+    budgets = tighter(*scopes)
+    is_write = _is_write(context)
+    limit = exhausted_limit(
+        budgets=budgets,
+        attempts_made=call.attempts_made,
+        rounds_used=task.rounds_used,
+        tokens_used=task.tokens_used,
+        is_write=is_write,
+        write_retries_used=task.write_retries_used,
+        now=context.now,
+        call_estimate_ms=context.call_estimate_ms,
+    )
+    if limit:
+        info = {"limit": limit}
+        return _deny("budgets", f"budget_exhausted:{limit}", f"{limit} exhausted", "stop", info=info)
+    if is_write:
+        blocked = _unknown_budget_exceeded(call, context)
+        if blocked:
+            return _deny("budgets", "unknown_budget", blocked, "wait_for_reconcile", info={"limit": "unknown_budget"})
+    return _pass("budgets", "budget left for one more attempt")
+
+
+def _unknown_budget_exceeded(call: CallView, context: GateContext) -> str:
+    """Why the task's writes are held back by unsettled UNKNOWN outcomes, or "" when they are not.
+
+    The call's own unsettled outcome is not held against it: otherwise an approved same-key replay of an UNKNOWN
+    call could never be admitted under a budget of 0, and the approval would be worthless.
+    """
+    task = context.task
+    own = 1 if call.state in UNSETTLED else 0
+    task_limit = task.budgets.unknown_budget
+    if task_limit is not None and task.unsettled_unknowns - own > task_limit:
+        return f"{task.unsettled_unknowns - own} unsettled unknown(s) in the task, tolerates {task_limit}"
+    limits = dict(task.unknown_budget_by_tool)
+    for tool in (context.tool, context.candidate_tool):
+        if tool is not None:
+            limits.setdefault(tool.name, tool.budgets.unknown_budget)
+    for name, count in sorted(task.unsettled_by_tool.items()):
+        tool_limit = limits.get(name)
+        unsettled = count - (own if name == context.tool.name else 0)
+        if tool_limit is not None and unsettled > tool_limit:
+            return f"{unsettled} unsettled unknown(s) of {name}, tolerates {tool_limit}"
+    return ""
+
+
+def _effect_may_exist(previous: PreviousAttempt, is_write: bool) -> bool:
+    """Whether a write's previous attempt may have taken effect (a transient failure of a write was never sent)."""
+    if not is_write:
+        return False
+    return previous.failure_class != TRANSIENT and previous.side_effect not in NOTHING_EXECUTED
+
+
+def _check_evidence(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    if call.state == READY:
+        return _pass("evidence", "first attempt: no evidence needed")
+    previous = context.previous
+    is_write = _is_write(context)
+    # SPEC §9: once an effect may exist the key is bound to its arguments (and tool); a change is a new intent.
+    changed = previous is not None and fingerprint(candidate.tool, candidate.arguments) != previous.fingerprint
+    if changed and _effect_may_exist(previous, is_write):
+        return _deny("evidence", "args_locked", "arguments or tool changed after a possible effect", "replan")
+    acceptable = _acceptable(call, previous, context, is_write)
+    for kind in dict.fromkeys(candidate.evidence):
+        if kind in acceptable and _holds(kind, candidate, previous, context):
+            return _pass("evidence", f"{kind} holds", evidence_used=kind)
+    claimed = ", ".join(k for k in candidate.evidence if k in acceptable) or "none acceptable"
+    action, after_ms = _next_without_evidence(call, previous, context, is_write)
+    info = {"evidence": list(acceptable)}
+    return _deny("evidence", "no_new_evidence", f"claimed: {claimed}", action, after_ms=after_ms, info=info)
+
+
+def _acceptable(
+    call: CallView, previous: PreviousAttempt | None, context: GateContext, is_write: bool
+) -> tuple[str, ...]:
+    """The evidence kinds that can admit this attempt at all, most useful first."""
+    if call.state in UNSETTLED or call.state == HUMAN_REVIEW or previous is None:
+        return (APPROVAL_GRANTED,)
+    if previous.failure_class == OUTCOME_UNKNOWN or _effect_may_exist(previous, is_write):
+        return (STATE_VERIFIED, APPROVAL_GRANTED)
+    by_class = {
+        TRANSIENT: (TIME_ELAPSED, TOOL_CHANGED, ARGS_CHANGED, CREDENTIAL_REFRESHED),
+        INVALID_ARGUMENTS: (ARGS_CHANGED, TOOL_CHANGED),
+        AUTHENTICATION: (CREDENTIAL_REFRESHED,),
+        AUTHORIZATION: (APPROVAL_GRANTED, CREDENTIAL_REFRESHED),
+        CAPABILITY_MISSING: (TOOL_CHANGED,),
+        INVALID_RESULT: (TIME_ELAPSED, ARGS_CHANGED, TOOL_CHANGED),
+    }
+    kinds = by_class.get(previous.failure_class, ())
+    rest = (ARGS_CHANGED, CREDENTIAL_REFRESHED, TOOL_CHANGED, STATE_VERIFIED, APPROVAL_GRANTED)
+    ordered = tuple(dict.fromkeys(kinds + rest))
+    if not context.tool.alternates:
+        ordered = tuple(k for k in ordered if k != TOOL_CHANGED)
+    return ordered
+
+
+def _holds(kind: str, candidate: Candidate, previous: PreviousAttempt | None, context: GateContext) -> bool:
+    if kind == APPROVAL_GRANTED:
+        return context.approval_available
+    if previous is None:
+        return False
+    if kind == TIME_ELAPSED:
+        return _time_elapsed(previous, context)
+    if kind == ARGS_CHANGED:
+        changed = fingerprint(previous.tool, candidate.arguments) != previous.fingerprint
+        return changed and previous.side_effect in NOTHING_EXECUTED
+    if kind == CREDENTIAL_REFRESHED:
+        new, old = candidate.credential_version, previous.credential_version
+        return new is not None and old is not None and new > old
+    if kind == TOOL_CHANGED:
+        switched = candidate.tool != previous.tool and candidate.tool in context.tool.alternates
+        return switched and previous.side_effect in NOTHING_EXECUTED
+    if kind == STATE_VERIFIED:
+        at, finished = context.latest_receipt_at, previous.finished_at
+        fresh = at is not None and finished is not None and at > finished
+        return context.latest_receipt == "not_committed" and fresh
+    return False
+
+
+def _waits_on_time(previous: PreviousAttempt, context: GateContext) -> bool:
+    """Whether time alone can justify a new attempt: a transient failure, or a read's invalid (e.g. stale) result.
+
+    This is the no-progress guard: after any other failure the same fingerprint never passes on time_elapsed.
+    """
+    if previous.failure_class == TRANSIENT:
+        return True
+    return previous.failure_class == INVALID_RESULT and not _is_write(context)
+
+
+def _time_elapsed(previous: PreviousAttempt, context: GateContext) -> bool:
+    if not _waits_on_time(previous, context) or previous.finished_at is None:
+        return False
+    return context.now >= previous.finished_at + timedelta(milliseconds=previous.wait_ms)
+
+
+def _next_without_evidence(
+    call: CallView, previous: PreviousAttempt | None, context: GateContext, is_write: bool
+) -> tuple[str, int]:
+    """What would help after a denial for lack of evidence, and how long until it may: (action, after_ms)."""
+    if call.state == HUMAN_REVIEW:
+        return "request_approval", 0
+    if call.state in UNSETTLED or previous is None:
+        return "wait_for_reconcile", 0
+    if previous.failure_class == OUTCOME_UNKNOWN or _effect_may_exist(previous, is_write):
+        return "wait_for_reconcile", 0
+    if _waits_on_time(previous, context) and previous.finished_at is not None:
+        due = previous.finished_at + timedelta(milliseconds=previous.wait_ms)
+        return "retry_after", max(0, int((due - context.now) / timedelta(milliseconds=1)))
+    actions = {
+        INVALID_ARGUMENTS: "repair_args",
+        AUTHENTICATION: "refresh_credentials",
+        AUTHORIZATION: "request_approval",
+        CAPABILITY_MISSING: "replan",
+        UNRECOVERABLE: "stop",
+    }
+    return actions.get(previous.failure_class, "replan"), 0
+
+
+def _check_key_retention(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    if not _is_write(context) or call.first_sent_at is None:
+        return _pass("key_retention", "no idempotency key replayed")
+    age_s = (context.now - call.first_sent_at).total_seconds()
+    retention = context.tool.key_retention_s
+    if age_s >= retention:
+        info = {"key_age_s": int(age_s), "key_retention_s": retention}
+        detail = f"key first sent {int(age_s)} s ago, provider keeps it {retention} s"
+        return _deny("key_retention", "key_expired", detail, "request_approval", info=info)
+    return _pass("key_retention", f"key kept by the provider for {int(retention - age_s)} s more")
+
+
+def _check_breaker(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    breaker = context.breaker
+    info = {"fallback": context.tool.fallback, "breaker": breaker.state}
+    if breaker.state in (OPEN, FORCED_OPEN):
+        after = breaker.retry_in_ms if breaker.state == OPEN else 0
+        return _deny("breaker", "breaker_open", f"breaker {breaker.state}", "degrade", after_ms=after, info=info)
+    if breaker.state == HALF_OPEN:
+        if breaker.probe_available:
+            return _pass("breaker", "half_open: admitted as the probe", uses_probe=True)
+        detail = "half_open: the probe is taken"
+        return _deny("breaker", "breaker_open", detail, "degrade", after_ms=breaker.retry_in_ms, info=info)
+    return _pass("breaker", f"breaker {breaker.state}")
+
+
+_CHECKS = {
+    "state": _check_state,
+    "preflight": _check_preflight,
+    "dependencies": _check_dependencies,
+    "budgets": _check_budgets,
+    "evidence": _check_evidence,
+    "key_retention": _check_key_retention,
+    "breaker": _check_breaker,
+}

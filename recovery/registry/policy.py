@@ -1,0 +1,79 @@
+"""The engine's view of a tool: `tool_policy(tool)` turns a Tool row into the frozen ToolPolicy the engine reads.
+
+It runs on every API request, so it does no work beyond building value objects: the provider and the alternates
+come from `policy_tools()`'s select_related / prefetch when the caller used it (one query otherwise, each).
+Settings absent from the registry take the engine's defaults (the dataclasses' own), so "not configured" means
+the same thing everywhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any
+
+from django.db.models import Prefetch, QuerySet
+
+from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant, ToolPolicy
+from recovery.models import Tool
+
+TOOL_BUDGETS = ("max_attempts", "write_retry", "unknown_budget", "max_business_effects")
+
+
+def policy_tools() -> QuerySet[Tool]:
+    """Tools with what tool_policy() reads: two queries for any number of tools."""
+    alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name"))
+    return Tool.objects.select_related("provider").prefetch_related(alternates)
+
+
+def _build(cls: type, data: Any, keys: tuple[str, ...] | None = None):
+    keys = keys or tuple(f.name for f in fields(cls))
+    data = data if isinstance(data, dict) else {}
+    return cls(**{key: data[key] for key in keys if key in data})
+
+
+def _invariant(data: dict) -> Invariant:
+    one_of = data.get("one_of")
+    return Invariant(
+        result=data["result"],
+        equals_arg=data.get("equals_arg"),
+        one_of=tuple(one_of) if one_of is not None else None,
+        minimum=data.get("minimum"),
+    )
+
+
+def _alternate_names(tool: Tool) -> frozenset[str]:
+    cached = getattr(tool, "_prefetched_objects_cache", {}).get("alternates")
+    if cached is not None:
+        return frozenset(other.name for other in cached)
+    return frozenset(tool.alternates.values_list("name", flat=True))
+
+
+def tool_policy(tool: Tool) -> ToolPolicy:
+    optional: dict[str, Any] = {}
+    if isinstance(tool.reconcile, dict) and "first_check_s" in tool.reconcile:
+        optional["reconcile_first_check_s"] = tool.reconcile["first_check_s"]
+    return ToolPolicy(
+        name=tool.name,
+        side_effect=tool.side_effect,
+        risk=tool.risk,
+        replay_safe=tool.replay_safe,
+        retry_path_safe=tool.retry_path_safe,
+        provider_ref_field=tool.provider_ref_field,
+        args_schema=tool.args_schema,
+        result_schema=tool.result_schema,
+        required_result_fields=tuple(tool.required_result_fields),
+        max_result_age_s=tool.max_result_age_s,
+        result_time_field=tool.result_time_field,
+        invariants=tuple(_invariant(item) for item in tool.invariants),
+        approvable_codes=frozenset(tool.approvable_codes),
+        idempotency_conflict_codes=frozenset(tool.provider.idempotency_conflict_codes),
+        alternates=_alternate_names(tool),
+        outcome_timeout_s=tool.outcome_timeout_s,
+        key_retention_s=tool.key_retention_s,
+        budgets=_build(Budgets, tool.budgets, TOOL_BUDGETS),
+        backoff=_build(BackoffPolicy, tool.backoff),
+        breaker=_build(BreakerPolicy, tool.breaker),
+        fallback=tool.fallback,
+        exhausted_to_review=tool.exhausted_to_review,
+        **optional,
+    )
