@@ -36,12 +36,14 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_rq",
+    "ninja",
     "recovery",
     "console",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "console.middleware.ApiBodyLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -92,6 +94,10 @@ STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 
 LOGIN_URL = "/admin/login/"
+
+# API request bodies above this many bytes get 413 before anything reads them.
+RECOVERY_API_MAX_BODY = env_int("RECOVERY_API_MAX_BODY", 256 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = RECOVERY_API_MAX_BODY
 
 # API tokens are stored as HMAC-SHA256(pepper, token): a leaked table alone cannot be replayed or brute-forced offline.
 RECOVERY_TOKEN_PEPPER = env_str("RECOVERY_TOKEN_PEPPER", SECRET_KEY if DEBUG else None)

@@ -278,6 +278,7 @@ class Attempt(models.Model):
     credential_version = models.PositiveIntegerField(null=True, blank=True)
     evidence = models.JSONField(default=list, blank=True)  # evidence kinds the candidate claimed
     policy_bypassed = models.BooleanField(default=False)  # reported after the fact; the gate would have denied it
+    breaker_probe = models.BooleanField(default=False)  # admitted as its tool's half-open probe
     admitted_at = models.DateTimeField(null=True, blank=True)
     reported_at = models.DateTimeField(null=True, blank=True)
     facts = models.JSONField(null=True, blank=True)  # the outcome facts as reported (error text redacted)
@@ -476,3 +477,41 @@ class AuditChainHead(models.Model):
 
     def __str__(self) -> str:
         return f"{self.key} @ {self.length}"
+
+
+class BreakerState(models.TextChoices):
+    CLOSED = "closed"  # calls flow; outcomes are counted
+    OPEN = "open"  # failing fast until the cooldown ends
+    HALF_OPEN = "half_open"  # the cooldown ended: a few probes may go through
+    FORCED_OPEN = "forced_open"  # an operator opened it; only an operator closes it
+
+
+class Breaker(models.Model):
+    """One circuit breaker per tool, shared by every process (SPEC §7).
+
+    State changes are conditional UPDATEs in short transactions; no row lock is ever held across a provider call.
+    Outcome counts live in BreakerBucket rows (one per tool and time bucket), upserted without touching this row.
+    """
+
+    tool = models.OneToOneField(Tool, on_delete=models.PROTECT, related_name="breaker_row")
+    state = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    probes_reserved = models.PositiveIntegerField(default=0)
+    probe_lease_until = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.tool_id}: {self.state}"
+
+
+class BreakerBucket(models.Model):
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="breaker_buckets")
+    bucket_start = models.BigIntegerField()  # epoch seconds, a multiple of the policy's bucket_s
+    successes = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tool", "bucket_start"], name="breaker_bucket_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.tool_id}@{self.bucket_start}: {self.successes}/{self.failures}"

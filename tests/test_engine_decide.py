@@ -243,10 +243,18 @@ def test_a_wait_never_exceeds_the_cap_or_retry_after_nor_the_time_left(retry_aft
     task = TaskView(rounds_used=attempts_made, budgets=Budgets(deadline=deadline))
     facts = status(429, retry_after_ms=retry_after) if retry_after is not None else status(503)
     ctx = ClassifyContext(call_id="1", attempt_id="a", idempotency_key="k", arguments={})
-    call = CallView(call_id="1", tool=LOOKUP.name, state="SENT", idempotency_key="k", fingerprint="f",
-                    attempts_made=attempts_made)  # fmt: skip
-    decision = decide(classify(facts, LOOKUP, ctx), call=call, task=task, tool=LOOKUP, breaker=BreakerView(),
-                      now=NOW, rng=random.Random(seed))  # fmt: skip
+    call = CallView(
+        call_id="1", tool=LOOKUP.name, state="SENT", idempotency_key="k", fingerprint="f", attempts_made=attempts_made
+    )
+    decision = decide(
+        classify(facts, LOOKUP, ctx),
+        call=call,
+        task=task,
+        tool=LOOKUP,
+        breaker=BreakerView(),
+        now=NOW,
+        rng=random.Random(seed),
+    )
     assert decision.delay_ms <= max(LOOKUP.backoff.cap_ms, retry_after or 0)
     if retry_after is not None and decision.call_state == "RETRYABLE":
         assert decision.delay_ms == retry_after  # never an attempt before the provider's Retry-After

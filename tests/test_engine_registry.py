@@ -37,8 +37,14 @@ def refund(db):
 
 
 def test_the_seed_amount_is_refused_at_preflight_with_an_actionable_field_error(refund):
-    call = CallView(call_id="1842", tool=refund.name, state="READY", idempotency_key="refund-order-8848-v3",
-                    fingerprint="f", attempts_made=0)  # fmt: skip
+    call = CallView(
+        call_id="1842",
+        tool=refund.name,
+        state="READY",
+        idempotency_key="refund-order-8848-v3",
+        fingerprint="f",
+        attempts_made=0,
+    )
     candidate = Candidate(attempt_id="a1", tool=refund.name, arguments={"order_id": "O-1842", "amount_cents": "800.0"})
     decision = admit(call, candidate, GateContext(now=NOW, tool=refund))
     assert not decision.allowed
@@ -59,8 +65,14 @@ def test_the_seed_refund_timeout_after_send_is_reconciled_never_replayed(refund)
     ctx = ClassifyContext(call_id="1842", attempt_id="a2", idempotency_key="refund-order-8848-v3", arguments=args)
     facts = Facts(connection_opened=True, sent=True, error=ErrorFacts(kind="read_timeout"))
     outcome = classify(facts, refund, ctx)
-    call = CallView(call_id="1842", tool=refund.name, state="SENT", idempotency_key="refund-order-8848-v3",
-                    fingerprint="f", attempts_made=2)  # fmt: skip
+    call = CallView(
+        call_id="1842",
+        tool=refund.name,
+        state="SENT",
+        idempotency_key="refund-order-8848-v3",
+        fingerprint="f",
+        attempts_made=2,
+    )
     card = decide(outcome, call=call, task=TaskView(rounds_used=4), tool=refund, breaker=BreakerView(), now=NOW)
     assert (card.route, card.call_state, card.required_next.action) == ("reconcile", "UNKNOWN", "wait_for_reconcile")
     assert {"blind_replay", "duplicate_refund"} <= set(card.forbidden)

@@ -48,6 +48,11 @@ def _alternate_names(tool: Tool) -> frozenset[str]:
     return frozenset(tool.alternates.values_list("name", flat=True))
 
 
+def breaker_policy(tool: Tool) -> BreakerPolicy:
+    """The tool's breaker policy alone: no query, for the breaker storage's hot paths (tool_policy reads more)."""
+    return _build(BreakerPolicy, tool.breaker)
+
+
 def tool_policy(tool: Tool) -> ToolPolicy:
     optional: dict[str, Any] = {}
     if isinstance(tool.reconcile, dict) and "first_check_s" in tool.reconcile:
@@ -72,7 +77,7 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         key_retention_s=tool.key_retention_s,
         budgets=_build(Budgets, tool.budgets, TOOL_BUDGETS),
         backoff=_build(BackoffPolicy, tool.backoff),
-        breaker=_build(BreakerPolicy, tool.breaker),
+        breaker=breaker_policy(tool),
         fallback=tool.fallback,
         exhausted_to_review=tool.exhausted_to_review,
         **optional,

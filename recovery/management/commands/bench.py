@@ -144,9 +144,14 @@ def _engine_fixture():
         Facts(connection_opened=False, sent=False, error=ErrorFacts(kind="connection_refused")),
         Facts(connection_opened=True, sent=True, http_status=503, retry_after_ms=2000),
         Facts(connection_opened=True, sent=True, http_status=422),
-        Facts(connection_opened=True, sent=True, http_status=200, provider_request_id="p-1",
-              result={"refund_id": "r-1", "status": "succeeded"}),
-    ]  # fmt: skip
+        Facts(
+            connection_opened=True,
+            sent=True,
+            http_status=200,
+            provider_request_id="p-1",
+            result={"refund_id": "r-1", "status": "succeeded"},
+        ),
+    ]
     return tool, facts
 
 
@@ -171,12 +176,27 @@ def bench_engine(count: int) -> dict:
     tool, facts = _engine_fixture()
     args = {"order_id": "O-1842", "amount_cents": 80000}
     ctx = ClassifyContext(call_id="1", attempt_id="a", idempotency_key="k", arguments=args)
-    call = CallView(call_id="1", tool=tool.name, state="RETRYABLE", idempotency_key="k", fingerprint="f",
-                    attempts_made=1, max_attempts=3)  # fmt: skip
+    call = CallView(
+        call_id="1",
+        tool=tool.name,
+        state="RETRYABLE",
+        idempotency_key="k",
+        fingerprint="f",
+        attempts_made=1,
+        max_attempts=3,
+    )
     now = timezone.now()
-    previous = PreviousAttempt(number=1, tool=tool.name, fingerprint="f", credential_version=1,
-                               failure_class="transient", phase="dispatch", side_effect="not_sent",
-                               finished_at=now - timedelta(seconds=5), wait_ms=1000)  # fmt: skip
+    previous = PreviousAttempt(
+        number=1,
+        tool=tool.name,
+        fingerprint="f",
+        credential_version=1,
+        failure_class="transient",
+        phase="dispatch",
+        side_effect="not_sent",
+        finished_at=now - timedelta(seconds=5),
+        wait_ms=1000,
+    )
     gate_context = GateContext(now=now, tool=tool, previous=previous, task=TaskView(rounds_used=1))
     candidate = Candidate(attempt_id="a2", tool=tool.name, arguments=args, evidence=("time_elapsed",))
     rng, breaker, task = random.Random(1), BreakerView(), TaskView(rounds_used=1)

@@ -1,0 +1,393 @@
+"""The machine API for agent runtimes (SPEC §16), versioned under /api/v1/, documented at /api/v1/openapi.json.
+
+Bearer tokens scoped to tenants; another tenant's objects answer 404; every 4xx carries field-level errors; unknown
+fields are rejected; a rejected request stores nothing; a denied admission (409) is an answer and is stored.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import Http404, HttpRequest
+from django.shortcuts import get_object_or_404
+from ninja import NinjaAPI, Schema, Status
+from ninja.errors import AuthenticationError, HttpError
+from ninja.errors import ValidationError as NinjaValidationError
+from ninja.security import HttpBearer
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from recovery.audit import Actor
+from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
+from recovery.models import Attempt, Call, Task, Tenant
+from recovery.selectors import call_detail, task_summary
+from recovery.services import ingest, tasks
+from recovery.services.ingest import ServiceError, allowed_tools, field_errors_json
+from recovery.services.tokens import token_authenticate
+
+# --- schemas -------------------------------------------------------------------------------------------------------
+
+
+class Strict(Schema):
+    model_config = ConfigDict(extra="forbid")
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    if value is not None and value.tzinfo is None:
+        raise ValueError("must include a UTC offset, e.g. 2026-08-20T18:50:00Z")
+    return value
+
+
+class BudgetIn(Strict):
+    max_rounds: int | None = Field(None, ge=1, le=100_000)
+    deadline: datetime | None = None
+    token_budget: int | None = Field(None, ge=0)
+    write_retry: int | None = Field(None, ge=0, le=1000)
+    unknown_budget: int | None = Field(None, ge=0, le=1000)
+    max_business_effects: int | None = Field(None, ge=1, le=1000)
+    max_attempts: int | None = Field(None, ge=1, le=1000)
+    unknown_policy: Literal["reconcile_then_human"] | None = None
+    fallback: str | None = Field(None, max_length=100)
+
+    _deadline = field_validator("deadline")(_aware)
+
+
+class TaskIn(Strict):
+    tenant: str = Field(min_length=1, max_length=64)
+    external_id: str = Field(min_length=1, max_length=200)
+    agent: str = Field(min_length=1, max_length=200)
+    goal: str = Field(min_length=1, max_length=5000)
+    budget: BudgetIn | None = None
+
+
+class CompleteIn(Strict):
+    summary: str = Field(min_length=1, max_length=20_000)
+    deliverable: dict[str, Any] | None = None
+
+
+class AbandonIn(Strict):
+    reason: str = Field("", max_length=2000)
+
+
+class CallIn(Strict):
+    step: int = Field(ge=1, le=10_000)
+    depends_on: list[int] = Field(default_factory=list, max_length=100)
+    tool: str = Field(min_length=1, max_length=100)
+    arguments: dict[str, Any]
+    idempotency_key: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
+
+    @field_validator("depends_on")
+    @classmethod
+    def _positive(cls, value: list[int]) -> list[int]:
+        if any(index < 1 for index in value):
+            raise ValueError("step indexes start at 1")
+        return value
+
+
+class ErrorIn(Strict):
+    kind: Literal[ERROR_KINDS] | None = None  # type: ignore[valid-type]
+    code: str | None = Field(None, max_length=100)
+    message: str | None = Field(None, max_length=20_000)
+
+
+class OutcomeIn(Strict):
+    connection_opened: bool | None = None
+    sent: bool | None = None
+    http_status: int | None = Field(None, ge=100, le=599)
+    error: ErrorIn | None = None
+    provider_request_id: str | None = Field(None, max_length=255)
+    retry_after_ms: int | None = Field(None, ge=0, le=86_400_000)
+    result: Any = None
+    tokens_used: int | None = Field(None, ge=0, le=100_000_000)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    echoed_idempotency_key: str | None = Field(None, max_length=255)
+    credential_scopes: list[str] | None = Field(None, max_length=100)
+
+    _times = field_validator("started_at", "finished_at")(_aware)
+
+    @model_validator(mode="after")
+    def _something_happened(self):
+        if self.http_status is None and self.error is None:
+            raise ValueError("an outcome needs an http_status (a reply arrived) or an error (it did not)")
+        return self
+
+
+class CandidateIn(Strict):
+    attempt_id: str = Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$")
+    tool: str | None = Field(None, max_length=100)
+    arguments: dict[str, Any] | None = None
+    credential_version: int | None = Field(None, ge=0)
+    evidence: list[Literal[EVIDENCE_KINDS]] = Field(default_factory=list, max_length=6)  # type: ignore[valid-type]
+    outcome: OutcomeIn | None = None
+
+
+class FieldErrorOut(Schema):
+    field: str
+    expected: str
+    received: Any = None
+    suggestion: str
+
+
+class ErrorBody(Schema):
+    code: str
+    message: str
+    field_errors: list[FieldErrorOut] = []
+    detail: dict[str, Any] = {}
+
+
+class ErrorOut(Schema):
+    error: ErrorBody
+
+
+# --- the API -------------------------------------------------------------------------------------------------------
+
+
+class TokenAuth(HttpBearer):
+    def authenticate(self, request: HttpRequest, token: str):
+        api_token = token_authenticate(token)
+        if api_token is not None:
+            request.api_token = api_token
+            request.tenant_ids = set(
+                getattr(api_token, "tenant_ids", None) or api_token.tenants.values_list("id", flat=True)
+            )
+        return api_token
+
+
+api = NinjaAPI(
+    title="Recovery Console API",
+    version="1",
+    description="Register tool calls, ask for admission before every attempt, report outcomes, get decision cards.",
+    auth=TokenAuth(),
+    urls_namespace="api-v1",
+    docs_url="/docs",
+)
+
+
+def _error(request, status: int, code: str, message: str, field_errors=(), detail=None):
+    body = {"error": {"code": code, "message": message, "field_errors": list(field_errors), "detail": detail or {}}}
+    return api.create_response(request, body, status=status)
+
+
+@api.exception_handler(ServiceError)
+def _service_error(request, exc: ServiceError):
+    return _error(request, exc.status, exc.code, exc.message, field_errors_json(exc.field_errors), exc.detail)
+
+
+def _field(loc) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "payload", "query", "path")]
+    return ".".join(parts) or "body"
+
+
+@api.exception_handler(NinjaValidationError)
+def _validation_error(request, exc: NinjaValidationError):
+    errors = [
+        {
+            "field": _field(e.get("loc", ())),
+            "expected": e.get("msg", "a valid value").removeprefix("Value error, "),
+            "received": e.get("input") if not isinstance(e.get("input"), dict) else None,
+            "suggestion": "Remove this field." if e.get("type") == "extra_forbidden" else "Fix this field and resend.",
+        }
+        for e in exc.errors
+    ]
+    return _error(request, 422, "invalid_request", "the request does not match the API schema", errors)
+
+
+@api.exception_handler(AuthenticationError)
+def _unauthenticated(request, exc):
+    return _error(request, 401, "unauthenticated", "send a valid, unrevoked API token: Authorization: Bearer <token>")
+
+
+@api.exception_handler(Http404)
+def _not_found(request, exc):
+    return _error(request, 404, "not_found", "no such object for this token's tenants")
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return _error(request, 413, "body_too_large", "the request body is over the size limit")
+
+
+@api.exception_handler(HttpError)
+def _http_error(request, exc: HttpError):
+    return _error(request, exc.status_code, "bad_request", str(exc))
+
+
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+
+
+def _actor(request) -> Actor:
+    return Actor.for_token(request.api_token)
+
+
+def _tenant(request, name: str) -> Tenant:
+    tenant = Tenant.objects.filter(name=name, pk__in=request.tenant_ids).first()
+    if tenant is None:
+        raise ServiceError(
+            403,
+            "tenant_not_allowed",
+            "this token is not scoped to that tenant",
+            field_errors=[
+                {
+                    "field": "tenant",
+                    "expected": "a tenant this token is scoped to",
+                    "received": name,
+                    "suggestion": "Use a token issued for this tenant.",
+                }
+            ],
+        )
+    return tenant
+
+
+def _task(request, task_id: int) -> Task:
+    return get_object_or_404(Task.objects.select_related("tenant"), pk=task_id, tenant_id__in=request.tenant_ids)
+
+
+def _call(request, call_id: int) -> Call:
+    return get_object_or_404(
+        Call.objects.select_related("tool__provider", "task__tenant", "step"),
+        pk=call_id,
+        tenant_id__in=request.tenant_ids,
+    )
+
+
+@api.post("/tasks", response={200: dict, 201: dict, **ERRORS}, tags=["tasks"])
+def create_task(request, payload: TaskIn):
+    tenant = _tenant(request, payload.tenant)
+    budget = payload.budget.model_dump() if payload.budget else {}
+    task, created = tasks.task_create(
+        tenant=tenant,
+        external_id=payload.external_id,
+        agent=payload.agent,
+        goal=payload.goal,
+        budget=budget,
+        actor=_actor(request),
+    )
+    return Status(201 if created else 200, task_summary(task))
+
+
+@api.get("/tasks", response={200: dict, **ERRORS}, tags=["tasks"])
+def find_task(request, tenant: str, external_id: str):
+    owner = _tenant(request, tenant)
+    task = get_object_or_404(Task.objects.select_related("tenant"), tenant=owner, external_id=external_id)
+    return Status(200, task_summary(task))
+
+
+@api.get("/tasks/{task_id}", response={200: dict, **ERRORS}, tags=["tasks"])
+def get_task(request, task_id: int):
+    return Status(200, task_summary(_task(request, task_id)))
+
+
+@api.post("/tasks/{task_id}/complete", response={200: dict, **ERRORS}, tags=["tasks"])
+def complete_task(request, task_id: int, payload: CompleteIn):
+    task = tasks.task_complete(
+        task=_task(request, task_id), summary=payload.summary, deliverable=payload.deliverable, actor=_actor(request)
+    )
+    return Status(200, task_summary(task))
+
+
+@api.post("/tasks/{task_id}/abandon", response={200: dict, **ERRORS}, tags=["tasks"])
+def abandon_task(request, task_id: int, payload: AbandonIn):
+    task = tasks.task_abandon(task=_task(request, task_id), reason=payload.reason, actor=_actor(request))
+    return Status(200, task_summary(task))
+
+
+@api.post("/tasks/{task_id}/calls", response={200: dict, 201: dict, **ERRORS}, tags=["calls"])
+def add_call(request, task_id: int, payload: CallIn):
+    added = ingest.call_add(
+        task=_task(request, task_id),
+        step_index=payload.step,
+        depends_on=payload.depends_on,
+        tool_name=payload.tool,
+        arguments=payload.arguments,
+        idempotency_key=payload.idempotency_key,
+        actor=_actor(request),
+    )
+    body = {
+        "call_id": added.call.pk,
+        "created": added.created,
+        "state": added.call.state,
+        "preflight": {"passed": not added.preflight, "field_errors": field_errors_json(added.preflight)},
+        "blocked_by": added.blocked_by,
+        "poll": f"/api/v1/calls/{added.call.pk}",
+    }
+    return Status(201 if added.created else 200, body)
+
+
+@api.get("/calls/{call_id}", response={200: dict, **ERRORS}, tags=["calls"])
+def get_call(request, call_id: int):
+    return Status(200, call_detail(_call(request, call_id)))
+
+
+@api.post("/calls/{call_id}/abandon", response={200: dict, **ERRORS}, tags=["calls"])
+def abandon_call(request, call_id: int, payload: AbandonIn):
+    call = ingest.call_abandon(call=_call(request, call_id), actor=_actor(request), reason=payload.reason)
+    return Status(200, call_detail(call))
+
+
+@api.post("/calls/{call_id}/gate", response={200: dict, **ERRORS}, tags=["attempts"])
+def ask_gate(request, call_id: int, payload: CandidateIn):
+    if payload.outcome is not None:
+        raise ServiceError(
+            422,
+            "invalid_request",
+            "the gate only answers; report outcomes to .../attempts",
+            field_errors=[
+                {"field": "outcome", "expected": "absent", "received": None, "suggestion": "Remove the outcome."}
+            ],
+        )
+    return Status(
+        200, ingest.gate_ask(call=_call(request, call_id), body=payload.model_dump(mode="json"), actor=_actor(request))
+    )
+
+
+@api.post("/calls/{call_id}/attempts", response={200: dict, 201: dict, **ERRORS}, tags=["attempts"])
+def create_attempt(request, call_id: int, payload: CandidateIn):
+    body = payload.model_dump(mode="json", exclude_none=False)
+    if payload.outcome is None:
+        body.pop("outcome")
+    else:
+        body["outcome"] = payload.outcome.model_dump(mode="json", exclude_unset=True)
+    admission = ingest.attempt_admit(call=_call(request, call_id), body=body, actor=_actor(request))
+    if admission.status == 409:
+        gate = admission.response["gate"]
+        return _error(
+            request,
+            409,
+            "not_admitted",
+            gate["public_message"] or gate["reason"],
+            field_errors=gate["field_errors"],
+            detail=admission.response,
+        )
+    return Status(admission.status, admission.response)
+
+
+@api.post("/calls/{call_id}/attempts/{attempt_id}/outcome", response={200: dict, **ERRORS}, tags=["attempts"])
+def report_outcome(request, call_id: int, attempt_id: str, payload: OutcomeIn):
+    call = _call(request, call_id)
+    attempt = get_object_or_404(Attempt.objects.select_related("tool__provider"), call=call, attempt_id=attempt_id)
+    body = payload.model_dump(mode="json", exclude_unset=True)
+    return Status(200, ingest.attempt_report(call=call, attempt=attempt, body=body, actor=_actor(request)))
+
+
+@api.get("/capabilities", response={200: dict, **ERRORS}, tags=["tasks"])
+def capabilities(request, tenant: str):
+    owner = _tenant(request, tenant)
+    return Status(
+        200,
+        {
+            "tenant": owner.name,
+            "tools": [
+                {
+                    "name": t.name,
+                    "side_effect": t.side_effect,
+                    "risk": t.risk,
+                    "description": t.description,
+                    "args_schema": t.args_schema,
+                    "replay_safe": t.replay_safe,
+                }
+                for t in allowed_tools(owner)
+            ],
+        },
+    )

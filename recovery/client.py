@@ -1,0 +1,296 @@
+"""A small client for agent runtimes, on `requests` (SPEC §16).
+
+    client = RecoveryClient("http://127.0.0.1:8000", token)
+    task = client.create_task("demo", "order-8848", agent="support-bot", goal="refund order 8848")
+    call = client.add_call(task.id, step=1, tool="refund.create", idempotency_key="refund-order-8848-v1",
+                           arguments={"order_id": "O-8848", "amount_cents": 80000})
+    admission = client.admit(call.call_id, "a1")               # raises NotAdmitted with required_next if denied
+    answer = client.report(call.call_id, "a1", facts_from_response(response))
+
+It never retries by itself: only one layer retries (SPEC §6), and that layer is the runtime following the
+decision cards. The helpers `facts_from_response` / `facts_from_exception` turn what `requests` saw into the
+outcome facts of SPEC §3, so classification rests on what really happened on the wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+from requests.adapters import HTTPAdapter
+
+
+class RecoveryError(Exception):
+    """A 4xx/5xx answer: `code`, `message`, `field_errors` and `detail` come from the API's error body."""
+
+    def __init__(self, status: int, body: dict):
+        error = body.get("error", {}) if isinstance(body, dict) else {}
+        self.status = status
+        self.code = error.get("code", "http_error")
+        self.message = error.get("message", str(body)[:500])
+        self.field_errors = error.get("field_errors", [])
+        self.detail = error.get("detail", {})
+        super().__init__(f"{status} {self.code}: {self.message}")
+
+
+class NotAdmitted(RecoveryError):
+    """Admission denied (409): `gate` is the stored answer, `required_next` what to do instead."""
+
+    @property
+    def gate(self) -> dict:
+        return self.detail.get("gate", {})
+
+    @property
+    def required_next(self) -> dict:
+        return self.gate.get("required_next") or {}
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    status: str
+    outcome: str | None
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CallRef:
+    call_id: int
+    created: bool
+    state: str
+    preflight: dict
+    blocked_by: list
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Admission:
+    call_id: int
+    attempt_id: str
+    attempt_number: int
+    call_state: str
+    gate: dict
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class OutcomeAnswer:
+    call_id: int
+    attempt_id: str
+    call_state: str
+    failure: dict | None
+    decision: dict | None
+    breaker_state: str
+    raw: dict = field(repr=False)
+
+    @property
+    def required_next(self) -> dict:
+        return (self.decision or {}).get("required_next") or {}
+
+
+class RecoveryClient:
+    def __init__(self, base_url: str, token: str, *, timeout: tuple[float, float] = (3.05, 30.0)):
+        self.base_url = base_url.rstrip("/") + "/api/v1"
+        self.timeout = timeout
+        self.session = requests.Session()
+        no_retries = HTTPAdapter(max_retries=0)
+        self.session.mount("http://", no_retries)
+        self.session.mount("https://", no_retries)
+        self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json"})
+
+    def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> tuple[int, dict]:
+        response = self.session.request(method, self.base_url + path, json=json, params=params, timeout=self.timeout)
+        try:
+            body = response.json()
+        except ValueError:
+            body = {"error": {"code": "invalid_response", "message": response.text[:500]}}
+        if response.status_code >= 400:
+            if response.status_code == 409 and body.get("error", {}).get("code") == "not_admitted":
+                raise NotAdmitted(response.status_code, body)
+            raise RecoveryError(response.status_code, body)
+        return response.status_code, body
+
+    # tasks
+    def create_task(self, tenant: str, external_id: str, *, agent: str, goal: str, budget: dict | None = None) -> Task:
+        payload = {"tenant": tenant, "external_id": external_id, "agent": agent, "goal": goal}
+        if budget:
+            payload["budget"] = budget
+        return self._task(self._send("POST", "/tasks", json=payload)[1])
+
+    def find_task(self, tenant: str, external_id: str) -> Task:
+        return self._task(self._send("GET", "/tasks", params={"tenant": tenant, "external_id": external_id})[1])
+
+    def get_task(self, task_id: int) -> Task:
+        return self._task(self._send("GET", f"/tasks/{task_id}")[1])
+
+    def complete_task(self, task_id: int, summary: str, deliverable: dict | None = None) -> Task:
+        body = {"summary": summary, "deliverable": deliverable}
+        return self._task(self._send("POST", f"/tasks/{task_id}/complete", json=body)[1])
+
+    def abandon_task(self, task_id: int, reason: str = "") -> Task:
+        return self._task(self._send("POST", f"/tasks/{task_id}/abandon", json={"reason": reason})[1])
+
+    @staticmethod
+    def _task(body: dict) -> Task:
+        return Task(id=body["id"], status=body["status"], outcome=body.get("outcome"), raw=body)
+
+    # calls
+    def add_call(
+        self,
+        task_id: int,
+        *,
+        step: int,
+        tool: str,
+        arguments: dict,
+        idempotency_key: str,
+        depends_on: list[int] | tuple[int, ...] = (),
+    ) -> CallRef:
+        payload = {
+            "step": step,
+            "tool": tool,
+            "arguments": arguments,
+            "idempotency_key": idempotency_key,
+            "depends_on": list(depends_on),
+        }
+        body = self._send("POST", f"/tasks/{task_id}/calls", json=payload)[1]
+        return CallRef(
+            call_id=body["call_id"],
+            created=body["created"],
+            state=body["state"],
+            preflight=body["preflight"],
+            blocked_by=body["blocked_by"],
+            raw=body,
+        )
+
+    def get_call(self, call_id: int) -> dict:
+        return self._send("GET", f"/calls/{call_id}")[1]
+
+    def abandon_call(self, call_id: int, reason: str = "") -> dict:
+        return self._send("POST", f"/calls/{call_id}/abandon", json={"reason": reason})[1]
+
+    def capabilities(self, tenant: str) -> list[dict]:
+        return self._send("GET", "/capabilities", params={"tenant": tenant})[1]["tools"]
+
+    # attempts
+    @staticmethod
+    def _candidate(attempt_id, tool, arguments, credential_version, evidence) -> dict:
+        body: dict[str, Any] = {"attempt_id": attempt_id, "evidence": list(evidence)}
+        if tool is not None:
+            body["tool"] = tool
+        if arguments is not None:
+            body["arguments"] = arguments
+        if credential_version is not None:
+            body["credential_version"] = credential_version
+        return body
+
+    def ask_gate(
+        self,
+        call_id: int,
+        attempt_id: str,
+        *,
+        tool: str | None = None,
+        arguments: dict | None = None,
+        credential_version: int | None = None,
+        evidence: tuple[str, ...] = (),
+    ) -> dict:
+        body = self._candidate(attempt_id, tool, arguments, credential_version, evidence)
+        return self._send("POST", f"/calls/{call_id}/gate", json=body)[1]
+
+    def admit(
+        self,
+        call_id: int,
+        attempt_id: str,
+        *,
+        tool: str | None = None,
+        arguments: dict | None = None,
+        credential_version: int | None = None,
+        evidence: tuple[str, ...] = (),
+    ) -> Admission:
+        body = self._candidate(attempt_id, tool, arguments, credential_version, evidence)
+        answer = self._send("POST", f"/calls/{call_id}/attempts", json=body)[1]
+        return Admission(
+            call_id=answer["call_id"],
+            attempt_id=answer["attempt_id"],
+            attempt_number=answer["attempt_number"],
+            call_state=answer["call_state"],
+            gate=answer["gate"],
+            raw=answer,
+        )
+
+    def report(self, call_id: int, attempt_id: str, outcome: dict) -> OutcomeAnswer:
+        return self._outcome(self._send("POST", f"/calls/{call_id}/attempts/{attempt_id}/outcome", json=outcome)[1])
+
+    def single_shot(
+        self,
+        call_id: int,
+        attempt_id: str,
+        outcome: dict,
+        *,
+        tool: str | None = None,
+        arguments: dict | None = None,
+        credential_version: int | None = None,
+        evidence: tuple[str, ...] = (),
+    ) -> OutcomeAnswer:
+        body = self._candidate(attempt_id, tool, arguments, credential_version, evidence) | {"outcome": outcome}
+        return self._outcome(self._send("POST", f"/calls/{call_id}/attempts", json=body)[1])
+
+    @staticmethod
+    def _outcome(body: dict) -> OutcomeAnswer:
+        return OutcomeAnswer(
+            call_id=body["call_id"],
+            attempt_id=body["attempt_id"],
+            call_state=body["call_state"],
+            failure=body.get("failure"),
+            decision=body.get("decision"),
+            breaker_state=body.get("breaker_state", ""),
+            raw=body,
+        )
+
+
+# --- facts from what requests saw ------------------------------------------------------------------------------------
+
+
+def facts_from_response(response: requests.Response, *, provider_ref_header: str = "X-Request-Id") -> dict:
+    """Outcome facts for a reply that arrived: status, Retry-After, provider reference, JSON result."""
+    facts: dict[str, Any] = {"connection_opened": True, "sent": True, "http_status": response.status_code}
+    retry_after = response.headers.get("Retry-After")
+    if retry_after and retry_after.strip().isdigit():
+        facts["retry_after_ms"] = int(retry_after.strip()) * 1000
+    if response.headers.get(provider_ref_header):
+        facts["provider_request_id"] = response.headers[provider_ref_header]
+    try:
+        facts["result"] = response.json()
+    except ValueError:
+        if 200 <= response.status_code < 300:
+            facts["error"] = {"kind": "invalid_response", "message": response.text[:2000]}
+    if isinstance(facts.get("result"), dict) and response.status_code >= 400:
+        code = facts["result"].get("code") or (facts["result"].get("error") or {}).get("code")
+        if isinstance(code, str):
+            facts["error"] = {"code": code[:100]}
+    return facts
+
+
+def facts_from_exception(exc: BaseException) -> dict:
+    """Outcome facts for a request that got no reply, from the real exception `requests` raised."""
+    message = f"{type(exc).__name__}: {exc}"[:2000]
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return {"connection_opened": False, "sent": False, "error": {"kind": "connect_timeout", "message": message}}
+    if isinstance(exc, requests.exceptions.SSLError):
+        return {"connection_opened": False, "sent": False, "error": {"kind": "tls", "message": message}}
+    if isinstance(exc, requests.exceptions.ReadTimeout):
+        return {"connection_opened": True, "sent": True, "error": {"kind": "read_timeout", "message": message}}
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        text = repr(exc)
+        if "NameResolutionError" in text or "Name or service not known" in text:
+            return {"connection_opened": False, "sent": False, "error": {"kind": "dns", "message": message}}
+        if "NewConnectionError" in text or "Connection refused" in text:
+            return {
+                "connection_opened": False,
+                "sent": False,
+                "error": {"kind": "connection_refused", "message": message},
+            }
+        return {"connection_opened": True, "sent": None, "error": {"kind": "reset", "message": message}}
+    if isinstance(exc, (requests.exceptions.ChunkedEncodingError, requests.exceptions.ContentDecodingError)):
+        return {"connection_opened": True, "sent": True, "error": {"kind": "invalid_response", "message": message}}
+    return {"connection_opened": None, "sent": None, "error": {"kind": "client_exception", "message": message}}

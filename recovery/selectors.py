@@ -1,0 +1,201 @@
+"""Reads for the API and the pages, each a fixed number of queries whatever the size of the task or call."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from recovery.models import Call, Step, Task, TaskStatus
+from recovery.states import CallState
+
+S = CallState
+
+
+def _call_brief(call: Call) -> dict:
+    return {
+        "call_id": call.pk,
+        "step": call.step.index,
+        "tool": call.tool.name,
+        "state": call.state,
+        "idempotency_key": call.idempotency_key,
+        "provider_ref": call.provider_ref,
+        "outcome": call.outcome,
+    }
+
+
+def step_states(steps: list[Step], calls: list[Call]) -> dict[int, str]:
+    """A step is COMMITTED when one of its calls committed, else the state of its latest call (PENDING: none)."""
+    by_step: dict[int, list[Call]] = {}
+    for call in calls:
+        by_step.setdefault(call.step_id, []).append(call)
+    states = {}
+    for step in steps:
+        own = sorted(by_step.get(step.pk, []), key=lambda c: c.pk)
+        if any(c.state == S.COMMITTED for c in own):
+            states[step.pk] = S.COMMITTED
+        else:
+            states[step.pk] = own[-1].state if own else "PENDING"
+    return states
+
+
+def task_summary(task: Task) -> dict:
+    """SPEC §14: confirmed facts, unknown facts, what was not executed, blocked steps and the next action."""
+    now = timezone.now()
+    steps = list(Step.objects.filter(task=task).prefetch_related("depends_on").order_by("index"))
+    calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
+    states = step_states(steps, calls)
+    steps_json, blocked = [], []
+    for step in steps:
+        deps = sorted(dep.index for dep in step.depends_on.all())
+        waiting = sorted(dep.index for dep in step.depends_on.all() if states[dep.pk] != S.COMMITTED)
+        if waiting and states[step.pk] != S.COMMITTED:
+            blocked.append(step.index)
+        steps_json.append(
+            {
+                "index": step.index,
+                "name": step.name,
+                "depends_on": deps,
+                "state": states[step.pk],
+                "blocked_by_steps": waiting,
+                "calls": [c.pk for c in calls if c.step_id == step.pk],
+            }
+        )
+    groups = {
+        "done": [],
+        "accepted_in_progress": [],
+        "unknown": [],
+        "needs_review": [],
+        "not_executed": [],
+        "in_flight": [],
+        "pending": [],
+        "compensated": [],
+    }
+    for call in calls:
+        brief = _call_brief(call)
+        if call.state == S.COMMITTED:
+            groups["done"].append(brief)
+        elif call.state == S.ACCEPTED:
+            groups["accepted_in_progress"].append(brief)
+        elif call.state in (S.UNKNOWN, S.STILL_UNKNOWN):
+            groups["unknown"].append(brief)
+        elif call.state == S.HUMAN_REVIEW:
+            groups["needs_review"].append(brief)
+        elif call.state in (S.FAILED_PERMANENT, S.NOT_COMMITTED):
+            groups["not_executed"].append(brief)
+        elif call.state == S.SENT:
+            groups["in_flight"].append(brief)
+        elif call.state in (S.READY, S.RETRYABLE):
+            groups["pending"].append(brief)
+        else:
+            groups["compensated"].append(brief)
+    no_submission = task.no_submission or (
+        task.status == TaskStatus.OPEN and task.deadline is not None and task.deadline < now
+    )
+    return {
+        "id": task.pk,
+        "tenant": task.tenant.name,
+        "external_id": task.external_id,
+        "agent": task.agent,
+        "goal": task.goal,
+        "status": task.status,
+        "outcome": task.outcome or None,
+        "no_submission": no_submission,
+        "budget": {
+            "max_rounds": task.max_rounds,
+            "rounds_used": task.rounds_used,
+            "deadline": task.deadline.isoformat() if task.deadline else None,
+            "token_budget": task.token_budget,
+            "tokens_used": task.tokens_used,
+            "write_retries_used": task.write_retries_used,
+            "limits": task.budget,
+        },
+        "steps": steps_json,
+        "blocked_steps": blocked,
+        **groups,
+        "next_action": _next_action(task, groups, blocked, no_submission),
+        "submission": task.submission,
+    }
+
+
+def _next_action(task: Task, groups: dict, blocked: list[int], no_submission: bool) -> str:
+    if task.status != TaskStatus.OPEN:
+        return "none: the task is closed" if not groups["unknown"] else "wait_for_reconcile"
+    if groups["needs_review"]:
+        return "wait_for_human_review"
+    if groups["unknown"] or groups["accepted_in_progress"]:
+        return "wait_for_reconcile"
+    if blocked:
+        return "wait_for_dependencies"
+    if groups["pending"] or groups["in_flight"]:
+        return "continue"
+    if no_submission:
+        return "submit_or_abandon (past the deadline)"
+    return "submit"
+
+
+def call_detail(call: Call) -> dict:
+    """GET /calls/{id}: the call with its attempts, decisions, gate answers and receipts (5 queries)."""
+    attempts = list(call.attempts.select_related("tool").order_by("number"))
+    decisions = {d.attempt_id: d for d in call.decisions.all()}
+    gates = list(call.gate_decisions.order_by("pk"))
+    receipts = list(call.receipts.order_by("pk"))
+    latest = decisions.get(attempts[-1].pk) if attempts else None
+    return {
+        "id": call.pk,
+        "task_id": call.task_id,
+        "step": call.step.index,
+        "tool": call.tool.name,
+        "side_effect": call.side_effect,
+        "state": call.state,
+        "version": call.version,
+        "state_changed_at": call.state_changed_at.isoformat(),
+        "outcome": call.outcome or None,
+        "idempotency_key": call.idempotency_key,
+        "arguments": call.arguments,
+        "provider_ref": call.provider_ref or None,
+        "attempts_made": call.attempts_count,
+        "max_attempts": call.max_attempts,
+        "checks_made": call.checks_made,
+        "next_check_at": call.next_check_at.isoformat() if call.next_check_at else None,
+        "attempts": [
+            {
+                "attempt_id": a.attempt_id,
+                "number": a.number,
+                "tool": a.tool.name,
+                "policy_bypassed": a.policy_bypassed,
+                "admitted_at": a.admitted_at.isoformat() if a.admitted_at else None,
+                "reported_at": a.reported_at.isoformat() if a.reported_at else None,
+                "http_status": a.http_status,
+                "error_kind": a.error_kind or None,
+                "failure_class": a.failure_class or None,
+                "decision": decisions[a.pk].card | {"id": decisions[a.pk].pk} if a.pk in decisions else None,
+            }
+            for a in attempts
+        ],
+        "latest_decision": latest.card if latest else None,
+        "gate_decisions": [
+            {
+                "id": g.pk,
+                "allowed": g.allowed,
+                "reason": g.reason,
+                "evidence_used": g.evidence_used,
+                "dry_run": g.dry_run,
+                "required_next": g.required_next or None,
+                "created_at": g.created_at.isoformat(),
+            }
+            for g in gates
+        ],
+        "receipts": [
+            {
+                "id": r.pk,
+                "source": r.source,
+                "observed": r.observed,
+                "provider_status": r.provider_status,
+                "provider_ref": r.provider_ref or None,
+                "applied": r.applied,
+                "checked_at": r.checked_at.isoformat(),
+                "local_state_before": r.local_state_before,
+                "local_state_after": r.local_state_after,
+            }
+            for r in receipts
+        ],
+    }

@@ -1,0 +1,116 @@
+"""Reads that turn rows into the engine's views (CallView, TaskView, GateContext), a fixed number of queries each."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import Count
+
+from recovery.engine.budgets import tighter
+from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
+from recovery.models import Attempt, Call, Receipt, Task, Tool
+from recovery.services.breakers import breaker_view
+from recovery.states import UNSETTLED
+
+
+def task_budgets(task: Task) -> Budgets:
+    budget = task.budget or {}
+    return Budgets(
+        max_attempts=budget.get("max_attempts"),
+        max_rounds=task.max_rounds,
+        deadline=task.deadline,
+        token_budget=task.token_budget,
+        write_retry=budget.get("write_retry"),
+        unknown_budget=budget.get("unknown_budget"),
+        max_business_effects=budget.get("max_business_effects"),
+    )
+
+
+def task_view(task: Task) -> TaskView:
+    rows = (
+        Call.objects.filter(task=task, state__in=UNSETTLED)
+        .values("tool__name", "tool__budgets")
+        .annotate(n=Count("id"))
+    )
+    by_tool: dict[str, int] = {}
+    limits: dict[str, int | None] = {}
+    for row in rows:
+        by_tool[row["tool__name"]] = by_tool.get(row["tool__name"], 0) + row["n"]
+        limits[row["tool__name"]] = (row["tool__budgets"] or {}).get("unknown_budget")
+    return TaskView(
+        rounds_used=task.rounds_used,
+        tokens_used=task.tokens_used,
+        write_retries_used=task.write_retries_used,
+        unsettled_unknowns=sum(by_tool.values()),
+        unsettled_by_tool=by_tool,
+        unknown_budget_by_tool=limits,
+        budgets=task_budgets(task),
+    )
+
+
+def call_view(call: Call, tool: ToolPolicy, task: Task, first_sent_at: datetime | None) -> CallView:
+    max_attempts = tighter(tool.budgets, task_budgets(task)).max_attempts
+    return CallView(
+        call_id=str(call.pk),
+        tool=tool.name,
+        state=call.state,
+        idempotency_key=call.idempotency_key,
+        fingerprint=call.fingerprint,
+        attempts_made=call.attempts_count,
+        max_attempts=max_attempts,
+        first_sent_at=first_sent_at,
+    )
+
+
+def previous_attempt(attempt: Attempt | None) -> PreviousAttempt | None:
+    if attempt is None:
+        return None
+    failure = attempt.failure or {}
+    decision = getattr(attempt, "decision", None)
+    return PreviousAttempt(
+        number=attempt.number,
+        tool=attempt.tool.name,
+        fingerprint=attempt.fingerprint,
+        credential_version=attempt.credential_version,
+        failure_class=attempt.failure_class or None,
+        phase=failure.get("phase"),
+        side_effect=failure.get("side_effect"),
+        finished_at=attempt.reported_at,
+        wait_ms=decision.delay_ms if decision is not None else 0,
+    )
+
+
+def gate_context(
+    call: Call,
+    *,
+    tool: ToolPolicy,
+    candidate_tool: ToolPolicy | None,
+    executing_tool: Tool,
+    task: Task,
+    now: datetime,
+    approval: bool,
+) -> tuple[GateContext, CallView]:
+    attempts = list(call.attempts.select_related("tool", "decision").order_by("-number")[:1])
+    last = attempts[0] if attempts else None
+    first_sent_at = (
+        call.attempts.filter(number=1).values_list("admitted_at", flat=True).first() if call.attempts_count else None
+    )
+    dependencies = {
+        str(pk): state
+        for pk, state in Call.objects.filter(step__in=call.step.depends_on.all()).values_list("pk", "state")
+    }
+    receipt = Receipt.objects.filter(call=call).order_by("-checked_at").values("observed", "checked_at").first()
+    breaker = breaker_view(executing_tool, now=now)  # the breaker of the tool the attempt will call
+    context = GateContext(
+        now=now,
+        tool=tool,
+        candidate_tool=candidate_tool,
+        previous=previous_attempt(last),
+        dependencies=dependencies,
+        latest_receipt=receipt["observed"] if receipt else None,
+        latest_receipt_at=receipt["checked_at"] if receipt else None,
+        approval_available=approval,
+        task=task_view(task),
+        breaker=breaker,
+    )
+    return context, call_view(call, tool, task, first_sent_at)

@@ -1,0 +1,111 @@
+"""API tokens for agent runtimes (SPEC §16): issued once, stored as a peppered HMAC, scoped to tenants, revocable.
+
+A token is `rc_` + 43 URL-safe characters. Its first 12 characters (`prefix`) find the row and are safe to show in
+lists; the row keeps only HMAC-SHA256(RECOVERY_TOKEN_PEPPER, token), so a copy of the table alone can neither be
+replayed nor brute-forced offline. The plaintext exists once, in token_create()'s return value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.db.models.query import prefetch_related_objects
+from django.utils import timezone
+
+from recovery.audit import Actor, append_event
+from recovery.models import ApiToken, Tenant
+
+TOKEN_SCHEME = "rc_"
+PREFIX_LENGTH = 12
+# last_used_at is written at most once a minute per token, so authenticating is a read on the hot path.
+LAST_USED_RESOLUTION = timedelta(seconds=60)
+
+
+def token_digest(raw: str) -> str:
+    pepper = settings.RECOVERY_TOKEN_PEPPER
+    if not pepper:
+        raise RuntimeError("RECOVERY_TOKEN_PEPPER is not set: API tokens cannot be issued or checked")
+    return hmac.new(pepper.encode(), raw.encode(), hashlib.sha256).hexdigest()
+
+
+def token_create(*, name: str, tenants: list[str], actor: Actor, created_by=None) -> tuple[ApiToken, str]:
+    """Issue a token for `tenants` (names, each of which must exist); returns the row and the plaintext, once.
+
+    Raises ValueError, storing nothing, for a blank or taken name, no tenants, or a tenant that does not exist.
+    """
+    name = name.strip()
+    if not name or len(name) > ApiToken._meta.get_field("name").max_length:
+        raise ValueError("a token name must be 1 to 100 characters")
+    wanted = sorted(set(tenants))
+    if not wanted:
+        raise ValueError("a token must be scoped to at least one tenant")
+    raw = TOKEN_SCHEME + secrets.token_urlsafe(32)
+    with transaction.atomic():
+        found = list(Tenant.objects.filter(name__in=wanted))
+        if unknown := sorted(set(wanted) - {tenant.name for tenant in found}):
+            raise ValueError(f"unknown tenant {', '.join(map(repr, unknown))}: declare it in the registry first")
+        if ApiToken.objects.filter(name=name).exists():
+            raise ValueError(f"an API token named {name!r} already exists: revoke it or choose another name")
+        try:
+            with transaction.atomic():  # a concurrent create of the same name loses here, not in the outer block
+                token = ApiToken.objects.create(
+                    name=name, prefix=raw[:PREFIX_LENGTH], digest=token_digest(raw), created_by=created_by
+                )
+        except IntegrityError:
+            raise ValueError(f"an API token named {name!r} already exists: revoke it or choose another name") from None
+        token.tenants.set(found)
+        append_event(
+            action="api_token.created",
+            actor=actor,
+            reason=f"scoped to {', '.join(wanted)}",
+            evidence={"name": name, "prefix": token.prefix, "tenants": wanted},
+        )
+    return token, raw
+
+
+def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | None:
+    """The live token `raw` names, with its tenants prefetched and `tenant_ids` set; None for anything else.
+
+    Unknown, malformed and revoked tokens and wrong secrets all answer None, so a caller cannot tell them apart.
+    """
+    if not raw.startswith(TOKEN_SCHEME) or len(raw) <= PREFIX_LENGTH or len(raw) > 200:
+        return None
+    digest = token_digest(raw)
+    token = ApiToken.objects.filter(prefix=raw[:PREFIX_LENGTH], revoked_at__isnull=True).first()
+    if token is None or not hmac.compare_digest(token.digest, digest):
+        return None
+    now = now or timezone.now()
+    stale_before = now - LAST_USED_RESOLUTION
+    if token.last_used_at is None or token.last_used_at < stale_before:
+        # Conditional, so of the concurrent requests that all read a stale value only one writes it.
+        stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale_before)
+        if ApiToken.objects.filter(stale, pk=token.pk).update(last_used_at=now):
+            token.last_used_at = now
+    prefetch_related_objects([token], "tenants")
+    token.tenant_ids = {tenant.pk for tenant in token.tenants.all()}
+    return token
+
+
+def token_revoke(*, name: str, actor: Actor) -> ApiToken:
+    """Revoke the token called `name`: it stops authenticating at once. ValueError if unknown or already revoked."""
+    now = timezone.now()
+    with transaction.atomic():
+        token = ApiToken.objects.filter(name=name).first()
+        if token is None:
+            raise ValueError(f"no API token named {name!r}")
+        if not ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(revoked_at=now):
+            raise ValueError(f"the API token {name!r} was already revoked")
+        token.revoked_at = now
+        append_event(
+            action="api_token.revoked",
+            actor=actor,
+            reason="revoked",
+            evidence={"name": token.name, "prefix": token.prefix},
+        )
+    return token

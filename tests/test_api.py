@@ -1,0 +1,410 @@
+"""The machine API end to end: a real HTTP server (Django's live server) driven by recovery.client."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import requests
+
+from recovery.audit import Actor
+from recovery.client import NotAdmitted, RecoveryClient, RecoveryError
+from recovery.models import Attempt, Call, Diagnostic, GateDecision, Task
+from recovery.registry import load_registry
+from recovery.services.tokens import token_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+STATUS = {"method": "GET", "path": "/status/{idempotency_key}", "status_map": {"ok": "committed"}}
+ARGS = {
+    "type": "object",
+    "properties": {
+        "order_id": {"type": "string"},
+        "amount_cents": {"type": "integer", "minimum": 1, "x-unit": "cents"},
+    },
+    "required": ["order_id"],
+    "additionalProperties": False,
+}
+REGISTRY = {
+    "tenants": [{"name": "acme", "tools": "*"}, {"name": "other", "tools": ["order.lookup"]}],
+    "providers": [{"name": "shop", "base_url": "http://127.0.0.1:9"}],
+    "tools": [
+        {
+            "name": "refund.create",
+            "provider": "shop",
+            "side_effect": "write",
+            "risk": "high",
+            "request": {"method": "POST", "path": "/refunds"},
+            "args_schema": ARGS,
+            "provider_ref_field": "refund_id",
+            "required_result_fields": ["refund_id"],
+            "approvable_codes": ["needs_approval"],
+            "status_query": STATUS,
+            "budgets": {"max_attempts": 3},
+            "backoff": {"base_ms": 50, "cap_ms": 100},
+        },
+        {
+            "name": "order.lookup",
+            "provider": "shop",
+            "side_effect": "read",
+            "request": {"method": "GET", "path": "/orders"},
+            "args_schema": ARGS,
+            "required_result_fields": ["status"],
+            "alternates": ["order.lookup_replica"],
+            "budgets": {"max_attempts": 3},
+            "backoff": {"base_ms": 500, "cap_ms": 1000},
+        },
+        {
+            "name": "order.lookup_replica",
+            "provider": "shop",
+            "side_effect": "read",
+            "request": {"method": "GET", "path": "/orders"},
+            "args_schema": ARGS,
+            "required_result_fields": ["status"],
+            "backoff": {"base_ms": 50, "cap_ms": 100},
+        },
+    ],
+}
+ORDER = {"order_id": "O-1", "amount_cents": 800}
+SENT = {"connection_opened": True, "sent": True}
+
+
+@pytest.fixture
+def setup(live_server):
+    load_registry(REGISTRY, actor=Actor.system("tests"))
+    _, token = token_create(name="runtime", tenants=["acme"], actor=Actor.system("tests"))
+    _, other = token_create(name="other-runtime", tenants=["other"], actor=Actor.system("tests"))
+    return {
+        "client": RecoveryClient(live_server.url, token),
+        "other": RecoveryClient(live_server.url, other),
+        "url": live_server.url,
+        "token": token,
+    }
+
+
+@pytest.fixture
+def client(setup) -> RecoveryClient:
+    return setup["client"]
+
+
+_n = iter(range(1, 10_000))
+
+
+def new_call(client, tool="refund.create", args=None, task=None, **kw):
+    task = task or client.create_task("acme", f"t-{next(_n)}", agent="tests", goal="g")
+    call = client.add_call(
+        task.id, step=kw.pop("step", 1), tool=tool, arguments=args or ORDER, idempotency_key=f"k-{next(_n)}", **kw
+    )
+    return task, call
+
+
+def fail(client, call_id, facts, attempt_id="a1", **admit):
+    client.admit(call_id, attempt_id, **admit)
+    return client.report(call_id, attempt_id, facts)
+
+
+def test_it_commits_a_write_and_completes_the_task(client):
+    task, call = new_call(client)
+    assert (call.created, call.state, call.preflight["passed"]) == (True, "READY", True)
+    admission = client.admit(call.call_id, "a1")
+    assert (admission.attempt_number, admission.call_state, admission.gate["reason"]) == (1, "SENT", "first_attempt")
+    answer = client.report(call.call_id, "a1", SENT | {"http_status": 200, "result": {"refund_id": "r-1"}})
+    assert (answer.call_state, answer.decision, answer.failure) == ("COMMITTED", None, None)
+    detail = client.get_call(call.call_id)
+    assert detail["provider_ref"] == "r-1" and detail["receipts"][0]["source"] == "runtime"
+    done = client.complete_task(task.id, "refunded order O-1")
+    assert (done.status, done.outcome) == ("submitted", "completed")
+    assert [c["call_id"] for c in done.raw["done"]] == [call.call_id]
+
+
+ROWS = [
+    (
+        "row 1 client exception",
+        {"connection_opened": False, "sent": False, "error": {"kind": "client_exception"}},
+        "FAILED_PERMANENT",
+        "FAILED_PERMANENT",
+    ),
+    (
+        "row 2 refused",
+        {"connection_opened": False, "sent": False, "error": {"kind": "connection_refused"}},
+        "RETRYABLE",
+        "RETRYABLE",
+    ),
+    ("row 3 429", SENT | {"http_status": 429, "retry_after_ms": 100}, "RETRYABLE", "RETRYABLE"),
+    ("row 3 503", SENT | {"http_status": 503}, "RETRYABLE", "RETRYABLE"),
+    ("row 4 422", SENT | {"http_status": 422}, "RETRYABLE", "RETRYABLE"),
+    ("row 4b 409", SENT | {"http_status": 409}, "RETRYABLE", "UNKNOWN"),
+    ("row 5 401", SENT | {"http_status": 401}, "RETRYABLE", "RETRYABLE"),
+    (
+        "row 6 403 approvable",
+        SENT | {"http_status": 403, "error": {"code": "needs_approval"}},
+        "FAILED_PERMANENT",
+        "HUMAN_REVIEW",
+    ),  # only the refund's registry entry lists needs_approval
+    ("row 6 403", SENT | {"http_status": 403, "error": {"code": "forbidden"}}, "FAILED_PERMANENT", "FAILED_PERMANENT"),
+    ("row 7 418", SENT | {"http_status": 418}, "FAILED_PERMANENT", "FAILED_PERMANENT"),
+    ("row 8 500", SENT | {"http_status": 500}, "RETRYABLE", "UNKNOWN"),
+    ("row 8 read timeout", SENT | {"error": {"kind": "read_timeout"}}, "RETRYABLE", "UNKNOWN"),
+    ("row 9 202", SENT | {"http_status": 202, "provider_request_id": "p-9"}, "RETRYABLE", "ACCEPTED"),  # a read's 202
+    # is a 2xx whose (missing) result fails validation
+    (
+        "row 10 200",
+        SENT | {"http_status": 200, "provider_request_id": "p-1", "result": {"refund_id": "r-1", "status": "ok"}},
+        "COMMITTED",
+        "COMMITTED",
+    ),
+    (
+        "row 11 invalid",
+        SENT | {"http_status": 200, "provider_request_id": "p-1", "result": {"x": 1}},
+        "RETRYABLE",
+        "UNKNOWN",
+    ),
+    (
+        "hard stop: 2xx write without reference",
+        SENT | {"http_status": 200, "result": {"status": "ok"}},
+        "COMMITTED",
+        "HUMAN_REVIEW",
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "facts", "read_state", "write_state"), ROWS, ids=[r[0] for r in ROWS])
+def test_every_row_of_the_table_through_http(client, name, facts, read_state, write_state):
+    _, read = new_call(client, tool="order.lookup")
+    assert fail(client, read.call_id, facts).call_state == read_state
+    _, write = new_call(client)
+    answer = fail(client, write.call_id, facts)
+    assert answer.call_state == write_state
+    if answer.decision:
+        assert answer.decision["call_state"] == write_state
+        assert answer.decision["required_next"]["action"]
+
+
+def test_a_timeout_after_send_forbids_an_identical_attempt(client):
+    _, call = new_call(client)
+    answer = fail(client, call.call_id, SENT | {"error": {"kind": "read_timeout"}})
+    assert answer.decision["route"] == "reconcile" and "blind_replay" in answer.decision["forbidden"]
+    with pytest.raises(NotAdmitted) as denied:
+        client.admit(call.call_id, "a2", evidence=("time_elapsed",))
+    assert denied.value.required_next["action"] == "wait_for_reconcile"
+    assert GateDecision.objects.filter(call_id=call.call_id, allowed=False).count() == 1
+    assert Call.objects.get(pk=call.call_id).state == "UNKNOWN"
+
+
+def test_time_elapsed_admits_only_after_the_backoff_by_the_servers_clock(client):
+    _, call = new_call(client, tool="order.lookup")
+    answer = fail(client, call.call_id, SENT | {"http_status": 503})
+    with pytest.raises(NotAdmitted) as early:
+        client.admit(call.call_id, "a2", evidence=("time_elapsed",))
+    assert early.value.gate["reason"] == "no_new_evidence"
+    time.sleep(answer.decision["delay_ms"] / 1000 + 0.05)
+    assert client.admit(call.call_id, "a2", evidence=("time_elapsed",)).gate["evidence_used"] == "time_elapsed"
+
+
+def test_args_changed_admits_a_repaired_call_under_the_same_key(client):
+    _, call = new_call(client)
+    fail(client, call.call_id, SENT | {"http_status": 422})
+    with pytest.raises(NotAdmitted):
+        client.admit(call.call_id, "a2", evidence=("args_changed",))  # same arguments: no change
+    repaired = {"order_id": "O-1", "amount_cents": 700}
+    admission = client.admit(call.call_id, "a2", arguments=repaired, evidence=("args_changed",))
+    assert admission.gate["evidence_used"] == "args_changed"
+    assert Attempt.objects.get(call_id=call.call_id, attempt_id="a2").arguments == repaired
+
+
+def test_credential_refreshed_needs_a_newer_credential(client):
+    _, call = new_call(client, tool="order.lookup")
+    fail(client, call.call_id, SENT | {"http_status": 401}, credential_version=1)
+    with pytest.raises(NotAdmitted):
+        client.admit(call.call_id, "a2", credential_version=1, evidence=("credential_refreshed",))
+    admission = client.admit(call.call_id, "a2", credential_version=2, evidence=("credential_refreshed",))
+    assert admission.gate["evidence_used"] == "credential_refreshed"
+
+
+def test_tool_changed_admits_only_an_accepted_alternate(client):
+    _, call = new_call(client, tool="order.lookup")
+    fail(client, call.call_id, SENT | {"http_status": 503})
+    with pytest.raises(RecoveryError):
+        client.admit(call.call_id, "a2", tool="refund.create", evidence=("tool_changed",))
+    admission = client.admit(call.call_id, "a2", tool="order.lookup_replica", evidence=("tool_changed",))
+    assert admission.gate["evidence_used"] == "tool_changed"
+    answer = client.report(call.call_id, "a2", SENT | {"http_status": 200, "result": {"status": "shipped"}})
+    assert answer.call_state == "COMMITTED"
+
+
+def test_the_gate_answers_without_acting_and_stores_the_answer(client):
+    _, call = new_call(client)
+    answer = client.ask_gate(call.call_id, "a1")
+    assert answer["allowed"] and answer["reason"] == "first_attempt"
+    assert Call.objects.get(pk=call.call_id).state == "READY"
+    assert GateDecision.objects.get(call_id=call.call_id).dry_run
+
+
+def test_a_duplicate_intent_under_a_new_key_is_refused(client):
+    task, call = new_call(client)
+    with pytest.raises(RecoveryError) as refused:
+        client.add_call(task.id, step=2, tool="refund.create", arguments=dict(ORDER), idempotency_key="fresh-key")
+    assert (refused.value.status, refused.value.code) == (409, "duplicate_intent")
+    assert refused.value.detail["existing_call"] == call.call_id
+
+
+def test_adding_a_call_is_idempotent_by_key(client):
+    task, call = new_call(client)
+    key = Call.objects.get(pk=call.call_id).idempotency_key
+    again = client.add_call(task.id, step=1, tool="refund.create", arguments=ORDER, idempotency_key=key)
+    assert (again.call_id, again.created) == (call.call_id, False)
+    with pytest.raises(RecoveryError) as conflict:
+        client.add_call(
+            task.id, step=1, tool="refund.create", arguments=ORDER | {"amount_cents": 1}, idempotency_key=key
+        )
+    assert (conflict.value.status, conflict.value.code) == (422, "idempotency_conflict")
+    assert Call.objects.filter(task_id=task.id).count() == 1
+
+
+def test_an_attempt_posted_twice_is_stored_once(client, setup):
+    _, call = new_call(client)
+    first = client.admit(call.call_id, "a1")
+    second = client.admit(call.call_id, "a1")
+    assert second.raw == first.raw
+    assert Attempt.objects.filter(call_id=call.call_id).count() == 1
+    with pytest.raises(RecoveryError) as reused:
+        client.admit(call.call_id, "a1", credential_version=3)
+    assert (reused.value.status, reused.value.code) == (422, "attempt_id_reused")
+    facts = SENT | {"http_status": 503}
+    assert client.report(call.call_id, "a1", facts).raw == client.report(call.call_id, "a1", facts).raw
+    with pytest.raises(RecoveryError) as rewritten:
+        client.report(call.call_id, "a1", SENT | {"http_status": 500})
+    assert rewritten.value.status == 422
+
+
+def test_another_tenants_objects_are_not_found_and_its_tenant_forbidden(setup):
+    client, other = setup["client"], setup["other"]
+    task, call = new_call(client)
+    with pytest.raises(RecoveryError) as hidden:
+        other.get_call(call.call_id)
+    assert hidden.value.status == 404
+    with pytest.raises(RecoveryError) as hidden_task:
+        other.get_task(task.id)
+    assert hidden_task.value.status == 404
+    with pytest.raises(RecoveryError) as forbidden:
+        other.create_task("acme", "x", agent="a", goal="g")
+    assert forbidden.value.status == 403
+    anonymous = requests.get(f"{setup['url']}/api/v1/calls/{call.call_id}", timeout=5)
+    assert anonymous.status_code == 401
+    forged = requests.get(
+        f"{setup['url']}/api/v1/calls/{call.call_id}", timeout=5, headers={"Authorization": "Bearer rc_forged"}
+    )
+    assert forged.status_code == 401
+
+
+def test_bad_input_gets_field_errors_and_stores_nothing(setup):
+    url, headers = setup["url"] + "/api/v1/tasks", {"Authorization": f"Bearer {setup['token']}"}
+    before = Task.objects.count()
+    unknown = requests.post(
+        url,
+        json={"tenant": "acme", "external_id": "x", "agent": "a", "goal": "g", "colour": 1},
+        headers=headers,
+        timeout=5,
+    )
+    assert unknown.status_code == 422
+    assert unknown.json()["error"]["field_errors"][0]["field"] == "colour"
+    missing = requests.post(url, json={"tenant": "acme"}, headers=headers, timeout=5)
+    assert missing.status_code == 422
+    assert {e["field"] for e in missing.json()["error"]["field_errors"]} == {"external_id", "agent", "goal"}
+    huge = requests.post(
+        url, data=b"{" + b" " * 300_000 + b"}", headers=headers | {"Content-Type": "application/json"}, timeout=5
+    )
+    assert huge.status_code == 413
+    not_json = requests.post(url, data=b"{nope", headers=headers | {"Content-Type": "application/json"}, timeout=5)
+    assert 400 <= not_json.status_code < 500
+    assert Task.objects.count() == before
+
+
+def test_secrets_in_error_text_never_reach_an_answer(client):
+    _, call = new_call(client)
+    secret = "sk_live_51HdkfjsdkfjskdfjksdjfkSDFKJ"
+    facts = SENT | {"http_status": 500, "error": {"message": f"upstream said Authorization: Bearer {secret}"}}
+    answer = fail(client, call.call_id, facts)
+    detail = client.get_call(call.call_id)
+    assert secret not in str(answer.raw) and secret not in str(detail)
+    assert answer.failure["diagnostic_ref"]
+    diagnostic = Diagnostic.objects.get(ref=answer.failure["diagnostic_ref"])
+    assert secret not in diagnostic.detail and "REDACTED" in diagnostic.detail
+    assert "upstream said" not in answer.failure["public_message"]
+
+
+def test_a_single_shot_the_gate_would_deny_sends_a_write_to_review(client):
+    _, call = new_call(client)
+    fail(client, call.call_id, SENT | {"error": {"kind": "read_timeout"}})  # UNKNOWN: a replay needs approval
+    answer = client.single_shot(call.call_id, "a2", SENT | {"http_status": 200, "result": {"refund_id": "r-2"}})
+    assert (answer.call_state, answer.raw["policy_bypassed"]) == ("HUMAN_REVIEW", True)
+    stored = Attempt.objects.get(call_id=call.call_id, attempt_id="a2")
+    assert stored.policy_bypassed and stored.http_status == 200  # the evidence is kept
+
+
+def test_an_allowed_single_shot_admits_and_reports_in_one_request(client):
+    _, call = new_call(client, tool="order.lookup")
+    answer = client.single_shot(call.call_id, "a1", SENT | {"http_status": 200, "result": {"status": "shipped"}})
+    assert (answer.call_state, answer.raw["policy_bypassed"]) == ("COMMITTED", False)
+
+
+def test_a_step_waits_for_its_dependency_to_commit(client):
+    task, payment = new_call(client)
+    fail(client, payment.call_id, SENT | {"error": {"kind": "read_timeout"}})
+    shipment = client.add_call(
+        task.id,
+        step=2,
+        depends_on=[1],
+        tool="order.lookup",
+        arguments={"order_id": "O-2"},
+        idempotency_key=f"k-{next(_n)}",
+    )
+    assert shipment.blocked_by == [payment.call_id]
+    with pytest.raises(NotAdmitted) as blocked:
+        client.admit(shipment.call_id, "s1")
+    assert blocked.value.gate["reason"] == "blocked_by_dependency"
+    summary = client.get_task(task.id).raw
+    assert summary["blocked_steps"] == [2] and summary["unknown"][0]["call_id"] == payment.call_id
+
+
+def test_abandoning_a_task_fails_its_pending_calls_and_keeps_unknown_ones(client):
+    task, pending = new_call(client)
+    _, unknown = new_call(client, task=task, args={"order_id": "O-9"}, step=2)
+    fail(client, unknown.call_id, SENT | {"http_status": 502})
+    abandoned = client.abandon_task(task.id, "customer cancelled")
+    assert (abandoned.status, abandoned.outcome) == ("abandoned", "abandoned")
+    assert Call.objects.get(pk=pending.call_id).state == "FAILED_PERMANENT"
+    assert Call.objects.get(pk=unknown.call_id).state == "UNKNOWN"
+
+
+def test_submitting_with_unknowns_says_so(client):
+    task, call = new_call(client)
+    fail(client, call.call_id, SENT | {"http_status": 504})
+    assert client.complete_task(task.id, "tried to refund").outcome == "completed_with_unknowns"
+
+
+def test_an_unauthorized_tool_is_a_missing_capability_listing_the_tenants_tools(setup):
+    other = setup["other"]
+    task = other.create_task("other", "o-1", agent="a", goal="g")
+    with pytest.raises(RecoveryError) as missing:
+        other.add_call(task.id, step=1, tool="refund.create", arguments=ORDER, idempotency_key="k")
+    assert (missing.value.status, missing.value.code) == (422, "capability_missing")
+    assert missing.value.detail["capabilities"] == ["order.lookup"]
+    assert [t["name"] for t in other.capabilities("other")] == ["order.lookup"]
+
+
+def test_the_openapi_document_describes_every_endpoint(setup):
+    document = requests.get(setup["url"] + "/api/v1/openapi.json", timeout=5).json()
+    assert set(document["paths"]) >= {
+        "/api/v1/tasks",
+        "/api/v1/tasks/{task_id}",
+        "/api/v1/tasks/{task_id}/complete",
+        "/api/v1/tasks/{task_id}/abandon",
+        "/api/v1/tasks/{task_id}/calls",
+        "/api/v1/calls/{call_id}",
+        "/api/v1/calls/{call_id}/abandon",
+        "/api/v1/calls/{call_id}/gate",
+        "/api/v1/calls/{call_id}/attempts",
+        "/api/v1/calls/{call_id}/attempts/{attempt_id}/outcome",
+        "/api/v1/capabilities",
+    }
