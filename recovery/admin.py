@@ -157,13 +157,29 @@ class ToolAdmin(RegistryAdmin):
 
 @admin.register(models.ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
-    # Tokens are issued by `manage.py create_api_token` (the secret is shown once); here they can only be revoked.
+    # Tokens are issued by `manage.py create_api_token` (the secret is shown once); here they are only revoked,
+    # through the same service as `revoke_api_token`, so every revocation is an audit event.
     list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["name", "prefix", "digest", "tenants", "created_by", "created_at", "last_used_at"]
-    fields = [*readonly_fields, "revoked_at"]
+    readonly_fields = ["name", "prefix", "digest", "tenants", "created_by", "created_at", "last_used_at", "revoked_at"]
+    fields = readonly_fields
+    actions = ["revoke"]
 
     def has_add_permission(self, request):
         return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.action(description="Revoke the selected API tokens", permissions=["change"])
+    def revoke(self, request, queryset):
+        from recovery.audit import Actor
+        from recovery.services.tokens import token_revoke
+
+        revoked = 0
+        for token in queryset.filter(revoked_at__isnull=True):
+            token_revoke(name=token.name, actor=Actor.for_user(request.user))
+            revoked += 1
+        self.message_user(request, f"{revoked} token(s) revoked.")
 
 
 @admin.register(models.Task)

@@ -13,6 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from recovery.audit import verify_all
 from recovery.models import AuditEvent, Breaker, BreakerBucket, Tool
+from recovery.services import breakers
 from recovery.services.breakers import breaker_record, breaker_reserve_probe, breaker_view
 from tests.test_concurrency import run_workers
 
@@ -115,6 +116,20 @@ class TestOpening:
             int(at(30).timestamp()),
             int(at(70).timestamp()),
         ]
+
+    @pytest.mark.parametrize("stale_row", [None, "closed"], ids=["no-row-read", "closed-read"])
+    def test_a_process_that_read_a_stale_closed_state_does_not_open_it_again(self, tool, monkeypatch, stale_row):
+        open_it(tool)  # opened at 0 by "another process" ...
+        real = breakers._state_and_window
+
+        def stale(*args):  # ... after this one read it as closed with enough failures
+            return (stale_row, None, 0, None, *real(*args)[4:])
+
+        monkeypatch.setattr(breakers, "_state_and_window", stale)
+        view = record(tool, True, 5)
+        assert (view.state, view.retry_in_ms) == ("open", 25_000)  # the winner's opening, not a second one
+        assert Breaker.objects.get(tool=tool).opened_at == at(0)
+        assert actions() == ["breaker.opened"]
 
     def test_it_keeps_counting_while_open_without_opening_twice(self, tool):
         open_it(tool)

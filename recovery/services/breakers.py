@@ -2,10 +2,10 @@
 
 One Breaker row per tool holds the state, created lazily the first time the breaker opens (no row reads closed).
 Outcome counts live in BreakerBucket rows, one per tool and `bucket_s`, bumped by an upsert that never touches the
-Breaker row, so recording an outcome on a closed breaker is two statements and takes no lock anyone else waits on
-for longer than that statement. Every state change is a conditional UPDATE whose WHERE names the state it leaves:
-of any number of processes that see the same failure rate, exactly one moves the breaker and writes its audit
-event. No function holds a row lock across anything but its own short transaction, let alone a provider call.
+Breaker row, so recording an outcome on a closed breaker is two statements and, called outside a transaction, holds
+the bucket's row lock only for its own statement. Every state change is a conditional UPDATE whose WHERE names the
+state it leaves: of any number of processes that see the same failure rate, exactly one moves the breaker and
+writes its audit event. No function holds a row lock beyond its own short transaction, let alone a provider call.
 
 Statements per function (each an upper bound, independent of traffic):
 - breaker_view: 1 SELECT.
@@ -13,12 +13,12 @@ Statements per function (each an upper bound, independent of traffic):
 - breaker_record: 2 while nothing changes (the bucket upsert, one SELECT of the state with the window's sums),
   +1 DELETE of buckets that left the window on the first outcome of each new bucket; a state change adds its
   UPDATE (and an INSERT for a breaker's first opening, or a DELETE of the counts when a probe closes it) plus the
-  audit append (4 statements, 6 on a new chain).
+  audit append (4 statements, 6 on a new chain). An uncounted outcome (None) is 1 SELECT.
 
-Lock order: the breaker row before the audit heads (like recovery.transitions: conditional UPDATE, then the audit
-row). So reserve a probe before appending audit events in the same transaction, and record an outcome after the
-transaction that stored it has committed (never inside one that already appended audit events: that would take
-the two locks in the other order).
+Lock order: the bucket and breaker rows before the audit heads (like recovery.transitions: conditional UPDATE,
+then the audit row). So reserve a probe before appending audit events in the same transaction, and record an
+outcome outside any transaction that has already appended audit events (or holds them to its end): a caller
+that takes the audit heads first and then the bucket row, racing one that does the opposite, deadlocks.
 """
 
 from __future__ import annotations
@@ -142,7 +142,10 @@ def _count(tool: Tool, current: int, *, failed: bool, policy: BreakerPolicy) -> 
         cursor.execute(_COUNT, [tool.pk, current, 0 if failed else 1, 1 if failed else 0])
         (total,) = cursor.fetchall()[0]
     if total == 1:  # this outcome created the bucket: at most once per tool and bucket_s
-        BreakerBucket.objects.filter(tool_id=tool.pk, bucket_start__lte=current - policy.window_s).delete()
+        # _raw_delete: one DELETE, without the BEGIN/COMMIT that QuerySet.delete() wraps around it in autocommit.
+        BreakerBucket.objects.filter(tool_id=tool.pk, bucket_start__lte=current - policy.window_s)._raw_delete(
+            connection.alias
+        )
 
 
 def _state_and_window(tool: Tool, current: int, policy: BreakerPolicy) -> tuple:
@@ -214,7 +217,7 @@ def _finish_probe(
         if target == CLOSED:
             # Counting starts afresh: the failures that opened it are still inside the window when the cooldown is
             # shorter than the window, and would reopen it on the next single failure.
-            BreakerBucket.objects.filter(tool_id=tool.pk).delete()
+            BreakerBucket.objects.filter(tool_id=tool.pk)._raw_delete(connection.alias)
         append_event(
             action="breaker.closed" if target == CLOSED else "breaker.reopened",
             actor=actor,
@@ -224,3 +227,10 @@ def _finish_probe(
             evidence={"tool": tool.name, "probe": "succeeded" if success else "failed"},
         )
     return _view((target, now, 0, None), policy, now)
+
+
+def breaker_release_probe(tool: Tool, *, now: datetime) -> None:
+    """Give back a reserved probe whose attempt was never made (its admission lost a race). One conditional UPDATE."""
+    Breaker.objects.filter(tool_id=tool.pk, state=HALF_OPEN, probes_reserved__gt=0).update(
+        probes_reserved=F("probes_reserved") - 1, updated_at=now
+    )

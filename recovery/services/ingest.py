@@ -31,7 +31,11 @@ from recovery.engine.validation import validate_args
 from recovery.models import Attempt, Call, Diagnostic, GateDecision, Receipt, Step, Task, TaskStatus, Tool
 from recovery.models import Decision as DecisionRow
 from recovery.registry import tool_policy
-from recovery.services.breakers import breaker_record, breaker_reserve_probe, breaker_view
+from recovery.services.breakers import (
+    breaker_record,
+    breaker_release_probe,
+    breaker_reserve_probe,
+)
 from recovery.services.context import gate_context, task_view
 from recovery.states import CallState, is_allowed
 from recovery.transitions import TransitionConflict, transition_call
@@ -355,6 +359,13 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
                 "gate": _gate_json(gate, row) | {"allowed": False, "reason": "breaker_open"},
             },
         )
+    judged = None
+    if outcome_body is not None:
+        # Classify and count the breaker outcome before our transaction: the breaker's short transaction never
+        # runs inside ours, so bucket rows are never locked after an audit head (one lock order, no deadlock).
+        number = call.attempts_count + 1
+        outcome = _classify(call, tool, candidate.arguments, candidate.attempt_id, number, outcome_body, now)
+        judged = (outcome, _record_breaker(tool, outcome, outcome_body, probe=probe, now=now))
     try:
         with transaction.atomic():
             attempt = _admit_attempt(call, candidate, tool, gate, actor, now, digest, probe=probe)
@@ -366,13 +377,15 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
                 "call_state": call.state,
                 "gate": _gate_json(gate, attempt.gate_row),
             }
-            if outcome_body is not None:
-                response = report_in_transaction(call, attempt, outcome_body, actor, now, single_shot=True)
+            if judged is not None:
+                response = report_in_transaction(call, attempt, outcome_body, actor, now, judged, single_shot=True)
                 attempt.outcome_request_hash = body_hash(outcome_body)
                 attempt.outcome_response = response
             attempt.response = response
             attempt.save(update_fields=["response", "outcome_request_hash", "outcome_response"])
     except (TransitionConflict, IntegrityError):
+        if probe and judged is None:
+            breaker_release_probe(tool, now=now)  # never sent: a lost race must not use up the half-open probe
         raced = Attempt.objects.filter(call=call, attempt_id=body["attempt_id"]).first()
         if raced is not None:
             return _replay(raced, digest)
@@ -468,16 +481,40 @@ def attempt_report(*, call: Call, attempt: Attempt, body: dict, actor: Actor) ->
             )
         return attempt.outcome_response
     now = timezone.now()
+    outcome = _classify(call, attempt.tool, attempt.arguments, attempt.attempt_id, attempt.number, body, now)
+    current = call.state == S.SENT and attempt.number == call.attempts_count
+    breaker = _record_breaker(attempt.tool, outcome, body, probe=attempt.breaker_probe, now=now) if current else None
     with transaction.atomic():
         call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
-        response = report_in_transaction(call, attempt, body, actor, now, single_shot=False)
+        response = report_in_transaction(call, attempt, body, actor, now, (outcome, breaker), single_shot=False)
         Attempt.objects.filter(pk=attempt.pk).update(outcome_request_hash=digest, outcome_response=response)
     return response
 
 
-def _previous_scopes(call: Call, attempt: Attempt) -> tuple[str, ...] | None:
+def _classify(call: Call, tool: Tool, arguments: dict, attempt_id: str, number: int, body: dict, now) -> Outcome:
+    """Classification only reads, so it runs before any transaction."""
+    ctx = ClassifyContext(
+        call_id=str(call.pk),
+        attempt_id=attempt_id,
+        idempotency_key=call.idempotency_key,
+        attempt_number=number,
+        previous_scopes=_previous_scopes(call, number),
+        arguments=arguments,
+        now=now,
+    )
+    return classify(facts_from(body), tool_policy(tool), ctx)
+
+
+def _record_breaker(tool: Tool, outcome: Outcome, body: dict, *, probe: bool, now: datetime):
+    """Count the outcome on the tool's shared breaker, in the breaker's own short transaction."""
+    failure_class = outcome.failure.failure_class if outcome.failure else None
+    counts = breaker_rules.counts_as_failure(outcome.row, failure_class, body.get("http_status"))
+    return breaker_record(tool, counts_as_failure=counts, probe=probe, now=now)
+
+
+def _previous_scopes(call: Call, number: int) -> tuple[str, ...] | None:
     facts = (
-        Attempt.objects.filter(call=call, number__lt=attempt.number, facts__isnull=False)
+        Attempt.objects.filter(call=call, number__lt=number, facts__isnull=False)
         .order_by("-number")
         .values_list("facts", flat=True)
         .first()
@@ -527,27 +564,17 @@ def _store_facts(attempt: Attempt, body: dict, outcome: Outcome, call: Call, now
 
 
 def report_in_transaction(
-    call: Call, attempt: Attempt, body: dict, actor: Actor, now: datetime, *, single_shot: bool
+    call: Call, attempt: Attempt, body: dict, actor: Actor, now: datetime, judged, *, single_shot: bool
 ) -> dict:
+    """Store the facts and move the call; `judged` is (outcome, breaker view), computed before the transaction."""
+    outcome, breaker = judged
     policy = tool_policy(attempt.tool)
-    ctx = ClassifyContext(
-        call_id=str(call.pk),
-        attempt_id=attempt.attempt_id,
-        idempotency_key=call.idempotency_key,
-        attempt_number=attempt.number,
-        previous_scopes=_previous_scopes(call, attempt),
-        arguments=attempt.arguments,
-        now=now,
-    )
-    outcome = classify(facts_from(body), policy, ctx)
     _store_facts(attempt, body, outcome, call, now)
     if body.get("tokens_used"):
         Task.objects.filter(pk=call.task_id).update(tokens_used=F("tokens_used") + body["tokens_used"])
-    late = call.state != S.SENT or attempt.number != call.attempts_count
+    late = call.state != S.SENT or attempt.number != call.attempts_count or breaker is None
     if late:
         return _late_outcome(call, attempt, outcome, actor, now)
-    counts = breaker_rules.counts_as_failure(outcome.row, attempt.failure_class or None, body.get("http_status"))
-    breaker = breaker_record(attempt.tool, counts_as_failure=counts, probe=attempt.breaker_probe, now=now)
     task = Task.objects.get(pk=call.task_id)
     view_call = _call_view_after(call, policy, task)
     decision = decide(
@@ -705,9 +732,14 @@ def _late_outcome(call: Call, attempt: Attempt, outcome: Outcome, actor: Actor, 
 
 
 def _bypassed_single_shot(call, candidate, tool, gate, outcome_body, digest, actor, now) -> Admission:
-    """A single shot the gate would have denied: keep the facts, flag the attempt, send a write to a person."""
+    """A single shot the gate would have denied: keep the facts, flag the attempt, send a write to a person.
+
+    It did reach the provider, so its outcome counts on the tool's breaker like any other.
+    """
+    number = call.attempts_count + 1
+    outcome = _classify(call, tool, candidate.arguments, candidate.attempt_id, number, outcome_body, now)
+    breaker = _record_breaker(tool, outcome, outcome_body, probe=False, now=now)
     with transaction.atomic():
-        number = call.attempts_count + 1
         attempt = Attempt.objects.create(
             call=call,
             attempt_id=candidate.attempt_id,
@@ -722,17 +754,6 @@ def _bypassed_single_shot(call, candidate, tool, gate, outcome_body, digest, act
         )
         _store_gate(call, candidate, gate, actor, attempt=attempt)
         _count_round(call, number)
-        policy = tool_policy(tool)
-        ctx = ClassifyContext(
-            call_id=str(call.pk),
-            attempt_id=attempt.attempt_id,
-            idempotency_key=call.idempotency_key,
-            attempt_number=number,
-            previous_scopes=_previous_scopes(call, attempt),
-            arguments=attempt.arguments,
-            now=now,
-        )
-        outcome = classify(facts_from(outcome_body), policy, ctx)
         _store_facts(attempt, outcome_body, outcome, call, now)
         Call.objects.filter(pk=call.pk).update(attempts_count=number)
         call.attempts_count = number
@@ -753,7 +774,7 @@ def _bypassed_single_shot(call, candidate, tool, gate, outcome_body, digest, act
                 transition_call(call, S.SENT, actor=actor, reason=reason, evidence=evidence)
             if call.state == S.SENT and is_allowed(S.SENT, outcome.state):
                 transition_call(call, outcome.state, actor=actor, reason=reason, evidence=evidence)
-        response = _outcome_json(call, attempt, outcome, None, None, breaker_view(tool, now=now).state)
+        response = _outcome_json(call, attempt, outcome, None, None, breaker.state)
         response["gate"] = _gate_json(gate, None)
         attempt.response = response
         attempt.outcome_request_hash = body_hash(outcome_body)

@@ -9,6 +9,8 @@ console's data. Benchmarks:
   conditional UPDATE it is built on, one transaction per transition each, along the common path of an unknown
   write READY -> SENT -> UNKNOWN -> COMMITTED. Reports per-transition latency (median, p99), the ratio, and SQL
   statements per transition (the first event of a task's chain also creates its chain head: one more INSERT).
+- ingest: single-shot attempts through the whole API served by gunicorn, 8 concurrent clients, against a bare WSGI
+  endpoint making the same statements with psycopg (PostgreSQL only; see recovery/benchmarks/ingest.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from recovery.audit import Actor
+from recovery.benchmarks.ingest import bench_ingest
 from recovery.engine.canonical import canonical_json
 from recovery.models import Call, Provider, Step, Task, Tenant, Tool
 from recovery.transitions import transition_call
@@ -231,7 +234,7 @@ def bench_engine(count: int) -> dict:
     return result
 
 
-BENCHMARKS = {"transitions": bench_transitions, "engine": bench_engine}
+BENCHMARKS = {"transitions": bench_transitions, "engine": bench_engine, "ingest": bench_ingest}
 
 
 class Command(BaseCommand):

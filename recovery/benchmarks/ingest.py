@@ -1,0 +1,439 @@
+"""The `ingest` benchmark (SPEC §19): single-shot attempt ingest over HTTP on PostgreSQL, against a bare baseline.
+
+Three series, each over `count` fresh READY calls of read tools (spread over 4 tenants and 4 tools, one task per
+call, created beforehand in bulk; creation is not measured), each attempt a single shot (`POST
+/api/v1/calls/{id}/attempts` with a committed 200 outcome, as RecoveryClient.single_shot sends it):
+
+- product: the whole API (console.wsgi) served by gunicorn;
+- bare: recovery.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
+  psycopg over one persistent connection per worker, served by gunicorn with the same settings;
+- raw psycopg: bare_wsgi.single_shot in a loop from this process, no HTTP.
+
+Both servers get the same clients: CLIENTS processes, each a requests.Session posting its share of the attempts
+one after another, started together after a warm-up. The servers run with DEBUG=0 (no query log) against the
+benchmark's throwaway database, started and stopped here.
+
+Statements per attempt are counted on one request served in-process by the whole Django stack with an
+execute_wrapper (the connection health check Django runs once per request, a `SELECT 1` on the raw connection,
+is not seen by it and comes on top). The bare baseline's statements are compared with the product's one by one
+(kind and table, in order): the benchmark refuses to report a ratio for baselines that do different work.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import secrets
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.metadata import version
+from urllib.parse import quote
+
+import psycopg
+import requests
+from django.conf import settings
+from django.db import connection
+from django.test import Client
+
+from recovery.audit import Actor, chain_key
+from recovery.benchmarks import bare_wsgi
+from recovery.engine.canonical import canonical_json
+from recovery.engine.fingerprint import fingerprint
+from recovery.models import AuditChainHead, Call, Step, Task, Tenant, Tool
+from recovery.registry import load_registry, tool_policy
+from recovery.services import ingest, tasks
+from recovery.services.tokens import token_create
+
+CLIENTS = 8
+WORKERS, THREADS = 4, 1
+WARM_UP = 10  # attempts per client before the measured ones (imports, connections, statement caches)
+TARGET_RATIO = 0.5  # SPEC §19
+TENANTS = [f"bench-{n}" for n in range(4)]
+TOOLS = [f"bench.lookup-{n}" for n in range(4)]
+ARGS_SCHEMA = {
+    "type": "object",
+    "properties": {"order_id": {"type": "string"}},
+    "required": ["order_id"],
+    "additionalProperties": False,
+}
+REGISTRY = {
+    "tenants": [{"name": name, "tools": "*"} for name in TENANTS],
+    "providers": [{"name": "bench", "base_url": "http://127.0.0.1:9"}],
+    "tools": [
+        {
+            "name": name,
+            "provider": "bench",
+            "side_effect": "read",
+            "request": {"method": "GET", "path": "/orders"},
+            "args_schema": ARGS_SCHEMA,
+            "required_result_fields": ["status"],
+            "budgets": {"max_attempts": 3},
+        }
+        for name in TOOLS
+    ],
+}
+# A committed 200 of a read tool, as recovery.client.RecoveryClient.single_shot sends it.
+OUTCOME = {"connection_opened": True, "sent": True, "http_status": 200, "result": {"status": "shipped"}}
+
+
+def attempt_body(call_id: int) -> dict:
+    return {"attempt_id": f"a-{call_id}", "evidence": [], "outcome": OUTCOME}
+
+
+# --- data ----------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Fixture:
+    token: str
+    token_id: int
+    tenants: list[Tenant]
+    tools: list[Tool]
+
+    @classmethod
+    def create(cls) -> Fixture:
+        actor = Actor.system("bench")
+        load_registry(REGISTRY, actor=actor)
+        row, token = token_create(name="bench", tenants=TENANTS, actor=actor)
+        tenants = list(Tenant.objects.filter(name__in=TENANTS).order_by("name"))
+        tools = list(Tool.objects.filter(name__in=TOOLS).select_related("provider").order_by("name"))
+        return cls(token=token, token_id=row.pk, tenants=tenants, tools=tools)
+
+    def service_call(self, label: str) -> int:
+        """One READY call made as a runtime makes it: task_create + call_add (the services behind the API)."""
+        runtime = Actor(kind="token", label="token:bench", token_id=self.token_id)
+        task, _ = tasks.task_create(
+            tenant=self.tenants[0], external_id=label, agent="bench", goal="bench", budget={}, actor=runtime
+        )
+        added = ingest.call_add(
+            task=task,
+            step_index=1,
+            depends_on=[],
+            tool_name=self.tools[0].name,
+            arguments={"order_id": label},
+            idempotency_key=label,
+            actor=runtime,
+        )
+        return added.call.pk
+
+    def bulk_calls(self, count: int, label: str) -> list[int]:
+        """`count` READY calls, one per task, with what call_add writes (task chain heads included), in bulk."""
+        tenants, tools = self.tenants, self.tools
+        task_rows = Task.objects.bulk_create(
+            Task(
+                tenant=tenants[n % len(tenants)],
+                external_id=f"{label}-{n}",
+                agent="bench",
+                goal="bench",
+                created_by_token_id=self.token_id,
+            )
+            for n in range(count)
+        )
+        steps = Step.objects.bulk_create(Step(task=task, index=1) for task in task_rows)
+        AuditChainHead.objects.bulk_create(AuditChainHead(key=chain_key(task.pk)) for task in task_rows)
+        calls = []
+        for n, (task, step) in enumerate(zip(task_rows, steps, strict=True)):
+            tool, args = tools[n % len(tools)], {"order_id": f"{label}-{n}"}
+            calls.append(
+                Call(
+                    tenant=task.tenant,
+                    task=task,
+                    step=step,
+                    tool=tool,
+                    idempotency_key=f"{label}-{n}",
+                    arguments=args,
+                    fingerprint=fingerprint(tool.name, args),
+                    side_effect=tool.side_effect,
+                    risk=tool.risk,
+                    max_attempts=tool_policy(tool).budgets.max_attempts,
+                    outcome_timeout_s=tool.outcome_timeout_s,
+                )
+            )
+        return [call.pk for call in Call.objects.bulk_create(calls)]
+
+
+def committed(call_ids: list[int]) -> int:
+    return Call.objects.filter(pk__in=call_ids, state="COMMITTED", attempts__isnull=False).distinct().count()
+
+
+# --- statements ----------------------------------------------------------------------------------------------------
+
+_KIND = re.compile(r"^\s*(SELECT|INSERT INTO|UPDATE|DELETE FROM|SAVEPOINT|RELEASE SAVEPOINT)\b\s*\"?(\w+)?", re.I)
+
+
+def signature(sql: str) -> str:
+    """A statement's kind and main table: `INSERT recovery_attempt`, `SELECT recovery_call` (the FROM outside any
+    parentheses), `SAVEPOINT`, `RELEASE`."""
+    match = _KIND.match(sql)
+    if not match:
+        return sql.split(None, 1)[0].upper()
+    kind = match.group(1).upper().split()[0]
+    if kind in ("SAVEPOINT", "RELEASE"):
+        return kind
+    if kind == "SELECT":
+        outer, previous = sql, None
+        while outer != previous:
+            previous, outer = outer, re.sub(r"\([^()]*\)", "", outer)
+        table = re.search(r'\bFROM\s+"?(\w+)"?', outer, re.I)
+        return f"SELECT {table.group(1) if table else '-'}"
+    return f"{kind} {match.group(2)}"
+
+
+def _host() -> str:
+    hosts = [h.lstrip(".") for h in settings.ALLOWED_HOSTS if h != "*"]
+    return hosts[0] if hosts else "localhost"
+
+
+def product_statements(token: str, call_id: int) -> list[str]:
+    """The SQL of one single shot served in-process by the whole Django stack (middleware, ninja, services)."""
+    seen: list[str] = []
+
+    def wrapper(execute, sql, params, many, context):
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_HOST=_host())
+    with connection.execute_wrapper(wrapper):
+        response = client.post(
+            f"/api/v1/calls/{call_id}/attempts", attempt_body(call_id), content_type="application/json", secure=True
+        )
+    assert response.status_code == 201, (response.status_code, response.content[:500])
+    assert response.json()["call_state"] == "COMMITTED", response.json()
+    return seen
+
+
+def bare_statements(dsn: str, token: str, call_id: int) -> list[str]:
+    trace: list[str] = []
+    with psycopg.connect(dsn) as conn:
+        answer = bare_wsgi.single_shot(conn, call_id, attempt_body(call_id), token, _pepper(), trace=trace)
+    assert answer["call_state"] == "COMMITTED", answer
+    return trace
+
+
+def _steady(probe, calls: list[int]) -> list[str]:
+    """The shortest of a few probes: the steady state, without the statements a request makes now and then (the
+    token's last_used_at once a minute, pruning the breaker's old buckets once per bucket and tool)."""
+    return min((probe(call_id) for call_id in calls), key=len)
+
+
+# --- servers and clients -------------------------------------------------------------------------------------------
+
+
+def _pepper() -> str:
+    return settings.RECOVERY_TOKEN_PEPPER
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    auth = quote(db["USER"] or "", safe="")
+    if db["PASSWORD"]:
+        auth += ":" + quote(db["PASSWORD"], safe="")
+    return f"postgres://{auth}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def serve(app: str, database_url: str) -> Iterator[str]:
+    """gunicorn serving `app` (module:callable) with DEBUG off against `database_url`; yields its base URL."""
+    port = _free_port()
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="console.settings",
+        DATABASE_URL=database_url,
+        DEBUG="0",
+        SECRET_KEY=secrets.token_urlsafe(48),
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        RECOVERY_TOKEN_PEPPER=_pepper(),
+        SECURE_SSL_REDIRECT="0",
+        LOG_LEVEL="WARNING",
+    )
+    command = [sys.executable, "-m", "gunicorn", app, "--bind", f"127.0.0.1:{port}"]
+    command += ["--workers", str(WORKERS), "--threads", str(THREADS), "--log-level", "warning"]
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(command, cwd=settings.BASE_DIR, env=env, stdout=log, stderr=log)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            _wait_ready(process, url, log)
+            yield url
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _wait_ready(process: subprocess.Popen, url: str, log) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            break
+        try:
+            requests.get(f"{url}/api/v1/calls/0", timeout=5)
+            return
+        except requests.ConnectionError:
+            time.sleep(0.1)
+    log.seek(0)
+    raise RuntimeError(f"gunicorn did not start: {log.read()[-2000:].decode(errors='replace')}")
+
+
+def _client(url: str, token: str, warm: list[int], jobs: list[int], barrier, results) -> None:
+    """One client process: the warm-up attempts, then (all clients together) its share of the measured ones."""
+    session = requests.Session()
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    bodies = {call_id: canonical_json(attempt_body(call_id)).encode() for call_id in warm + jobs}
+
+    def post(call_id: int) -> int:
+        target = f"{url}/api/v1/calls/{call_id}/attempts"
+        return session.post(target, data=bodies[call_id], headers=headers, timeout=60).status_code
+
+    statuses = Counter(post(call_id) for call_id in warm)
+    barrier.wait()
+    latencies = []
+    start = time.perf_counter()
+    for call_id in jobs:
+        sent = time.perf_counter()
+        statuses[post(call_id)] += 1
+        latencies.append(time.perf_counter() - sent)
+    results.put((start, time.perf_counter(), dict(statuses), latencies))
+
+
+def drive(url: str, token: str, warm: list[int], jobs: list[int]) -> dict:
+    """CLIENTS processes posting `jobs` (call ids, dealt round robin) after `warm`; attempts/s over the whole run."""
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(CLIENTS), context.Queue()
+    processes = [
+        context.Process(
+            target=_client, args=(url, token, warm[n::CLIENTS], jobs[n::CLIENTS], barrier, results), daemon=True
+        )
+        for n in range(CLIENTS)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        answers = [results.get(timeout=600) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=10)
+            if process.is_alive():
+                process.kill()
+    start, end = min(a[0] for a in answers), max(a[1] for a in answers)
+    statuses: Counter = Counter()
+    for answer in answers:
+        statuses.update(answer[2])
+    latencies = [t for answer in answers for t in answer[3]]
+    if set(statuses) != {201}:
+        raise RuntimeError(f"{url}: answers other than 201 Created: {dict(statuses)}")
+    return {
+        "attempts_per_s": round(len(jobs) / (end - start), 1),
+        "latency_median_ms": round(statistics.median(latencies) * 1e3, 2),
+        "latency_p99_ms": round(sorted(latencies)[int(0.99 * len(latencies))] * 1e3, 2),
+    }
+
+
+def raw_psycopg(dsn: str, token: str, warm: list[int], jobs: list[int]) -> float:
+    """bare_wsgi.single_shot in a loop from this process over one connection: attempts/s without HTTP."""
+    with psycopg.connect(dsn) as conn:
+        for call_id in warm:
+            bare_wsgi.single_shot(conn, call_id, attempt_body(call_id), token, _pepper())
+        start = time.perf_counter()
+        for call_id in jobs:
+            bare_wsgi.single_shot(conn, call_id, attempt_body(call_id), token, _pepper())
+        return round(len(jobs) / (time.perf_counter() - start), 1)
+
+
+def _wait_disconnected(name: str, timeout: float = 15) -> None:
+    """Servers are stopped: wait until their sessions have left, so the test database can be dropped."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()", [name]
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.1)
+
+
+# --- the benchmark -------------------------------------------------------------------------------------------------
+
+
+def bench_ingest(count: int) -> dict:
+    if connection.vendor != "postgresql":
+        return {
+            "benchmark": "ingest",
+            "skipped": f"needs PostgreSQL (SPEC §19 measures ingest there), this is {connection.vendor}: run with "
+            "DATABASE_URL=postgres://user@host:5432/dbname",
+        }
+    fixture = Fixture.create()
+    warm = CLIENTS * WARM_UP
+    dsn = _database_url()
+
+    # What one attempt costs in statements, and proof that the baseline does the same work. Probes of one tool
+    # (bulk calls cycle through the tools), so all but the first find that tool's breaker bucket already there.
+    per_tool = len(fixture.tools)
+    service_probes = [fixture.service_call(f"probe-{n}") for n in range(3)]
+    product = _steady(lambda c: product_statements(fixture.token, c), fixture.bulk_calls(3 * per_tool, "p")[::per_tool])
+    from_services = _steady(lambda c: product_statements(fixture.token, c), service_probes)
+    bare = _steady(lambda c: bare_statements(dsn, fixture.token, c), fixture.bulk_calls(3 * per_tool, "b")[::per_tool])
+    product_sig, bare_sig = [signature(s) for s in product], [signature(s) for s in bare]
+    if (service_sig := [signature(s) for s in from_services]) != product_sig:
+        raise AssertionError(
+            f"a bulk-created call does not take the same path as one made through call_add:\n{product_sig}\n"
+            f"{service_sig}"
+        )
+    if len(bare) != len(product) or bare_sig != product_sig:
+        diff = [(n, p, b) for n, (p, b) in enumerate(zip(product_sig, bare_sig, strict=False)) if p != b]
+        raise AssertionError(
+            f"the bare baseline makes {len(bare)} statements, the product {len(product)}; first differences: "
+            f"{diff[:5]}\nproduct: {product_sig}\nbare: {bare_sig}"
+        )
+
+    product_calls = fixture.bulk_calls(warm + count, "product")
+    bare_calls = fixture.bulk_calls(warm + count, "bare")
+    raw_calls = fixture.bulk_calls(warm + count, "raw")
+    with serve("console.wsgi:application", dsn) as url:
+        product_run = drive(url, fixture.token, product_calls[:warm], product_calls[warm:])
+    with serve("recovery.benchmarks.bare_wsgi:application", dsn) as url:
+        bare_run = drive(url, fixture.token, bare_calls[:warm], bare_calls[warm:])
+    raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
+    for label, calls in (("product", product_calls), ("bare", bare_calls), ("raw", raw_calls)):
+        if committed(calls) != len(calls):
+            raise AssertionError(f"{label}: {len(calls) - committed(calls)} calls did not end COMMITTED")
+    _wait_disconnected(connection.settings_dict["NAME"])
+
+    kinds = Counter(sig.split()[0] for sig in product_sig)
+    return {
+        "benchmark": "ingest",
+        "database": connection.vendor,
+        "server": f"gunicorn {version('gunicorn')} --workers {WORKERS} --threads {THREADS}",
+        "clients": CLIENTS,
+        "attempts": count,
+        "product_attempts_per_s": product_run["attempts_per_s"],
+        "bare_attempts_per_s": bare_run["attempts_per_s"],
+        "ratio": round(product_run["attempts_per_s"] / bare_run["attempts_per_s"], 2),
+        "target_ratio": TARGET_RATIO,
+        "raw_psycopg_attempts_per_s": raw_rate,
+        "statements_per_attempt": len(product),
+        "statements_by_kind": dict(sorted(kinds.items())),
+        "product_latency_median_ms": product_run["latency_median_ms"],
+        "product_latency_p99_ms": product_run["latency_p99_ms"],
+        "bare_latency_median_ms": bare_run["latency_median_ms"],
+        "bare_latency_p99_ms": bare_run["latency_p99_ms"],
+    }
