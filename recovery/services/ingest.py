@@ -413,7 +413,8 @@ def _replay(stored: Attempt, digest: str) -> Admission:
     return Admission(200, stored.response)
 
 
-def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) -> Attempt:
+def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Attempt:
+    """The attempt row, its stored gate answer and the task's round, in the caller's transaction."""
     number = call.attempts_count + 1
     attempt = Attempt.objects.create(
         call=call,
@@ -424,12 +425,17 @@ def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) ->
         fingerprint=fingerprint(tool.name, candidate.arguments),
         credential_version=candidate.credential_version,
         evidence=list(candidate.evidence),
-        admitted_at=now,
         request_hash=digest,
-        breaker_probe=probe,
+        **flags,
     )
     attempt.gate_row = _store_gate(call, candidate, gate, actor, attempt=attempt)
     _count_round(call, number)
+    return attempt
+
+
+def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) -> Attempt:
+    attempt = _record_attempt(call, candidate, tool, gate, actor, digest, admitted_at=now, breaker_probe=probe)
+    number = attempt.number
     transition_call(
         call,
         S.SENT,
@@ -740,20 +746,7 @@ def _bypassed_single_shot(call, candidate, tool, gate, outcome_body, digest, act
     outcome = _classify(call, tool, candidate.arguments, candidate.attempt_id, number, outcome_body, now)
     breaker = _record_breaker(tool, outcome, outcome_body, probe=False, now=now)
     with transaction.atomic():
-        attempt = Attempt.objects.create(
-            call=call,
-            attempt_id=candidate.attempt_id,
-            number=number,
-            tool=tool,
-            arguments=candidate.arguments,
-            fingerprint=fingerprint(tool.name, candidate.arguments),
-            credential_version=candidate.credential_version,
-            evidence=list(candidate.evidence),
-            policy_bypassed=True,
-            request_hash=digest,
-        )
-        _store_gate(call, candidate, gate, actor, attempt=attempt)
-        _count_round(call, number)
+        attempt = _record_attempt(call, candidate, tool, gate, actor, digest, policy_bypassed=True)
         _store_facts(attempt, outcome_body, outcome, call, now)
         Call.objects.filter(pk=call.pk).update(attempts_count=number)
         call.attempts_count = number
