@@ -6,8 +6,9 @@ fields are rejected; a rejected request stores nothing; a denied admission (409)
 
 from __future__ import annotations
 
-from datetime import datetime
-from typing import Any, Literal
+import math
+from datetime import UTC, datetime
+from typing import Annotated, Any, Literal
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest
@@ -16,11 +17,12 @@ from ninja import NinjaAPI, Schema, Status
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from recovery.audit import Actor
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
+from recovery.registry import with_alternates
 from recovery.selectors import call_detail, task_summary
 from recovery.services import ingest, tasks
 from recovery.services.ingest import ServiceError, allowed_tools, field_errors_json
@@ -29,20 +31,72 @@ from recovery.services.tokens import token_authenticate
 # --- schemas -------------------------------------------------------------------------------------------------------
 
 
+# Integer columns are 32-bit on PostgreSQL (PositiveIntegerField): a larger number is a 422, not a database error.
+MAX_INT = 2_147_483_647
+# Free-form JSON (arguments, results, deliverables) deeper than this is refused before anything walks it recursively.
+MAX_JSON_DEPTH = 32
+
+
+def _check_storable(value: Any, where: str = "", depth: int = 0) -> None:
+    """Raise ValueError, saying where, for what JSON parsing lets through but the databases cannot store or the
+    fingerprint cannot hash: NUL characters (PostgreSQL text and jsonb refuse U+0000), lone surrogates (not UTF-8),
+    NaN and infinities (not JSON numbers), and nesting deeper than MAX_JSON_DEPTH."""
+    at = f" (at {where})" if where else ""
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValueError(f"text must not contain NUL (U+0000) characters{at}")
+        if not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError(f"text must be valid Unicode, not a lone surrogate escape{at}") from None
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"NaN and infinities are not JSON numbers{at}")
+    elif isinstance(value, dict | list):
+        if depth >= MAX_JSON_DEPTH:
+            raise ValueError(f"JSON must not nest deeper than {MAX_JSON_DEPTH} levels{at}")
+        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
+            _check_storable(key, f"a key in {where}" if where else "a key", depth + 1)
+            _check_storable(item, f"{where}.{key}" if where else str(key), depth + 1)
+
+
+def _text(value: str) -> str:
+    _check_storable(value)
+    return value
+
+
+# A query or path parameter: the body schemas below check theirs in Strict.
+Text = Annotated[str, AfterValidator(_text)]
+AttemptId = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$")]
+
+
 class Strict(Schema):
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*")
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        if not isinstance(value, BaseModel):  # a nested schema checks its own fields
+            _check_storable(value)
+        return value
 
 
 def _aware(value: datetime | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         raise ValueError("must include a UTC offset, e.g. 2026-08-20T18:50:00Z")
+    if value is not None:
+        try:
+            value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("must fall between 0001-01-01 and 9999-12-31 in UTC") from None
     return value
 
 
 class BudgetIn(Strict):
     max_rounds: int | None = Field(None, ge=1, le=100_000)
     deadline: datetime | None = None
-    token_budget: int | None = Field(None, ge=0)
+    token_budget: int | None = Field(None, ge=0, le=MAX_INT)
     write_retry: int | None = Field(None, ge=0, le=1000)
     unknown_budget: int | None = Field(None, ge=0, le=1000)
     max_business_effects: int | None = Field(None, ge=1, le=1000)
@@ -109,16 +163,17 @@ class OutcomeIn(Strict):
 
     @model_validator(mode="after")
     def _something_happened(self):
-        if self.http_status is None and self.error is None:
+        error = self.error.model_dump(exclude_none=True) if self.error is not None else {}
+        if self.http_status is None and not error:  # an empty error says nothing happened either
             raise ValueError("an outcome needs an http_status (a reply arrived) or an error (it did not)")
         return self
 
 
 class CandidateIn(Strict):
-    attempt_id: str = Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$")
+    attempt_id: AttemptId
     tool: str | None = Field(None, max_length=100)
     arguments: dict[str, Any] | None = None
-    credential_version: int | None = Field(None, ge=0)
+    credential_version: int | None = Field(None, ge=0, le=MAX_INT)
     evidence: list[Literal[EVIDENCE_KINDS]] = Field(default_factory=list, max_length=6)  # type: ignore[valid-type]
     outcome: OutcomeIn | None = None
 
@@ -180,13 +235,24 @@ def _field(loc) -> str:
     return ".".join(parts) or "body"
 
 
+def _echo(value: Any) -> Any:
+    """The rejected value, when it is short to show and valid to put in a JSON answer."""
+    if isinstance(value, dict):
+        return None
+    try:
+        _check_storable(value)
+    except ValueError:
+        return None
+    return value
+
+
 @api.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     errors = [
         {
             "field": _field(e.get("loc", ())),
             "expected": e.get("msg", "a valid value").removeprefix("Value error, "),
-            "received": e.get("input") if not isinstance(e.get("input"), dict) else None,
+            "received": _echo(e.get("input")),
             "suggestion": "Remove this field." if e.get("type") == "extra_forbidden" else "Fix this field and resend.",
         }
         for e in exc.errors
@@ -244,12 +310,14 @@ def _task(request, task_id: int) -> Task:
     return get_object_or_404(Task.objects.select_related("tenant"), pk=task_id, tenant_id__in=request.tenant_ids)
 
 
-def _call(request, call_id: int) -> Call:
-    return get_object_or_404(
-        Call.objects.select_related("tool__provider", "task__tenant", "step"),
-        pk=call_id,
-        tenant_id__in=request.tenant_ids,
-    )
+def _call(request, call_id: int, *, policy: bool = False) -> Call:
+    """The call with what its endpoints read; `policy`: its tool's alternates too, read once for the several tool
+    policies the admission and outcome endpoints build (one query instead of one per policy)."""
+    calls = Call.objects.select_related("tool__provider", "task__tenant", "step")
+    call = get_object_or_404(calls, pk=call_id, tenant_id__in=request.tenant_ids)
+    if policy:
+        with_alternates(call.tool)
+    return call
 
 
 @api.post("/tasks", response={200: dict, 201: dict, **ERRORS}, tags=["tasks"])
@@ -268,7 +336,7 @@ def create_task(request, payload: TaskIn):
 
 
 @api.get("/tasks", response={200: dict, **ERRORS}, tags=["tasks"])
-def find_task(request, tenant: str, external_id: str):
+def find_task(request, tenant: Text, external_id: Text):
     owner = _tenant(request, tenant)
     task = get_object_or_404(Task.objects.select_related("tenant"), tenant=owner, external_id=external_id)
     return Status(200, task_summary(task))
@@ -338,7 +406,10 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
             ],
         )
     return Status(
-        200, ingest.gate_ask(call=_call(request, call_id), body=payload.model_dump(mode="json"), actor=_actor(request))
+        200,
+        ingest.gate_ask(
+            call=_call(request, call_id, policy=True), body=payload.model_dump(mode="json"), actor=_actor(request)
+        ),
     )
 
 
@@ -349,7 +420,7 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
         body.pop("outcome")
     else:
         body["outcome"] = payload.outcome.model_dump(mode="json", exclude_unset=True)
-    admission = ingest.attempt_admit(call=_call(request, call_id), body=body, actor=_actor(request))
+    admission = ingest.attempt_admit(call=_call(request, call_id, policy=True), body=body, actor=_actor(request))
     if admission.status == 409:
         gate = admission.response["gate"]
         return _error(
@@ -364,15 +435,16 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
 
 
 @api.post("/calls/{call_id}/attempts/{attempt_id}/outcome", response={200: dict, **ERRORS}, tags=["attempts"])
-def report_outcome(request, call_id: int, attempt_id: str, payload: OutcomeIn):
+def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: OutcomeIn):
     call = _call(request, call_id)
     attempt = get_object_or_404(Attempt.objects.select_related("tool__provider"), call=call, attempt_id=attempt_id)
+    with_alternates(attempt.tool)
     body = payload.model_dump(mode="json", exclude_unset=True)
     return Status(200, ingest.attempt_report(call=call, attempt=attempt, body=body, actor=_actor(request)))
 
 
 @api.get("/capabilities", response={200: dict, **ERRORS}, tags=["tasks"])
-def capabilities(request, tenant: str):
+def capabilities(request, tenant: Text):
     owner = _tenant(request, tenant)
     return Status(
         200,

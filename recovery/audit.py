@@ -12,12 +12,13 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, signals
 from django.utils import timezone
 
 from recovery import dbguards
@@ -146,6 +147,10 @@ def _advance(cursor, key: str, now: datetime) -> tuple[int, str, int | None]:
     return int(row[0]), row[1], row[2]
 
 
+# Per database alias, the events an appends_at_commit() block has queued (None outside any such block).
+_QUEUED: ContextVar[dict[str, list[dict]] | None] = ContextVar("recovery_audit_queued", default=None)
+
+
 def append_event(
     *,
     action: str,
@@ -157,43 +162,103 @@ def append_event(
     reason: str = "",
     evidence: dict | None = None,
     using: str = "default",
-) -> AuditEvent:
-    """Append one event to its task's chain. Must run inside the transaction whose change it records."""
+) -> AuditEvent | None:
+    """Append one event to its task's chain. Must run inside the transaction whose change it records.
+
+    Inside appends_at_commit() the event is queued, stamped now, and appended when that block ends: None then.
+    """
     connection = connections[using]
     if not connection.in_atomic_block:
         raise RuntimeError("append_event() must run inside transaction.atomic(), with the change it records")
-    now = timezone.now()
-    chain = chain_key(task_id)
-    evidence = normalize(evidence or {})
-    with connection.cursor() as cursor:
+    fields = dict(
+        task_id=task_id,
+        call_id=call_id,
+        actor_kind=str(actor.kind),
+        actor_label=actor.label,
+        actor_user_id=actor.user_id,
+        actor_token_id=actor.token_id,
+        action=action,
+        from_state=str(from_state),
+        to_state=str(to_state),
+        reason=reason,
+        evidence=normalize(evidence or {}),
+        created_at=timezone.now(),
+    )
+    queue = (_QUEUED.get() or {}).get(using)
+    if queue is not None:
+        queue.append(fields)
+        return None
+    return _append(using, fields)
+
+
+def _append(using: str, fields: dict) -> AuditEvent:
+    now, chain = fields["created_at"], chain_key(fields["task_id"])
+    with connections[using].cursor() as cursor:
         seq, _, _ = _advance(cursor, GLOBAL, now)  # global first: the one lock order
         chain_seq, prev_hash, prev_id = _advance(cursor, chain, now)
-        fields = dict(
-            seq=seq,
-            chain=chain,
-            chain_seq=chain_seq,
-            prev_hash=prev_hash,
-            task_id=task_id,
-            call_id=call_id,
-            actor_kind=str(actor.kind),
-            actor_label=actor.label,
-            actor_user_id=actor.user_id,
-            actor_token_id=actor.token_id,
-            action=action,
-            from_state=str(from_state),
-            to_state=str(to_state),
-            reason=reason,
-            evidence=evidence,
-            created_at=now,
-        )
+        fields = dict(fields, seq=seq, chain=chain, chain_seq=chain_seq, prev_hash=prev_hash)
         event = AuditEvent(prev_id=prev_id, hash=event_hash(**fields), **fields)
-        event.save(using=using, force_insert=True)
+        _insert(cursor, event, using)
         cursor.execute(
             "UPDATE recovery_auditchainhead SET head_hash = %s, head_event_id = %s, updated_at = %s "
             "WHERE key IN (%s, %s)",
             [event.hash, event.pk, now, chain, GLOBAL],
         )
     return event
+
+
+_EVENT_FIELDS = [field for field in AuditEvent._meta.concrete_fields if not field.primary_key]
+_INSERT_EVENT = (
+    f"INSERT INTO {AuditEvent._meta.db_table} ({', '.join(field.column for field in _EVENT_FIELDS)}) "
+    f"VALUES ({', '.join(['%s'] * len(_EVENT_FIELDS))})"
+)
+
+
+def _insert(cursor, event: AuditEvent, using: str) -> None:
+    """event.save(force_insert=True)'s INSERT, each value prepared by its field as the ORM does, without building
+    the statement anew: every transition appends an event, so this is on the hot path of every write."""
+    connection = connections[using]
+    if signals.pre_save.has_listeners(AuditEvent) or signals.post_save.has_listeners(AuditEvent):
+        event.save(using=using, force_insert=True)  # someone listens: go through the ORM
+        return
+    values = [field.get_db_prep_save(getattr(event, field.attname), connection) for field in _EVENT_FIELDS]
+    if connection.features.can_return_columns_from_insert:
+        cursor.execute(_INSERT_EVENT + " RETURNING id", values)
+        (event.pk,) = cursor.fetchone()
+    else:
+        cursor.execute(_INSERT_EVENT, values)
+        event.pk = connection.ops.last_insert_id(cursor, AuditEvent._meta.db_table, "id")
+    event._state.adding, event._state.db = False, using
+
+
+@contextmanager
+def appends_at_commit(using: str = "default") -> Iterator[None]:
+    """Queue the events appended inside this block and append them, in order, when it ends without an error.
+
+    Appending locks the global head until the transaction ends, so every writer waits for the one holding it: a
+    transaction that appends early and then goes on working holds everyone up for all that work. Open it right
+    inside the transaction (`with transaction.atomic(), appends_at_commit():`) around work that lets errors
+    propagate: nothing inside may catch one and go on, since a savepoint rolled back inside would leave its events
+    queued. Each event keeps the time it was appended at; sequence and chain numbers are taken at the end, under
+    the same locks in the same order as ever (after the rows the work changed, as recovery.transitions does), so
+    the trail is the one appending at once gives, in commit order. A nested block leaves the appending to the
+    outermost one. append_event() answers None inside.
+    """
+    connection = connections[using]
+    if not connection.in_atomic_block:
+        raise RuntimeError("appends_at_commit() must run inside transaction.atomic()")
+    queued = _QUEUED.get() or {}
+    if using in queued:
+        yield
+        return
+    queue: list[dict] = []
+    reset = _QUEUED.set({**queued, using: queue})
+    try:
+        yield
+    finally:
+        _QUEUED.reset(reset)
+    for fields in queue:
+        _append(using, fields)
 
 
 @contextmanager

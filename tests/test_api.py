@@ -408,3 +408,150 @@ def test_the_openapi_document_describes_every_endpoint(setup):
         "/api/v1/calls/{call_id}/attempts/{attempt_id}/outcome",
         "/api/v1/capabilities",
     }
+
+
+# --- regressions found by schema-driven fuzzing (tests/test_api_fuzz.py): each answered 500 before -----------------
+
+
+def _send(setup, method, path, body=None, *, data=None, params=None, headers=None):
+    headers = {"Authorization": f"Bearer {setup['token']}", "Content-Type": "application/json"} | (headers or {})
+    url = setup["url"] + "/api/v1" + path
+    return requests.request(method, url, json=body, data=data, params=params, headers=headers, timeout=10)
+
+
+def _refused(response, field: str) -> dict:
+    """A 422 naming `field`, in an answer that is strict JSON (no NaN echoed back)."""
+    import json
+
+    assert response.status_code == 422, response.text
+    body = json.loads(response.text, parse_constant=lambda constant: pytest.fail(f"{constant} in the answer"))
+    error = body["error"]["field_errors"][0]
+    assert error["field"] == field, body
+    return error
+
+
+def _stored():
+    return Task.objects.count(), Call.objects.count(), Attempt.objects.count(), GateDecision.objects.count()
+
+
+def _fuzz_objects(client):
+    """A task with a READY write call and a SENT read call (attempt a1 admitted)."""
+    task, ready = new_call(client)
+    _, sent = new_call(client, tool="order.lookup", args={"order_id": "O-2"}, task=task, step=2)
+    client.admit(sent.call_id, "a1")
+    return task, ready, sent
+
+
+def test_nul_characters_get_field_errors_and_store_nothing(setup, client):
+    # PostgreSQL refuses U+0000 in text and jsonb: a NUL anywhere was a database error, on every endpoint.
+    task, ready, sent = _fuzz_objects(client)
+    before = _stored()
+    call_body = {"step": 3, "tool": "order.lookup", "idempotency_key": "nul"}
+    report = f"/calls/{sent.call_id}/attempts/a1/outcome"
+    for method, path, body, field in [
+        ("POST", "/tasks", {"tenant": "acme", "external_id": "n", "agent": "a", "goal": "g\x00"}, "goal"),
+        ("POST", "/tasks", {"tenant": "ac\x00me", "external_id": "n", "agent": "a", "goal": "g"}, "tenant"),
+        ("POST", f"/tasks/{task.id}/calls", call_body | {"arguments": {"order_id": "O\x00"}}, "arguments"),
+        ("POST", f"/tasks/{task.id}/calls", call_body | {"arguments": {"order_id": "O", "x\x00": 1}}, "arguments"),
+        ("POST", f"/tasks/{task.id}/complete", {"summary": "s", "deliverable": {"note": ["\x00"]}}, "deliverable"),
+        ("POST", f"/tasks/{task.id}/abandon", {"reason": "\x00"}, "reason"),
+        ("POST", f"/calls/{ready.call_id}/abandon", {"reason": "r\x00"}, "reason"),
+        ("POST", f"/calls/{ready.call_id}/gate", {"attempt_id": "a1", "tool": "\x00"}, "tool"),
+        ("POST", f"/calls/{ready.call_id}/attempts", {"attempt_id": "a1", "arguments": {"o": "\x00"}}, "arguments"),
+        ("POST", report, {"http_status": 200, "result": {"s": "\x00"}}, "result"),
+        ("POST", report, {"error": {"code": "\x00"}}, "error.code"),
+    ]:
+        error = _refused(_send(setup, method, path, body), field)
+        assert "NUL" in error["expected"]
+    _refused(_send(setup, "GET", "/tasks", params={"tenant": "acme", "external_id": "\x00"}), "external_id")
+    _refused(_send(setup, "GET", "/capabilities", params={"tenant": "\x00"}), "tenant")
+    outcome = f"/calls/{sent.call_id}/attempts/a%00/outcome"
+    _refused(_send(setup, "POST", outcome, {"http_status": 200}), "attempt_id")
+    assert _stored() == before
+    assert Task.objects.get(pk=task.id).status == "open"
+    assert Call.objects.get(pk=ready.call_id).state == "READY"
+    assert Attempt.objects.get(call_id=sent.call_id).facts is None
+
+
+def test_a_malformed_bearer_token_is_unauthenticated(setup):
+    # A NUL in the token reached the token lookup, where PostgreSQL refused it.
+    for token in ("rc_\x00" + "a" * 43, "rc_" + "a" * 20 + " " + "a" * 22, "rc_" + "\xe9" * 43):
+        bearer = {"Authorization": f"Bearer {token}"}
+        answer = _send(setup, "GET", "/capabilities", params={"tenant": "acme"}, headers=bearer)
+        assert (answer.status_code, answer.json()["error"]["code"]) == (401, "unauthenticated")
+
+
+def test_numbers_past_a_columns_range_get_field_errors(setup, client):
+    # Integer columns are 32-bit on PostgreSQL and 64-bit on SQLite; past them was a database error.
+    _, ready, _ = _fuzz_objects(client)
+    before = _stored()
+    for big in (2**31, 2**63):
+        task = {"tenant": "acme", "external_id": "big", "agent": "a", "goal": "g", "budget": {"token_budget": big}}
+        _refused(_send(setup, "POST", "/tasks", task), "budget.token_budget")
+        attempt = {"attempt_id": "a1", "credential_version": big}
+        _refused(_send(setup, "POST", f"/calls/{ready.call_id}/attempts", attempt), "credential_version")
+    assert _stored() == before
+    assert client.admit(ready.call_id, "a1", credential_version=2**31 - 1).call_state == "SENT"
+
+
+def test_times_that_do_not_fit_in_utc_get_field_errors(setup, client):
+    # Valid ISO 8601, but outside years 1-9999 once in UTC: SQLite could not store them, PostgreSQL stored rows
+    # that could not be read back.
+    _, _, sent = _fuzz_objects(client)
+    before = _stored()
+    for moment in ("9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"):
+        task = {"tenant": "acme", "external_id": "t", "agent": "a", "goal": "g", "budget": {"deadline": moment}}
+        assert "UTC" in _refused(_send(setup, "POST", "/tasks", task), "budget.deadline")["expected"]
+        outcome = {"http_status": 200, "result": {"status": "ok"}, "started_at": moment}
+        _refused(_send(setup, "POST", f"/calls/{sent.call_id}/attempts/a1/outcome", outcome), "started_at")
+    assert _stored() == before
+    last = client.create_task("acme", "t", agent="a", goal="g", budget={"deadline": "9999-12-31T23:59:59Z"})
+    assert client.get_task(last.id).raw["budget"]["deadline"].startswith("9999-12-31T23:59:59")
+
+
+def test_json_no_database_can_store_gets_field_errors_and_stores_nothing(setup, client):
+    # NaN and infinities (json.loads reads them), lone surrogates (valid escapes, not UTF-8) and very deep nesting
+    # reached the fingerprint or the database through the free-form fields.
+    task, ready, sent = _fuzz_objects(client)
+    before = _stored()
+    deep = "[" * 40 + "]" * 40
+    report = f"/calls/{sent.call_id}/attempts/a1/outcome"
+    call = '{"step": 3, "tool": "order.lookup", "idempotency_key": "j", "arguments": {"order_id": %s}}'
+    for raw, path, field in [
+        (call % "NaN", f"/tasks/{task.id}/calls", "arguments"),
+        (call % "-Infinity", f"/tasks/{task.id}/calls", "arguments"),
+        (call % '"\\ud800"', f"/tasks/{task.id}/calls", "arguments"),
+        (call % deep, f"/tasks/{task.id}/calls", "arguments"),
+        (call.replace('"step": 3', '"step": NaN') % '"O-3"', f"/tasks/{task.id}/calls", "step"),
+        ('{"summary": "s", "deliverable": {"\\udfff": 1}}', f"/tasks/{task.id}/complete", "deliverable"),
+        ('{"http_status": 200, "result": {"status": Infinity}}', report, "result"),
+        ('{"attempt_id": "a1", "arguments": {"order_id": "\\ud800"}}', f"/calls/{ready.call_id}/attempts", "arguments"),
+        # a single shot the gate denies (an attempt is in flight) stores its facts: it must not get that far
+        (
+            '{"attempt_id": "a2", "arguments": {"order_id": "\\ud800"}, "outcome": {"http_status": 200}}',
+            f"/calls/{sent.call_id}/attempts",
+            "arguments",
+        ),
+    ]:
+        _refused(_send(setup, "POST", path, data=raw.encode()), field)
+    assert _stored() == before
+    assert Attempt.objects.get(call_id=sent.call_id).facts is None
+
+
+def test_abandoning_a_call_with_a_blank_reason_gives_the_default_one(client):
+    # A reason of spaces passed `reason or "abandoned"` and the state machine refused a blank reason.
+    _, call = new_call(client)
+    assert client.abandon_call(call.call_id, "   ")["state"] == "FAILED_PERMANENT"
+
+
+def test_an_outcome_whose_error_says_nothing_is_refused(setup, client):
+    # {"error": {}} passed "an http_status or an error" and classification found neither.
+    _, ready, sent = _fuzz_objects(client)
+    before = _stored()
+    for facts in ({"error": {}}, {"sent": True, "error": {"kind": None, "code": None}}):
+        _refused(_send(setup, "POST", f"/calls/{sent.call_id}/attempts/a1/outcome", facts), "body")
+        single_shot = {"attempt_id": "s1", "outcome": facts}
+        _refused(_send(setup, "POST", f"/calls/{ready.call_id}/attempts", single_shot), "outcome")
+    assert _stored() == before
+    assert Call.objects.get(pk=sent.call_id).state == "SENT"
+    assert client.report(sent.call_id, "a1", {"error": {"kind": "read_timeout"}}).call_state == "RETRYABLE"

@@ -17,6 +17,7 @@ from recovery.audit import (
     GLOBAL,
     Actor,
     append_event,
+    appends_at_commit,
     audit_maintenance,
     audit_purge_chains,
     event_hash,
@@ -134,6 +135,30 @@ def test_it_gives_a_rolled_back_event_number_to_the_next_one(task):
     assert all_seqs() == [1, 2]
     assert [e.chain_seq for e in chain_of(task)] == [1, 2]
     assert not AuditEvent.objects.filter(reason="undone with its change").exists()
+    assert verify_all().ok
+
+
+def test_appends_at_commit_appends_the_queued_events_in_order_when_its_block_ends(task, other_task):
+    append(task)
+    with transaction.atomic(), appends_at_commit():
+        assert append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="first") is None
+        append_event(action="test.event", actor=ROBOT, task_id=other_task.pk, reason="second")
+        with appends_at_commit():  # nested: the outer block appends
+            append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="third")
+        assert AuditEvent.objects.count() == 1  # nothing appended yet, no head locked
+    events = list(AuditEvent.objects.order_by("seq"))
+    assert [(e.seq, e.reason) for e in events] == [(1, "r0"), (2, "first"), (3, "second"), (4, "third")]
+    assert [e.chain_seq for e in chain_of(task)] == [1, 2, 3]
+    assert events[1].created_at <= events[2].created_at <= events[3].created_at
+    assert verify_all().ok
+
+
+def test_appends_at_commit_appends_nothing_when_its_block_fails(task):
+    with pytest.raises(ZeroDivisionError), transaction.atomic(), appends_at_commit():
+        append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="undone with its change")
+        1 / 0  # noqa: B018
+    append(task)
+    assert all_seqs() == [1]
     assert verify_all().ok
 
 

@@ -111,8 +111,8 @@ def test_it_authenticates_in_a_fixed_number_of_queries(issued):
     _, raw = issued
     token_authenticate(raw)
     with CaptureQueriesContext(connection) as queries:
-        token_authenticate(raw)  # within the minute: the token, its tenants
-    assert len(queries) == 2
+        token_authenticate(raw)  # within the minute: the token with its tenants, one query
+    assert len(queries) == 1
     with CaptureQueriesContext(connection) as queries:
         token_authenticate("rc_" + "x" * 43)
     assert len(queries) == 1

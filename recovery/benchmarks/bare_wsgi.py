@@ -1,14 +1,15 @@
 """The `ingest` benchmark's baseline: a bare WSGI application, no framework, psycopg over one persistent connection.
 
-`POST /api/v1/calls/{id}/attempts` with a single-shot body (attempt_id + outcome) runs, in one transaction, the
-same statements as the product's single shot for a fresh call of a read tool that commits (same tables, same kinds
-and the same order: recovery.benchmarks.ingest compares the two lists statement by statement), then answers JSON.
-It does no validation, classification or decision: the difference between the two is what the framework and the
-product's own Python cost.
+`POST /api/v1/calls/{id}/attempts` with a single-shot body (attempt_id + outcome) runs the same statements as the
+product's single shot for a fresh call of a read tool that commits, in the same order and the same transactions
+(the reads and the breaker count in autocommit, then one transaction for the attempt, the two transitions and the
+audit events), then answers JSON. recovery.benchmarks.ingest compares the two lists statement by statement (kind
+and table) and refuses a baseline that drifted. It does no validation, classification or decision: the difference
+between the two is what the framework and the product's own Python cost.
 
 Served by gunicorn (`recovery.benchmarks.bare_wsgi:application`) with DATABASE_URL and RECOVERY_TOKEN_PEPPER in
 the environment; `single_shot()` is also what the raw psycopg series runs in a loop, without HTTP.
-Nothing here imports Django.
+Nothing here imports Django. When the product's statements change, change `single_shot()` to match.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def _hash(value: dict) -> str:
 
 
 def _audit(sql: _Statements, *, task_id: int, call_id: int, token_id: int, src: str, dst: str, now: datetime) -> None:
-    """recovery.audit.append_event's statements inside transition_call's savepoint, after its conditional UPDATE."""
+    """recovery.audit's statements for one event: both heads advanced, the event, both heads pointed at it."""
     chain = f"task:{task_id}"
     advance = "UPDATE recovery_auditchainhead SET length = length + 1 WHERE key = %s RETURNING length, head_hash"
     seq, _ = sql(advance, ["global"]).fetchone()
@@ -79,7 +80,7 @@ def _audit(sql: _Statements, *, task_id: int, call_id: int, token_id: int, src: 
     )
 
 
-def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetime, extra: str = "", params=()):
+def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetime, extra: str = "", params=()) -> dict:
     sql("SAVEPOINT bench")
     updated = sql(
         f"UPDATE recovery_call SET state = %s, version = version + 1, state_changed_at = %s, updated_at = %s{extra} "
@@ -89,39 +90,38 @@ def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetim
     if updated != 1:
         raise RuntimeError(f"call {call['id']} moved under us")
     call["version"] += 1
-    _audit(sql, task_id=call["task_id"], call_id=call["id"], token_id=token_id, src=src, dst=dst, now=now)
     sql("RELEASE SAVEPOINT bench")
+    # The product appends its audit events at the end of the transaction (recovery.audit.appends_at_commit).
+    return {"task_id": call["task_id"], "call_id": call["id"], "token_id": token_id, "src": src, "dst": dst}
 
 
 ALTERNATES = (
     "SELECT t.name FROM recovery_tool t JOIN recovery_tool_alternates a ON t.id = a.to_tool_id "
-    "WHERE a.from_tool_id = %s ORDER BY 1"
+    "WHERE a.from_tool_id = %s"
 )
 TASK_VIEW = (
     "SELECT t.name, t.budgets, COUNT(c.id) AS n FROM recovery_call c JOIN recovery_tool t ON c.tool_id = t.id "
     "WHERE c.state = ANY(%s) AND c.task_id = %s GROUP BY 1, 2"
 )
 WINDOW = (
-    "SELECT SUM({}) FROM recovery_breakerbucket u0 WHERE u0.bucket_start > %s AND u0.bucket_start <= %s "
-    "AND u0.tool_id = t.id GROUP BY u0.tool_id"
+    "SELECT SUM({}) FROM recovery_breakerbucket u WHERE u.tool_id = t.id AND u.bucket_start > %s "
+    "AND u.bucket_start <= %s"
 )
 
 
 def _authenticate(sql: _Statements, token: str, pepper: str) -> tuple[int, list[int]]:
-    row = sql(
-        "SELECT id, digest, last_used_at FROM recovery_apitoken WHERE prefix = %s AND revoked_at IS NULL "
-        "ORDER BY name LIMIT 1",
+    """The token and its tenants in one query (a row per tenant)."""
+    rows = sql(
+        "SELECT k.id, k.digest, k.last_used_at, t.id, t.name FROM recovery_apitoken k "
+        "LEFT JOIN recovery_apitoken_tenants a ON k.id = a.apitoken_id "
+        "LEFT JOIN recovery_tenant t ON a.tenant_id = t.id "
+        "WHERE k.prefix = %s AND k.revoked_at IS NULL ORDER BY t.name",
         [token[:12]],
-    ).fetchone()
-    digest = hmac.new(pepper.encode(), token.encode(), hashlib.sha256).hexdigest()
-    if row is None or not hmac.compare_digest(row[1], digest):
-        raise NotFound("token")
-    tenants = sql(
-        "SELECT t.id, t.name, t.all_tools FROM recovery_tenant t JOIN recovery_apitoken_tenants a "
-        "ON t.id = a.tenant_id WHERE a.apitoken_id = %s ORDER BY t.name",
-        [row[0]],
     ).fetchall()
-    return row[0], [tenant[0] for tenant in tenants]
+    digest = hmac.new(pepper.encode(), token.encode(), hashlib.sha256).hexdigest()
+    if not rows or not hmac.compare_digest(rows[0][1], digest):
+        raise NotFound("token")
+    return rows[0][0], [row[3] for row in rows if row[3] is not None]
 
 
 def _call(sql: _Statements, call_id: int, tenants: list[int]) -> dict:
@@ -142,13 +142,8 @@ def _call(sql: _Statements, call_id: int, tenants: list[int]) -> dict:
 
 
 def _gate_reads(sql: _Statements, call: dict) -> None:
-    """gate_context's reads: the last attempt, the dependencies, the latest receipt, the breaker, the task view."""
-    sql(
-        "SELECT a.id, a.number, a.failure, d.delay_ms FROM recovery_attempt a JOIN recovery_tool t "
-        "ON a.tool_id = t.id LEFT JOIN recovery_decision d ON a.id = d.attempt_id WHERE a.call_id = %s "
-        "ORDER BY a.number DESC LIMIT 1",
-        [call["id"]],
-    ).fetchall()
+    """gate_context's reads for a call without attempts: its dependencies, the latest receipt, the breaker, the
+    task view."""
     sql(
         "SELECT id, state FROM recovery_call WHERE step_id IN (SELECT u0.id FROM recovery_step u0 "
         "JOIN recovery_step_depends_on u1 ON u0.id = u1.to_step_id WHERE u1.from_step_id = %s)",
@@ -178,7 +173,7 @@ def _count_breaker(sql: _Statements, call: dict, now: datetime) -> None:
     ).fetchone()
     sql(
         "SELECT b.state, b.opened_at, b.probes_reserved, b.probe_lease_until, "
-        f"COALESCE(({WINDOW.format('u0.successes + u0.failures')}), 0), COALESCE(({WINDOW.format('u0.failures')}), 0) "
+        f"COALESCE(({WINDOW.format('u.successes + u.failures')}), 0), COALESCE(({WINDOW.format('u.failures')}), 0) "
         "FROM recovery_tool t LEFT JOIN recovery_breaker b ON t.id = b.tool_id WHERE t.id = %s",
         [bucket - WINDOW_S, bucket, bucket - WINDOW_S, bucket, call["tool_id"]],
     ).fetchone()
@@ -196,6 +191,7 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
         sql = _Statements(cursor, trace)
         token_id, tenants = _authenticate(sql, token, pepper)
         call = _call(sql, call_id, tenants)
+        sql(ALTERNATES, [call["tool_id"]]).fetchall()  # the tool's policy: its alternates
         attempt_id, outcome = body["attempt_id"], body["outcome"]
         stored = sql(
             "SELECT id, request_hash, response FROM recovery_attempt WHERE attempt_id = %s AND call_id = %s "
@@ -204,15 +200,8 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
         ).fetchone()
         if stored is not None:
             return stored[2]
-        sql(ALTERNATES, [call["tool_id"]]).fetchall()  # the tool's policy
         _gate_reads(sql, call)
         number = call["attempts_count"] + 1
-        sql(  # classification: the scopes of the previous report
-            "SELECT facts FROM recovery_attempt WHERE call_id = %s AND facts IS NOT NULL AND number < %s "
-            "ORDER BY number DESC LIMIT 1",
-            [call_id, number],
-        ).fetchall()
-        sql(ALTERNATES, [call["tool_id"]]).fetchall()
         _count_breaker(sql, call, now)
         request_hash = _hash(body)
         print_ = _hash({"tool": call["tool"], "arguments": call["arguments"]})
@@ -252,8 +241,7 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
             )
             sql("UPDATE recovery_task SET rounds_used = rounds_used + 1 WHERE id = %s", [call["task_id"]])
             extra, params = ", attempts_count = %s, sent_at = %s", [number, now]
-            _transition(sql, call, call["state"], "SENT", token_id, now, extra, params)
-            sql(ALTERNATES, [call["tool_id"]]).fetchall()
+            events = [_transition(sql, call, call["state"], "SENT", token_id, now, extra, params)]
             failure = {"side_effect": "sent", "row": "9", "phase": "response"}
             sql(
                 "UPDATE recovery_attempt SET call_id = %s, attempt_id = %s, number = %s, tool_id = %s, "
@@ -286,7 +274,7 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
                 [call["task_id"]],
             ).fetchone()
             sql(TASK_VIEW, [UNSETTLED, call["task_id"]]).fetchall()
-            _transition(sql, call, "SENT", "COMMITTED", token_id, now)
+            events.append(_transition(sql, call, "SENT", "COMMITTED", token_id, now))
             response = {
                 "call_id": call_id,
                 "attempt_id": attempt_id,
@@ -303,6 +291,8 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
                 "WHERE id = %s",
                 [Jsonb(response), _hash(outcome), Jsonb(response), attempt_pk],
             )
+            for event in events:
+                _audit(sql, now=now, **event)
     return response
 
 

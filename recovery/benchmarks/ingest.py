@@ -1,8 +1,8 @@
 """The `ingest` benchmark (SPEC §19): single-shot attempt ingest over HTTP on PostgreSQL, against a bare baseline.
 
-Three series, each over `count` fresh READY calls of read tools (spread over 4 tenants and 4 tools, one task per
-call, created beforehand in bulk; creation is not measured), each attempt a single shot (`POST
-/api/v1/calls/{id}/attempts` with a committed 200 outcome, as RecoveryClient.single_shot sends it):
+Each attempt is a single shot (`POST /api/v1/calls/{id}/attempts` with a committed 200 outcome of a read tool, as
+RecoveryClient.single_shot sends it) on a fresh READY call; the calls are spread over 4 tenants and 4 tools, one
+task each, and created beforehand in bulk (not measured). Series:
 
 - product: the whole API (console.wsgi) served by gunicorn;
 - bare: recovery.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
@@ -10,13 +10,14 @@ call, created beforehand in bulk; creation is not measured), each attempt a sing
 - raw psycopg: bare_wsgi.single_shot in a loop from this process, no HTTP.
 
 Both servers get the same clients: CLIENTS processes, each a requests.Session posting its share of the attempts
-one after another, started together after a warm-up. The servers run with DEBUG=0 (no query log) against the
-benchmark's throwaway database, started and stopped here.
+one after another, started together after a warm-up, in ABBA rounds (product, bare, bare, product) so that a drift
+in what else the machine runs weighs on both alike. The servers run with DEBUG=0 (no query log) against the
+benchmark's throwaway database; the benchmark starts them on free ports, waits for them and stops them.
 
 Statements per attempt are counted on one request served in-process by the whole Django stack with an
 execute_wrapper (the connection health check Django runs once per request, a `SELECT 1` on the raw connection,
 is not seen by it and comes on top). The bare baseline's statements are compared with the product's one by one
-(kind and table, in order): the benchmark refuses to report a ratio for baselines that do different work.
+(kind and table, in order): the benchmark refuses to report a ratio against a baseline that does other work.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ from recovery.services.tokens import token_create
 
 CLIENTS = 8
 WORKERS, THREADS = 4, 1
-WARM_UP = 10  # attempts per client before the measured ones (imports, connections, statement caches)
+WARM_UP = 5  # attempts per client before each round's measured ones (imports, connections, statement caches)
+PRODUCT_APP, BARE_APP = "console.wsgi:application", "recovery.benchmarks.bare_wsgi:application"
 TARGET_RATIO = 0.5  # SPEC §19
 TENANTS = [f"bench-{n}" for n in range(4)]
 TOOLS = [f"bench.lookup-{n}" for n in range(4)]
@@ -247,9 +249,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+@dataclass
+class Server:
+    url: str
+    pid: int
+
+
 @contextmanager
-def serve(app: str, database_url: str) -> Iterator[str]:
-    """gunicorn serving `app` (module:callable) with DEBUG off against `database_url`; yields its base URL."""
+def serve(app: str, database_url: str) -> Iterator[Server]:
+    """gunicorn serving `app` (module:callable) with DEBUG off against `database_url`, until the block ends."""
     port = _free_port()
     env = dict(os.environ)
     env.update(
@@ -269,7 +277,7 @@ def serve(app: str, database_url: str) -> Iterator[str]:
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_ready(process, url, log)
-            yield url
+            yield Server(url=url, pid=process.pid)
         finally:
             process.send_signal(signal.SIGTERM)
             try:
@@ -314,10 +322,14 @@ def _client(url: str, token: str, warm: list[int], jobs: list[int], barrier, res
     results.put((start, time.perf_counter(), dict(statuses), latencies))
 
 
-def drive(url: str, token: str, warm: list[int], jobs: list[int]) -> dict:
-    """CLIENTS processes posting `jobs` (call ids, dealt round robin) after `warm`; attempts/s over the whole run."""
+def drive(url: str, token: str, warm: list[int], jobs: list[int], meter=None) -> dict:
+    """CLIENTS processes posting `jobs` (call ids, dealt round robin) after `warm`; attempts/s over the whole run.
+
+    `meter`, if given, is called once when the warm-up is over and the measured attempts start, and once more when
+    they are done; its two answers are returned as `metered`.
+    """
     context = multiprocessing.get_context("fork")
-    barrier, results = context.Barrier(CLIENTS), context.Queue()
+    barrier, results = context.Barrier(CLIENTS + 1), context.Queue()  # the clients, and this process
     processes = [
         context.Process(
             target=_client, args=(url, token, warm[n::CLIENTS], jobs[n::CLIENTS], barrier, results), daemon=True
@@ -327,7 +339,10 @@ def drive(url: str, token: str, warm: list[int], jobs: list[int]) -> dict:
     for process in processes:
         process.start()
     try:
+        barrier.wait(timeout=600)
+        metered = [meter()] if meter else []
         answers = [results.get(timeout=600) for _ in processes]
+        metered += [meter()] if meter else []
     finally:
         for process in processes:
             process.join(timeout=10)
@@ -341,10 +356,53 @@ def drive(url: str, token: str, warm: list[int], jobs: list[int]) -> dict:
     if set(statuses) != {201}:
         raise RuntimeError(f"{url}: answers other than 201 Created: {dict(statuses)}")
     return {
+        "attempts": len(jobs),
+        "seconds": end - start,
         "attempts_per_s": round(len(jobs) / (end - start), 1),
         "latency_median_ms": round(statistics.median(latencies) * 1e3, 2),
         "latency_p99_ms": round(sorted(latencies)[int(0.99 * len(latencies))] * 1e3, 2),
+        "metered": metered,
     }
+
+
+def _cpu_seconds(pids) -> dict[int, float]:
+    """CPU time (user + system) each process has used so far, from Linux's /proc (those it cannot read left out)."""
+    used = {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        used[pid] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return used
+
+
+def _server_pids(server: Server) -> list[int]:
+    try:
+        with open(f"/proc/{server.pid}/task/{server.pid}/children") as children:
+            return [server.pid, *map(int, children.read().split())]
+    except OSError:
+        return [server.pid]
+
+
+def _backend_pids() -> list[int]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", [connection.settings_dict["NAME"]])
+        return [pid for (pid,) in cursor.fetchall()]
+
+
+def measured_round(server: Server, token: str, warm: list[int], jobs: list[int]) -> dict:
+    """drive(), plus the CPU the server's processes and the database's backends used per measured attempt: unlike
+    a rate, hardly moved by whatever else the machine runs."""
+    result = drive(
+        server.url, token, warm, jobs, lambda: (_cpu_seconds(_server_pids(server)), _cpu_seconds(_backend_pids()))
+    )
+    (before_server, before_db), (after_server, after_db) = result.pop("metered")
+    for key, before, after in (("server", before_server, after_server), ("database", before_db, after_db)):
+        used = sum(seconds - before.get(pid, 0.0) for pid, seconds in after.items())
+        result[f"{key}_cpu_ms"] = used * 1e3 / len(jobs)
+    return result
 
 
 def raw_psycopg(dsn: str, token: str, warm: list[int], jobs: list[int]) -> float:
@@ -374,12 +432,12 @@ def _wait_disconnected(name: str, timeout: float = 15) -> None:
 # --- the benchmark -------------------------------------------------------------------------------------------------
 
 
-def bench_ingest(count: int) -> dict:
+def bench_ingest(count: int = 1000) -> dict:
     if connection.vendor != "postgresql":
         return {
             "benchmark": "ingest",
-            "skipped": f"needs PostgreSQL (SPEC §19 measures ingest there), this is {connection.vendor}: run with "
-            "DATABASE_URL=postgres://user@host:5432/dbname",
+            "skipped": f"needs PostgreSQL (the SPEC 19 ingest target is defined there), this is {connection.vendor}: "
+            "run with DATABASE_URL=postgres://user@host:5432/dbname",
         }
     fixture = Fixture.create()
     warm = CLIENTS * WARM_UP
@@ -405,18 +463,27 @@ def bench_ingest(count: int) -> dict:
             f"{diff[:5]}\nproduct: {product_sig}\nbare: {bare_sig}"
         )
 
-    product_calls = fixture.bulk_calls(warm + count, "product")
-    bare_calls = fixture.bulk_calls(warm + count, "bare")
+    # ABBA rounds (product, bare, bare, product), each on fresh calls: a drift in what else the machine runs
+    # weighs on both alike. Each server's rate is over its two rounds together.
+    half = count // 2
+    runs: dict[str, list[dict]] = {"product": [], "bare": []}
+    all_calls: dict[str, list[int]] = {"product": [], "bare": []}
+    with serve(PRODUCT_APP, dsn) as product_server, serve(BARE_APP, dsn) as bare_server:
+        servers = {"product": product_server, "bare": bare_server}
+        for n, label in enumerate(("product", "bare", "bare", "product")):
+            calls = fixture.bulk_calls(warm + half, f"{label}-{n}")
+            all_calls[label] += calls
+            runs[label].append(measured_round(servers[label], fixture.token, calls[:warm], calls[warm:]))
     raw_calls = fixture.bulk_calls(warm + count, "raw")
-    with serve("console.wsgi:application", dsn) as url:
-        product_run = drive(url, fixture.token, product_calls[:warm], product_calls[warm:])
-    with serve("recovery.benchmarks.bare_wsgi:application", dsn) as url:
-        bare_run = drive(url, fixture.token, bare_calls[:warm], bare_calls[warm:])
     raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
-    for label, calls in (("product", product_calls), ("bare", bare_calls), ("raw", raw_calls)):
-        if committed(calls) != len(calls):
-            raise AssertionError(f"{label}: {len(calls) - committed(calls)} calls did not end COMMITTED")
+    all_calls["raw"] = raw_calls
+    for label, calls in all_calls.items():
+        if (done := committed(calls)) != len(calls):
+            raise AssertionError(f"{label}: {len(calls) - done} of {len(calls)} calls did not end COMMITTED")
     _wait_disconnected(connection.settings_dict["NAME"])
+    rate = {
+        label: sum(r["attempts"] for r in rounds) / sum(r["seconds"] for r in rounds) for label, rounds in runs.items()
+    }
 
     kinds = Counter(sig.split()[0] for sig in product_sig)
     return {
@@ -424,16 +491,22 @@ def bench_ingest(count: int) -> dict:
         "database": connection.vendor,
         "server": f"gunicorn {version('gunicorn')} --workers {WORKERS} --threads {THREADS}",
         "clients": CLIENTS,
-        "attempts": count,
-        "product_attempts_per_s": product_run["attempts_per_s"],
-        "bare_attempts_per_s": bare_run["attempts_per_s"],
-        "ratio": round(product_run["attempts_per_s"] / bare_run["attempts_per_s"], 2),
+        "attempts_per_server": 2 * half,
+        "product_attempts_per_s": round(rate["product"], 1),
+        "bare_attempts_per_s": round(rate["bare"], 1),
+        "ratio": round(rate["product"] / rate["bare"], 2),
         "target_ratio": TARGET_RATIO,
         "raw_psycopg_attempts_per_s": raw_rate,
         "statements_per_attempt": len(product),
         "statements_by_kind": dict(sorted(kinds.items())),
-        "product_latency_median_ms": product_run["latency_median_ms"],
-        "product_latency_p99_ms": product_run["latency_p99_ms"],
-        "bare_latency_median_ms": bare_run["latency_median_ms"],
-        "bare_latency_p99_ms": bare_run["latency_p99_ms"],
+        "rounds_attempts_per_s": {label: [r["attempts_per_s"] for r in rounds] for label, rounds in runs.items()},
+        # CPU per attempt of the gunicorn processes (the app) and of the PostgreSQL backends, per server.
+        "server_cpu_ms_per_attempt": {label: _median(rounds, "server_cpu_ms") for label, rounds in runs.items()},
+        "database_cpu_ms_per_attempt": {label: _median(rounds, "database_cpu_ms") for label, rounds in runs.items()},
+        "latency_median_ms": {label: _median(rounds, "latency_median_ms") for label, rounds in runs.items()},
+        "latency_p99_ms": {label: _median(rounds, "latency_p99_ms") for label, rounds in runs.items()},
     }
+
+
+def _median(rounds: list[dict], key: str) -> float:
+    return round(statistics.median(r[key] for r in rounds), 2)

@@ -11,7 +11,7 @@ The Django admin validates its edits with the same rules (recovery/admin.py).
 from recovery.registry.checks import RegistryError, RegistryInvalid
 from recovery.registry.format import validate_registry
 from recovery.registry.loader import KindReport, LoadReport, load_registry, registry_sha256
-from recovery.registry.policy import policy_tools, tool_policy
+from recovery.registry.policy import policy_tools, tool_policy, with_alternates
 
 __all__ = [
     "KindReport",
@@ -23,4 +23,5 @@ __all__ = [
     "registry_sha256",
     "tool_policy",
     "validate_registry",
+    "with_alternates",
 ]

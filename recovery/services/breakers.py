@@ -26,8 +26,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from django.db import connection, transaction
-from django.db.models import Case, F, IntegerField, OuterRef, Q, Subquery, Sum, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import Case, F, Q, Value, When
 
 from recovery.audit import Actor, append_event
 from recovery.engine import breaker as rules
@@ -148,26 +147,41 @@ def _count(tool: Tool, current: int, *, failed: bool, policy: BreakerPolicy) -> 
         )
 
 
+_WINDOW_SUM = (
+    f"COALESCE((SELECT SUM({{}}) FROM {_BUCKET} u WHERE u.tool_id = t.id AND u.bucket_start > %s "
+    "AND u.bucket_start <= %s), 0)"
+)
+_STATE_AND_WINDOW = (
+    "SELECT b.state, b.opened_at, b.probes_reserved, b.probe_lease_until, "
+    f"{_WINDOW_SUM.format('u.successes + u.failures')}, {_WINDOW_SUM.format('u.failures')} "
+    f"FROM {Tool._meta.db_table} t LEFT JOIN {_BREAKER} b ON b.tool_id = t.id WHERE t.id = %s"
+)
+
+
+def _aware(value: datetime | str | None) -> datetime | None:
+    """A timestamp column read with raw SQL: PostgreSQL gives an aware datetime, SQLite the text Django stored (UTC)."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value is not None and value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value
+
+
 def _state_and_window(tool: Tool, current: int, policy: BreakerPolicy) -> tuple:
     """(state, opened_at, probes_reserved, probe_lease_until, calls, failures) in one SELECT; state None: no row.
 
     The window is engine.breaker.window_totals' one: whole buckets after `current - window_s`, up to `current`.
+    Raw SQL like the bucket upsert: this runs on every outcome, and building it with the ORM cost several times
+    what the statement itself does.
     """
-    window = BreakerBucket.objects.filter(
-        tool_id=OuterRef("pk"), bucket_start__gt=current - policy.window_s, bucket_start__lte=current
-    ).order_by()
-
-    def total(expression):
-        summed = window.values("tool_id").annotate(total=Sum(expression)).values("total")
-        return Coalesce(Subquery(summed, output_field=IntegerField()), 0)
-
-    return (
-        Tool.objects.filter(pk=tool.pk)
-        .order_by()
-        .annotate(window_calls=total(F("successes") + F("failures")), window_failures=total(F("failures")))
-        .values_list(*(f"breaker_row__{name}" for name in _STATE_FIELDS), "window_calls", "window_failures")
-        .get()
-    )
+    start = current - policy.window_s
+    with connection.cursor() as cursor:
+        cursor.execute(_STATE_AND_WINDOW, [start, current, start, current, tool.pk])
+        row = cursor.fetchone()
+    if row is None:
+        raise Tool.DoesNotExist(f"no tool with id {tool.pk}")
+    state, opened_at, probes_reserved, lease_until, calls, failures = row
+    return (state, _aware(opened_at), probes_reserved, _aware(lease_until), int(calls), int(failures))
 
 
 def _trip(

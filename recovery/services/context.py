@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
 
-from django.db.models import Count
+from django.db import connection
 
 from recovery.engine.budgets import tighter
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
@@ -26,17 +27,26 @@ def task_budgets(task: Task) -> Budgets:
     )
 
 
+_UNSETTLED_STATES = sorted(UNSETTLED)
+# Raw SQL: the statement Call.objects.filter(task=..., state__in=UNSETTLED).values("tool__name", "tool__budgets")
+# .annotate(n=Count("id")) makes, without the ORM building it anew on every admission and outcome (the hot path).
+_UNSETTLED_BY_TOOL = (
+    f"SELECT t.name, t.budgets, COUNT(c.id) FROM {Call._meta.db_table} c "
+    f"JOIN {Tool._meta.db_table} t ON c.tool_id = t.id "
+    f"WHERE c.task_id = %s AND c.state IN ({', '.join(['%s'] * len(_UNSETTLED_STATES))}) GROUP BY t.name, t.budgets"
+)
+
+
 def task_view(task: Task) -> TaskView:
-    rows = (
-        Call.objects.filter(task=task, state__in=UNSETTLED)
-        .values("tool__name", "tool__budgets")
-        .annotate(n=Count("id"))
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(_UNSETTLED_BY_TOOL, [task.pk, *_UNSETTLED_STATES])
+        rows = cursor.fetchall()
     by_tool: dict[str, int] = {}
     limits: dict[str, int | None] = {}
-    for row in rows:
-        by_tool[row["tool__name"]] = by_tool.get(row["tool__name"], 0) + row["n"]
-        limits[row["tool__name"]] = (row["tool__budgets"] or {}).get("unknown_budget")
+    for name, budgets, count in rows:
+        budgets = json.loads(budgets) if isinstance(budgets, str) else budgets  # JSONField's from_db_value
+        by_tool[name] = by_tool.get(name, 0) + count
+        limits[name] = (budgets or {}).get("unknown_budget")
     return TaskView(
         rounds_used=task.rounds_used,
         tokens_used=task.tokens_used,
@@ -90,8 +100,8 @@ def gate_context(
     now: datetime,
     approval: bool,
 ) -> tuple[GateContext, CallView]:
-    attempts = list(call.attempts.select_related("tool", "decision").order_by("-number")[:1])
-    last = attempts[0] if attempts else None
+    # attempts_count is written with every attempt, in its transaction: a call read with none has none to read.
+    last = call.attempts.select_related("tool", "decision").order_by("-number").first() if call.attempts_count else None
     first_sent_at = (
         call.attempts.filter(number=1).values_list("admitted_at", flat=True).first() if call.attempts_count else None
     )

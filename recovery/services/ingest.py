@@ -18,7 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
+from recovery.audit import Actor, append_event, appends_at_commit
 from recovery.engine import breaker as breaker_rules
 from recovery.engine.canonical import canonical_json
 from recovery.engine.classify import classify
@@ -228,7 +228,11 @@ def call_abandon(*, call: Call, actor: Actor, reason: str) -> Call:
         )
     try:
         return transition_call(
-            call, S.FAILED_PERMANENT, actor=actor, reason=reason or "abandoned", changes={"outcome": "abandoned"}
+            call,
+            S.FAILED_PERMANENT,
+            actor=actor,
+            reason=reason.strip() or "abandoned",
+            changes={"outcome": "abandoned"},
         )
     except TransitionConflict as exc:
         raise ServiceError(409, "conflict", str(exc)) from None
@@ -367,7 +371,8 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
         outcome = _classify(call, tool, candidate.arguments, candidate.attempt_id, number, outcome_body, now)
         judged = (outcome, _record_breaker(tool, outcome, outcome_body, probe=probe, now=now))
     try:
-        with transaction.atomic():
+        # The audit events are appended last: the global audit head is locked for the appends and the commit only.
+        with transaction.atomic(), appends_at_commit():
             attempt = _admit_attempt(call, candidate, tool, gate, actor, now, digest, probe=probe)
             response = {
                 "admitted": True,
@@ -490,7 +495,7 @@ def attempt_report(*, call: Call, attempt: Attempt, body: dict, actor: Actor) ->
     outcome = _classify(call, attempt.tool, attempt.arguments, attempt.attempt_id, attempt.number, body, now)
     current = call.state == S.SENT and attempt.number == call.attempts_count
     breaker = _record_breaker(attempt.tool, outcome, body, probe=attempt.breaker_probe, now=now) if current else None
-    with transaction.atomic():
+    with transaction.atomic(), appends_at_commit():  # the audit heads locked for the appends and the commit only
         call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
         response = report_in_transaction(call, attempt, body, actor, now, (outcome, breaker), single_shot=False)
         Attempt.objects.filter(pk=attempt.pk).update(outcome_request_hash=digest, outcome_response=response)
@@ -519,6 +524,8 @@ def _record_breaker(tool: Tool, outcome: Outcome, body: dict, *, probe: bool, no
 
 
 def _previous_scopes(call: Call, number: int) -> tuple[str, ...] | None:
+    if number <= 1:
+        return None  # attempts are numbered from 1: the first has none before it
     facts = (
         Attempt.objects.filter(call=call, number__lt=number, facts__isnull=False)
         .order_by("-number")
@@ -745,7 +752,7 @@ def _bypassed_single_shot(call, candidate, tool, gate, outcome_body, digest, act
     number = call.attempts_count + 1
     outcome = _classify(call, tool, candidate.arguments, candidate.attempt_id, number, outcome_body, now)
     breaker = _record_breaker(tool, outcome, outcome_body, probe=False, now=now)
-    with transaction.atomic():
+    with transaction.atomic(), appends_at_commit():  # the audit heads locked for the appends and the commit only
         attempt = _record_attempt(call, candidate, tool, gate, actor, digest, policy_bypassed=True)
         _store_facts(attempt, outcome_body, outcome, call, now)
         Call.objects.filter(pk=call.pk).update(attempts_count=number)
