@@ -236,7 +236,7 @@ def _field(loc) -> str:
 
 
 def _echo(value: Any) -> Any:
-    """The rejected value, when it is short to show and valid to put in a JSON answer."""
+    """The rejected value, unless it is an object or something a JSON answer cannot carry (NaN, a lone surrogate)."""
     if isinstance(value, dict):
         return None
     try:

@@ -410,6 +410,17 @@ def test_the_openapi_document_describes_every_endpoint(setup):
     }
 
 
+@pytest.fixture(autouse=True)
+def _close_runtime_sessions(request):
+    """Close the clients' keep-alive connections after each test: on PostgreSQL the live-server thread serving one
+    keeps its database connection open (CONN_MAX_AGE), which stops the test database from being dropped."""
+    runtimes = request.getfixturevalue("setup") if "setup" in request.fixturenames else {}
+    yield
+    for name in ("client", "other"):
+        if name in runtimes:
+            runtimes[name].session.close()
+
+
 # --- regressions found by schema-driven fuzzing (tests/test_api_fuzz.py): each answered 500 before -----------------
 
 
