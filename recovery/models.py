@@ -151,7 +151,7 @@ class Task(models.Model):
     deadline = models.DateTimeField(null=True, blank=True)
     token_budget = models.PositiveIntegerField(null=True, blank=True)
     rounds_used = models.PositiveIntegerField(default=0)
-    tokens_used = models.PositiveIntegerField(default=0)
+    tokens_used = models.PositiveBigIntegerField(default=0)  # sums every report: can pass 2**31
     write_retries_used = models.PositiveIntegerField(default=0)
     submission = models.JSONField(null=True, blank=True)
     created_by_token = models.ForeignKey(ApiToken, null=True, blank=True, on_delete=models.PROTECT)
