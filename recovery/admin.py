@@ -25,10 +25,9 @@ _EMPTY = (None, "", {}, [])
 class RegistryForm(forms.ModelForm):
     """A registry object's form: clean() runs the loader's validation on the object as a registry file would hold it."""
 
-    kind = ""  # "tenants", "providers" or "tools": the list the object belongs to in a registry file
-
-    def registry_item(self, cleaned: dict) -> dict:
-        raise NotImplementedError
+    # Subclasses set `kind` ("tenants", "providers" or "tools": the list the object belongs to in a registry file)
+    # and define registry_item(cleaned) -> dict, the object as that file would hold it.
+    kind = ""
 
     def clean(self):
         cleaned = super().clean()
