@@ -19,6 +19,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from recovery import selectors
 from recovery.audit import Actor
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
@@ -313,8 +314,9 @@ def _task(request, task_id: int) -> Task:
 def _call(request, call_id: int, *, policy: bool = False) -> Call:
     """The call with what its endpoints read; `policy`: its tool's alternates too, read once for the several tool
     policies the admission and outcome endpoints build (one query instead of one per policy)."""
-    calls = Call.objects.select_related("tool__provider", "task__tenant", "step")
-    call = get_object_or_404(calls, pk=call_id, tenant_id__in=request.tenant_ids)
+    call = selectors.call_in_tenants(call_id, request.tenant_ids)
+    if call is None:
+        raise Http404("no call with this id")
     if policy:
         with_alternates(call.tool)
     return call

@@ -15,6 +15,7 @@ from django.db.models import F
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
+from recovery import rows
 from recovery.audit import Actor, append_event
 from recovery.models import Call
 from recovery.states import CallState, is_allowed
@@ -54,23 +55,24 @@ def transition_call(
     if bad := sorted(_FORBIDDEN_CHANGES & set(changes)):
         raise ValueError(f"transition_call() cannot change {', '.join(bad)} through `changes`")
     now = timezone.now()
-    with transaction.atomic():
-        updated = Call.objects.filter(pk=call.pk, state=src, version=call.version).update(
-            state=dst, version=F("version") + 1, state_changed_at=now, updated_at=now, **changes
-        )
-        if updated != 1:
-            raise TransitionConflict(
-                f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
+    # No savepoint: a refused UPDATE changes nothing, so there is nothing to roll back to, and the conflict is
+    # raised after the block, which leaves a caller's transaction usable. Two statements fewer per transition.
+    with transaction.atomic(savepoint=False):
+        updated = _update(call, src, dst, now, changes)
+        if updated == 1:
+            append_event(
+                action=action,
+                actor=actor,
+                task_id=call.task_id,
+                call_id=call.pk,
+                from_state=src,
+                to_state=dst,
+                reason=reason,
+                evidence=evidence,
             )
-        append_event(
-            action=action,
-            actor=actor,
-            task_id=call.task_id,
-            call_id=call.pk,
-            from_state=src,
-            to_state=dst,
-            reason=reason,
-            evidence=evidence,
+    if updated != 1:
+        raise TransitionConflict(
+            f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
         )
     call.state, call.version, call.state_changed_at, call.updated_at = dst, call.version + 1, now, now
     expressions = [name for name, value in changes.items() if isinstance(value, Combinable)]
@@ -80,3 +82,15 @@ def transition_call(
     if expressions:
         call.refresh_from_db(fields=expressions)
     return call
+
+
+def _update(call: Call, src: CallState, dst: CallState, now, changes: dict[str, Any]) -> int:
+    """The conditional UPDATE on (id, state, version); the number of rows it changed (1, or 0 on a conflict)."""
+    where = {"id": call.pk, "state": src, "version": call.version}
+    if any(isinstance(value, Combinable) for value in changes.values()):
+        return Call.objects.filter(**where).update(
+            state=dst, version=F("version") + 1, state_changed_at=now, updated_at=now, **changes
+        )
+    # On every attempt, twice: the statement is generated once per set of columns (recovery.rows), not per call.
+    values = {"state": dst, "state_changed_at": now, "updated_at": now, **changes}
+    return rows.update(Call, where, values, extra="version = version + 1")

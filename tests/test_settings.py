@@ -115,6 +115,16 @@ def test_it_reads_a_postgres_url(monkeypatch, tmp_path):
     )
 
 
+def test_postgres_prepares_statements_unless_told_not_to(monkeypatch, tmp_path):
+    monkeypatch.setenv(VAR, "postgres://console@db.internal:5432/recovery")
+    monkeypatch.delenv("DATABASE_PREPARED_STATEMENTS", raising=False)
+    options = database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3")["OPTIONS"]
+    assert (options["server_side_binding"], options["prepare_threshold"]) == (True, 5)
+    monkeypatch.setenv("DATABASE_PREPARED_STATEMENTS", "0")  # behind PgBouncer in transaction mode
+    options = database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3").get("OPTIONS", {})
+    assert "server_side_binding" not in options and "prepare_threshold" not in options
+
+
 def test_it_reads_a_sqlite_url(monkeypatch, tmp_path):
     path = tmp_path / "elsewhere.sqlite3"
     monkeypatch.setenv(VAR, f"sqlite:///{path}")

@@ -81,7 +81,6 @@ def _audit(sql: _Statements, *, task_id: int, call_id: int, token_id: int, src: 
 
 
 def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetime, extra: str = "", params=()) -> dict:
-    sql("SAVEPOINT bench")
     updated = sql(
         f"UPDATE recovery_call SET state = %s, version = version + 1, state_changed_at = %s, updated_at = %s{extra} "
         "WHERE id = %s AND state = %s AND version = %s",
@@ -90,7 +89,6 @@ def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetim
     if updated != 1:
         raise RuntimeError(f"call {call['id']} moved under us")
     call["version"] += 1
-    sql("RELEASE SAVEPOINT bench")
     # The product appends its audit events at the end of the transaction (recovery.audit.appends_at_commit).
     return {"task_id": call["task_id"], "call_id": call["id"], "token_id": token_id, "src": src, "dst": dst}
 
@@ -244,27 +242,17 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
             events = [_transition(sql, call, call["state"], "SENT", token_id, now, extra, params)]
             failure = {"side_effect": "sent", "row": "9", "phase": "response"}
             sql(
-                "UPDATE recovery_attempt SET call_id = %s, attempt_id = %s, number = %s, tool_id = %s, "
-                "arguments = %s, fingerprint = %s, evidence = %s, reported_at = %s, facts = %s, "
-                "connection_opened = %s, sent = %s, http_status = %s, error_kind = '', error_code = '', "
-                "provider_request_id = '', failure = %s, failure_class = '', request_hash = %s, created_at = %s "
-                "WHERE id = %s",
+                "UPDATE recovery_attempt SET facts = %s, connection_opened = %s, sent = %s, http_status = %s, "
+                "error_kind = '', error_code = '', provider_request_id = '', retry_after_ms = NULL, "
+                "tokens_used = NULL, started_at = NULL, finished_at = NULL, reported_at = %s, failure = %s, "
+                "failure_class = '', diagnostic_id = NULL WHERE id = %s",
                 [
-                    call_id,
-                    attempt_id,
-                    number,
-                    call["tool_id"],
-                    Jsonb(call["arguments"]),
-                    print_,
-                    Jsonb([]),
-                    now,
                     Jsonb(outcome),
                     outcome.get("connection_opened"),
                     outcome.get("sent"),
                     outcome.get("http_status"),
-                    Jsonb(failure),
-                    request_hash,
                     now,
+                    Jsonb(failure),
                     attempt_pk,
                 ],
             )

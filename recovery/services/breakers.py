@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
+from recovery import rows
 from recovery.audit import Actor, append_event
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, BreakerPolicy, BreakerView
@@ -35,6 +36,7 @@ from recovery.models import Breaker, BreakerBucket, Tool
 from recovery.registry.policy import breaker_policy
 
 _STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
+_STATE = f"SELECT {', '.join(_STATE_FIELDS)} FROM {Breaker._meta.db_table} WHERE tool_id = %s"  # tool_id is unique
 
 _BUCKET = BreakerBucket._meta.db_table
 _COUNT = (
@@ -67,7 +69,11 @@ def _view(row: tuple | None, policy: BreakerPolicy, now: datetime) -> BreakerVie
 def breaker_view(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> BreakerView:
     """The breaker as admission sees it at `now`: open past its cooldown reads half_open. One SELECT."""
     policy = policy or breaker_policy(tool)
-    row = Breaker.objects.filter(tool_id=tool.pk).values_list(*_STATE_FIELDS).first()
+    with connection.cursor() as cursor:
+        cursor.execute(_STATE, [tool.pk])
+        row = cursor.fetchone()
+    if row is not None:
+        row = rows.convert(Breaker, _STATE_FIELDS, row)
     return _view(row, policy, now)
 
 

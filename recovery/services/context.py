@@ -7,9 +7,10 @@ from datetime import datetime
 
 from django.db import connection
 
+from recovery import rows
 from recovery.engine.budgets import tighter
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
-from recovery.models import Attempt, Call, Receipt, Task, Tool
+from recovery.models import Attempt, Call, Receipt, Step, Task, Tool
 from recovery.services.breakers import breaker_view
 from recovery.states import UNSETTLED
 
@@ -90,6 +91,18 @@ def previous_attempt(attempt: Attempt | None) -> PreviousAttempt | None:
     )
 
 
+# Raw SQL generated once, like task_view's: gate_context runs on every admission.
+_DEPENDENCY_STATES = (
+    f"SELECT c.id, c.state FROM {Call._meta.db_table} c WHERE c.step_id IN "
+    f"(SELECT d.to_step_id FROM {Step.depends_on.through._meta.db_table} d WHERE d.from_step_id = %s)"
+)
+_RECEIPT_FIELDS = ("observed", "checked_at")
+_LATEST_RECEIPT = (
+    f"SELECT r.observed, r.checked_at FROM {Receipt._meta.db_table} r WHERE r.call_id = %s "
+    "ORDER BY r.checked_at DESC LIMIT 1"
+)
+
+
 def gate_context(
     call: Call,
     *,
@@ -105,11 +118,12 @@ def gate_context(
     first_sent_at = (
         call.attempts.filter(number=1).values_list("admitted_at", flat=True).first() if call.attempts_count else None
     )
-    dependencies = {
-        str(pk): state
-        for pk, state in Call.objects.filter(step__in=call.step.depends_on.all()).values_list("pk", "state")
-    }
-    receipt = Receipt.objects.filter(call=call).order_by("-checked_at").values("observed", "checked_at").first()
+    with connection.cursor() as cursor:
+        cursor.execute(_DEPENDENCY_STATES, [call.step_id])
+        dependencies = {str(pk): state for pk, state in cursor.fetchall()}
+        cursor.execute(_LATEST_RECEIPT, [call.pk])
+        receipt = cursor.fetchone()
+    latest_receipt, latest_receipt_at = rows.convert(Receipt, _RECEIPT_FIELDS, receipt) if receipt else (None, None)
     breaker = breaker_view(executing_tool, now=now)  # the breaker of the tool the attempt will call
     context = GateContext(
         now=now,
@@ -117,8 +131,8 @@ def gate_context(
         candidate_tool=candidate_tool,
         previous=previous_attempt(last),
         dependencies=dependencies,
-        latest_receipt=receipt["observed"] if receipt else None,
-        latest_receipt_at=receipt["checked_at"] if receipt else None,
+        latest_receipt=latest_receipt,
+        latest_receipt_at=latest_receipt_at,
         approval_available=approval,
         task=task_view(task),
         breaker=breaker,

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from recovery import rows
 from recovery.audit import Actor, append_event, appends_at_commit
 from recovery.engine import breaker as breaker_rules
 from recovery.engine.canonical import canonical_json
@@ -247,6 +248,12 @@ class Admission:
     response: dict
 
 
+def _checks_json(checks) -> list[dict]:
+    # What asdict() gives for these flat records, without its recursive deep copy: every admission stores and
+    # answers seven of them.
+    return [{"name": c.name, "passed": c.passed, "detail": c.detail} for c in checks]
+
+
 def _gate_json(gate, row: GateDecision | None) -> dict:
     required = gate.required_next
     return {
@@ -254,7 +261,7 @@ def _gate_json(gate, row: GateDecision | None) -> dict:
         "allowed": gate.allowed,
         "reason": gate.reason,
         "evidence_used": gate.evidence_used,
-        "checks": [asdict(c) for c in gate.checks],
+        "checks": _checks_json(gate.checks),
         "required_next": asdict(required) if required else None,
         "public_message": gate.public_message,
         "field_errors": field_errors_json(gate.field_errors),
@@ -311,7 +318,7 @@ def gate_ask(*, call: Call, body: dict, actor: Actor) -> dict:
 
 
 def _store_gate(call, candidate, gate, actor, *, dry_run=False, attempt=None) -> GateDecision:
-    return GateDecision.objects.create(
+    row = GateDecision(
         call=call,
         attempt=attempt,
         candidate_attempt_id=candidate.attempt_id,
@@ -325,17 +332,18 @@ def _store_gate(call, candidate, gate, actor, *, dry_run=False, attempt=None) ->
         allowed=gate.allowed,
         reason=gate.reason,
         evidence_used=gate.evidence_used,
-        checks=[asdict(c) for c in gate.checks],
+        checks=_checks_json(gate.checks),
         required_next=asdict(gate.required_next) if gate.required_next else {},
         actor_token_id=actor.token_id,
         actor_user_id=actor.user_id,
     )
+    return rows.insert(row)
 
 
 def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
     """POST .../attempts: admission, or a single shot when the body carries an outcome (SPEC §8.1)."""
     digest = body_hash(body)
-    stored = Attempt.objects.filter(call=call, attempt_id=body["attempt_id"]).first()
+    stored = _stored_attempt(call, body["attempt_id"])
     if stored is not None:
         return _replay(stored, digest)
     now = timezone.now()
@@ -387,15 +395,27 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
                 attempt.outcome_request_hash = body_hash(outcome_body)
                 attempt.outcome_response = response
             attempt.response = response
-            attempt.save(update_fields=["response", "outcome_request_hash", "outcome_response"])
+            rows.save_fields(attempt, ["response", "outcome_request_hash", "outcome_response"])
     except (TransitionConflict, IntegrityError):
         if probe and judged is None:
             breaker_release_probe(tool, now=now)  # never sent: a lost race must not use up the half-open probe
-        raced = Attempt.objects.filter(call=call, attempt_id=body["attempt_id"]).first()
+        raced = _stored_attempt(call, body["attempt_id"])
         if raced is not None:
             return _replay(raced, digest)
         raise ServiceError(409, "conflict", "another attempt of this call was admitted at the same moment") from None
     return Admission(201, response)
+
+
+_STORED_ATTEMPT = (
+    f"SELECT {rows.select_list(Attempt, 'a')} FROM {Attempt._meta.db_table} a "
+    "WHERE a.call_id = %s AND a.attempt_id = %s"
+)
+
+
+def _stored_attempt(call: Call, attempt_id: str) -> Attempt | None:
+    """The attempt this call already has under `attempt_id` (unique per call), asked on every admission."""
+    found = rows.fetch(Attempt, _STORED_ATTEMPT, [call.pk, attempt_id])
+    return found[0] if found else None
 
 
 def _replay(stored: Attempt, digest: str) -> Admission:
@@ -421,7 +441,7 @@ def _replay(stored: Attempt, digest: str) -> Admission:
 def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Attempt:
     """The attempt row, its stored gate answer and the task's round, in the caller's transaction."""
     number = call.attempts_count + 1
-    attempt = Attempt.objects.create(
+    attempt = Attempt(
         call=call,
         attempt_id=candidate.attempt_id,
         number=number,
@@ -433,6 +453,7 @@ def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Atte
         request_hash=digest,
         **flags,
     )
+    rows.insert(attempt)
     attempt.gate_row = _store_gate(call, candidate, gate, actor, attempt=attempt)
     _count_round(call, number)
     return attempt
@@ -453,8 +474,10 @@ def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) ->
 
 
 def _count_round(call: Call, number: int) -> None:
-    extra = {"write_retries_used": F("write_retries_used") + 1} if call.side_effect == "write" and number > 1 else {}
-    Task.objects.filter(pk=call.task_id).update(rounds_used=F("rounds_used") + 1, **extra)
+    extra = "rounds_used = rounds_used + 1"
+    if call.side_effect == "write" and number > 1:
+        extra += ", write_retries_used = write_retries_used + 1"
+    rows.update(Task, {"id": call.task_id}, {}, extra=extra)
 
 
 # --- outcomes ------------------------------------------------------------------------------------------------------
@@ -573,7 +596,30 @@ def _store_facts(attempt: Attempt, body: dict, outcome: Outcome, call: Call, now
     attempt.failure = failure or {"side_effect": outcome.side_effect, "row": outcome.row, "phase": outcome.phase}
     attempt.failure_class = outcome.failure.failure_class if outcome.failure else ""
     attempt.diagnostic = diagnostic
-    attempt.save()
+    rows.save_fields(attempt, _FACT_FIELDS)
+
+
+# What _store_facts writes: the reported facts and their classification, nothing the admission wrote.
+_FACT_FIELDS = (
+    "facts",
+    "connection_opened",
+    "sent",
+    "http_status",
+    "error_kind",
+    "error_code",
+    "provider_request_id",
+    "retry_after_ms",
+    "tokens_used",
+    "started_at",
+    "finished_at",
+    "reported_at",
+    "failure",
+    "failure_class",
+    "diagnostic",
+)
+
+
+_TASK = f"SELECT {rows.select_list(Task, 'k')} FROM {Task._meta.db_table} k WHERE k.id = %s"
 
 
 def report_in_transaction(
@@ -588,7 +634,7 @@ def report_in_transaction(
     late = call.state != S.SENT or attempt.number != call.attempts_count or breaker is None
     if late:
         return _late_outcome(call, attempt, outcome, actor, now)
-    task = Task.objects.get(pk=call.task_id)
+    task = rows.fetch(Task, _TASK, [call.task_id])[0]  # its counters as this transaction left them
     view_call = _call_view_after(call, policy, task)
     decision = decide(
         outcome,

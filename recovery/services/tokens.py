@@ -14,10 +14,11 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from recovery import rows
 from recovery.audit import Actor, append_event
 from recovery.models import ApiToken, Tenant
 
@@ -94,23 +95,24 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | N
     return token
 
 
-_TOKEN_FIELDS = tuple(f.attname for f in ApiToken._meta.concrete_fields)
-_TENANT_FIELDS = tuple(f.attname for f in Tenant._meta.concrete_fields)
+_LIVE_TOKEN_WITH_TENANTS = (
+    f"SELECT {rows.select_list(ApiToken, 'k')}, {rows.select_list(Tenant, 'n')} FROM {ApiToken._meta.db_table} k "
+    f"LEFT JOIN {ApiToken.tenants.through._meta.db_table} a ON a.apitoken_id = k.id "
+    f"LEFT JOIN {Tenant._meta.db_table} n ON a.tenant_id = n.id "
+    "WHERE k.prefix = %s AND k.revoked_at IS NULL ORDER BY n.name"
+)
 
 
 def _live_token_with_tenants(prefix: str) -> ApiToken | None:
     """The unrevoked token with this prefix and its tenants in one query (a LEFT JOIN: a row per tenant, or one
-    row without a tenant), its tenants set as if prefetched."""
-    rows = list(
-        ApiToken.objects.filter(prefix=prefix, revoked_at__isnull=True)
-        .order_by("tenants__name")
-        .values_list(*_TOKEN_FIELDS, *(f"tenants__{name}" for name in _TENANT_FIELDS))
-    )
-    if not rows:
+    row without a tenant), its tenants set as if prefetched. Raw SQL generated once: every API request runs it."""
+    with connection.cursor() as cursor:
+        cursor.execute(_LIVE_TOKEN_WITH_TENANTS, [prefix])
+        found = cursor.fetchall()
+    if not found:
         return None
-    split = len(_TOKEN_FIELDS)
-    token = ApiToken.from_db(ApiToken.objects.db, _TOKEN_FIELDS, rows[0][:split])
-    tenants = [Tenant.from_db(Tenant.objects.db, _TENANT_FIELDS, row[split:]) for row in rows if row[split] is not None]
+    token, split = rows.load(ApiToken, found[0])
+    tenants = [rows.load(Tenant, row, split)[0] for row in found if row[split] is not None]
     # What prefetch_related_objects([token], "tenants") leaves: token.tenants.all() answers without a query.
     prefetched = token.tenants.all()
     prefetched._result_cache, prefetched._prefetch_done = tenants, True
