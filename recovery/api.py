@@ -19,15 +19,16 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recovery import selectors
+from recovery import jobs, selectors
 from recovery.audit import Actor
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
 from recovery.registry import with_alternates
 from recovery.selectors import call_detail, task_summary
-from recovery.services import ingest, tasks
+from recovery.services import callbacks, ingest, tasks
 from recovery.services.ingest import ServiceError, allowed_tools, field_errors_json
 from recovery.services.tokens import token_authenticate
+from recovery.states import RECONCILABLE
 
 # --- schemas -------------------------------------------------------------------------------------------------------
 
@@ -388,6 +389,57 @@ def add_call(request, task_id: int, payload: CallIn):
 @api.get("/calls/{call_id}", response={200: dict, **ERRORS}, tags=["calls"])
 def get_call(request, call_id: int):
     return Status(200, call_detail(_call(request, call_id)))
+
+
+@api.post("/calls/{call_id}/reconcile", response={202: dict, **ERRORS}, tags=["reconciliation"])
+def reconcile_call(request, call_id: int):
+    """Ask for an immediate status check of an UNKNOWN, STILL_UNKNOWN or ACCEPTED call: 202, and where to poll."""
+    call = _call(request, call_id)
+    if call.state not in RECONCILABLE:
+        raise ServiceError(
+            409,
+            "not_reconcilable",
+            f"the call is {call.state}: only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are checked with the provider",
+            detail={"call_state": call.state},
+        )
+    jobs.enqueue(jobs.reconcile_call, call.pk, job_id=f"reconcile-call-{call.pk}")
+    return Status(
+        202,
+        {
+            "call_id": call.pk,
+            "call_state": call.state,
+            "checks_made": call.checks_made,
+            "poll": f"/api/v1/calls/{call.pk}",
+        },
+    )
+
+
+# Provider-facing, not part of the runtime API: signed by the provider, never by a bearer token. Kept out of the
+# document the runtime fuzzer reads; tests/test_callbacks.py sends it arbitrary signed and unsigned bodies.
+@api.post(
+    "/providers/{name}/callbacks",
+    auth=None,
+    response={200: dict, **ERRORS},
+    tags=["reconciliation"],
+    include_in_schema=False,
+)
+def provider_callback(request, name: str):
+    """A provider's signed callback (SPEC §10): `Recovery-Signature: t=<unix>,v1=<HMAC-SHA256 of "t.body">`."""
+    result = callbacks.callback_receive(
+        provider_name=name, raw=request.body, signature=request.headers.get("Recovery-Signature", "")
+    )
+    receipt = result.receipt
+    return Status(
+        200,
+        {
+            "receipt_id": receipt.pk,
+            "duplicate": result.duplicate,
+            "call_id": receipt.call_id,
+            "observed": receipt.observed,
+            "applied": receipt.applied and not result.duplicate,
+            "call_state": receipt.local_state_after,
+        },
+    )
 
 
 @api.post("/calls/{call_id}/abandon", response={200: dict, **ERRORS}, tags=["calls"])

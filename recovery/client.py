@@ -169,6 +169,10 @@ class RecoveryClient:
     def abandon_call(self, call_id: int, reason: str = "") -> dict:
         return self._send("POST", f"/calls/{call_id}/abandon", json={"reason": reason})[1]
 
+    def reconcile(self, call_id: int) -> dict:
+        """Ask for an immediate status check (202): the answer says where to poll for the call's state."""
+        return self._send("POST", f"/calls/{call_id}/reconcile")[1]
+
     def capabilities(self, tenant: str) -> list[dict]:
         return self._send("GET", "/capabilities", params={"tenant": tenant})[1]["tools"]
 

@@ -515,3 +515,24 @@ class BreakerBucket(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool_id}@{self.bucket_start}: {self.successes}/{self.failures}"
+
+
+class StatusBreaker(models.Model):
+    """The breaker of one provider's status endpoint (SPEC §10), separate from its tools' breakers.
+
+    Reconciliation checks consult it before each status query and skip (an `unreachable` receipt) while it is open;
+    counts are a fixed window (window_started_at, calls, failures) updated in one short locked transaction per
+    check, never across the HTTP request.
+    """
+
+    provider = models.OneToOneField(Provider, on_delete=models.PROTECT, related_name="status_breaker_row")
+    state = models.CharField(max_length=16, choices=BreakerState.choices, default=BreakerState.CLOSED)
+    opened_at = models.DateTimeField(null=True, blank=True)
+    probe_until = models.DateTimeField(null=True, blank=True)  # half_open: the one probe's lease
+    window_started_at = models.DateTimeField(default=timezone.now)
+    calls = models.PositiveIntegerField(default=0)
+    failures = models.PositiveIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"status of {self.provider_id}: {self.state}"

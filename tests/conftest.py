@@ -31,3 +31,4 @@ def pytest_runtest_setup(item):
 
 
 from tests.factories import *  # noqa: E402,F403  (fixtures)
+from tests.sandbox import *  # noqa: E402,F403  (the sandbox provider fixtures)

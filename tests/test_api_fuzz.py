@@ -62,6 +62,7 @@ OPERATIONS = [
     "POST /api/v1/tasks/{task_id}/abandon",
     "POST /api/v1/tasks/{task_id}/calls",
     "GET /api/v1/calls/{call_id}",
+    "POST /api/v1/calls/{call_id}/reconcile",
     "POST /api/v1/calls/{call_id}/abandon",
     "POST /api/v1/calls/{call_id}/gate",
     "POST /api/v1/calls/{call_id}/attempts",
@@ -143,6 +144,7 @@ REGISTRY = {
 }
 
 
+LOST_REPLY = {"connection_opened": True, "sent": True, "error": {"kind": "read_timeout", "message": "timed out"}}
 FRESH = 0  # a path id no object has: the request gets objects made for it alone
 
 
@@ -165,21 +167,33 @@ class World:
         return {"Authorization": f"Bearer {self.token}"}
 
     def make(self) -> dict:
-        """A task with a READY write call and a SENT read call whose attempt a1 awaits its outcome."""
+        """A task with a READY write call, a SENT read call whose attempt a1 awaits its outcome, and an UNKNOWN write
+        call (its reply lost) to reconcile."""
         n = next(self.made)
         task = self.client.create_task(self.tenant, f"fuzz-{n}", agent="fuzzer", goal=f"refund order O-{n}")
         order = {"order_id": f"O-{n}"}
         write = self.client.add_call(task.id, step=1, tool="refund.create", arguments=order, idempotency_key=f"w{n}")
         read = self.client.add_call(task.id, step=2, tool="order.lookup", arguments=order, idempotency_key=f"r{n}")
         self.client.admit(read.call_id, "a1")
+        other = order | {"amount_cents": 2}  # another intent: the same arguments would be a duplicate intent
+        lost = self.client.add_call(task.id, step=3, tool="refund.create", arguments=other, idempotency_key=f"u{n}")
+        self.client.single_shot(lost.call_id, "a1", LOST_REPLY)
         self.external_ids.append(f"fuzz-{n}")
-        return {"task_id": task.id, "ready_call": write.call_id, "sent_call": read.call_id, "attempt_id": "a1"}
+        return {
+            "task_id": task.id,
+            "ready_call": write.call_id,
+            "sent_call": read.call_id,
+            "unknown_call": lost.call_id,
+            "attempt_id": "a1",
+        }
 
     @staticmethod
     def pins(path: str, objects: dict) -> dict:
         """The path parameters of `path` for these objects: an outcome goes to the call with the attempt."""
         if "{attempt_id}" in path:
             return {"call_id": objects["sent_call"], "attempt_id": objects["attempt_id"]}
+        if path.endswith("/reconcile"):
+            return {"call_id": objects["unknown_call"]}
         if "{call_id}" in path:
             return {"call_id": objects["ready_call"]}
         if "{task_id}" in path:

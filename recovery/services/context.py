@@ -86,7 +86,8 @@ def previous_attempt(attempt: Attempt | None) -> PreviousAttempt | None:
         failure_class=attempt.failure_class or None,
         phase=failure.get("phase"),
         side_effect=failure.get("side_effect"),
-        finished_at=attempt.reported_at,
+        # An attempt swept to UNKNOWN was never reported: when it was sent is the moment a later receipt must follow.
+        finished_at=attempt.reported_at or attempt.admitted_at,
         wait_ms=decision.delay_ms if decision is not None else 0,
     )
 

@@ -519,7 +519,10 @@ def attempt_report(*, call: Call, attempt: Attempt, body: dict, actor: Actor) ->
     current = call.state == S.SENT and attempt.number == call.attempts_count
     breaker = _record_breaker(attempt.tool, outcome, body, probe=attempt.breaker_probe, now=now) if current else None
     with transaction.atomic(), appends_at_commit():  # the audit heads locked for the appends and the commit only
-        call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
+        # Locked: a provider's callback or a reconciliation check may settle this call at the same moment; whoever
+        # comes second sees what the first wrote (a late outcome is then kept as evidence) instead of conflicting.
+        calls = Call.objects.select_for_update(of=("self",)).select_related("tool__provider", "task")
+        call = calls.get(pk=call.pk)
         response = report_in_transaction(call, attempt, body, actor, now, (outcome, breaker), single_shot=False)
         Attempt.objects.filter(pk=attempt.pk).update(outcome_request_hash=digest, outcome_response=response)
     return response

@@ -11,6 +11,8 @@ console's data. Benchmarks:
   statements per transition (the first event of a task's chain also creates its chain head: one more INSERT).
 - ingest: single-shot attempts through the whole API served by gunicorn, 8 concurrent clients, against a bare WSGI
   endpoint making the same statements with psycopg (PostgreSQL only; see recovery/benchmarks/ingest.py).
+- reconcile: UNKNOWN calls settled per second by reconciliation with the sandbox's status API answering in 50 ms
+  and 8 checks in flight, against 8 / 0.05 (see recovery/benchmarks/reconcile.py).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from django.utils import timezone
 
 from recovery.audit import Actor
 from recovery.benchmarks.ingest import bench_ingest
+from recovery.benchmarks.reconcile import bench_reconcile
 from recovery.engine.canonical import canonical_json
 from recovery.models import Call, Provider, Step, Task, Tenant, Tool
 from recovery.transitions import transition_call
@@ -234,7 +237,12 @@ def bench_engine(count: int = 2000) -> dict:
     return result
 
 
-BENCHMARKS = {"transitions": bench_transitions, "engine": bench_engine, "ingest": bench_ingest}
+BENCHMARKS = {
+    "transitions": bench_transitions,
+    "engine": bench_engine,
+    "ingest": bench_ingest,
+    "reconcile": bench_reconcile,
+}
 
 
 class Command(BaseCommand):
@@ -245,7 +253,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--count",
             type=int,
-            help="operations per measured series (default: each benchmark's own, 2000; ingest 1000)",
+            help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800)",
         )
         parser.add_argument("--json", dest="json_path", help="also write the results to this file")
 

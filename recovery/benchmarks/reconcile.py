@@ -1,0 +1,196 @@
+"""The `reconcile` benchmark (SPEC §19): settled calls per second with the status API answering in 50 ms.
+
+The sandbox provider runs as its own process with 50 ms of latency on its status endpoints. COUNT refunds are made
+at the sandbox first (their replies "lost": the product holds each call in UNKNOWN, due now), then
+recovery.services.reconcile.reconcile_due() runs with IN_FLIGHT status queries in flight until nothing is due.
+Target: settled/s at least 0.9 x IN_FLIGHT / 0.05. The same run also measures a bare baseline: IN_FLIGHT threads sending
+the same status queries with `requests` and doing nothing with the answers, which shows what the sandbox and the
+machine allow at all.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import requests
+from django.conf import settings
+from django.db import connection
+from django.utils import timezone
+
+from recovery.audit import Actor, chain_key
+from recovery.models import AuditChainHead, Call, Receipt, Step, Task, Tenant, Tool
+from recovery.registry import load_registry
+from recovery.services.reconcile import reconcile_due
+
+IN_FLIGHT = 8
+LATENCY_S = 0.05
+TARGET = 0.9
+API_KEY = "bench-sandbox-key"
+REGISTRY = {
+    "tenants": [{"name": f"bench-r{n}", "tools": "*"} for n in range(4)],
+    "providers": [
+        {
+            "name": "bench-sandbox",
+            "base_url": "http://127.0.0.1:9",  # replaced by the sandbox's URL
+            "connect_timeout_s": 2,
+            "read_timeout_s": 5,
+            "auth": {"kind": "bearer", "secret_env": "BENCH_SANDBOX_API_KEY"},
+            # The benchmark measures checks, not the breaker: a threshold it never reaches.
+            "status_breaker": {"window_s": 60, "min_calls": 100000, "failure_rate": 1, "cooldown_s": 30},
+        }
+    ],
+    "tools": [
+        {
+            "name": "bench.refund",
+            "provider": "bench-sandbox",
+            "side_effect": "write",
+            "request": {"method": "POST", "path": "/refunds"},
+            "args_schema": {"type": "object"},
+            "provider_ref_field": "refund_id",
+            "status_query": {
+                "method": "GET",
+                "path": "/refunds/by-key/{idempotency_key}",
+                "status_map": {"succeeded": "committed", "not_found": "not_committed", "pending": "pending"},
+                "effects_field": "effects",
+            },
+            "reconcile": {"first_check_s": 5, "backoff": 2, "max_checks": 6, "deadline_s": 3600},
+            "budgets": {"max_attempts": 3, "max_business_effects": 1},
+        }
+    ],
+}
+
+
+def start_sandbox(db_path: str) -> tuple[subprocess.Popen, str]:
+    command = [
+        sys.executable,
+        str(settings.BASE_DIR / "manage.py"),
+        "runsandbox",
+        "--port",
+        "0",
+        "--db",
+        db_path,
+        "--api-key",
+        API_KEY,
+        "--status-latency-ms",
+        str(int(LATENCY_S * 1000)),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if match := re.search(r"sandbox: (http://\S+)", line or ""):
+            return process, match.group(1)
+        if process.poll() is not None:
+            break
+    process.kill()
+    raise RuntimeError("the sandbox did not start")
+
+
+def _commit_at_sandbox(url: str, keys: list[str]) -> None:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    with requests.Session() as session:
+        for key in keys:
+            reply = session.post(
+                f"{url}/refunds",
+                json={"order_id": "O-1", "amount_cents": 100},
+                headers=headers | {"Idempotency-Key": key},
+                timeout=10,
+            )
+            reply.raise_for_status()
+
+
+def _unknown_calls(keys: list[str]) -> list[int]:
+    """One UNKNOWN call per key, due now, as a runtime's lost reply leaves it (inserted in bulk, not measured)."""
+    tenants = list(Tenant.objects.filter(name__startswith="bench-r").order_by("name"))
+    tool = Tool.objects.get(name="bench.refund")
+    now = timezone.now()
+    tasks = Task.objects.bulk_create(
+        Task(tenant=tenants[n % len(tenants)], external_id=f"rec-{n}", agent="bench", goal="bench")
+        for n in range(len(keys))
+    )
+    steps = Step.objects.bulk_create(Step(task=task, index=1) for task in tasks)
+    AuditChainHead.objects.bulk_create(AuditChainHead(key=chain_key(task.pk)) for task in tasks)
+    calls = Call.objects.bulk_create(
+        Call(
+            tenant=task.tenant,
+            task=task,
+            step=step,
+            tool=tool,
+            idempotency_key=key,
+            arguments={"order_id": "O-1", "amount_cents": 100},
+            fingerprint=key[:64],
+            side_effect="write",
+            risk="low",
+            state="UNKNOWN",
+            version=2,
+            attempts_count=1,
+            sent_at=now - timedelta(seconds=1),
+            next_check_at=now,
+        )
+        for task, step, key in zip(tasks, steps, keys, strict=True)
+    )
+    return [call.pk for call in calls]
+
+
+def _bare(url: str, keys: list[str]) -> float:
+    """IN_FLIGHT threads sending the same status queries and ignoring the answers: queries per second."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def ask(chunk: list[str]) -> None:
+        with requests.Session() as session:
+            for key in chunk:
+                session.get(f"{url}/refunds/by-key/{key}", headers=headers, timeout=10).raise_for_status()
+
+    chunks = [keys[n::IN_FLIGHT] for n in range(IN_FLIGHT)]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        list(pool.map(ask, chunks))
+    return len(keys) / (time.perf_counter() - start)
+
+
+def bench_reconcile(count: int = 800) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        process, url = start_sandbox(os.path.join(tmp, "sandbox.sqlite3"))
+        try:
+            registry = {**REGISTRY, "providers": [{**REGISTRY["providers"][0], "base_url": url}]}
+            os.environ["BENCH_SANDBOX_API_KEY"] = API_KEY
+            load_registry(registry, actor=Actor.system("bench"))
+            keys = [f"bench-rec-{n}" for n in range(count)]
+            _commit_at_sandbox(url, keys)
+            bare_rate = _bare(url, keys[: min(count, 400)])
+            ids = _unknown_calls(keys)
+            start = time.perf_counter()
+            checked = 0
+            while batch := reconcile_due(worker="bench", in_flight=IN_FLIGHT):
+                checked += batch
+            seconds = time.perf_counter() - start
+        finally:
+            process.terminate()
+            process.wait(timeout=10)
+    settled = Call.objects.filter(pk__in=ids, state="COMMITTED").count()
+    if settled != count or checked != count:
+        raise AssertionError(f"{settled} of {count} calls settled COMMITTED after {checked} checks")
+    receipts = Receipt.objects.filter(call_id__in=ids).count()
+    rate = settled / seconds
+    ideal = IN_FLIGHT / LATENCY_S
+    return {
+        "benchmark": "reconcile",
+        "database": connection.vendor,
+        "calls": count,
+        "checks_in_flight": IN_FLIGHT,
+        "status_latency_ms": int(LATENCY_S * 1000),
+        "settled_per_s": round(rate, 1),
+        "ideal_per_s": ideal,
+        "ratio": round(rate / ideal, 2),
+        "target_ratio": TARGET,
+        "bare_queries_per_s": round(bare_rate, 1),
+        "ratio_to_bare": round(rate / bare_rate, 2),
+        "receipts_per_call": round(receipts / count, 2),
+    }

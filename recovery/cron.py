@@ -1,0 +1,135 @@
+"""The periodic schedule, as data, and the scheduler that enqueues it on RQ.
+
+Without Redis the in-process runner (recovery/inprocess.py) runs PERIODIC itself. With Redis every `runjobs`
+process starts a Scheduler, and of those only the one holding a Redis lock enqueues: the others stand by and take
+over within LOCK_TTL_MS of its death. Each run is enqueued under the periodic job's name as its job id, so a
+backlog (workers busy or down) holds one pending run per name instead of piling up duplicates.
+
+rq 3's own `rq.cron.CronScheduler` is not used: every instance of it enqueues (no lock) under fresh job ids, so two
+`runjobs` processes would double every run and a stalled queue would collect one job per interval.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from rq.queue import Queue
+
+from recovery import jobs
+
+logger = logging.getLogger("recovery.jobs")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Periodic:
+    name: str  # also the job id: at most one run of it is pending at a time
+    every_s: float
+    func: Callable[..., Any]
+    args: tuple = ()
+
+
+PERIODIC: list[Periodic] = [
+    Periodic(name="reconcile-due", every_s=settings.RECOVERY_RECONCILE_EVERY_S, func=jobs.reconcile_due),
+    Periodic(name="sweep-sent", every_s=settings.RECOVERY_SWEEP_EVERY_S, func=jobs.sweep_sent),
+]
+
+
+def describe(periodic: Sequence[Periodic]) -> str:
+    return ", ".join(f"{p.name} every {p.every_s:g} s" for p in periodic) or "nothing"
+
+
+# Take the lock if it is free, or extend it if it is ours: one round trip, so a lease cannot lapse between the two.
+_ACQUIRE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 1
+end
+if redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return 1
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+class Scheduler:
+    """Enqueues `periodic` on `queue` at their intervals while it holds the scheduler lock."""
+
+    LOCK_KEY = "recovery:cron:scheduler"
+    LOCK_TTL_MS = 10_000
+    TICK_S = 0.5
+
+    def __init__(
+        self,
+        queue: Queue,
+        periodic: Sequence[Periodic] = PERIODIC,
+        *,
+        name: str | None = None,
+        lock_ttl_ms: int = LOCK_TTL_MS,
+    ) -> None:
+        self.queue = queue
+        self.periodic = list(periodic)
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lock_ttl_ms = lock_ttl_ms
+        self.is_leader = False
+        self.enqueued = 0  # runs this scheduler added (not counting ones deduplicated away)
+        self._next_due = {p.name: 0.0 for p in self.periodic}
+        self._acquire = queue.connection.register_script(_ACQUIRE)
+        self._release = queue.connection.register_script(_RELEASE)
+
+    def tick(self) -> list[str]:
+        """Take or keep the lock, then enqueue what is due; returns the names enqueued."""
+        was_leader = self.is_leader
+        self.is_leader = bool(self._acquire(keys=[self.LOCK_KEY], args=[self.name, self.lock_ttl_ms]))
+        if self.is_leader != was_leader:
+            logger.info("scheduler %s %s", self.name, "leads" if self.is_leader else "stands by")
+        if not self.is_leader:
+            return []
+        enqueued = []
+        now = time.monotonic()
+        for periodic in self.periodic:
+            if now < self._next_due[periodic.name]:
+                continue
+            self._next_due[periodic.name] = now + periodic.every_s
+            if jobs.rq_enqueue(self.queue, periodic.func, periodic.args, job_id=periodic.name):
+                enqueued.append(periodic.name)
+        self.enqueued += len(enqueued)
+        return enqueued
+
+    def run(self, stop: threading.Event) -> None:
+        """Tick until `stop` is set; Redis errors are logged and retried, never fatal."""
+        try:
+            while not stop.is_set():
+                try:
+                    self.tick()
+                except Exception:
+                    # A lost lease must not leave us enqueueing next to a new leader after Redis comes back.
+                    self.is_leader = False
+                    logger.exception("scheduler %s: tick failed; retrying", self.name)
+                    stop.wait(min(5.0, self.lock_ttl_ms / 1000))
+                    continue
+                stop.wait(self.TICK_S)
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give the lock up (if ours) so a standby takes over at once instead of after its expiry."""
+        try:
+            self._release(keys=[self.LOCK_KEY], args=[self.name])
+        except Exception:
+            logger.exception("scheduler %s: could not release the lock; it expires on its own", self.name)
+        self.is_leader = False

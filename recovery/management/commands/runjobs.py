@@ -1,0 +1,111 @@
+"""`manage.py runjobs [--burst]`: run the background jobs.
+
+With REDIS_URL: an RQ worker on the "default" queue (with rq's scheduler for delayed jobs) and, in a child process,
+the periodic Scheduler of recovery/cron.py; run as many of these as needed, only one of them enqueues the schedule.
+Without REDIS_URL: the in-process runner in the foreground until Ctrl-C (useful when the web server runs elsewhere;
+`manage.py run` already runs it next to runserver).
+
+--burst does what is due now and exits: each periodic job once, then whatever is queued. Tests and drills use it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import threading
+import time
+from urllib.parse import urlsplit
+
+import django_rq
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.db import connections
+
+from recovery import inprocess, jobs
+from recovery.cron import PERIODIC, Scheduler, describe
+
+# A worker's maintenance (failing jobs whose worker died, freeing their ids) every minute instead of rq's ten.
+MAINTENANCE_INTERVAL_S = 60
+
+
+class Command(BaseCommand):
+    help = "Run the background jobs: an RQ worker and the periodic scheduler with REDIS_URL, in-process without it."
+
+    def add_arguments(self, parser):
+        parser.add_argument(
+            "--burst", action="store_true", help="run each periodic job once and everything queued, then exit"
+        )
+
+    def handle(self, *args, burst: bool, **options):
+        if settings.REDIS_URL:
+            self._run_rq(burst)
+        else:
+            self._run_in_process(burst)
+
+    def _run_rq(self, burst: bool) -> None:
+        queue = jobs.get_queue()
+        self.stdout.write(
+            f"jobs: RQ worker on queue 'default' at {redacted(settings.REDIS_URL)}; "
+            f"periodic: {describe(PERIODIC)}{' (once: burst)' if burst else ''}"
+        )
+        connections.close_all()  # work horses are forked: they must not inherit a database socket
+        worker = django_rq.get_worker("default", maintenance_interval=MAINTENANCE_INTERVAL_S)
+        if burst:
+            scheduler = Scheduler(queue)
+            scheduler.tick()
+            scheduler.release()
+            worker.work(burst=True, with_scheduler=True)
+            return
+        # The scheduler gets a process of its own, started before the worker: forking work horses from a process
+        # that also runs a scheduler thread could copy a lock that thread holds (redis-py's, logging's).
+        scheduler_process = multiprocessing.get_context("fork").Process(
+            target=_scheduler_main, name="recovery-scheduler", daemon=True
+        )
+        scheduler_process.start()
+        try:
+            worker.work(with_scheduler=True)
+        finally:
+            scheduler_process.terminate()
+            scheduler_process.join(10)
+
+    def _run_in_process(self, burst: bool) -> None:
+        runner = inprocess.get_runner()
+        self.stdout.write(
+            f"jobs: in-process (no REDIS_URL), {runner.threads} threads; "
+            f"periodic: {describe(runner.periodic)}{' (once: burst)' if burst else ''}"
+        )
+        if burst:
+            try:
+                runner.run_burst()
+            finally:
+                runner.stop()
+            return
+        runner.start()
+        signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops as gently as Ctrl-C
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            self.stdout.write("jobs: stopping (waiting for running jobs)")
+        finally:
+            runner.stop()
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _scheduler_main() -> None:
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    Scheduler(jobs.get_queue()).run(stop)
+
+
+def redacted(url: str) -> str:
+    """The URL without its password, fit to print."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,134 @@
+"""Signed provider callbacks (SPEC §10): a provider tells us what became of a call; it becomes a receipt.
+
+`Recovery-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">` keyed with the provider's callback
+secret (from the environment variable its registry entry names). A callback outside the 5-minute window, with a bad
+or missing signature, or for a provider without a secret is refused with 401 and nothing is stored. A valid one is
+deduplicated by its event id (a unique constraint, so concurrent deliveries of one event store one receipt),
+matched to its call by idempotency key or provider reference, and applied like a poll's answer — except that it
+does not count toward the call's poll budget.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from django.db import IntegrityError
+from django.db.models import Q
+
+from recovery.audit import Actor
+from recovery.engine.redact import redact_data
+from recovery.engine.types import FieldError
+from recovery.engine.validation import MISSING, resolve
+from recovery.models import Call, Observation, Provider, Receipt, ReceiptSource
+from recovery.providers.status import StatusAnswer
+from recovery.services.ingest import ServiceError
+from recovery.services.reconcile import apply_answer
+
+WINDOW_S = 300
+
+
+@dataclass(frozen=True)
+class CallbackResult:
+    receipt: Receipt
+    duplicate: bool
+
+
+def signature_valid(secret: str, header: str, raw: bytes, *, now: float | None = None) -> bool:
+    """Whether `header` signs `raw` with `secret` within the time window. Constant-time comparison."""
+    parts = dict(item.strip().split("=", 1) for item in header.split(",") if "=" in item)
+    try:
+        stamp = int(parts.get("t", ""))
+    except ValueError:
+        return False
+    if abs((now if now is not None else time.time()) - stamp) > WINDOW_S:
+        return False
+    expected = hmac.new(secret.encode(), f"{stamp}.".encode() + raw, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected, parts.get("v1", ""))
+
+
+def sign(secret: str, raw: bytes, *, now: float | None = None) -> str:
+    """The header a provider sends (used by tests and the drills to act as a provider would)."""
+    stamp = int(now if now is not None else time.time())
+    digest = hmac.new(secret.encode(), f"{stamp}.".encode() + raw, hashlib.sha256).hexdigest()
+    return f"t={stamp},v1={digest}"
+
+
+def _refused() -> ServiceError:
+    return ServiceError(401, "bad_signature", "the callback's signature is missing, wrong or outside the time window")
+
+
+def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> CallbackResult:
+    provider = Provider.objects.filter(name=provider_name).first()
+    secret = os.environ.get(provider.callback_secret_env, "") if provider and provider.callback_secret_env else ""
+    if provider is None or not secret or not signature_valid(secret, signature, raw):
+        raise _refused()  # an unknown provider answers like a bad signature: nothing to probe with
+    body = _parse(raw)
+    event_id = body["event_id"]
+    seen = Receipt.objects.filter(provider=provider, event_id=event_id).first()
+    if seen is not None:
+        return CallbackResult(seen, duplicate=True)
+    call = _match(provider, body)
+    answer = _answer(call, body)
+    try:
+        receipt = apply_answer(
+            call.pk,
+            answer,
+            source=ReceiptSource.CALLBACK,
+            actor=Actor.system(f"callback:{provider.name}"),
+            event_id=event_id,
+        )
+    except IntegrityError:  # the same event delivered concurrently: the other delivery stored it
+        return CallbackResult(Receipt.objects.get(provider=provider, event_id=event_id), duplicate=True)
+    return CallbackResult(receipt, duplicate=False)
+
+
+def _bad(field: str, expected: str, received) -> ServiceError:
+    error = FieldError(field=field, expected=expected, received=received, suggestion=f"Send {field} as {expected}.")
+    return ServiceError(400, "invalid_callback", f"{field}: expected {expected}", field_errors=[error])
+
+
+def _parse(raw: bytes) -> dict:
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise _bad("body", "a JSON object", None) from None
+    if not isinstance(body, dict):
+        raise _bad("body", "a JSON object", None)
+    event_id = body.get("event_id")
+    if not isinstance(event_id, str) or not 1 <= len(event_id) <= 200:
+        raise _bad("event_id", "a string of 1 to 200 characters", event_id if isinstance(event_id, str) else None)
+    if not isinstance(body.get("idempotency_key"), str) and not isinstance(body.get("provider_ref"), str):
+        raise _bad("idempotency_key", "the call's idempotency key (or provider_ref)", None)
+    if not isinstance(body.get("status"), str):
+        raise _bad("status", "the provider's status string", None)
+    return body
+
+
+def _match(provider: Provider, body: dict) -> Call:
+    key, ref = body.get("idempotency_key"), body.get("provider_ref")
+    by = Q(idempotency_key=key) if isinstance(key, str) and key else Q(provider_ref=ref)
+    calls = list(Call.objects.filter(by, tool__provider=provider).select_related("tool")[:2])
+    if len(calls) != 1:
+        what = "no call" if not calls else "more than one call"
+        raise ServiceError(404 if not calls else 409, "unknown_call", f"{what} of this provider matches the callback")
+    return calls[0]
+
+
+def _answer(call: Call, body: dict) -> StatusAnswer:
+    status = body["status"][:64]
+    observed = (call.tool.status_query or {}).get("status_map", {}).get(status, Observation.AMBIGUOUS)
+    effects = body.get("effects")
+    ref_field = call.tool.provider_ref_field
+    ref = body.get("provider_ref") or (resolve(body, ref_field) if ref_field else MISSING)
+    return StatusAnswer(
+        observed=observed,
+        provider_status=status,
+        provider_ref=ref[:255] if isinstance(ref, str) else "",
+        effects=effects if isinstance(effects, int) and not isinstance(effects, bool) and effects >= 0 else None,
+        response={"body": redact_data(body)},
+    )

@@ -1,0 +1,472 @@
+"""Reconciliation (SPEC §8, §10): settle writes whose outcome is unknown from the provider's own records.
+
+A due call (UNKNOWN, STILL_UNKNOWN or ACCEPTED with next_check_at passed) is claimed by setting its check lease with
+one conditional UPDATE (`FOR UPDATE SKIP LOCKED` on PostgreSQL), so two workers never check one call at once and a
+crashed worker's lease simply expires. The status query runs with no transaction open; its answer is applied in one
+short transaction that locks the call row (a callback and a poll for the same call serialize there), writes the
+receipt, updates the counters and moves the call only through recovery.transitions.
+
+reconcile_due() keeps RECOVERY_CHECKS_IN_FLIGHT status queries in flight on worker threads and applies their answers
+on a second, smaller set of threads as they arrive, so the database work of one check never holds back the next
+HTTP request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from recovery import rows
+from recovery.audit import Actor, appends_at_commit
+from recovery.models import BreakerState, Call, Observation, Receipt, ReceiptSource, Tool
+from recovery.providers.status import StatusAnswer, query_status
+from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
+from recovery.states import RECONCILABLE, CallState
+from recovery.transitions import transition_call
+
+S = CallState
+O = Observation  # noqa: E741  (the receipt's observation, as SPEC §10 names it)
+_RECONCILABLE = sorted(RECONCILABLE)
+_LEARNED_NOTHING = (O.FAILED, O.AMBIGUOUS, O.UNREACHABLE)
+logger = logging.getLogger("recovery.reconcile")
+APPLY_BATCH = 20  # answers applied per transaction, at most
+MIN_RECHECK_S = 1  # never ask about one call more often, whatever the schedule says
+
+
+def _lease_s() -> int:
+    return settings.RECOVERY_CHECK_LEASE_S
+
+
+def _in_flight() -> int:
+    return settings.RECOVERY_CHECKS_IN_FLIGHT
+
+
+# --- claiming ------------------------------------------------------------------------------------------------------
+
+
+def _claim_sql(limit: int) -> tuple[str, list]:
+    states = ", ".join(["%s"] * len(_RECONCILABLE))
+    lock = " FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    due = (
+        f"SELECT id FROM {Call._meta.db_table} WHERE state IN ({states}) AND next_check_at <= %s "
+        f"AND (check_lease_until IS NULL OR check_lease_until < %s) ORDER BY next_check_at LIMIT {int(limit)}{lock}"
+    )
+    sql = (
+        f"UPDATE {Call._meta.db_table} SET check_lease_owner = %s, check_lease_until = %s "
+        f"WHERE id IN ({due}) RETURNING id"
+    )
+    return sql, _RECONCILABLE
+
+
+def claim_due(*, worker: str, limit: int, now: datetime | None = None) -> list[int]:
+    """Take the check lease of up to `limit` due calls, oldest due first; their ids.
+
+    One statement: rows another worker is claiming at the same moment are skipped, not waited for (PostgreSQL), and
+    SQLite runs writers one at a time. The lease (check_lease_*) is separate from a reviewer's claim.
+    """
+    now = now or timezone.now()
+    until = now + timedelta(seconds=_lease_s())
+    sql, states = _claim_sql(limit)
+    params = [worker[:100], _stamp(until), *states, _stamp(now), _stamp(now)]
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        return [pk for (pk,) in cursor.fetchall()]
+
+
+def claim_one(call_id: int, *, worker: str, now: datetime | None = None) -> bool:
+    """Take the check lease of one call for an immediate check; False when it is not reconcilable or leased."""
+    now = now or timezone.now()
+    until = now + timedelta(seconds=_lease_s())
+    lease_free = Q(check_lease_until__isnull=True) | Q(check_lease_until__lt=now)
+    free = Call.objects.filter(lease_free, pk=call_id, state__in=_RECONCILABLE)
+    return bool(free.update(check_lease_owner=worker[:100], check_lease_until=until))
+
+
+def _stamp(value: datetime):
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+# --- checking ------------------------------------------------------------------------------------------------------
+
+
+class _Workers:
+    """`size` threads taking items from one queue; each closes its database connections when it ends, so no
+    connection outlives the batch. `batch` > 1: a thread takes what is waiting, up to `batch` items at a time."""
+
+    _STOP = object()
+
+    def __init__(self, func, size: int, name: str, *, batch: int = 1):
+        self.func, self.batch, self.items, self.errors = func, batch, queue.Queue(), []
+        self.threads = [
+            threading.Thread(target=self._run, name=f"reconcile-{name}-{n}", daemon=True) for n in range(size)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def put(self, item) -> None:
+        self.items.put(item)
+
+    def close(self) -> None:
+        """Wait until every item put in so far is done."""
+        for _ in self.threads:
+            self.items.put(self._STOP)
+        for thread in self.threads:
+            thread.join()
+
+    def _take(self) -> tuple[list, bool]:
+        taken, stop = [self.items.get()], False
+        while len(taken) < self.batch:
+            try:
+                taken.append(self.items.get_nowait())
+            except queue.Empty:
+                break
+        if self._STOP in taken:
+            stop = True
+            for _ in range(taken.count(self._STOP) - 1):
+                self.items.put(self._STOP)  # the other threads' stop signals go back
+            taken = [item for item in taken if item is not self._STOP]
+        return taken, stop
+
+    def _run(self) -> None:
+        try:
+            stop = False
+            while not stop:
+                taken, stop = self._take()
+                if not taken:
+                    continue
+                try:
+                    self.errors += self.func(taken if self.batch > 1 else taken[0]) or []
+                except Exception as exc:  # one call's failure must not stop the others; its lease expires
+                    logger.exception("reconciliation: %s failed for %r", self.func.__name__, taken)
+                    self.errors.append(exc)
+        finally:
+            connections.close_all()
+
+
+class _BreakerGate:
+    """The status breakers as one batch of checks sees them: each provider's breaker read once, then only failures
+    written as they happen (one may open it: the rest of the batch is skipped) and successes counted in one UPDATE
+    at the end. A batch that finds a breaker past its cooldown sends exactly one probe and skips the rest."""
+
+    def __init__(self):
+        self.lock, self.verdict, self.successes = threading.Lock(), {}, {}
+
+    def ask(self, provider, now) -> str:
+        with self.lock:
+            if provider.pk not in self.verdict:
+                self.verdict[provider.pk] = status_breaker_allows(provider, now=now)
+            verdict = self.verdict[provider.pk]
+            if verdict == PROBE:
+                self.verdict[provider.pk] = SKIP  # the probe is this check; the others wait for its result
+            return verdict
+
+    def record(self, provider, *, failed: bool, probe: bool) -> None:
+        if failed or probe:
+            state = status_breaker_record(provider, failed=failed, now=timezone.now())
+            with self.lock:
+                if state == BreakerState.OPEN:
+                    self.verdict[provider.pk] = SKIP
+            return
+        with self.lock:
+            self.successes[provider.pk] = (provider, self.successes.get(provider.pk, (provider, 0))[1] + 1)
+
+    def flush(self) -> None:
+        for provider, count in self.successes.values():
+            status_breaker_record(provider, failed=False, now=timezone.now(), count=count)
+
+
+def reconcile_due(*, worker: str, limit: int = 1000, in_flight: int | None = None) -> int:
+    """Check up to `limit` due calls with their providers, `in_flight` status queries at a time; how many were
+    checked. Calls are claimed a few at a time as query slots free up (so a lease is never held long before its
+    check), and answers are applied as they arrive, in small batches on other threads, while the next queries are
+    in flight. A check that failed on our side (not the provider's) is logged and raised after the others are done;
+    its call's lease expires and it is checked again."""
+    in_flight = in_flight or _in_flight()
+    breakers = _BreakerGate()
+    appliers = _Workers(lambda pairs: apply_answers(pairs, worker=worker), 2, "apply", batch=APPLY_BATCH)
+
+    def ask(call: Call) -> None:
+        appliers.put((call, _ask(call, breakers)))
+
+    queries = _Workers(ask, in_flight, "query")
+    checked, seen = 0, set()
+    try:
+        while checked < limit:
+            claimed = claim_due(worker=worker, limit=min(in_flight * 4, limit - checked))
+            ids = [pk for pk in claimed if pk not in seen]
+            if again := [pk for pk in claimed if pk in seen]:  # checked in this run and due again: the next run's
+                Call.objects.filter(pk__in=again, check_lease_owner=worker[:100]).update(
+                    check_lease_owner="", check_lease_until=None
+                )
+            if not ids:
+                break
+            seen.update(ids)
+            for call in _load(ids):
+                queries.put(call)
+            checked += len(ids)
+            while queries.items.qsize() > in_flight:  # claim the next few only when these are nearly all asked
+                time.sleep(0.005)
+    finally:
+        queries.close()
+        appliers.close()
+        breakers.flush()
+    if errors := queries.errors + appliers.errors:
+        raise errors[0]
+    return checked
+
+
+def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
+    """An immediate check of one call (POST .../reconcile); None when another worker holds it or it is settled."""
+    if not claim_one(call_id, worker=worker):
+        return None
+    (call,) = _load([call_id])
+    breakers = _BreakerGate()
+    answer = _ask(call, breakers)
+    breakers.flush()
+    return apply_answer(call.pk, answer, worker=worker)
+
+
+def _load(ids: list[int]) -> list[Call]:
+    return list(Call.objects.filter(pk__in=ids).select_related("tool__provider").order_by("next_check_at", "pk"))
+
+
+def _ask(call: Call, breakers: _BreakerGate) -> StatusAnswer:
+    """The status query for one call, or the reason none was sent. No transaction is open here."""
+    tool, now = call.tool, timezone.now()
+    if not tool.status_query:
+        return StatusAnswer(observed=O.AMBIGUOUS, error="the tool has no status API: a person must settle it")
+    verdict = breakers.ask(tool.provider, now)
+    if verdict == SKIP:
+        return StatusAnswer(observed=O.UNREACHABLE, error="skipped: the provider's status endpoint breaker is open")
+    answer = query_status(tool, call)
+    breakers.record(tool.provider, failed=answer.endpoint_failed, probe=verdict == PROBE)
+    return answer
+
+
+# --- applying ------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    steps: list[str]
+    outcome: str = ""
+    why: str = ""
+
+
+def _max_effects(tool: Tool) -> int | None:
+    return (tool.budgets or {}).get("max_business_effects")
+
+
+def _deadline(call: Call, tool: Tool) -> datetime | None:
+    deadline_s = (tool.reconcile or {}).get("deadline_s")
+    start = call.sent_at or call.state_changed_at
+    return start + timedelta(seconds=deadline_s) if deadline_s and start else None
+
+
+def plan(call: Call, answer: StatusAnswer, *, checks: int, now: datetime, source: str = ReceiptSource.POLL) -> _Plan:
+    """Where SPEC §8/§10 send the call for this answer: the states to pass through, in order (maybe none)."""
+    tool, observed, state = call.tool, answer.observed, call.state
+    limit = _max_effects(tool)
+    excess = observed == O.COMMITTED and limit is not None and answer.effects is not None and answer.effects > limit
+    if excess and state in (*RECONCILABLE, S.COMMITTED):
+        why = f"the provider reports {answer.effects} business effects for this key (at most {limit} allowed)"
+        return _Plan([S.HUMAN_REVIEW], "duplicate_effect", why)
+    if state == S.SENT and observed == O.COMMITTED and source == ReceiptSource.CALLBACK:
+        return _Plan([S.COMMITTED])  # the provider's signed word can come before the runtime's report
+    if state not in RECONCILABLE:
+        return _Plan([])  # kept as evidence: the call was settled (or is still in flight) when this answer came
+    steps: list[str] = []
+    outcome = ""
+    if state == S.ACCEPTED:
+        if observed == O.COMMITTED:
+            steps = [S.COMMITTED]
+        elif observed == O.NOT_COMMITTED:
+            steps, outcome = [S.FAILED_PERMANENT], "provider_gave_up"
+        elif observed in _LEARNED_NOTHING:
+            steps = [S.UNKNOWN]
+    elif observed == O.COMMITTED:
+        steps = [S.COMMITTED]
+    elif observed == O.NOT_COMMITTED:
+        if call.attempts_count < call.max_attempts:
+            steps = [S.NOT_COMMITTED, S.RETRYABLE]  # a same-key retry may go, admitted with state_verified
+        else:
+            steps, outcome = [S.NOT_COMMITTED, S.FAILED_PERMANENT], "retry_exhausted"
+    elif observed in _LEARNED_NOTHING and state == S.UNKNOWN:
+        steps = [S.STILL_UNKNOWN]
+    if observed == O.AMBIGUOUS and not tool.status_query and state != S.ACCEPTED:
+        return _Plan([*steps, S.HUMAN_REVIEW], "no_status_api", "the tool has no status API")
+    final = steps[-1] if steps else state
+    if final in RECONCILABLE:
+        max_checks = (tool.reconcile or {}).get("max_checks")
+        deadline = _deadline(call, tool)
+        if max_checks is not None and checks >= max_checks:
+            return _Plan(_to_review(steps, final), "poll_budget_exhausted", f"{checks} of {max_checks} checks made")
+        if deadline is not None and now >= deadline:
+            return _Plan(_to_review(steps, final), "deadline_exceeded", f"the deadline {deadline.isoformat()} passed")
+    return _Plan(steps, outcome)
+
+
+def _to_review(steps: list[str], final: str) -> list[str]:
+    return [*steps, *([S.UNKNOWN] if final == S.ACCEPTED else []), S.HUMAN_REVIEW]
+
+
+def _next_check(call: Call, tool: Tool, checks: int, now: datetime) -> datetime:
+    schedule = tool.reconcile or {}
+    first, factor = schedule.get("first_check_s", 5), schedule.get("backoff", 2)
+    delay = min(first * factor ** max(checks - 1, 0), 3600)
+    deadline = _deadline(call, tool)
+    due = now + timedelta(seconds=max(delay, MIN_RECHECK_S))
+    return min(due, deadline) if deadline else due
+
+
+def apply_answer(
+    call_id: int,
+    answer: StatusAnswer,
+    *,
+    worker: str | None = None,
+    source: str = ReceiptSource.POLL,
+    actor: Actor | None = None,
+    event_id: str = "",
+) -> Receipt:
+    """Record what the provider said about a call and move it as SPEC §10 says, in one transaction."""
+    with transaction.atomic(), appends_at_commit():
+        return _apply(call_id, answer, worker=worker, source=source, actor=actor, event_id=event_id)
+
+
+def apply_answers(answers: list[tuple[Call, StatusAnswer]], *, worker: str) -> list[Exception]:
+    """Apply several polls' answers in one transaction: one commit and one turn at the audit log's head for the
+    lot, the calls locked by one statement in id order (two appliers never deadlock). Should anything fail, the
+    batch is rolled back and each answer applied alone, so one bad call cannot hold back the others. Its errors."""
+    try:
+        with transaction.atomic(), appends_at_commit():
+            locked = {call.pk: call for call in _lock([call.pk for call, _ in answers])}
+            for loaded, answer in answers:
+                call = locked[loaded.pk]
+                rows.attach(call, "tool", loaded.tool)
+                _apply_to(call, answer, worker=worker)
+        return []
+    except Exception:
+        logger.warning("reconciliation: a batch of %d answers failed; applying them one by one", len(answers))
+    errors: list[Exception] = []
+    for loaded, answer in answers:
+        try:
+            apply_answer(loaded.pk, answer, worker=worker)
+        except Exception as exc:
+            logger.exception("reconciliation: applying the answer for call %s failed", loaded.pk)
+            errors.append(exc)
+    return errors
+
+
+def _lock(ids: list[int]) -> list[Call]:
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    sql = (
+        f"SELECT {rows.select_list(Call, 'c')} FROM {Call._meta.db_table} c "
+        f"WHERE c.id IN ({', '.join(['%s'] * len(ids))}) ORDER BY c.id{lock}"
+    )
+    return rows.fetch(Call, sql, sorted(ids))
+
+
+def _apply(call_id, answer: StatusAnswer, *, worker, source=ReceiptSource.POLL, actor=None, event_id="") -> Receipt:
+    call = Call.objects.select_for_update(of=("self",)).select_related("tool__provider").get(pk=call_id)
+    return _apply_to(call, answer, worker=worker, source=source, actor=actor, event_id=event_id)
+
+
+def _apply_to(call: Call, answer, *, worker, source=ReceiptSource.POLL, actor=None, event_id="") -> Receipt:
+    """The receipt, counters and transitions for one answer; `call` read under its row lock in this transaction."""
+    actor = actor or Actor.job("reconcile")
+    now = timezone.now()
+    before = call.state
+    counted = source == ReceiptSource.POLL
+    checks = call.checks_made + int(counted)
+    decided = plan(call, answer, checks=checks, now=now, source=source)
+    final = decided.steps[-1] if decided.steps else before
+    changes = _counters(call, answer, checks, final, now, decided, worker=worker)
+    receipt = _receipt(call, answer, source, before, final, bool(decided.steps), event_id, now)
+    if decided.steps:
+        reason = _reason(answer, decided, source)
+        evidence = {"receipt": receipt.pk, "observed": answer.observed, "provider_status": answer.provider_status}
+        for index, target in enumerate(decided.steps):
+            transition_call(
+                call, target, actor=actor, reason=reason, evidence=evidence, changes=changes if index == 0 else {}
+            )
+    else:
+        rows.update(Call, {"id": call.pk}, changes)
+    return receipt
+
+
+def _counters(call: Call, answer: StatusAnswer, checks: int, final: str, now, decided: _Plan, *, worker) -> dict:
+    changes: dict = {
+        "checks_made": checks,
+        "last_receipt_at": now,
+        "last_receipt_status": answer.observed,
+        "next_check_at": _next_check(call, call.tool, checks, now) if final in RECONCILABLE else None,
+    }
+    if answer.provider_ref and not call.provider_ref:
+        changes["provider_ref"] = answer.provider_ref
+    if answer.effects is not None:
+        changes["effects_observed"] = answer.effects
+    if decided.outcome == "duplicate_effect":
+        changes["duplicate_effect"] = True
+    if decided.outcome:
+        changes["outcome"] = decided.outcome
+    if worker is not None and call.check_lease_owner == worker[:100]:
+        changes["check_lease_owner"], changes["check_lease_until"] = "", None
+    return changes
+
+
+def _receipt(call, answer: StatusAnswer, source, before, final, applied, event_id, now) -> Receipt:
+    unsettled = final in RECONCILABLE
+    forbidden = ["blind_replay", f"duplicate_{call.tool.name.split('.')[0]}"] if call.side_effect == "write" else []
+    if final in (S.COMMITTED, S.HUMAN_REVIEW):
+        next_actions = ["human_review"] if final == S.HUMAN_REVIEW else []
+    elif final == S.RETRYABLE:
+        next_actions = ["retry_same_key_with_state_verified"]
+    elif unsettled:
+        next_actions = ["wait_for_callback", "next_check", "if_deadline_exceeded:human_review"]
+    else:
+        next_actions = []
+    response = dict(answer.response)
+    if answer.error:
+        response["error"] = answer.error
+    return rows.insert(
+        Receipt(
+            call=call,
+            provider=call.tool.provider,
+            source=source,
+            observed=answer.observed,
+            provider_status=answer.provider_status,
+            provider_ref=answer.provider_ref,
+            effects_observed=answer.effects,
+            request=answer.request,
+            response=response,
+            http_status=answer.http_status,
+            local_state_before=before,
+            local_state_after=final,
+            applied=applied,
+            forbidden=forbidden if final not in (S.COMMITTED,) else [],
+            next_actions=next_actions,
+            evidence=[f"callback:{event_id}"] if event_id else _request_evidence(answer),
+            event_id=event_id,
+            checked_at=now,
+        )
+    )
+
+
+def _request_evidence(answer: StatusAnswer) -> list[str]:
+    request = answer.request
+    return [f"status_query:{request['method']} {request['url']}"] if request else []
+
+
+def _reason(answer: StatusAnswer, decided: _Plan, source: str) -> str:
+    said = f"provider status {answer.provider_status!r}" if answer.provider_status else answer.error or "no answer"
+    base = f"{source} receipt: {said} ({answer.observed})"
+    return f"{base}; {decided.why}" if decided.why else base

@@ -1,0 +1,103 @@
+"""The breaker of each provider's status endpoint (SPEC §10): reconciliation backs off a status API that keeps
+failing, separately from the provider's tools and their breakers.
+
+closed: every check goes through and is counted in a fixed window; at `min_calls` with `failure_rate` failed it
+opens. open: checks are skipped (an `unreachable` receipt that still counts toward the call's poll budget) until
+`cooldown_s` has passed; then exactly one check is let through as a probe (a conditional UPDATE picks the winner,
+with a lease so a crashed prober does not hold the breaker half-open forever). The probe's success closes it, its
+failure opens it again. Each state change is an audit event. No lock is held across an HTTP request: the check
+asks before and records after, each in its own short statement or transaction.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import F
+
+from recovery.audit import Actor, append_event
+from recovery.models import BreakerState, Provider, StatusBreaker
+
+DEFAULTS = {"window_s": 60, "min_calls": 5, "failure_rate": 0.5, "cooldown_s": 30}
+CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
+GO, PROBE, SKIP = "go", "probe", "skip"  # what status_breaker_allows() says a check may do
+
+
+def _policy(provider: Provider) -> dict:
+    return DEFAULTS | (provider.status_breaker or {})
+
+
+def status_breaker_allows(provider: Provider, *, now: datetime) -> str:
+    """May a status query go to `provider` now? GO (closed), PROBE (this caller won the one probe past an open
+    breaker's cooldown) or SKIP."""
+    row = StatusBreaker.objects.filter(provider=provider).values_list("state", "opened_at", "probe_until").first()
+    if row is None or row[0] == CLOSED:
+        return GO
+    state, opened_at, probe_until = row
+    policy = _policy(provider)
+    lease = now + timedelta(seconds=max(policy["cooldown_s"], 5))
+    if state == OPEN:
+        if opened_at is not None and now < opened_at + timedelta(seconds=policy["cooldown_s"]):
+            return SKIP
+        # The first caller past the cooldown takes the probe: the WHERE names the row it read.
+        mine = StatusBreaker.objects.filter(provider=provider, state=OPEN, opened_at=opened_at)
+        return PROBE if mine.update(state=HALF_OPEN, probe_until=lease, updated_at=now) else SKIP
+    if probe_until is not None and now < probe_until:
+        return SKIP  # half_open with a live probe out
+    stale = StatusBreaker.objects.filter(provider=provider, state=HALF_OPEN, probe_until=probe_until)
+    # The probe's lease expired (its prober crashed): another one may go.
+    return PROBE if stale.update(probe_until=lease, updated_at=now) else SKIP
+
+
+def status_breaker_record(provider: Provider, *, failed: bool, now: datetime, count: int = 1) -> str:
+    """Count `count` status queries that all failed or all succeeded; returns the breaker's state after them."""
+    policy = _policy(provider)
+    window_start = now - timedelta(seconds=policy["window_s"])
+    if not failed:
+        # The common case in one statement: a success on a closed breaker (its window rolled when expired).
+        counted = StatusBreaker.objects.filter(
+            provider=provider, state=CLOSED, window_started_at__gt=window_start
+        ).update(calls=F("calls") + count, updated_at=now)
+        if counted:
+            return CLOSED
+    with transaction.atomic():
+        StatusBreaker.objects.get_or_create(provider=provider, defaults={"window_started_at": now, "updated_at": now})
+        row = StatusBreaker.objects.select_for_update().get(provider=provider)
+        before = row.state
+        if row.state == HALF_OPEN:
+            row.state = OPEN if failed else CLOSED
+            row.opened_at = now if failed else None
+            row.probe_until, row.calls, row.failures, row.window_started_at = None, 0, 0, now
+        elif row.state == CLOSED:
+            if row.window_started_at <= window_start:
+                row.calls, row.failures, row.window_started_at = 0, 0, now
+            row.calls += count
+            row.failures += count if failed else 0
+            if row.calls >= policy["min_calls"] and row.failures >= policy["failure_rate"] * row.calls:
+                row.state, row.opened_at = OPEN, now
+        row.updated_at = now
+        row.save()
+        if row.state != before:
+            _audit(provider, before, row, policy)
+    return row.state
+
+
+def _audit(provider: Provider, before: str, row: StatusBreaker, policy: dict) -> None:
+    if row.state == OPEN and before == CLOSED:
+        reason = (
+            f"{row.failures} of {row.calls} status queries failed in {policy['window_s']} s: checks are skipped "
+            f"for {policy['cooldown_s']} s"
+        )
+    elif row.state == OPEN:
+        reason = "the probe status query failed: a new cooldown starts"
+    else:
+        reason = "the probe status query succeeded"
+    append_event(
+        action=f"status_breaker.{'opened' if row.state == OPEN else 'closed'}",
+        actor=Actor.job("reconcile"),
+        from_state=before,
+        to_state=row.state,
+        reason=reason,
+        evidence={"provider": provider.name, "calls": row.calls, "failures": row.failures},
+    )

@@ -1,0 +1,288 @@
+"""Background jobs: enqueued on commit only, once per job id, run by a real RQ worker or the in-process runner; the
+periodic schedule runs at its intervals, survives failing jobs and is enqueued by one scheduler at a time.
+
+Tests needing Redis use database 15 of REDIS_TEST_URL (default redis://127.0.0.1:6379/15), flushed around each test,
+so real queues are never touched; without Redis they skip, unless REQUIRE_SERVICES=1 makes that a failure.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import rq
+from django.db import transaction
+from rq.job import Job
+
+from recovery import inprocess, jobs
+from recovery.cron import Periodic, Scheduler
+from tests import jobs_for_tests
+from tests.conftest import missing_service
+
+ROOT = Path(__file__).resolve().parent.parent
+TEST_REDIS_URL = os.environ.get("REDIS_TEST_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def redis_required(settings):
+    connection = redis.Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=1)
+    try:
+        connection.ping()
+    except redis.RedisError as error:
+        missing_service(f"needs Redis at {TEST_REDIS_URL} ({error}); set REDIS_TEST_URL to use another")
+    connection.flushdb()
+    settings.REDIS_URL = TEST_REDIS_URL
+    settings.RQ_QUEUES = {"default": {"URL": TEST_REDIS_URL, "DEFAULT_TIMEOUT": 60}}
+    yield connection
+    connection.flushdb()
+
+
+@pytest.fixture
+def queue(redis_required):
+    return jobs.get_queue()
+
+
+@pytest.fixture
+def runner(settings, monkeypatch):
+    settings.REDIS_URL = None
+    runner = inprocess.Runner()
+    monkeypatch.setattr(inprocess, "_runner", runner)
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture
+def work(queue):
+    """A real RQ worker in burst mode, in this process (it forks a work horse per job, as in production)."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield lambda: rq.Worker([queue], connection=queue.connection).work(burst=True)
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
+@pytest.fixture(params=["in-process", "rq"])
+def run_pending(request):
+    """Whatever runs enqueued jobs in each mode: the in-process runner, or an RQ worker on the test database."""
+    if request.param == "rq":
+        return request.getfixturevalue("work")
+    runner = request.getfixturevalue("runner")
+    return lambda: runner.wait_idle(timeout=10)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# Enqueue on commit, once per job id --------------------------------------------------------------------------------
+
+
+def test_it_enqueues_nothing_for_a_rolled_back_transaction(transactional_db, run_pending, tmp_path):
+    out = tmp_path / "out.txt"
+    with pytest.raises(RuntimeError), transaction.atomic():
+        jobs.enqueue(jobs_for_tests.append_line, str(out), "rolled back", job_id="t-rollback")
+        raise RuntimeError("roll back")
+    run_pending()
+    assert lines(out) == []
+
+
+def test_it_enqueues_once_when_the_transaction_commits(transactional_db, run_pending, tmp_path):
+    out = tmp_path / "out.txt"
+    with transaction.atomic():
+        # The first job is still queued (RQ) or running (in-process) when the second enqueue of its id arrives.
+        jobs.enqueue(jobs_for_tests.append_slowly, str(out), "first", 0.5, job_id="t-same")
+        jobs.enqueue(jobs_for_tests.append_slowly, str(out), "second", 0.5, job_id="t-same")
+        jobs.enqueue(jobs_for_tests.append_line, str(out), "other", job_id="t-other")
+        assert lines(out) == []  # nothing before the commit
+    run_pending()
+    assert sorted(lines(out)) == ["first", "other"]
+
+
+def test_it_keeps_one_rq_job_per_job_id_until_it_runs(queue, work, tmp_path):
+    out = tmp_path / "out.txt"
+    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "a", job_id="reconcile-call-7") is True
+    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "b", job_id="reconcile-call-7") is False
+    assert queue.job_ids == ["reconcile-call-7"]
+
+    work()
+    assert lines(out) == ["a"]
+    assert not Job.exists("reconcile-call-7", connection=queue.connection)  # no result kept: the id is free
+    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "c", job_id="reconcile-call-7") is True
+    work()
+    assert lines(out) == ["a", "c"]
+
+
+def test_it_enqueues_a_job_id_again_after_its_last_run_failed(queue, work, tmp_path):
+    out = tmp_path / "out.txt"
+    assert jobs.enqueue_now(jobs_for_tests.fail, "provider down", job_id="reconcile-call-8")
+    work()
+    assert queue.failed_job_registry.get_job_ids() == ["reconcile-call-8"]
+
+    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "retried", job_id="reconcile-call-8") is True
+    work()
+    assert lines(out) == ["retried"]
+
+
+def test_it_keeps_one_in_process_job_per_job_id_while_it_runs(runner, tmp_path):
+    out = tmp_path / "out.txt"
+    assert runner.submit(jobs_for_tests.append_slowly, (str(out), "a", 0.3), job_id="j") is True
+    assert runner.submit(jobs_for_tests.append_slowly, (str(out), "b", 0.3), job_id="j") is False
+    assert runner.wait_idle(timeout=10)
+    assert runner.submit(jobs_for_tests.append_line, (str(out), "c"), job_id="j") is True
+    assert runner.wait_idle(timeout=10)
+    assert lines(out) == ["a", "c"]
+
+
+# The in-process runner ---------------------------------------------------------------------------------------------
+
+
+def test_it_runs_periodic_functions_repeatedly_and_survives_a_raising_job(tmp_path, caplog):
+    out = tmp_path / "out.txt"
+    runner = inprocess.Runner(
+        [
+            Periodic(name="tick", every_s=0.1, func=jobs_for_tests.append_line, args=(str(out), "tick")),
+            Periodic(name="boom", every_s=0.1, func=jobs_for_tests.fail, args=("boom",)),
+        ]
+    )
+    with caplog.at_level(logging.ERROR, logger="recovery.jobs"):
+        runner.start()
+        time.sleep(0.75)
+        runner.stop()
+    assert 4 <= len(lines(out)) <= 9
+    failures = [r for r in caplog.records if r.name == "recovery.jobs" and r.getMessage() == "job boom failed"]
+    assert len(failures) >= 4  # every run of the failing job was logged, and the loop kept going
+    assert failures[0].exc_info[0] is RuntimeError
+
+
+def test_it_skips_a_periodic_run_while_the_last_one_is_still_running(tmp_path):
+    out = tmp_path / "out.txt"
+    slow = Periodic(name="slow", every_s=0.05, func=jobs_for_tests.append_slowly, args=(str(out), "run", 0.4))
+    runner = inprocess.Runner([slow])
+    runner.start()
+    time.sleep(1.0)
+    runner.stop()
+    assert 2 <= len(lines(out)) <= 3  # runs back to back, never 20 queued behind each other
+
+
+def test_it_starts_once_and_stop_waits_for_the_running_job(tmp_path):
+    out = tmp_path / "out.txt"
+    runner = inprocess.Runner([])
+    runner.start()
+    runner.start()
+    assert [t.name for t in threading.enumerate()].count("recovery-periodic") == 1
+    runner.submit(jobs_for_tests.append_slowly, (str(out), "done", 0.3), job_id="slow")
+    time.sleep(0.05)
+    runner.stop()
+    assert lines(out) == ["done"]
+    assert not runner.running
+
+
+def test_it_runs_every_periodic_function_once_in_a_burst(tmp_path):
+    out = tmp_path / "out.txt"
+    runner = inprocess.Runner(
+        [
+            Periodic(name="a", every_s=60, func=jobs_for_tests.append_line, args=(str(out), "a")),
+            Periodic(name="b", every_s=60, func=jobs_for_tests.append_line, args=(str(out), "b")),
+        ]
+    )
+    assert runner.run_burst(timeout=10)
+    runner.stop()
+    assert sorted(lines(out)) == ["a", "b"]
+
+
+# The RQ scheduler --------------------------------------------------------------------------------------------------
+
+
+def test_it_lets_only_one_of_two_schedulers_enqueue(queue, work, tmp_path):
+    out = tmp_path / "out.txt"
+    periodic = [Periodic(name="tick", every_s=0.2, func=jobs_for_tests.append_line, args=(str(out), "tick"))]
+    first, second = Scheduler(queue, periodic, name="first"), Scheduler(queue, periodic, name="second")
+
+    assert first.tick() == ["tick"]
+    assert second.tick() == []
+    assert (first.is_leader, second.is_leader) == (True, False)
+    time.sleep(0.25)
+    assert first.tick() == []  # due again, but the last run is still queued: no backlog of duplicates
+    assert queue.job_ids == ["tick"]
+
+    first.release()  # the leader stops: the standby takes over at its next tick
+    assert second.tick() == []  # still the same queued run
+    assert second.is_leader
+    work()
+    time.sleep(0.25)
+    assert second.tick() == ["tick"]
+    assert first.tick() == []
+    work()
+    assert lines(out) == ["tick", "tick"]
+
+
+def test_it_enqueues_from_one_scheduler_when_two_run_at_once(queue, work, tmp_path):
+    out = tmp_path / "out.txt"
+    periodic = [Periodic(name="tick", every_s=0.1, func=jobs_for_tests.append_line, args=(str(out), "tick"))]
+    schedulers = [Scheduler(queue, periodic, name=name) for name in ("a", "b")]
+    for scheduler in schedulers:
+        scheduler.TICK_S = 0.02
+    stop = threading.Event()
+    threads = [threading.Thread(target=s.run, args=(stop,)) for s in schedulers]
+    for thread in threads:
+        thread.start()
+    for _ in range(4):
+        time.sleep(0.2)
+        work()
+    stop.set()
+    for thread in threads:
+        thread.join(5)
+    work()  # a run enqueued after the last burst
+    enqueued = sorted(s.enqueued for s in schedulers)
+    assert enqueued[0] == 0 and enqueued[1] >= 3
+    assert len(lines(out)) == enqueued[1]
+    assert not queue.connection.exists(Scheduler.LOCK_KEY)  # released on stop
+
+
+# runjobs --burst, in both modes ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def var_dir(tmp_path_factory):
+    """A migrated embedded database for the command's periodic jobs to work on."""
+    path = tmp_path_factory.mktemp("var")
+    result = _manage("migrate", var_dir=path)
+    assert result.returncode == 0, result.stderr
+    return path
+
+
+def _manage(*args: str, var_dir: Path, redis_url: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE", "REDIS_URL"}}
+    env.update(DEBUG="1", RECOVERY_VAR_DIR=str(var_dir))
+    if redis_url:
+        env["REDIS_URL"] = redis_url
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_it_runs_runjobs_burst_in_process(var_dir):
+    result = _manage("runjobs", "--burst", var_dir=var_dir)
+    assert result.returncode == 0, result.stderr
+    assert "jobs: in-process (no REDIS_URL)" in result.stdout
+    assert "reconcile-due every 2 s, sweep-sent every 5 s (once: burst)" in result.stdout
+    assert "failed" not in result.stderr
+
+
+def test_it_runs_runjobs_burst_on_rq(queue, var_dir, tmp_path):
+    out = tmp_path / "out.txt"
+    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "queued before", job_id="t-before")
+    result = _manage("runjobs", "--burst", var_dir=var_dir, redis_url=TEST_REDIS_URL)
+    assert result.returncode == 0, result.stderr
+    assert f"jobs: RQ worker on queue 'default' at {TEST_REDIS_URL}" in result.stdout
+    assert lines(out) == ["queued before"]
+    # The periodic jobs ran too, and successfully: nothing is left queued or failed.
+    assert queue.count == 0
+    assert queue.failed_job_registry.count == 0
