@@ -110,3 +110,4 @@ def serve(server: SandboxServer, *, out: TextIO = sys.stdout) -> None:
     finally:
         signal.signal(signal.SIGTERM, previous)
         server.server_close()
+        server.sandbox.store.flush_log()  # the requests logged in the last moments are kept too

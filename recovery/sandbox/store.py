@@ -9,8 +9,10 @@ and its idempotency record commit in one transaction, so a crash leaves either a
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -19,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from recovery.sandbox.kinds import KINDS_BY_NAME, synthetic_total_cents
+
+log = logging.getLogger("recovery.sandbox")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS idempotency (
@@ -83,6 +87,12 @@ class Store:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._write_lock = threading.Lock()
+        # The request log is written off the request path: appended here, flushed in batches by a background
+        # thread (and before anyone reads it), so a request never waits on the store's write lock just to be logged.
+        self._log_lock = threading.Lock()
+        self._pending_log: list[tuple] = []
+        self._log_wanted = threading.Event()
+        threading.Thread(target=self._log_flusher, name="sandbox-log", daemon=True).start()
         conn = self._conn()
         conn.execute("PRAGMA journal_mode=WAL")
         conn.executescript(SCHEMA)
@@ -112,6 +122,8 @@ class Store:
             conn.execute("COMMIT")
 
     def reset(self) -> None:
+        with self._log_lock:
+            self._pending_log.clear()
         with self.transaction() as conn:
             for table in ("idempotency", "objects", "ledger", "orders", "requests", "callbacks"):
                 conn.execute(f"DELETE FROM {table}")  # fixed table names, not input
@@ -266,15 +278,40 @@ class Store:
     def log_request(
         self, *, at: str, method: str, path: str, key: str | None, status: int | None, outcome: str
     ) -> None:
-        with self.transaction() as conn:
-            conn.execute(
-                "INSERT INTO requests (at, method, path, key, status, outcome) VALUES (?, ?, ?, ?, ?, ?)",
-                (at, method, path, key, status, outcome),
-            )
+        with self._log_lock:
+            self._pending_log.append((at, method, path, key, status, outcome))
+        self._log_wanted.set()
+
+    def flush_log(self) -> None:
+        """Write the requests logged so far, in the order they were logged."""
+        with self._log_lock:
+            batch, self._pending_log = self._pending_log, []
+        if not batch:
+            return
+        try:
+            with self.transaction() as conn:
+                conn.executemany(
+                    "INSERT INTO requests (at, method, path, key, status, outcome) VALUES (?, ?, ?, ?, ?, ?)", batch
+                )
+        except Exception:
+            with self._log_lock:
+                self._pending_log[:0] = batch  # kept, in order, for the next flush
+            raise
+
+    def _log_flusher(self) -> None:
+        while True:
+            self._log_wanted.wait()
+            time.sleep(0.05)  # gather a batch
+            self._log_wanted.clear()
+            try:
+                self.flush_log()
+            except Exception:  # a full disk must not kill the logger thread: the entries wait for the next flush
+                log.exception("sandbox: writing the request log failed")
 
     def requests(
         self, *, path_prefix: str | None = None, key: str | None = None, method: str | None = None
     ) -> list[dict[str, Any]]:
+        self.flush_log()
         sql, args = "SELECT at, method, path, key, status, outcome FROM requests WHERE 1 = 1", []
         if path_prefix:
             sql += " AND substr(path, 1, ?) = ?"
