@@ -6,7 +6,6 @@ fields are rejected; a rejected request stores nothing; a denied admission (409)
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -21,6 +20,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 
 from recovery import jobs, selectors
 from recovery.audit import Actor
+from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
 from recovery.registry import with_alternates
@@ -35,36 +35,8 @@ from recovery.states import RECONCILABLE
 
 # Integer columns are 32-bit on PostgreSQL (PositiveIntegerField): a larger number is a 422, not a database error.
 MAX_INT = 2_147_483_647
-# Free-form JSON (arguments, results, deliverables) deeper than this is refused before anything walks it recursively.
-MAX_JSON_DEPTH = 32
-
-
-def _check_storable(value: Any, where: str = "", depth: int = 0) -> None:
-    """Raise ValueError, saying where, for what JSON parsing lets through but the databases cannot store or the
-    fingerprint cannot hash: NUL characters (PostgreSQL text and jsonb refuse U+0000), lone surrogates (not UTF-8),
-    NaN and infinities (not JSON numbers), and nesting deeper than MAX_JSON_DEPTH."""
-    at = f" (at {where})" if where else ""
-    if isinstance(value, str):
-        if "\x00" in value:
-            raise ValueError(f"text must not contain NUL (U+0000) characters{at}")
-        if not value.isascii():
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise ValueError(f"text must be valid Unicode, not a lone surrogate escape{at}") from None
-    elif isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"NaN and infinities are not JSON numbers{at}")
-    elif isinstance(value, dict | list):
-        if depth >= MAX_JSON_DEPTH:
-            raise ValueError(f"JSON must not nest deeper than {MAX_JSON_DEPTH} levels{at}")
-        for key, item in value.items() if isinstance(value, dict) else enumerate(value):
-            _check_storable(key, f"a key in {where}" if where else "a key", depth + 1)
-            _check_storable(item, f"{where}.{key}" if where else str(key), depth + 1)
-
-
 def _text(value: str) -> str:
-    _check_storable(value)
+    check_storable(value)
     return value
 
 
@@ -80,7 +52,7 @@ class Strict(Schema):
     @classmethod
     def _storable(cls, value: Any) -> Any:
         if not isinstance(value, BaseModel):  # a nested schema checks its own fields
-            _check_storable(value)
+            check_storable(value)
         return value
 
 
@@ -242,7 +214,7 @@ def _echo(value: Any) -> Any:
     if isinstance(value, dict):
         return None
     try:
-        _check_storable(value)
+        check_storable(value)
     except ValueError:
         return None
     return value

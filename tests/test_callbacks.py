@@ -94,3 +94,11 @@ def test_the_signature_covers_the_time_and_every_byte_of_the_body():
     assert not signature_valid("other", header, body, now=1_000_000)
     assert not signature_valid(SECRET, header.replace("t=1000000", "t=1000001"), body, now=1_000_000)
     assert not signature_valid(SECRET, "garbage", body, now=1_000_000)
+
+
+def test_a_signed_callback_with_text_no_database_stores_is_a_400_not_a_500(shop):
+    for bad in ({"event_id": "e\x00", "status": "ok", "idempotency_key": "k"}, {"event_id": "e", "status": "\ud800"}):
+        body = json.dumps(bad).encode()
+        reply = shop.post(URL, data=body, content_type="application/json", HTTP_RECOVERY_SIGNATURE=sign(SECRET, body))
+        assert reply.status_code == 400, reply.content
+    assert Receipt.objects.count() == 0

@@ -77,8 +77,31 @@ def status_url(tool: Tool, call: Call) -> str | None:
     return tool.provider.base_url.rstrip("/") + path
 
 
+@dataclass(frozen=True)
+class Reply:
+    """A status endpoint's reply as received, read later (off the thread that keeps queries in flight)."""
+
+    status_code: int
+    content: bytes
+    request: dict
+
+    @property
+    def endpoint_failed(self) -> bool:
+        return (
+            self.status_code >= 500
+            or self.status_code == 429
+            or (400 <= self.status_code < 500 and self.status_code != 404)
+        )
+
+
 def query_status(tool: Tool, call: Call) -> StatusAnswer:
     """Ask the provider once. Never raises for what the network or the provider does: that is a `failed` answer."""
+    fetched = fetch_status(tool, call)
+    return read_status(tool, fetched) if isinstance(fetched, Reply) else fetched
+
+
+def fetch_status(tool: Tool, call: Call) -> Reply | StatusAnswer:
+    """The HTTP exchange alone: the reply, or a StatusAnswer when there was none to read."""
     url = status_url(tool, call)
     method = (tool.status_query or {}).get("method", "GET")
     if url is None:
@@ -91,11 +114,16 @@ def query_status(tool: Tool, call: Call) -> StatusAnswer:
     except requests.RequestException as exc:
         error = redact(f"{type(exc).__name__}: {exc}")
         return StatusAnswer(observed=Observation.FAILED, request=record, error=error, endpoint_failed=True)
-    return _read(tool, reply, record)
+    return Reply(reply.status_code, reply.content[:MAX_BODY], record)
 
 
-def _read(tool: Tool, reply: requests.Response, record: dict) -> StatusAnswer:
-    raw = reply.content[:MAX_BODY]
+def read_status(tool: Tool, reply: Reply | StatusAnswer) -> StatusAnswer:
+    """What a reply says, mapped through the tool's status_map (a StatusAnswer passes through)."""
+    return _read(tool, reply, reply.request) if isinstance(reply, Reply) else reply
+
+
+def _read(tool: Tool, reply: Reply, record: dict) -> StatusAnswer:
+    raw = reply.content
     try:
         body = json.loads(raw) if raw else None
     except ValueError:

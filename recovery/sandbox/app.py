@@ -100,8 +100,10 @@ class Exchange:
         return Target(method=self.request.method, path=self.request.path, key=self.key)
 
     def pause(self) -> None:
+        """Hold the answer until `delay_s` after the request arrived: a provider "answering in 50 ms" answers 50 ms
+        after the request, its own handling included."""
         if not self.paused and self.delay_s > 0:
-            time.sleep(self.delay_s)
+            time.sleep(max(0.0, self.delay_s - (time.monotonic() - self.request.received)))
         self.paused = True
 
 

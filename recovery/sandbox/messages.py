@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ class Request:
     query: dict[str, str]
     headers: Mapping[str, str]  # case-insensitive lookups (http.server's message object)
     body: bytes
+    received: float = field(default_factory=time.monotonic)  # when it arrived: injected latency counts from here
 
     @classmethod
     def from_target(cls, *, method: str, target: str, headers: Mapping[str, str], body: bytes) -> Request:

@@ -22,6 +22,7 @@ from django.db.models import Q
 
 from recovery.audit import Actor
 from recovery.engine.redact import redact_data
+from recovery.engine.storable import check_storable
 from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Observation, Provider, Receipt, ReceiptSource
@@ -99,6 +100,10 @@ def _parse(raw: bytes) -> dict:
         raise _bad("body", "a JSON object", None) from None
     if not isinstance(body, dict):
         raise _bad("body", "a JSON object", None)
+    try:
+        check_storable(body)  # the body is kept in the receipt: nothing a database would refuse
+    except ValueError as exc:
+        raise _bad("body", f"JSON the receipt can store: {exc}", None) from None
     event_id = body.get("event_id")
     if not isinstance(event_id, str) or not 1 <= len(event_id) <= 200:
         raise _bad("event_id", "a string of 1 to 200 characters", event_id if isinstance(event_id, str) else None)

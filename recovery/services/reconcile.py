@@ -28,7 +28,7 @@ from django.utils import timezone
 from recovery import rows
 from recovery.audit import Actor, appends_at_commit
 from recovery.models import BreakerState, Call, Observation, Receipt, ReceiptSource, Tool
-from recovery.providers.status import StatusAnswer, query_status
+from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
 from recovery.states import RECONCILABLE, CallState
 from recovery.transitions import transition_call
@@ -192,7 +192,11 @@ def reconcile_due(*, worker: str, limit: int = 1000, in_flight: int | None = Non
     its call's lease expires and it is checked again."""
     in_flight = in_flight or _in_flight()
     breakers = _BreakerGate()
-    appliers = _Workers(lambda pairs: apply_answers(pairs, worker=worker), 2, "apply", batch=APPLY_BATCH)
+
+    def apply(pairs: list) -> list[Exception]:
+        return apply_answers([(call, read_status(call.tool, reply)) for call, reply in pairs], worker=worker)
+
+    appliers = _Workers(apply, 2, "apply", batch=APPLY_BATCH)
 
     def ask(call: Call) -> None:
         appliers.put((call, _ask(call, breakers)))
@@ -213,7 +217,7 @@ def reconcile_due(*, worker: str, limit: int = 1000, in_flight: int | None = Non
             for call in _load(ids):
                 queries.put(call)
             checked += len(ids)
-            while queries.items.qsize() > in_flight:  # claim the next few only when these are nearly all asked
+            while queries.items.qsize() > 2 * in_flight:  # claim more while a few are still waiting to be asked
                 time.sleep(0.005)
     finally:
         queries.close()
@@ -230,7 +234,7 @@ def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
         return None
     (call,) = _load([call_id])
     breakers = _BreakerGate()
-    answer = _ask(call, breakers)
+    answer = read_status(call.tool, _ask(call, breakers))
     breakers.flush()
     return apply_answer(call.pk, answer, worker=worker)
 
@@ -239,17 +243,18 @@ def _load(ids: list[int]) -> list[Call]:
     return list(Call.objects.filter(pk__in=ids).select_related("tool__provider").order_by("next_check_at", "pk"))
 
 
-def _ask(call: Call, breakers: _BreakerGate) -> StatusAnswer:
-    """The status query for one call, or the reason none was sent. No transaction is open here."""
+def _ask(call: Call, breakers: _BreakerGate) -> Reply | StatusAnswer:
+    """The status query for one call (its reply unread), or the reason none was sent. No transaction is open here,
+    and nothing is done here that can wait: this thread goes on to the next query as soon as the reply is in."""
     tool, now = call.tool, timezone.now()
     if not tool.status_query:
         return StatusAnswer(observed=O.AMBIGUOUS, error="the tool has no status API: a person must settle it")
     verdict = breakers.ask(tool.provider, now)
     if verdict == SKIP:
         return StatusAnswer(observed=O.UNREACHABLE, error="skipped: the provider's status endpoint breaker is open")
-    answer = query_status(tool, call)
-    breakers.record(tool.provider, failed=answer.endpoint_failed, probe=verdict == PROBE)
-    return answer
+    reply = fetch_status(tool, call)
+    breakers.record(tool.provider, failed=reply.endpoint_failed, probe=verdict == PROBE)
+    return reply
 
 
 # --- applying ------------------------------------------------------------------------------------------------------

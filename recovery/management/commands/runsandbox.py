@@ -32,8 +32,15 @@ class Command(BaseCommand):
             default=os.environ.get("SANDBOX_CALLBACK_SECRET") or None,
             help="HMAC secret for callbacks, or SANDBOX_CALLBACK_SECRET",
         )
-        parser.add_argument("--latency-ms", type=int, default=0, help="added to every business request")
-        parser.add_argument("--status-latency-ms", type=int, default=0, help="added to status queries only")
+        parser.add_argument(
+            "--latency-ms",
+            type=int,
+            default=0,
+            help="every business request is answered no sooner than this after it arrived",
+        )
+        parser.add_argument(
+            "--status-latency-ms", type=int, default=0, help="the same, on top, for status queries only"
+        )
 
     def handle(self, *args, host, port, db, api_key, callback_url, callback_secret, latency_ms, status_latency_ms, **_):
         if latency_ms < 0 or status_latency_ms < 0:
