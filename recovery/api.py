@@ -35,6 +35,8 @@ from recovery.states import RECONCILABLE
 
 # Integer columns are 32-bit on PostgreSQL (PositiveIntegerField): a larger number is a 422, not a database error.
 MAX_INT = 2_147_483_647
+
+
 def _text(value: str) -> str:
     check_storable(value)
     return value

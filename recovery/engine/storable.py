@@ -31,5 +31,3 @@ def check_storable(value: Any, where: str = "", depth: int = 0) -> None:
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):
             check_storable(key, f"a key in {where}" if where else "a key", depth + 1)
             check_storable(item, f"{where}.{key}" if where else str(key), depth + 1)
-
-
