@@ -77,6 +77,12 @@ def _attempt(world, call_id: int, key: str, *, evidence: tuple[str, ...] = ()) -
     return client.report(call_id, attempt.attempt_id, facts).call_state
 
 
+def _lose_reply(world, call_id: int, key: str, *, kind: str = "commit_then_drop") -> None:
+    """The runtime's attempt loses its reply (after the provider committed, or before): the call is UNKNOWN."""
+    world["sandbox"].fault(route="/refunds", key=key, kind=kind, times=1)
+    assert _attempt(world, call_id, key) == "UNKNOWN"
+
+
 def _due_now(call_id: int) -> None:
     """Skip the wait for the next scheduled check (a counter, not a state change)."""
     Call.objects.filter(pk=call_id).update(next_check_at=timezone.now())
@@ -93,8 +99,7 @@ def _status_queries(sandbox, key: str) -> list[dict]:
 def test_it_settles_a_refund_whose_reply_was_lost_as_committed_without_a_second_request(world):
     sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     assert reconcile_due(worker="w1") == 1
 
@@ -113,8 +118,7 @@ def test_it_settles_a_refund_whose_reply_was_lost_as_committed_without_a_second_
 def test_it_finds_a_refund_lost_before_commit_not_committed_and_admits_the_same_key_retry_only_then(world):
     sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="drop_before_commit", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key, kind="drop_before_commit")
     with pytest.raises(NotAdmitted):  # no receipt yet: nothing proves the first request did nothing
         world["client"].admit(call_id, "too-early", evidence=("state_verified",))
 
@@ -131,8 +135,7 @@ def test_a_pending_answer_keeps_the_call_unknown_until_the_provider_decides(worl
     sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
     sandbox.fault(route="/refunds", key=key, kind="pending", checks=2)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     reconcile_due(worker="w1")
     _due_now(call_id)
@@ -173,8 +176,7 @@ def test_an_open_status_breaker_skips_checks_as_unreachable_receipts_that_count(
     calls = []
     for _ in range(6):
         call_id, key = _refund_call(world)
-        sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-        assert _attempt(world, call_id, key) == "UNKNOWN"
+        _lose_reply(world, call_id, key)
         calls.append((call_id, key))
 
     reconcile_due(worker="w1", in_flight=1)  # one at a time: the breaker opens after its 5th failure
@@ -192,8 +194,7 @@ def test_a_duplicate_effect_reported_by_the_provider_sends_the_call_to_human_rev
     call_id, key = _refund_call(world)
     sandbox.fault(route="/refunds", kind="ignore_keys")
     _post_refund(sandbox, key)  # a second execution the provider did not deduplicate
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     reconcile_due(worker="w1")
 
@@ -207,10 +208,8 @@ def test_a_duplicate_effect_reported_by_the_provider_sends_the_call_to_human_rev
 
 
 def test_a_killed_workers_lease_expires_and_another_worker_takes_the_call(world):
-    sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     assert claim_due(worker="killed", limit=10) == [call_id]  # ...and the worker dies before checking
     assert claim_due(worker="other", limit=10) == []
@@ -225,8 +224,7 @@ def test_two_workers_racing_for_the_same_due_calls_never_check_one_call_twice(wo
     ids = []
     for _ in range(16):
         call_id, key = _refund_call(world)
-        sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-        assert _attempt(world, call_id, key) == "UNKNOWN"
+        _lose_reply(world, call_id, key)
         ids.append(call_id)
 
     counts: dict[str, int] = {}
@@ -258,10 +256,8 @@ def _callback(world, key: str, *, status: str = "succeeded", event_id: str | Non
 
 
 def test_a_signed_callback_settles_the_call_and_its_duplicates_change_nothing(world):
-    sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     answers = [_callback(world, key, event_id="evt_same") for _ in range(3)]
 
@@ -308,8 +304,7 @@ def test_a_callback_and_a_poll_arriving_together_leave_one_consistent_state(worl
     sandbox.fault(route="/refunds/by-key", kind="latency", ms=50)
     for _ in range(5):
         call_id, key = _refund_call(world)
-        sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-        assert _attempt(world, call_id, key) == "UNKNOWN"
+        _lose_reply(world, call_id, key)
         poller = threading.Thread(target=lambda: (reconcile_due(worker="w1"), connection.close()))
         poller.start()
         time.sleep(0.02)
@@ -342,10 +337,9 @@ def test_the_sweeper_moves_a_silent_sent_write_to_unknown_and_a_read_to_retryabl
 
 def test_reconcile_endpoint_checks_now_and_says_where_to_poll(world, settings):
     settings.REDIS_URL = None  # the embedded default: the job runs on the in-process runner
-    sandbox, client = world["sandbox"], world["client"]
+    client = world["client"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     answer = client.reconcile(call_id)
 
@@ -370,8 +364,7 @@ def test_a_call_past_its_deadline_goes_to_human_review_whatever_the_provider_say
     sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
     sandbox.fault(route="/refunds", key=key, kind="pending", checks=5)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
     Call.objects.filter(pk=call_id).update(sent_at=timezone.now() - timedelta(seconds=601))  # not a state change
 
     reconcile_due(worker="w1")
@@ -398,8 +391,7 @@ def rq_queue(settings):
 def test_a_real_rq_worker_settles_an_unknown_refund_asked_for_through_the_api(world, rq_queue):
     sandbox, client = world["sandbox"], world["client"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key)
 
     client.reconcile(call_id)
     client.reconcile(call_id)  # asked twice before a worker ran: one job
@@ -411,10 +403,8 @@ def test_a_real_rq_worker_settles_an_unknown_refund_asked_for_through_the_api(wo
 
 
 def test_the_periodic_reconcile_job_on_a_real_rq_worker_settles_what_is_due(world, rq_queue):
-    sandbox = world["sandbox"]
     call_id, key = _refund_call(world)
-    sandbox.fault(route="/refunds", key=key, kind="drop_before_commit", times=1)
-    assert _attempt(world, call_id, key) == "UNKNOWN"
+    _lose_reply(world, call_id, key, kind="drop_before_commit")
 
     assert jobs.enqueue_now(jobs.reconcile_due, job_id="reconcile-due")
     SimpleWorker([rq_queue], connection=rq_queue.connection).work(burst=True)

@@ -87,11 +87,8 @@ class Reply:
 
     @property
     def endpoint_failed(self) -> bool:
-        return (
-            self.status_code >= 500
-            or self.status_code == 429
-            or (400 <= self.status_code < 500 and self.status_code != 404)
-        )
+        """Any error but 404 (an unknown key is an answer): it counts against the status endpoint's breaker."""
+        return self.status_code >= 400 and self.status_code != 404
 
 
 def query_status(tool: Tool, call: Call) -> StatusAnswer:
@@ -134,16 +131,14 @@ def _read(tool: Tool, reply: Reply, record: dict) -> StatusAnswer:
         "request": record,
         "response": {"status": reply.status_code, "body": shown},
     }
-    if reply.status_code >= 500 or reply.status_code == 429:
-        error = f"the status endpoint answered {reply.status_code}"
+    if reply.endpoint_failed:
+        said = "answered" if reply.status_code >= 500 or reply.status_code == 429 else "refused the query:"
+        error = f"the status endpoint {said} {reply.status_code}"
         return StatusAnswer(observed=Observation.FAILED, error=error, endpoint_failed=True, **common)
     query = tool.status_query or {}
     status = resolve(body, query.get("status_field") or "status") if isinstance(body, dict) else MISSING
     if reply.status_code == 404 and status is MISSING:
         status = "not_found"  # a provider that answers an unknown key with a bare 404
-    if reply.status_code >= 400 and reply.status_code != 404:
-        error = f"the status endpoint refused the query: {reply.status_code}"
-        return StatusAnswer(observed=Observation.FAILED, error=error, endpoint_failed=True, **common)
     if not isinstance(status, str):
         return StatusAnswer(observed=Observation.AMBIGUOUS, error="no status string in the answer", **common)
     observed = (query.get("status_map") or {}).get(status)
