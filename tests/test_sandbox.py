@@ -23,7 +23,7 @@ import pytest
 import requests
 
 import tests.sandbox as sandbox_fixtures
-from tests.sandbox import SANDBOX_CALLBACK_SECRET_FOR_TESTS, SandboxProcess
+from tests.sandbox import SANDBOX_CALLBACK_SECRET_FOR_TESTS, SandboxProcess, sandbox_for_tests
 
 # Bound by assignment, not imported: an imported fixture is "redefined" by every test argument of its name (F811).
 sandbox = sandbox_fixtures.sandbox
@@ -506,7 +506,7 @@ def test_it_keeps_the_ledger_across_a_restart(sandbox):
 
 
 def test_it_serves_without_an_api_key_when_none_is_configured(tmp_path):
-    process = SandboxProcess(tmp_path / "open.sqlite3", api_key=None).start()
+    process = sandbox_for_tests(tmp_path / "open.sqlite3", api_key=None).start()
     try:
         assert requests.get(f"{process.url}/orders/O-1", timeout=5).status_code == 200
     finally:

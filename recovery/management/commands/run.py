@@ -8,7 +8,6 @@ its own process and store). The subprocesses are stopped when the server stops, 
 from __future__ import annotations
 
 import io
-import os
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from recovery.audit import Actor
 from recovery.cron import describe
+from recovery.drills.stage import sandbox_env_defaults
 from recovery.management.commands.runjobs import redacted
 from recovery.models import Provider
 from recovery.roles import ROLES
@@ -30,12 +30,6 @@ from recovery.services.users import user_save_with_roles
 DEMO_PASSWORD = "recovery-demo"
 SANDBOX_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "registry.example.json"
 SANDBOX_PORT = 8001
-# Both sides read these: the sandbox to check requests and sign callbacks, the product (through the registry's
-# `secret_env` names) to authenticate to it and verify the callbacks. Real values from the environment win.
-SANDBOX_ENV_DEFAULTS = {
-    "SANDBOX_API_KEY": "sandbox-dev-key",
-    "SANDBOX_CALLBACK_SECRET": "sandbox-dev-callback-secret",
-}
 
 
 class Command(BaseCommand):
@@ -68,8 +62,7 @@ class Command(BaseCommand):
     def serve(self, addr: str) -> None:
         # runserver would find a busy port only after the subprocesses started, and leave them behind (os._exit).
         _check_free(addr)
-        for name, value in SANDBOX_ENV_DEFAULTS.items():
-            os.environ.setdefault(name, value)
+        sandbox_env_defaults()
         # `kill` (SIGTERM) unwinds through the finally below like Ctrl-C does, instead of orphaning the children.
         signal.signal(signal.SIGTERM, _exit)
         children: list[subprocess.Popen] = []

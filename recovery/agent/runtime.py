@@ -1,0 +1,349 @@
+"""The agent runtime: every attempt admitted first, sent by the agent itself, reported, and the answer obeyed.
+
+    agent = Agent(RecoveryClient(api_url, token), ToolBook.from_registry(registry), tenant="demo")
+    task = agent.start_task("refund-8848", goal="refund order 8848")
+    result = agent.run_call(task.id, step=1, tool="refund.create", key="refund-8848-v1",
+                            arguments={"order_id": "O-8848", "amount_cents": 1250})
+    agent.submit(task.id, "refunded order 8848")
+
+`run_call` is the whole recovery loop of SPEC §4/§5 from the runtime's side. It never retries on its own judgement:
+each new attempt is admitted by the console, carries the evidence the console asked for (`time_elapsed` after the
+delay it named, `state_verified` after a receipt proved nothing happened), and a denial's `required_next.action`
+says what to do instead — wait, wait for reconciliation, degrade, ask a person, or stop. What it sees is reported
+as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from recovery.client import (
+    NotAdmitted,
+    OutcomeAnswer,
+    RecoveryClient,
+    Task,
+    facts_from_exception,
+    facts_from_response,
+)
+
+# Where a call can still move without anyone acting: the agent waits these out (reconciliation settles them).
+SETTLING = frozenset({"SENT", "UNKNOWN", "STILL_UNKNOWN", "ACCEPTED", "NOT_COMMITTED"})
+
+# What run_call ends with, as CallResult.outcome.
+COMMITTED = "committed"  # the provider has the effect (or the read's answer), proven
+DEGRADED = "degraded"  # the tool's breaker is open: the agent took the fallback path
+HUMAN_REVIEW = "human_review"  # left for a reviewer (an approval, an unsettled unknown, a duplicate)
+FAILED = "failed"  # the console said stop (attempts spent, a final failure, a refused intent)
+UNSETTLED = "unsettled"  # still settling when the agent's patience ran out; reconciliation goes on without it
+BLOCKED = "blocked"  # a dependency failed or the agent must replan: nothing was sent
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolBinding:
+    """How the agent itself calls one tool on its provider (what an agent's tool code knows)."""
+
+    name: str
+    side_effect: str
+    method: str
+    path: str
+    body: Any
+    base_url: str
+    headers: dict[str, str]
+    timeout: tuple[float, float]
+
+    def url(self, arguments: dict) -> str:
+        path = self.path
+        for name, value in arguments.items():
+            path = path.replace("{" + name + "}", quote(str(value), safe=""))
+        return self.base_url.rstrip("/") + path
+
+    def json_body(self, arguments: dict) -> Any:
+        if self.method in ("GET", "DELETE"):
+            return None
+        if self.body is None:
+            return arguments
+        return _fill(self.body, arguments)
+
+
+def _fill(template: Any, arguments: dict) -> Any:
+    """A body template: a string that is exactly "{name}" becomes that argument's value, with its type."""
+    if isinstance(template, dict):
+        return {key: _fill(value, arguments) for key, value in template.items()}
+    if isinstance(template, list):
+        return [_fill(value, arguments) for value in template]
+    if isinstance(template, str) and template.startswith("{") and template.endswith("}"):
+        return arguments.get(template[1:-1])
+    return template
+
+
+class ToolBook:
+    """The agent's tool bindings, read from a registry file (the same one the console loads)."""
+
+    def __init__(self, bindings: dict[str, ToolBinding]) -> None:
+        self.bindings = bindings
+
+    @classmethod
+    def from_registry(cls, registry: dict, *, env: dict[str, str] | None = None) -> ToolBook:
+        env = os.environ if env is None else env
+        providers = {provider["name"]: provider for provider in registry.get("providers", [])}
+        bindings = {}
+        for tool in registry.get("tools", []):
+            provider = providers[tool["provider"]]
+            auth, headers = provider.get("auth") or {}, {"Accept": "application/json"}
+            secret = env.get(auth.get("secret_env", ""), "")
+            if auth.get("kind") == "bearer" and secret:
+                headers["Authorization"] = f"Bearer {secret}"
+            elif auth.get("kind") == "header" and secret:
+                headers[auth["header"]] = secret
+            bindings[tool["name"]] = ToolBinding(
+                name=tool["name"],
+                side_effect=tool["side_effect"],
+                method=tool["request"]["method"].upper(),
+                path=tool["request"]["path"],
+                body=tool["request"].get("body"),
+                base_url=provider["base_url"],
+                headers=headers,
+                timeout=(float(provider.get("connect_timeout_s", 2)), float(provider.get("read_timeout_s", 5))),
+            )
+        return cls(bindings)
+
+    def __getitem__(self, name: str) -> ToolBinding:
+        return self.bindings[name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptRecord:
+    """One round of the loop, as the agent saw it (for its log and for a scenario's checks)."""
+
+    attempt_id: str
+    admitted: bool
+    denied: str = ""  # the gate's reason when not admitted
+    required_next: dict = field(default_factory=dict)
+    sent_at: float | None = None  # time.time() when the agent sent the request
+    facts: dict = field(default_factory=dict)
+    call_state: str = ""
+    route: str = ""
+
+
+@dataclass(kw_only=True)
+class CallResult:
+    tool: str
+    key: str
+    call_id: int | None
+    outcome: str
+    state: str
+    result: Any = None
+    detail: str = ""
+    attempts: list[AttemptRecord] = field(default_factory=list)
+
+    @property
+    def sent(self) -> list[AttemptRecord]:
+        return [a for a in self.attempts if a.sent_at is not None]
+
+
+class Agent:
+    """One agent runtime for one tenant. `log` gets one line per step; `sleep` is how it waits (tests may pass a
+    recording one). `before_send(tool, key, attempt_number)` runs just before each request leaves (drills use it to
+    take the provider down for one attempt)."""
+
+    def __init__(
+        self,
+        client: RecoveryClient,
+        tools: ToolBook,
+        *,
+        tenant: str,
+        name: str = "demo-agent",
+        log: Callable[[str], None] = lambda line: None,
+        sleep: Callable[[float], None] = time.sleep,
+        patience_s: float = 120.0,
+        max_rounds: int = 12,
+        before_send: Callable[[str, str, int], None] | None = None,
+    ) -> None:
+        self.client, self.tools, self.tenant, self.name = client, tools, tenant, name
+        self.log, self.sleep = log, sleep
+        self.patience_s, self.max_rounds = patience_s, max_rounds
+        self.before_send = before_send
+        self.calls: dict[int, list[int]] = {}  # task id → the calls this agent added to it
+        self.session = requests.Session()
+        no_retries = HTTPAdapter(max_retries=0)  # the console decides every retry (SPEC §6: one layer retries)
+        self.session.mount("http://", no_retries)
+        self.session.mount("https://", no_retries)
+
+    # Tasks.
+
+    def start_task(self, external_id: str, *, goal: str, deadline: str | None = None) -> Task:
+        task = self.client.create_task(self.tenant, external_id, agent=self.name, goal=goal, deadline=deadline)
+        self.log(f"task {task.id} ({external_id}): {goal}")
+        return task
+
+    def submit(self, task_id: int, summary: str, deliverable: dict | None = None) -> Task:
+        task = self.client.complete_task(task_id, summary, deliverable)
+        self.log(f"task {task_id} submitted: outcome {task.outcome}")
+        return task
+
+    def abandon(self, task_id: int, reason: str) -> Task:
+        task = self.client.abandon_task(task_id, reason)
+        self.log(f"task {task_id} abandoned: {reason}")
+        return task
+
+    # Calls.
+
+    def run_call(
+        self,
+        task_id: int,
+        *,
+        step: int,
+        tool: str,
+        arguments: dict,
+        key: str,
+        depends_on: tuple[int, ...] | list[int] = (),
+    ) -> CallResult:
+        """Add the call and drive it until it is settled, degraded, left for a person, or refused."""
+        ref = self.client.add_call(
+            task_id, step=step, tool=tool, arguments=arguments, idempotency_key=key, depends_on=depends_on
+        )
+        self.calls.setdefault(task_id, []).append(ref.call_id)
+        outcome = CallResult(tool=tool, key=key, call_id=ref.call_id, outcome="", state=ref.state)
+        deadline = time.monotonic() + self.patience_s
+        evidence: tuple[str, ...] = ()
+        for number in range(1, self.max_rounds + 1):
+            attempt_id = f"{key}-a{number}"
+            try:
+                self.client.admit(ref.call_id, attempt_id, evidence=evidence)
+            except NotAdmitted as denied:
+                record = AttemptRecord(
+                    attempt_id=attempt_id,
+                    admitted=False,
+                    denied=denied.gate.get("reason", ""),
+                    required_next=denied.required_next,
+                    call_state=denied.detail.get("call_state", ""),
+                )
+                outcome.attempts.append(record)
+                self.log(f"  {tool} [{key}] not admitted: {record.denied} → {_action(record.required_next)}")
+                evidence = self._follow(outcome, record.required_next, deadline, task_id)
+                if outcome.outcome:
+                    return outcome
+                continue
+            record, answer = self._send_and_report(ref.call_id, tool, key, arguments, attempt_id, number)
+            outcome.attempts.append(record)
+            outcome.state = answer.call_state
+            if answer.call_state == "COMMITTED":
+                return self._done(outcome, COMMITTED, record.facts.get("result"))
+            evidence = self._follow(outcome, answer.required_next, deadline, task_id)
+            if outcome.outcome:
+                return outcome
+        return self._done(outcome, FAILED, detail=f"gave up after {self.max_rounds} rounds")
+
+    def _send_and_report(
+        self, call_id: int, tool: str, key: str, arguments: dict, attempt_id: str, number: int
+    ) -> tuple[AttemptRecord, OutcomeAnswer]:
+        binding = self.tools[tool]
+        headers = dict(binding.headers)
+        if binding.side_effect == "write":
+            headers["Idempotency-Key"] = key
+        if self.before_send:
+            self.before_send(tool, key, number)
+        sent_at = time.time()
+        try:
+            response = self.session.request(
+                binding.method,
+                binding.url(arguments),
+                json=binding.json_body(arguments),
+                headers=headers,
+                timeout=binding.timeout,
+            )
+            facts = facts_from_response(response)
+        except requests.RequestException as exc:
+            facts = facts_from_exception(exc)
+        answer = self.client.report(call_id, attempt_id, facts)
+        decision = answer.decision or {}
+        record = AttemptRecord(
+            attempt_id=attempt_id,
+            admitted=True,
+            sent_at=sent_at,
+            facts=facts,
+            call_state=answer.call_state,
+            route=decision.get("route", ""),
+            required_next=answer.required_next,
+        )
+        seen = f"HTTP {facts['http_status']}" if "http_status" in facts else facts.get("error", {}).get("kind", "?")
+        card = f"; {decision.get('route')}, {_action(answer.required_next)}" if decision else ""
+        self.log(f"  {tool} [{key}] attempt {number}: {seen} → {answer.call_state}{card}")
+        return record, answer
+
+    def _follow(self, outcome: CallResult, required_next: dict, deadline: float, task_id: int) -> tuple[str, ...]:
+        """Do what `required_next` says; the evidence the next attempt carries, or set `outcome.outcome` to end."""
+        action = required_next.get("action", "stop")
+        if action == "retry_after":
+            self.sleep(required_next.get("after_ms", 0) / 1000)
+            return ("time_elapsed",)
+        if action == "wait_for_reconcile":
+            detail = required_next.get("detail") or {}
+            waited_for = detail.get("blocked_by") or [outcome.call_id]
+            if detail.get("limit") == "unknown_budget":  # the task's other unknowns must settle first
+                waited_for = [c for c in self.calls.get(task_id, []) if c != outcome.call_id] or waited_for
+            states = self._wait_settled(waited_for, required_next.get("after_ms", 0), deadline)
+            if any(state in SETTLING for state in states.values()):
+                self._done(outcome, UNSETTLED, detail=f"still settling: {states}")
+                return ()
+            own = states.get(outcome.call_id)
+            if own == "COMMITTED":
+                call = self.client.get_call(outcome.call_id)
+                self._done(outcome, COMMITTED, detail="settled by a receipt", state=call["state"])
+                return ()
+            if own == "HUMAN_REVIEW":
+                self._done(outcome, HUMAN_REVIEW, state=own)
+                return ()
+            if own == "FAILED_PERMANENT":
+                self._done(outcome, FAILED, state=own)
+                return ()
+            if own == "RETRYABLE":  # NOT_COMMITTED → RETRYABLE: a receipt proved the first attempt did nothing
+                return ("state_verified",)
+            if outcome.call_id not in waited_for:  # a dependency settled: this call's own first attempt is next
+                if any(state != "COMMITTED" for state in states.values()):
+                    self._done(outcome, BLOCKED, detail=f"dependency ended {states}")
+                return ()
+            return ()
+        if action == "degrade":
+            self._done(outcome, DEGRADED, detail="breaker open: fallback path")
+        elif action == "request_approval":
+            self._done(outcome, HUMAN_REVIEW, detail="needs a reviewer's approval")
+        elif action in ("replan", "repair_args", "refresh_credentials"):
+            self._done(outcome, BLOCKED, detail=action)
+        else:
+            self._done(outcome, FAILED, detail=action)
+        return ()
+
+    def _wait_settled(self, call_ids: list[int], after_ms: int, deadline: float) -> dict[int, str]:
+        """Poll the calls until none is settling any more, or the agent's patience runs out."""
+        self.sleep(min(after_ms / 1000, max(0.0, deadline - time.monotonic())))
+        while True:
+            states = {call_id: self.client.get_call(call_id)["state"] for call_id in call_ids}
+            if not any(state in SETTLING for state in states.values()) or time.monotonic() >= deadline:
+                self.log(f"  waited for reconciliation: {', '.join(f'call {c} {s}' for c, s in states.items())}")
+                return states
+            self.sleep(0.25)
+
+    def _done(
+        self, outcome: CallResult, kind: str, result: Any = None, *, detail: str = "", state: str = ""
+    ) -> CallResult:
+        outcome.outcome, outcome.detail = kind, detail
+        if result is not None:
+            outcome.result = result
+        if state:
+            outcome.state = state
+        return outcome
+
+
+def _action(required_next: dict) -> str:
+    action = required_next.get("action", "")
+    after = required_next.get("after_ms") or 0
+    return f"{action} after {after} ms" if after else action

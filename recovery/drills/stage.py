@@ -1,0 +1,263 @@
+"""The stage a drill or the demo plays on: the API over HTTP, a sandbox provider, background jobs, a tenant and token.
+
+    with drill_stage(log=print) as stage:           # starts a sandbox on a free port, the API, a worker
+        agent = stage.agent(log=print)
+        task = agent.start_task(stage.key("t"), goal="refund")
+        agent.run_call(task.id, step=1, tool=stage.tool("refund.create"), key=stage.key("r"), arguments={...})
+        stage.sandbox.ledger(stage.key("r"))
+
+Drills get a registry of their own — the shipped sandbox registry with every tool renamed `drill.<name>`, provider
+`drill-sandbox` pointing at the drill's sandbox process, tenant `drills` — with quick reconcile schedules, so they
+never disturb the demo tenant and finish in seconds. The demo (`demo_stage`) plays on the shipped registry itself,
+against the console and sandbox `make run` started.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+from django.conf import settings
+from django.core.handlers.wsgi import WSGIHandler
+from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
+from django.db import connection
+
+from recovery.agent.runtime import Agent, ToolBook
+from recovery.audit import Actor
+from recovery.client import RecoveryClient
+from recovery.registry import load_registry
+from recovery.sandbox.process import SandboxClient, SandboxProcess
+from recovery.services.tokens import token_create, token_revoke
+
+SANDBOX_REGISTRY = Path(__file__).resolve().parents[1] / "fixtures" / "registry.example.json"
+# Both sides read these: the sandbox to check requests and sign callbacks, the product (through the registry's
+# `secret_env` names) to authenticate to it and verify the callbacks. Real values from the environment win.
+SANDBOX_ENV_DEFAULTS = {
+    "SANDBOX_API_KEY": "sandbox-dev-key",
+    "SANDBOX_CALLBACK_SECRET": "sandbox-dev-callback-secret",
+}
+DEMO_TENANT = "demo"
+DRILL_TENANT = "drills"
+DRILL_PROVIDER = "drill-sandbox"
+DRILL_PREFIX = "drill."
+# Drills wait for reconciliation: one check a second, three of them, instead of the production schedules.
+DRILL_RECONCILE = {"first_check_s": 1, "backoff": 1, "max_checks": 3, "deadline_s": 600}
+
+
+def sandbox_env_defaults() -> None:
+    for name, value in SANDBOX_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+
+
+def shipped_registry() -> dict:
+    return json.loads(SANDBOX_REGISTRY.read_text())
+
+
+@dataclass(kw_only=True)
+class Stage:
+    api_url: str
+    token: str
+    tenant: str
+    sandbox: SandboxClient
+    registry: dict
+    prefix: str = ""
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
+    jobs: str = ""  # how background jobs run, for the log
+
+    def tool(self, name: str) -> str:
+        """The registered name of one of the shipped sandbox tools on this stage."""
+        return self.prefix + name
+
+    def key(self, name: str) -> str:
+        """A name unique to this run (idempotency keys, task ids): runs never meet each other's keys."""
+        return f"{name}-{self.run_id}"
+
+    def client(self) -> RecoveryClient:
+        return RecoveryClient(self.api_url, self.token)
+
+    def agent(self, *, log: Callable[[str], None] = lambda line: None, **options) -> Agent:
+        return Agent(self.client(), ToolBook.from_registry(self.registry), tenant=self.tenant, log=log, **options)
+
+
+# The drill registry -------------------------------------------------------------------------------------------------
+
+
+def drill_registry(sandbox_url: str) -> dict:
+    """The shipped sandbox registry as the drills' own: `drill.` tools on `drill-sandbox`, quick schedules."""
+    shipped = shipped_registry()
+    provider = copy.deepcopy(shipped["providers"][0]) | {"name": DRILL_PROVIDER, "base_url": sandbox_url}
+    provider["read_timeout_s"] = 2
+    tools = []
+    for original in shipped["tools"]:
+        tool = copy.deepcopy(original)
+        tool["name"] = DRILL_PREFIX + tool["name"]
+        tool["provider"] = DRILL_PROVIDER
+        tool["alternates"] = [DRILL_PREFIX + name for name in tool.get("alternates", [])]
+        if "compensation" in tool:
+            tool["compensation"]["tool"] = DRILL_PREFIX + tool["compensation"]["tool"]
+        if "reconcile" in tool:
+            tool["reconcile"] = dict(DRILL_RECONCILE)
+        if "backoff" in tool:
+            tool["backoff"] = {"base_ms": 200, "cap_ms": 1000, "jitter": "proportional"}
+        tools.append(tool)
+    by_name = {tool["name"]: tool for tool in tools}
+    # The 5xx drill opens order.lookup's breaker with a handful of failures and waits out a short cooldown.
+    by_name[DRILL_PREFIX + "order.lookup"]["breaker"] = {
+        "window_s": 60,
+        "bucket_s": 10,
+        "min_calls": 4,
+        "failure_rate": 0.5,
+        "cooldown_s": 3,
+        "half_open_probes": 1,
+        "probe_lease_s": 30,
+    }
+    # The backlog drill loses a thousand refund replies on purpose: refund.create's breaker must not take that as
+    # an outage (a lost reply counts as a failure of the tool).
+    by_name[DRILL_PREFIX + "refund.create"]["breaker"] = {"min_calls": 1_000_000}
+    tenant = {"name": DRILL_TENANT, "display_name": "Fault drills", "sandbox": True, "tools": sorted(by_name)}
+    return {"tenants": [tenant], "providers": [provider], "tools": tools}
+
+
+# The pieces ---------------------------------------------------------------------------------------------------------
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class ApiServer:
+    """The console's WSGI application on a free port, served from threads of this process."""
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.server = ThreadedWSGIServer((host, port), _QuietHandler, allow_reuse_address=True)
+        self.server.set_app(WSGIHandler())
+        self.thread = threading.Thread(target=self.server.serve_forever, name="drill-api", daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> ApiServer:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def database_url() -> str:
+    """The URL of the database this process uses (a test run's test database included), for child processes."""
+    config = connection.settings_dict
+    if connection.vendor == "postgresql":
+        user = quote(config.get("USER") or "", safe="")
+        password = f":{quote(config['PASSWORD'], safe='')}" if config.get("PASSWORD") else ""
+        host, port = config.get("HOST") or "localhost", config.get("PORT") or 5432
+        return f"postgres://{user}{password}@{host}:{port}/{config['NAME']}"
+    return f"sqlite:///{Path(config['NAME']).resolve()}"
+
+
+@contextmanager
+def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterator[str]:
+    """Background jobs for the duration: `workers` RQ worker processes (`manage.py runjobs`) with REDIS_URL, the
+    in-process runner without it. Yields a description for the log."""
+    if not settings.REDIS_URL:
+        from recovery import inprocess
+
+        runner = inprocess.get_runner()
+        started = not runner.running
+        if started:
+            runner.start()
+        try:
+            yield "in-process jobs (no REDIS_URL)"
+        finally:
+            if started:
+                runner.stop()
+        return
+    env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
+    log_dir = log_dir or Path(tempfile.gettempdir())
+    children = []
+    try:
+        for n in range(workers):
+            with open(log_dir / f"runjobs-{os.getpid()}-{n}.log", "a") as out:
+                children.append(
+                    subprocess.Popen(
+                        [sys.executable, str(settings.BASE_DIR / "manage.py"), "runjobs"],
+                        cwd=settings.BASE_DIR,
+                        env=env,
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        start_new_session=True,
+                    )
+                )
+        yield f"{workers} RQ worker process(es) (manage.py runjobs)"
+    finally:
+        for child in children:
+            child.terminate()
+        for child in children:
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+@contextmanager
+def drill_stage(
+    *, api_url: str | None = None, jobs: bool = True, workers: int = 1, work_dir: Path | None = None
+) -> Iterator[Stage]:
+    """Everything a drill run needs, started here and stopped on exit: the API (unless `api_url` names one that
+    serves this database), a sandbox on a free port with callbacks to the API, the drill registry, a token for the
+    drills tenant, and background jobs."""
+    sandbox_env_defaults()
+    with ExitStack() as stack:
+        tmp = work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="drill-")))
+        if api_url is None:
+            server = ApiServer().start()
+            stack.callback(server.stop)
+            api_url = server.url
+        sandbox = SandboxProcess(
+            tmp / "sandbox.sqlite3",
+            api_key=os.environ["SANDBOX_API_KEY"],
+            callback_secret=os.environ["SANDBOX_CALLBACK_SECRET"],
+            extra_args=("--callback-url", f"{api_url}/api/v1/providers/{DRILL_PROVIDER}/callbacks"),
+        ).start()
+        stack.callback(sandbox.stop)
+        registry = drill_registry(sandbox.url)
+        load_registry(registry, actor=Actor.system("drill"), source="drill registry")
+        run_id = uuid.uuid4().hex[:8]
+        name = f"drill-{run_id}"
+        _, token = token_create(name=name, tenants=[DRILL_TENANT], actor=Actor.system("drill"))
+        stack.callback(lambda: token_revoke(name=name, actor=Actor.system("drill")))
+        description = stack.enter_context(background_jobs(workers=workers, log_dir=tmp)) if jobs else "no jobs"
+        yield Stage(
+            api_url=api_url,
+            token=token,
+            tenant=DRILL_TENANT,
+            sandbox=sandbox,
+            registry=registry,
+            prefix=DRILL_PREFIX,
+            run_id=run_id,
+            jobs=description,
+        )
+
+
+def demo_stage(api_url: str, token: str) -> Stage:
+    """The demo tenant on the shipped registry, against the console and the sandbox `make run` started."""
+    sandbox_env_defaults()
+    registry = shipped_registry()
+    sandbox = SandboxClient(registry["providers"][0]["base_url"], api_key=os.environ["SANDBOX_API_KEY"])
+    return Stage(api_url=api_url, token=token, tenant=DEMO_TENANT, sandbox=sandbox, registry=registry)
