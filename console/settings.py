@@ -76,10 +76,11 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # Absent REDIS_URL means background jobs run on the in-process scheduler (the embedded default).
 REDIS_URL = redis_url_from_env("REDIS_URL")
 RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 300}}
-# How often the periodic jobs (recovery/cron.py) run: check the calls whose status check is due, and sweep SENT
-# calls past their outcome timeout.
+# How often the periodic jobs (recovery/cron.py) run: check the calls whose status check is due, sweep SENT
+# calls past their outcome timeout, and flag open tasks past their deadline without a submission.
 RECOVERY_RECONCILE_EVERY_S = env_int("RECOVERY_RECONCILE_EVERY_S", 2, minimum=1)
 RECOVERY_SWEEP_EVERY_S = env_int("RECOVERY_SWEEP_EVERY_S", 5, minimum=1)
+RECOVERY_NO_SUBMISSION_EVERY_S = env_int("RECOVERY_NO_SUBMISSION_EVERY_S", 5, minimum=1)
 # Reconciliation: status queries in flight per worker, and how long a worker's claim on a call lasts.
 RECOVERY_CHECKS_IN_FLIGHT = env_int("RECOVERY_CHECKS_IN_FLIGHT", 8, minimum=1)
 RECOVERY_CHECK_LEASE_S = env_int("RECOVERY_CHECK_LEASE_S", 60, minimum=5)

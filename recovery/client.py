@@ -112,21 +112,11 @@ class RecoveryClient:
         return response.status_code, body
 
     # tasks
-    def create_task(
-        self,
-        tenant: str,
-        external_id: str,
-        *,
-        agent: str,
-        goal: str,
-        budget: dict | None = None,
-        deadline: str | None = None,
-    ) -> Task:
+    def create_task(self, tenant: str, external_id: str, *, agent: str, goal: str, budget: dict | None = None) -> Task:
+        """Open a task (or find it again by its external id); `budget` may carry its `deadline` (ISO 8601)."""
         payload: dict[str, Any] = {"tenant": tenant, "external_id": external_id, "agent": agent, "goal": goal}
         if budget:
             payload["budget"] = budget
-        if deadline:
-            payload["deadline"] = deadline
         return self._task(self._send("POST", "/tasks", json=payload)[1])
 
     def find_task(self, tenant: str, external_id: str) -> Task:

@@ -40,6 +40,7 @@ class Periodic:
 PERIODIC: list[Periodic] = [
     Periodic(name="reconcile-due", every_s=settings.RECOVERY_RECONCILE_EVERY_S, func=jobs.reconcile_due),
     Periodic(name="sweep-sent", every_s=settings.RECOVERY_SWEEP_EVERY_S, func=jobs.sweep_sent),
+    Periodic(name="flag-no-submission", every_s=settings.RECOVERY_NO_SUBMISSION_EVERY_S, func=jobs.flag_no_submission),
 ]
 
 

@@ -65,6 +65,16 @@ def sweep_sent() -> int:
     return sweeper.sweep_sent()
 
 
+def flag_no_submission() -> int:
+    """Periodic: flag OPEN tasks past their deadline that were never submitted (SPEC §14 `no_submission`)."""
+    from django.utils import timezone
+
+    from recovery.audit import Actor
+    from recovery.services import tasks
+
+    return tasks.task_flag_no_submission(now=timezone.now(), actor=Actor.job("no-submission"))
+
+
 # Enqueueing --------------------------------------------------------------------------------------------------------
 
 

@@ -14,16 +14,19 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import redis
 import rq
 from django.db import transaction
+from django.utils import timezone
 from rq.job import Job
 
 from recovery import inprocess, jobs
-from recovery.cron import Periodic, Scheduler
+from recovery.cron import PERIODIC, Periodic, Scheduler
+from recovery.models import AuditEvent, Task, TaskStatus, Tenant
 from tests import jobs_for_tests
 from tests.conftest import missing_service
 
@@ -197,6 +200,38 @@ def test_it_runs_every_periodic_function_once_in_a_burst(tmp_path):
     assert sorted(lines(out)) == ["a", "b"]
 
 
+# The periodic schedule's own jobs ---------------------------------------------------------------------------------
+
+
+def test_the_schedule_flags_open_tasks_past_their_deadline_once(transactional_db):
+    tenant = Tenant.objects.create(name="acme", sandbox=True, all_tools=True)
+    now = timezone.now()
+
+    def task(name: str, deadline, status=TaskStatus.OPEN) -> Task:
+        return Task.objects.create(
+            tenant=tenant, external_id=name, agent="a", goal="g", deadline=deadline, status=status
+        )
+
+    late = task("late", now - timedelta(seconds=1))
+    on_time = task("on-time", now + timedelta(hours=1))
+    no_deadline = task("no-deadline", None)
+    submitted = task("submitted", now - timedelta(seconds=1), status=TaskStatus.SUBMITTED)
+
+    (flagging,) = [p for p in PERIODIC if p.name == "flag-no-submission"]
+    assert flagging.every_s == 5  # RECOVERY_NO_SUBMISSION_EVERY_S
+    for _ in range(2):  # a second run flags nothing again
+        runner = inprocess.Runner(PERIODIC)
+        assert runner.run_burst(timeout=30)
+        runner.stop()
+
+    flagged = {t.external_id for t in Task.objects.filter(no_submission=True)}
+    assert flagged == {"late"}
+    assert Task.objects.get(pk=late.pk).status == TaskStatus.OPEN  # flagged, not closed: the runtime may still submit
+    events = AuditEvent.objects.filter(action="task.no_submission")
+    assert [(e.task_id, e.actor_label) for e in events] == [(late.pk, "job:no-submission")]
+    assert {on_time.pk, no_deadline.pk, submitted.pk}.isdisjoint(e.task_id for e in events)
+
+
 # The RQ scheduler --------------------------------------------------------------------------------------------------
 
 
@@ -272,7 +307,7 @@ def test_it_runs_runjobs_burst_in_process(var_dir):
     result = _manage("runjobs", "--burst", var_dir=var_dir)
     assert result.returncode == 0, result.stderr
     assert "jobs: in-process (no REDIS_URL)" in result.stdout
-    assert "reconcile-due every 2 s, sweep-sent every 5 s (once: burst)" in result.stdout
+    assert "reconcile-due every 2 s, sweep-sent every 5 s, flag-no-submission every 5 s (once: burst)" in result.stdout
     assert "failed" not in result.stderr
 
 

@@ -1,16 +1,27 @@
-"""`make run`'s preparation on a fresh machine: the embedded SQLite default, migrations, demo users."""
+"""`make run` on a fresh machine: the embedded SQLite default, migrations, demo users, and the served console with
+the sandbox, the jobs and the demo agent (on PostgreSQL and RQ too)."""
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import re
+import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 from django.db import connection
+
+from recovery.management.commands.run import SANDBOX_PORT
+from tests.conftest import missing_service
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,3 +72,114 @@ def test_the_database_rules_hold_on_sqlite_too(db):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert " passed" in result.stdout and "failed" not in result.stdout
+
+
+# `make run` served for real: the sandbox, the jobs, the console, and the demo agent playing its scenarios ---------
+
+DEMO_DONE = re.compile(r"demo: (\d+) of (\d+) scenarios ended as pinned")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.settimeout(0.5)
+        return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _serve_and_watch(env: dict[str, str]) -> tuple[list[str], float]:
+    """`manage.py run` until the demo reports, then Ctrl-C: (its output lines, seconds from start to the report)."""
+    if _port_open(SANDBOX_PORT):
+        pytest.fail(f"port {SANDBOX_PORT} is taken (a `make run` of yours?): `make run` serves the sandbox there")
+    addr = f"127.0.0.1:{_free_port()}"
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "run", "--addr", addr],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line.rstrip()) for line in process.stdout], daemon=True).start()
+    seen, start = [], time.monotonic()
+    try:
+        while time.monotonic() - start < 240:
+            try:
+                seen.append(lines.get(timeout=1))
+            except queue.Empty:
+                assert process.poll() is None, "\n".join(seen[-40:])
+                continue
+            if DEMO_DONE.search(seen[-1]):
+                return seen, time.monotonic() - start
+        pytest.fail("the demo never reported:\n" + "\n".join(seen[-60:]))
+    finally:
+        process.send_signal(signal.SIGINT)  # Ctrl-C: everything `make run` started stops with it
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail("`manage.py run` did not stop on Ctrl-C")
+        deadline = time.monotonic() + 10
+        while _port_open(SANDBOX_PORT) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _port_open(SANDBOX_PORT), "the sandbox outlived `make run`"
+
+
+def _settled_by_receipts(rows: list[tuple]) -> int:
+    return sum(1 for before, after, applied in rows if before == "UNKNOWN" and after == "COMMITTED" and applied)
+
+
+def test_make_run_serves_and_the_demo_settles_unknown_calls_by_receipts_within_a_minute(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REDIS_URL", "DJANGO_SETTINGS_MODULE"}}
+    env.update(DEBUG="1", RECOVERY_VAR_DIR=str(tmp_path), PYTHONUNBUFFERED="1")
+
+    output, seconds = _serve_and_watch(env)
+
+    passed, total = map(int, DEMO_DONE.search(output[-1]).groups())
+    assert (passed, total) == (total, total) and total >= 9, "\n".join(output)
+    assert "jobs: in-process" in "\n".join(output)
+    with sqlite3.connect(tmp_path / "recovery.sqlite3") as db:
+        receipts = db.execute("SELECT local_state_before, local_state_after, applied FROM recovery_receipt").fetchall()
+        sources = {row[0] for row in db.execute("SELECT DISTINCT source FROM recovery_receipt")}
+    assert _settled_by_receipts(receipts) >= 1 and seconds < 90, (receipts, seconds)
+    assert sources <= {"poll", "callback", "runtime"}
+
+
+@pytest.mark.postgres
+def test_make_run_does_the_same_on_postgresql_with_rq_workers(tmp_path):
+    if not settings.REDIS_URL:
+        missing_service("needs Redis: run with REDIS_URL=redis://host:6379/0")
+    import psycopg
+
+    admin = connection.settings_dict
+    name = f"run_test_{os.getpid()}"
+    dsn = f"host={admin['HOST'] or 'localhost'} port={admin['PORT'] or 5432} user={admin['USER']} dbname=postgres"
+    with psycopg.connect(dsn, autocommit=True) as pg:
+        pg.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        pg.execute(f'CREATE DATABASE "{name}"')
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+        env.update(
+            DEBUG="1",
+            RECOVERY_VAR_DIR=str(tmp_path),
+            PYTHONUNBUFFERED="1",
+            DATABASE_URL=f"postgres://{admin['USER']}@{admin['HOST'] or 'localhost'}:{admin['PORT'] or 5432}/{name}",
+            REDIS_URL=settings.REDIS_URL.rsplit("/", 1)[0] + "/13",
+        )
+        output, seconds = _serve_and_watch(env)
+        passed, total = map(int, DEMO_DONE.search(output[-1]).groups())
+        assert (passed, total) == (total, total), "\n".join(output)
+        assert "jobs: RQ worker and scheduler" in "\n".join(output)
+        with psycopg.connect(dsn.replace("dbname=postgres", f"dbname={name}")) as pg:
+            receipts = pg.execute(
+                "SELECT local_state_before, local_state_after, applied FROM recovery_receipt"
+            ).fetchall()
+        assert _settled_by_receipts(receipts) >= 1 and seconds < 90, (receipts, seconds)
+    finally:
+        with psycopg.connect(dsn, autocommit=True) as pg:
+            pg.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -320,6 +320,42 @@ def test_it_injects_5xx_without_an_effect(sandbox):
     assert sandbox.ledger("k-1")["effects"] == 1
 
 
+def test_it_mangles_a_read_answer_once_when_asked_for_a_bad_result(sandbox):
+    sandbox.fault(route="/orders/O-1", kind="bad_result", drop="status", set={"order_id": "O-2"}, times=1)
+    bad = sandbox.call("GET", "/orders/O-1")
+    assert bad.status_code == 200
+    assert "status" not in bad.json() and bad.json()["order_id"] == "O-2"
+    assert "total_cents" in bad.json()  # only the named fields change
+    good = sandbox.call("GET", "/orders/O-1").json()
+    assert (good["order_id"], good["status"]) == ("O-1", "paid")
+    assert sandbox.call("GET", "/orders/O-3").json()["status"] == "paid"  # another route: untouched
+    assert [r["outcome"] for r in sandbox.requests(path_prefix="/orders/O-1")] == ["bad_result", "answered"]
+
+
+def test_it_mangles_a_write_reply_but_keeps_the_effect_and_the_true_record(sandbox):
+    sandbox.fault(route="/refunds", key="k-1", kind="bad_result", set={"amount_cents": 1})
+    reply = sandbox.call("POST", "/refunds", key="k-1", json=REFUND)
+    assert reply.status_code == 200 and reply.json()["amount_cents"] == 1
+    assert sandbox.ledger("k-1")["effects"] == 1
+    # The status API is not mangled, and tells the truth the reply did not.
+    status = status_by_key(sandbox, "refund.create", "k-1").json()
+    assert (status["status"], status["amount_cents"]) == ("succeeded", 500)
+    # A fault on its route with no `times` mangles every 2xx reply, replays included; the record stays true.
+    replay = sandbox.call("POST", "/refunds", key="k-1", json=REFUND)
+    assert replay.headers["Idempotent-Replayed"] == "true" and replay.json()["amount_cents"] == 1
+    sandbox.clear_faults()
+    assert sandbox.call("POST", "/refunds", key="k-1", json=REFUND).json()["amount_cents"] == 500
+    assert sandbox.ledger("k-1")["effects"] == 1
+
+
+def test_it_leaves_error_answers_alone_under_a_bad_result_fault(sandbox):
+    sandbox.fault(route="/refunds", kind="bad_result", drop=["refund_id"], times=1)
+    sandbox.fault(route="/refunds", kind="error", status=503, times=1)
+    assert sandbox.call("POST", "/refunds", key="k-1", json=REFUND).json()["error"]["code"] == "injected_error"
+    assert "refund_id" not in sandbox.call("POST", "/refunds", key="k-1", json=REFUND).json()  # still pending
+    assert "refund_id" in sandbox.call("POST", "/refunds", key="k-1", json=REFUND).json()
+
+
 def test_it_adds_injected_latency(sandbox):
     sandbox.fault(route="/orders/O-1", kind="latency", ms=400)
     started = time.monotonic()
@@ -363,6 +399,9 @@ def test_it_refuses_a_malformed_fault(sandbox):
         {"route": "/refunds", "kind": "nope"},
         {"route": "refunds", "kind": "latency", "ms": 5},
         {"route": "/x", "kind": "latency"},
+        {"route": "/orders", "kind": "bad_result"},
+        {"route": "/orders", "kind": "bad_result", "drop": [1]},
+        {"route": "/orders", "kind": "bad_result", "set": ["status"]},
     ):
         response = requests.post(f"{sandbox.url}/_sandbox/faults", json=spec, timeout=5)
         assert response.status_code == 400
@@ -485,6 +524,31 @@ def test_it_duplicates_callbacks_with_one_event_id(sandbox, receiver):
     assert len({headers["Recovery-Signature"] for headers, _ in deliveries}) == 1
     verify(*deliveries[0])
     assert sandbox.ledger("k-1")["effects"] == 1
+
+
+def test_it_holds_back_the_callbacks_of_a_key_when_asked(sandbox, receiver):
+    sandbox.configure(callback_url=receiver.url)
+    sandbox.fault(route="/refunds", key="k-1", kind="delayed_callbacks", ms=700)
+    sandbox.fault(route="/refunds", key="k-1", kind="commit_then_drop")
+    with pytest.raises(requests.ConnectionError):
+        sandbox.call("POST", "/refunds", key="k-1", json=REFUND)
+    sandbox.call("POST", "/refunds", key="k-2", json=REFUND)  # another key: called back at once
+    [(_, first)] = receiver.wait_for(1)
+    assert json.loads(first)["idempotency_key"] == "k-2"
+    time.sleep(0.3)
+    assert len(receiver.deliveries) == 1  # k-1 committed, its callback still held back
+    [_, (headers, late)] = receiver.wait_for(2)
+    verify(headers, late)
+    assert (json.loads(late)["idempotency_key"], json.loads(late)["status"]) == ("k-1", "succeeded")
+
+
+def test_it_drops_held_back_callbacks_when_the_faults_are_cleared(sandbox, receiver):
+    sandbox.configure(callback_url=receiver.url)
+    sandbox.fault(route="/refunds", kind="delayed_callbacks", ms=300)
+    sandbox.call("POST", "/refunds", key="k-1", json=REFUND)
+    sandbox.clear_faults()
+    time.sleep(0.6)
+    assert receiver.deliveries == []
 
 
 def test_it_sends_no_callbacks_without_a_url(sandbox):

@@ -131,6 +131,7 @@ class AttemptRecord:
     facts: dict = field(default_factory=dict)
     call_state: str = ""
     route: str = ""
+    breaker_state: str = ""  # the tool's breaker as the console answered (an outcome's report, a breaker denial)
 
 
 @dataclass(kw_only=True)
@@ -179,9 +180,15 @@ class Agent:
 
     # Tasks.
 
-    def start_task(self, external_id: str, *, goal: str, deadline: str | None = None) -> Task:
-        task = self.client.create_task(self.tenant, external_id, agent=self.name, goal=goal, deadline=deadline)
-        self.log(f"task {task.id} ({external_id}): {goal}")
+    def start_task(
+        self, external_id: str, *, goal: str, deadline: str | None = None, budget: dict | None = None
+    ) -> Task:
+        """Open (or find again) the task; `deadline` (ISO 8601 with an offset) goes into its budget (SPEC §6)."""
+        budget = dict(budget or {})
+        if deadline is not None:
+            budget["deadline"] = deadline
+        task = self.client.create_task(self.tenant, external_id, agent=self.name, goal=goal, budget=budget or None)
+        self.log(f"task {task.id} ({external_id}): {goal}" + (f", deadline {deadline}" if deadline else ""))
         return task
 
     def submit(self, task_id: int, summary: str, deliverable: dict | None = None) -> Task:
@@ -205,14 +212,18 @@ class Agent:
         arguments: dict,
         key: str,
         depends_on: tuple[int, ...] | list[int] = (),
+        patience_s: float | None = None,
     ) -> CallResult:
-        """Add the call and drive it until it is settled, degraded, left for a person, or refused."""
+        """Add the call and drive it until it is settled, degraded, left for a person, or refused.
+
+        `patience_s` (default: the agent's) bounds how long it waits for reconciliation; 0 moves on at once,
+        leaving an unknown outcome to the console (the call ends UNSETTLED here and keeps being reconciled)."""
         ref = self.client.add_call(
             task_id, step=step, tool=tool, arguments=arguments, idempotency_key=key, depends_on=depends_on
         )
         self.calls.setdefault(task_id, []).append(ref.call_id)
         outcome = CallResult(tool=tool, key=key, call_id=ref.call_id, outcome="", state=ref.state)
-        deadline = time.monotonic() + self.patience_s
+        deadline = time.monotonic() + (self.patience_s if patience_s is None else patience_s)
         evidence: tuple[str, ...] = ()
         for number in range(1, self.max_rounds + 1):
             attempt_id = f"{key}-a{number}"
@@ -225,6 +236,7 @@ class Agent:
                     denied=denied.gate.get("reason", ""),
                     required_next=denied.required_next,
                     call_state=denied.detail.get("call_state", ""),
+                    breaker_state=(denied.required_next.get("detail") or {}).get("breaker", ""),
                 )
                 outcome.attempts.append(record)
                 self.log(f"  {tool} [{key}] not admitted: {record.denied} → {_action(record.required_next)}")
@@ -273,6 +285,7 @@ class Agent:
             call_state=answer.call_state,
             route=decision.get("route", ""),
             required_next=answer.required_next,
+            breaker_state=answer.breaker_state,
         )
         seen = f"HTTP {facts['http_status']}" if "http_status" in facts else facts.get("error", {}).get("kind", "?")
         card = f"; {decision.get('route')}, {_action(answer.required_next)}" if decision else ""
@@ -327,8 +340,13 @@ class Agent:
         self.sleep(min(after_ms / 1000, max(0.0, deadline - time.monotonic())))
         while True:
             states = {call_id: self.client.get_call(call_id)["state"] for call_id in call_ids}
-            if not any(state in SETTLING for state in states.values()) or time.monotonic() >= deadline:
-                self.log(f"  waited for reconciliation: {', '.join(f'call {c} {s}' for c, s in states.items())}")
+            settling = any(state in SETTLING for state in states.values())
+            if not settling or time.monotonic() >= deadline:
+                seen = ", ".join(f"call {c} {s}" for c, s in states.items())
+                if settling:
+                    self.log(f"  not waiting any longer ({seen}): reconciliation goes on without the agent")
+                else:
+                    self.log(f"  waited for reconciliation: {seen}")
                 return states
             self.sleep(0.25)
 

@@ -13,6 +13,7 @@ import hmac
 import json
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -183,9 +184,22 @@ class Sandbox:
         if x.route.category == "status" and (fault := self.faults.take("status_down", x.target)):
             return error(fault.params["status"], "status_unavailable", "Status API down.", outcome="status_down")
         try:
-            return getattr(self, f"_{x.route.handler}")(x)
+            result = getattr(self, f"_{x.route.handler}")(x)
         except Rejection as rejection:
             return rejected(rejection)
+        return self._mangled(x, result)
+
+    def _mangled(self, x: Exchange, result: Response | Drop) -> Response | Drop:
+        """A `bad_result` fault: this 2xx answer of a read or write goes out with fields dropped or changed. What the
+        provider did and stored is untouched (a replay of the write answers the true body), so the client holds a
+        reply that fails its validation while the effect exists."""
+        if x.route.category == "status" or not isinstance(result, Response) or not 200 <= result.status < 300:
+            return result
+        if not isinstance(result.body, dict) or not (fault := self.faults.take("bad_result", x.target)):
+            return result
+        body = {name: value for name, value in result.body.items() if name not in fault.params["drop"]}
+        body.update(fault.params["set"])
+        return Response(status=result.status, body=body, headers=dict(result.headers), outcome="bad_result")
 
     # Reads.
 
@@ -323,7 +337,9 @@ class Sandbox:
     def _send_callback(self, kind: WriteKind, obj: WriteObject) -> None:
         if not self.callbacks.config.url:
             return
-        duplicate = self.faults.take("duplicate_callbacks", Target(method=kind.method, path=obj.route, key=obj.key))
+        target = Target(method=kind.method, path=obj.route, key=obj.key)
+        duplicate = self.faults.take("duplicate_callbacks", target)
+        delayed = self.faults.take("delayed_callbacks", target)
         event = Event(
             type=f"{kind.name}.{obj.status}",
             idempotency_key=obj.key,
@@ -331,4 +347,16 @@ class Sandbox:
             provider_ref=obj.ref,
             effects=self.store.effects(kind.name, obj.key),
         )
-        self.callbacks.send(event, copies=duplicate.params["copies"] if duplicate else 1)
+        copies = duplicate.params["copies"] if duplicate else 1
+        if not delayed or delayed.params["ms"] == 0:
+            self.callbacks.send(event, copies=copies)
+            return
+        generation = self.faults.generation
+
+        def later() -> None:
+            if self.faults.generation == generation:  # not reset (or the faults cleared) in the meantime
+                self.callbacks.send(event, copies=copies)
+
+        timer = threading.Timer(delayed.params["ms"] / 1000, later)
+        timer.daemon = True  # a stopping sandbox never waits for a held-back callback
+        timer.start()

@@ -33,6 +33,14 @@ def _number_at_least(low: float):
     return check
 
 
+def _field_names(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(name, str) and name for name in value)
+
+
+def _fields(value: Any) -> bool:
+    return isinstance(value, dict)
+
+
 PARAMS: dict[str, dict[str, tuple[Any, Any]]] = {
     "latency": {"ms": (None, _int_between(0, 600_000))},
     "rate_limit": {"retry_after_s": (1, _number_at_least(0))},
@@ -42,7 +50,12 @@ PARAMS: dict[str, dict[str, tuple[Any, Any]]] = {
     "pending": {"checks": (1, _int_between(0, 10_000)), "final": ("committed", lambda v: v in ("committed", "failed"))},
     "status_down": {"status": (503, _int_between(400, 599))},
     "duplicate_callbacks": {"copies": (3, _int_between(1, 100))},
+    # The callbacks of matching writes go out `ms` later (a webhook lagging behind the reply); a reset or clearing
+    # the faults drops the ones still held back.
+    "delayed_callbacks": {"ms": (None, _int_between(0, 600_000))},
     "ignore_keys": {},
+    # A 2xx answer of a read or write whose body is mangled: `drop` removes top-level fields, `set` overwrites them.
+    "bad_result": {"drop": ([], _field_names), "set": ({}, _fields)},
 }
 
 
@@ -93,6 +106,12 @@ class FaultBook:
     _faults: list[Fault] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _next_id: int = 1
+    _generation: int = 0  # bumped by clear(): what a fault set in motion earlier checks before it acts
+
+    @property
+    def generation(self) -> int:
+        with self._lock:
+            return self._generation
 
     def add(self, spec: dict[str, Any]) -> Fault:
         fault = _parse(spec)
@@ -110,6 +129,7 @@ class FaultBook:
         with self._lock:
             count = len(self._faults)
             self._faults.clear()
+            self._generation += 1
         return count
 
     def take(self, kind: str, target: Target) -> Fault | None:
@@ -151,9 +171,13 @@ def _parse(spec: dict[str, Any]) -> Fault:
     params = {}
     for name, (default, valid) in PARAMS[kind].items():
         value = spec.get(name, default)
+        if kind == "bad_result" and name == "drop" and isinstance(value, str):
+            value = [value]  # one field name is a list of one
         if value is None or not valid(value):
             raise FaultSpecError(name, f"{name} is missing or out of range for a {kind} fault.")
         params[name] = value
+    if kind == "bad_result" and not (params["drop"] or params["set"]):
+        raise FaultSpecError("drop", "A bad_result fault needs drop (field names to remove) or set (fields to change).")
     return Fault(
         id=0, kind=kind, route=route, key=key, method=method.upper() if method else None, times=times, params=params
     )

@@ -2,30 +2,40 @@
 
 Next to runserver, for the server's lifetime: the background jobs (the in-process runner in this process without
 REDIS_URL; a `manage.py runjobs` subprocess with it) and the sandbox provider (`manage.py runsandbox` on port 8001,
-its own process and store). The subprocesses are stopped when the server stops, Ctrl-C included.
+its own process and store). The subprocesses are stopped when the server stops, Ctrl-C included. On a first run
+(no demo task yet) the demo agent plays its scenarios against the console and the sandbox once both answer.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from pathlib import Path
 
+import requests
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from recovery.audit import Actor
 from recovery.cron import describe
-from recovery.drills.stage import sandbox_env_defaults
+from recovery.drills.stage import DEMO_TENANT, demo_stage, sandbox_env_defaults, shipped_registry
 from recovery.management.commands.runjobs import redacted
-from recovery.models import Provider
+from recovery.models import Provider, Task, Tenant
 from recovery.roles import ROLES
+from recovery.services.tokens import token_create, token_revoke
 from recovery.services.users import user_save_with_roles
+
+logger = logging.getLogger("recovery.demo")
 
 DEMO_PASSWORD = "recovery-demo"
 SANDBOX_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "registry.example.json"
@@ -41,8 +51,14 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--addr", default="127.0.0.1:8000", help="host:port to serve on")
         parser.add_argument("--no-serve", action="store_true", help="prepare everything, then exit")
+        parser.add_argument(
+            "--demo",
+            choices=["auto", "always", "never"],
+            default="auto",
+            help="run the demo agent's scenarios once the console is up (auto: while the demo tenant has no tasks)",
+        )
 
-    def handle(self, *args, addr, no_serve, **options):
+    def handle(self, *args, addr, no_serve, demo, **options):
         call_command("migrate", interactive=False, verbosity=0)
         if not Provider.objects.exists():  # a first run: the sandbox's registry (later edits are never overwritten)
             call_command("load_tools", str(SANDBOX_REGISTRY), stdout=io.StringIO())
@@ -57,9 +73,14 @@ class Command(BaseCommand):
             f"console: http://{addr}/admin/"
         )
         if not no_serve:
-            self.serve(addr)
+            self.serve(addr, demo=self.demo_wanted(demo))
 
-    def serve(self, addr: str) -> None:
+    def demo_wanted(self, demo: str) -> bool:
+        if demo == "never" or not Tenant.objects.filter(name=DEMO_TENANT).exists():
+            return False
+        return demo == "always" or not Task.objects.filter(tenant__name=DEMO_TENANT).exists()
+
+    def serve(self, addr: str, *, demo: bool = False) -> None:
         # runserver would find a busy port only after the subprocesses started, and leave them behind (os._exit).
         _check_free(addr)
         sandbox_env_defaults()
@@ -81,12 +102,44 @@ class Command(BaseCommand):
                 runner = inprocess.get_runner()
                 runner.start()
                 self.stdout.write(f"jobs: in-process; periodic: {describe(runner.periodic)}")
+            if demo:
+                threading.Thread(target=self.play_demo, args=(addr,), name="demo-agent", daemon=True).start()
             call_command("runserver", addr, use_reloader=False)
         finally:
             if runner is not None:
                 runner.stop()
             for child in reversed(children):
                 _terminate(child)
+
+    def play_demo(self, addr: str) -> None:
+        """The demo agent's scenarios against this console and sandbox, once both answer (a thread next to
+        runserver): what a new user sees in the queues is made by a runtime through the API, not inserted."""
+        from recovery.agent.scenarios import run_scenarios
+
+        url = f"http://{addr}"
+        sandbox_url = shipped_registry()["providers"][0]["base_url"]
+        if not (_answers(f"{url}/api/v1/openapi.json") and _answers(f"{sandbox_url}/_sandbox/health")):
+            self.stdout.write(
+                "demo: the console or the sandbox did not come up; run `python manage.py demo_agent` later"
+            )
+            return
+        name = f"demo-agent-{uuid.uuid4().hex[:8]}"
+        actor = Actor.system("run")
+        try:
+            _, token = token_create(name=name, tenants=[DEMO_TENANT], actor=actor)
+            self.stdout.write("demo: the demo agent runs its scenarios against the sandbox (log lines below)")
+            results = run_scenarios(demo_stage(url, token), None, log=lambda line: self.stdout.write(f"demo: {line}"))
+            token_revoke(name=name, actor=actor)
+            passed = sum(1 for result in results if result.passed)
+            self.stdout.write(
+                f"demo: {passed} of {len(results)} scenarios ended as pinned. Look at the calls they made: "
+                f"{url}/admin/recovery/call/ (UNKNOWN ones are settled by receipts within seconds; HUMAN_REVIEW "
+                f"ones wait for a reviewer). Run them again with `python manage.py demo_agent`."
+            )
+        except Exception:
+            logger.exception("demo: the demo agent failed")
+        finally:
+            connections.close_all()
 
     def start_sandbox(self, addr: str) -> subprocess.Popen:
         callback_url = f"http://{addr}/api/v1/providers/sandbox/callbacks"
@@ -105,6 +158,18 @@ def _manage(*args: str) -> subprocess.Popen:
         start_new_session=True,
         preexec_fn=_die_with_parent,
     )
+
+
+def _answers(url: str, timeout_s: float = 60) -> bool:
+    """Whether `url` answers (any HTTP status) within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            requests.get(url, timeout=2)
+            return True
+        except requests.RequestException:
+            time.sleep(0.2)
+    return False
 
 
 def _die_with_parent() -> None:
