@@ -12,6 +12,7 @@ from django import forms
 from django.contrib import admin
 from django.db import models as django_models
 from django.db import transaction
+from django.utils.html import format_html
 
 from recovery import models
 from recovery.audit import Actor, append_event
@@ -238,3 +239,28 @@ class AuditEventAdmin(ReadOnlyAdmin):
 @admin.register(models.AuditChainHead)
 class AuditChainHeadAdmin(ReadOnlyAdmin):
     list_display = ["key", "length", "head_hash", "updated_at"]
+
+
+@admin.register(models.DrillRun)
+class DrillRunAdmin(ReadOnlyAdmin):
+    """Fault drill runs, written by `manage.py drill` only: each drill's expected and observed ends, effects and
+    checks, and the printed log."""
+
+    list_display = ["id", "started_at", "drill_names", "passed", "finished_at", "jobs"]
+    list_filter = ["passed"]
+    fields = ["drills", "started_at", "finished_at", "passed", "jobs", "options", "result_table", "printed_log"]
+    readonly_fields = fields
+
+    @admin.display(description="drills")
+    def drill_names(self, obj):
+        return ", ".join(obj.drills)
+
+    @admin.display(description="results")
+    def result_table(self, obj):
+        from recovery.drills.runner import result_table
+
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', result_table(obj.results))
+
+    @admin.display(description="log")
+    def printed_log(self, obj):
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.log)

@@ -15,6 +15,7 @@ from recovery.models import (
     Call,
     Decision,
     Diagnostic,
+    DrillRun,
     GateDecision,
     Provider,
     Receipt,
@@ -29,7 +30,7 @@ from recovery.transitions import transition_call
 PASSWORD = "correct-horse-battery-9"
 RECOVERY_MODELS = {
     Tenant, Provider, Tool, ApiToken, Task, Step, Call, Attempt, Decision, GateDecision, Receipt, Diagnostic,
-    AuditEvent, AuditChainHead,
+    AuditEvent, AuditChainHead, DrillRun,
 }  # fmt: skip
 RECORDED = [AuditEvent, Call, Attempt, Receipt]
 
@@ -70,6 +71,7 @@ def recorded(registry, make_call, actor):
         diagnostic=diagnostic,
     )
     ApiToken.objects.create(name="runtime", prefix="rc_abc", digest="d" * 64)
+    DrillRun.objects.create(drills=["timeout after send"])
     return {"call": call, "attempt": attempt, "receipt": receipt, "event": AuditEvent.objects.get(call=call)}
 
 

@@ -92,3 +92,33 @@ def test_a_task_past_its_deadline_without_a_submission_is_flagged(client):
     flagged = client.get_task(task.id).raw
     assert flagged["no_submission"] is True
     assert flagged["next_action"].startswith("submit_or_abandon")
+
+
+def test_an_admission_that_loses_the_half_open_probe_to_another_is_told_to_degrade(client, monkeypatch):
+    """Two runtimes ask for the one probe at once: both gates see it free, only one reservation wins. The loser's
+    409 must still say what to do (degrade, with the fallback), like any breaker denial — it said nothing before."""
+    from recovery.services import ingest
+
+    task = client.create_task("acme", "race", agent="tests", goal="look up orders")
+    for n in (1, 2, 3):
+        call = lookup(client, task, n)
+        client.admit(call.call_id, "a1")
+        client.report(call.call_id, "a1", SENT | {"http_status": 503})
+    time.sleep(1.1)  # the cooldown: the breaker reads half_open with its one probe free
+    loser = lookup(client, task, 4)
+    real_reserve = ingest.breaker_reserve_probe
+
+    def another_admission_reserves_first(tool, *, now):
+        assert real_reserve(tool, now=now)  # the other runtime's admission, between our gate and our reservation
+        return real_reserve(tool, now=now)
+
+    monkeypatch.setattr(ingest, "breaker_reserve_probe", another_admission_reserves_first)
+    with pytest.raises(NotAdmitted) as denied:
+        client.admit(loser.call_id, "a1")
+
+    assert denied.value.gate["reason"] == "breaker_open"
+    assert denied.value.required_next["action"] == "degrade"
+    assert denied.value.required_next["detail"]["fallback"] == "read_only_summary"
+    breaker_check = [check for check in denied.value.gate["checks"] if check["name"] == "breaker"]
+    assert breaker_check == [{"name": "breaker", "passed": False, "detail": "half_open: the probe is taken"}]
+    assert client.get_call(loser.call_id)["state"] == "READY"

@@ -17,10 +17,12 @@ from __future__ import annotations
 import copy
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+import requests
 from django.conf import settings
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
@@ -93,11 +96,19 @@ class Stage:
 # The drill registry -------------------------------------------------------------------------------------------------
 
 
+def callback_url(api_url: str) -> str:
+    """Where the drills' sandbox delivers its signed callbacks: the drill provider's callback route on the API."""
+    return f"{api_url.rstrip('/')}/api/v1/providers/{DRILL_PROVIDER}/callbacks"
+
+
 def drill_registry(sandbox_url: str) -> dict:
     """The shipped sandbox registry as the drills' own: `drill.` tools on `drill-sandbox`, quick schedules."""
     shipped = shipped_registry()
     provider = copy.deepcopy(shipped["providers"][0]) | {"name": DRILL_PROVIDER, "base_url": sandbox_url}
     provider["read_timeout_s"] = 2
+    # The status-down drill fails three status queries on purpose: that alone must never open the status endpoint's
+    # breaker, or the drills after it (the backlog's thousand checks) would be skipped as unreachable.
+    provider["status_breaker"] = {"window_s": 60, "min_calls": 20, "failure_rate": 0.5, "cooldown_s": 5}
     tools = []
     for original in shipped["tools"]:
         tool = copy.deepcopy(original)
@@ -122,6 +133,11 @@ def drill_registry(sandbox_url: str) -> dict:
         "half_open_probes": 1,
         "probe_lease_s": 30,
     }
+    # The rate-limit drill's lookup: three attempts (two 429s, then the answer), and a breaker that its 429s never
+    # open, so the drill can run again at once (the 5xx drill has order.lookup's breaker to itself).
+    replica = by_name[DRILL_PREFIX + "order.lookup_replica"]
+    replica["budgets"] = {"max_attempts": 3}
+    replica["breaker"] = {"min_calls": 1_000_000}
     # The backlog drill loses a thousand refund replies on purpose: refund.create's breaker must not take that as
     # an outage (a lost reply counts as a failure of the tool).
     by_name[DRILL_PREFIX + "refund.create"]["breaker"] = {"min_calls": 1_000_000}
@@ -159,6 +175,51 @@ class ApiServer:
         self.server.server_close()
 
 
+class ApiProcesses:
+    """The console's WSGI application served by gunicorn worker processes on a free port, on this process's
+    database: what the drill command uses, so its many agent threads never share an interpreter lock with the API
+    they call."""
+
+    def __init__(self, *, workers: int, threads: int = 8, log_dir: Path) -> None:
+        self.workers, self.threads, self.log_path = workers, threads, log_dir / f"api-{os.getpid()}.log"
+        self.process: subprocess.Popen | None = None
+        self.url = ""
+
+    def start(self) -> ApiProcesses:
+        with socket.socket() as probe:  # a free port (released again; nothing else here takes ports meanwhile)
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        env = {**os.environ, "DATABASE_URL": database_url(), "PYTHONUNBUFFERED": "1"}
+        if settings.REDIS_URL:
+            env["REDIS_URL"] = settings.REDIS_URL
+        command = [sys.executable, "-m", "gunicorn", "console.wsgi:application", "--bind", f"127.0.0.1:{port}"]
+        command += ["--workers", str(self.workers), "--threads", str(self.threads), "--log-level", "warning"]
+        with open(self.log_path, "a") as out:
+            self.process = subprocess.Popen(
+                command, cwd=settings.BASE_DIR, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                requests.get(f"{self.url}/api/v1/openapi.json", timeout=5)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"the API (gunicorn) did not start: {self.log_path.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+
 def database_url() -> str:
     """The URL of the database this process uses (a test run's test database included), for child processes."""
     config = connection.settings_dict
@@ -188,6 +249,8 @@ def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterato
                 runner.stop()
         return
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
+    # These workers serve a drill, whose registry checks every second: look for due checks every second too.
+    env["RECOVERY_RECONCILE_EVERY_S"] = "1"
     log_dir = log_dir or Path(tempfile.gettempdir())
     children = []
     try:
@@ -217,23 +280,29 @@ def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterato
 
 @contextmanager
 def drill_stage(
-    *, api_url: str | None = None, jobs: bool = True, workers: int = 1, work_dir: Path | None = None
+    *,
+    api_url: str | None = None,
+    jobs: bool = True,
+    workers: int = 1,
+    work_dir: Path | None = None,
+    api_workers: int = 0,
 ) -> Iterator[Stage]:
     """Everything a drill run needs, started here and stopped on exit: the API (unless `api_url` names one that
-    serves this database), a sandbox on a free port with callbacks to the API, the drill registry, a token for the
-    drills tenant, and background jobs."""
+    serves this database: threads of this process, or `api_workers` gunicorn processes), a sandbox on a free port
+    with callbacks to the API, the drill registry, a token for the drills tenant, and background jobs."""
     sandbox_env_defaults()
     with ExitStack() as stack:
         tmp = work_dir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="drill-")))
         if api_url is None:
-            server = ApiServer().start()
+            server = ApiProcesses(workers=api_workers, log_dir=tmp) if api_workers else ApiServer()
+            server.start()
             stack.callback(server.stop)
             api_url = server.url
         sandbox = SandboxProcess(
             tmp / "sandbox.sqlite3",
             api_key=os.environ["SANDBOX_API_KEY"],
             callback_secret=os.environ["SANDBOX_CALLBACK_SECRET"],
-            extra_args=("--callback-url", f"{api_url}/api/v1/providers/{DRILL_PROVIDER}/callbacks"),
+            extra_args=("--callback-url", callback_url(api_url)),
         ).start()
         stack.callback(sandbox.stop)
         registry = drill_registry(sandbox.url)

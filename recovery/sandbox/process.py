@@ -162,6 +162,8 @@ class SandboxProcess(SandboxClient):
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        if self.process and self.process.stdout:
+            self.process.stdout.close()  # the reader thread ends with it
         self.process = None
 
     def restart(self) -> SandboxProcess:

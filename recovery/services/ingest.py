@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import random
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -300,12 +300,16 @@ def _candidate(call: Call, body: dict) -> tuple[Candidate, Tool]:
     return candidate, tool
 
 
-def _evaluate(call: Call, candidate: Candidate, tool: Tool, now: datetime):
+def _evaluate(call: Call, candidate: Candidate, tool: Tool, now: datetime, *, probe_taken: bool = False):
+    """The gate's answer. `probe_taken`: this admission lost the half-open probe to another one after the gate had
+    offered it, so the gate is asked again (the breaker read afresh) knowing that no probe is left."""
     policy = tool_policy(call.tool)
     candidate_policy = tool_policy(tool) if tool.pk != call.tool_id else None
     context, view = gate_context(
         call, tool=policy, candidate_tool=candidate_policy, executing_tool=tool, task=call.task, now=now, approval=False
     )
+    if probe_taken:
+        context = replace(context, breaker=replace(context.breaker, probe_available=False))
     return admit(view, candidate, context), policy
 
 
@@ -349,6 +353,12 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
     now = timezone.now()
     candidate, tool = _candidate(call, body)
     gate, _ = _evaluate(call, candidate, tool, now)
+    probe = gate.uses_probe
+    if probe and not breaker_reserve_probe(tool, now=now):
+        # Another admission reserved the half-open probe between our gate and our reservation: the gate answers
+        # again, without a probe — a degrade denial with the fallback (or an admission, if that probe closed it).
+        gate, _ = _evaluate(call, candidate, tool, now, probe_taken=True)
+        probe = False
     outcome_body = body.get("outcome")
     if not gate.allowed:
         if outcome_body is None:
@@ -357,20 +367,6 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
                 409, {"admitted": False, "call_id": call.pk, "call_state": call.state, "gate": _gate_json(gate, row)}
             )
         return _bypassed_single_shot(call, candidate, tool, gate, outcome_body, digest, actor, now)
-    probe = gate.uses_probe
-    if probe and not breaker_reserve_probe(tool, now=now):
-        row = _store_gate(call, candidate, gate, actor)
-        row.allowed, row.reason = False, "breaker_open"
-        row.save(update_fields=["allowed", "reason"])
-        return Admission(
-            409,
-            {
-                "admitted": False,
-                "call_id": call.pk,
-                "call_state": call.state,
-                "gate": _gate_json(gate, row) | {"allowed": False, "reason": "breaker_open"},
-            },
-        )
     judged = None
     if outcome_body is not None:
         # Classify and count the breaker outcome before our transaction: the breaker's short transaction never

@@ -1,0 +1,181 @@
+"""The pinned expectations of the fault drills (SPEC §18), as data.
+
+Each drill names what is injected, how every call it makes must end — the exact states it passes through after
+READY, as the audit trail records them — how many business effects the sandbox's ledger must hold for each key,
+and the extra checks its runner must report. A drill passes only when every key's observed effects and every call's
+end equal these, and every check named here was made and held (recovery/drills/runner.py compares).
+
+The drills of §18 that need an approval (a worker killed mid-replay, two approvers, a provider ignoring keys) are
+listed in NOT_HERE: they are not run by `manage.py drill`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from recovery.states import CallState
+
+S = CallState
+ARROW = " → "
+
+
+@dataclass(frozen=True, kw_only=True)
+class End:
+    """One acceptable end of a call: the exact states after READY (`path`), or any path ending in `state`; and, when
+    `told` is set, what the console last told the runtime about the call — the required_next action of its last
+    admission answer or decision card (e.g. `degrade`)."""
+
+    path: tuple[str, ...] | None = None
+    state: str = ""
+    told: str = ""
+
+    def matches(self, path: tuple[str, ...], told: str) -> bool:
+        if self.path is not None and tuple(path) != self.path:
+            return False
+        if self.path is None and (path[-1] if path else S.READY) != self.state:
+            return False
+        return not self.told or told == self.told
+
+    def describe(self) -> str:
+        text = ARROW.join(self.path) if self.path is not None else f"… {self.state}"
+        if self.path == ():
+            text = S.READY
+        return f"{text}, told: {self.told}" if self.told else text
+
+
+@dataclass(frozen=True, kw_only=True)
+class Drill:
+    slug: str  # what `manage.py drill` takes
+    name: str  # the row of SPEC §18
+    injected: str
+    expected_end: str  # the table's words
+    ends: tuple[End, ...]  # how each call may end (any one of them)
+    effects: int  # business effects per key in the sandbox ledger
+    checks: tuple[str, ...]  # the extra checks the runner must report, all holding
+
+    def describe_end(self) -> str:
+        return " | ".join(end.describe() for end in self.ends)
+
+    def expected_summary(self) -> str:
+        effects = f"{self.effects} effect{'s' if self.effects != 1 else ''} per key"
+        return f"{self.describe_end()}; {effects}; {len(self.checks)} check{'s' if len(self.checks) != 1 else ''}"
+
+
+DRILLS: dict[str, Drill] = {
+    drill.slug: drill
+    for drill in (
+        Drill(
+            slug="refused-before-send",
+            name="refused before send",
+            injected="the provider's port closed for the first refund attempt; facts taken from the real exception",
+            expected_end="RETRYABLE → SENT → COMMITTED, same key; the sandbox logged no request for the first attempt",
+            ends=(End(path=(S.SENT, S.RETRYABLE, S.SENT, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "the first attempt's facts come from the real exception",
+                "the sandbox logged no request for the first attempt",
+                "the retry carried the same key",
+            ),
+        ),
+        Drill(
+            slug="timeout-after-send",
+            name="timeout after send",
+            injected="refund committed, reply dropped",
+            expected_end="UNKNOWN → COMMITTED by a receipt; no second request",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("settled by a receipt", "no second request"),
+        ),
+        Drill(
+            slug="lost-before-commit",
+            name="lost before commit",
+            injected="refund request dropped before the provider executed it, client timed out",
+            expected_end="UNKNOWN → NOT_COMMITTED → RETRYABLE → SENT → COMMITTED, same key",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.NOT_COMMITTED, S.RETRYABLE, S.SENT, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "the client timed out",
+                "the provider executed nothing for the first request",
+                "a receipt proved it not committed before the retry",
+                "the retry carried the same key",
+            ),
+        ),
+        Drill(
+            slug="duplicate-callbacks",
+            name="duplicate callbacks",
+            injected="the same signed callback delivered 3 times for an UNKNOWN refund",
+            expected_end="COMMITTED; one receipt applied, one transition",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("the provider delivered one event 3 times", "one receipt applied, one transition"),
+        ),
+        Drill(
+            slug="rate-limit",
+            name="rate limit",
+            injected="429 with Retry-After 2 s, twice, on a lookup",
+            expected_end="COMMITTED; the sandbox's request times show no attempt before its Retry-After",
+            ends=(End(path=(S.SENT, S.RETRYABLE, S.SENT, S.RETRYABLE, S.SENT, S.COMMITTED)),),
+            effects=0,
+            checks=("the decision cards named the Retry-After", "no attempt before its Retry-After"),
+        ),
+        Drill(
+            slug="dependency-5xx",
+            name="dependency 5xx",
+            injected="503 on every call to one tool",
+            expected_end=(
+                "failing calls end FAILED_PERMANENT (attempts spent) or are denied at admission with `degrade`; "
+                "breaker open; after cooldown exactly one half-open probe reaches the provider"
+            ),
+            ends=(
+                End(path=(S.SENT, S.RETRYABLE, S.SENT, S.RETRYABLE, S.SENT, S.FAILED_PERMANENT)),
+                End(state=S.READY, told="degrade"),
+                End(state=S.RETRYABLE, told="degrade"),
+            ),
+            effects=0,
+            checks=(
+                "the breaker opened",
+                "while open, admission refused before anything was sent",
+                "after cooldown exactly one half-open probe reaches the provider",
+                "once the fault is gone, the next probe closes the breaker",
+            ),
+        ),
+        Drill(
+            slug="status-api-down",
+            name="status API down",
+            injected="refund committed, reply dropped, status endpoint 503",
+            expected_end="STILL_UNKNOWN → HUMAN_REVIEW at the poll budget",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW)),),
+            effects=1,
+            checks=("no second request", "every check failed and counted toward the poll budget"),
+        ),
+        Drill(
+            slug="queue-backlog",
+            name="queue backlog",
+            injected="1,000 refunds committed with replies dropped",
+            expected_end="all COMMITTED by receipts before their deadline; no call checked by two workers at once",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "all COMMITTED by receipts",
+                "before their deadline",
+                "no call checked by two workers at once",
+            ),
+        ),
+    )
+}
+
+# The other rows of SPEC §18: each needs an approval (or a killed worker) that this command does not give.
+NOT_HERE: dict[str, str] = {
+    "worker killed mid-replay": "needs an approved same-key replay",
+    "two approvers": "needs two approvers acting at once",
+    "provider ignores keys": "needs an approved duplicate probe",
+}
+
+
+def find(name: str) -> Drill:
+    """A drill by its slug or its SPEC name, in any case, with spaces or hyphens: KeyError names the choices."""
+    wanted = name.strip().lower().replace(" ", "-").replace("_", "-")
+    for drill in DRILLS.values():
+        if wanted in (drill.slug, drill.name.lower().replace(" ", "-")):
+            return drill
+    raise KeyError(f"no drill {name!r}; the drills are: {', '.join(DRILLS)}")

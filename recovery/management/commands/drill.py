@@ -1,0 +1,131 @@
+"""`manage.py drill [NAME ...]`: run the fault drills of SPEC §18 and store the run for the console.
+
+    python manage.py drill                                  # every drill; the backlog makes 1,000 refunds
+    python manage.py drill timeout-after-send "rate limit"  # by slug or by the SPEC's name
+    python manage.py drill queue-backlog --backlog 200 --workers 2
+    python manage.py drill --list
+
+It starts what the drills need and stops it afterwards: the API on a free port (served from this process, on this
+database: `--api-workers` gunicorn processes, or threads of this process with 0), a sandbox provider process on
+another free port, and background jobs (`--workers` RQ worker processes with REDIS_URL, the in-process runner
+without). The drills run one after another through the demo agent; each
+prints its log, then a result table is printed, the run is stored as a DrillRun (read-only in /admin/), and the
+command exits non-zero when any drill did not end exactly as the table in recovery/drills/table.py pins.
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+from django.utils import timezone
+
+from recovery.drills.runner import BACKLOG_DEFAULT, DrillResult, result_table, run_drill
+from recovery.drills.stage import drill_stage
+from recovery.drills.table import DRILLS, NOT_HERE, find
+from recovery.models import DrillRun
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the fault drills of SPEC §18 (all by default) against a sandbox process, the API and background jobs it "
+        "starts; print each drill's log and a result table, store the run, and exit non-zero on any mismatch."
+    )
+
+    def add_arguments(self, parser):
+        parser.add_argument("names", nargs="*", metavar="NAME", help="drills to run, by slug or name (see --list)")
+        parser.add_argument(
+            "--list", action="store_true", dest="list_only", help="list the drills and what each expects, run nothing"
+        )
+        parser.add_argument(
+            "--backlog", type=int, default=BACKLOG_DEFAULT, help="refunds the queue-backlog drill makes (1000)"
+        )
+        parser.add_argument(
+            "--workers", type=int, default=None, help="RQ worker processes with REDIS_URL (default 2; 1 in-process)"
+        )
+        parser.add_argument(
+            "--api-workers",
+            type=int,
+            default=2,
+            help="gunicorn processes serving the API (default 2); 0 serves it from threads of this process",
+        )
+
+    def handle(
+        self, *args, names: list[str], list_only: bool, backlog: int, workers: int | None, api_workers: int, **options
+    ):
+        if list_only:
+            self._list()
+            return
+        try:
+            wanted = {find(name).slug for name in names} or set(DRILLS)
+        except KeyError as exc:
+            raise CommandError(exc.args[0]) from None
+        if backlog < 1:
+            raise CommandError("--backlog must be at least 1")
+        if workers is not None and workers < 1:
+            raise CommandError("--workers must be at least 1")
+        if api_workers < 0:
+            raise CommandError("--api-workers must be 0 or more")
+        workers = workers or (2 if settings.REDIS_URL else 1)
+        slugs = [slug for slug in DRILLS if slug in wanted]  # always in the table's order
+        lines: list[str] = []
+
+        def log(line: str) -> None:
+            self.stdout.write(line)
+            lines.append(line)
+
+        run = DrillRun.objects.create(
+            drills=[DRILLS[slug].name for slug in slugs],
+            options={
+                "backlog": backlog,
+                "workers": workers,
+                "api_workers": api_workers,
+                "database": connection.vendor,
+            },
+        )
+        results: list[DrillResult] = []
+        began, failure = time.monotonic(), ""
+        try:
+            with drill_stage(workers=workers, api_workers=api_workers) as stage:
+                run.jobs = stage.jobs[:200]
+                run.save(update_fields=["jobs"])
+                log(
+                    f"drill run {run.pk}: API {stage.api_url}, sandbox {stage.sandbox.url}, {stage.jobs},"
+                    f" database {connection.vendor}; keys end in -{stage.run_id}"
+                )
+                for slug in slugs:
+                    results.append(run_drill(stage, slug, log=log, backlog=backlog))
+        except KeyboardInterrupt:
+            failure = "interrupted"
+        except Exception as exc:  # the stage could not start (or stop): stored with the run, then reported
+            failure = f"{type(exc).__name__}: {exc}"
+        finally:
+            if failure:
+                log(f"the run stopped: {failure}")
+            log("")
+            log(result_table(results))
+            passed = not failure and len(results) == len(slugs) and all(result.passed for result in results)
+            run.finished_at = timezone.now()
+            run.passed = passed
+            run.results = [result.as_json() for result in results]
+            run.log = DrillRun.cut_log("\n".join(lines))
+            run.save(update_fields=["finished_at", "passed", "results", "log"])
+        good = sum(result.passed for result in results)
+        summary = (
+            f"{good} of {len(slugs)} drills passed in {time.monotonic() - began:.0f} s;"
+            f" stored as drill run {run.pk} (/admin/recovery/drillrun/{run.pk}/change/)"
+        )
+        if not passed:
+            failed = [result.name for result in results if not result.passed]
+            raise CommandError(f"{summary}; failed: {', '.join(failed) or failure}")
+        self.stdout.write(self.style.SUCCESS(summary))
+
+    def _list(self) -> None:
+        for drill in DRILLS.values():
+            self.stdout.write(f"{drill.slug:<20} {drill.name}: {drill.injected}")
+            self.stdout.write(f"{'':<20} expected: {drill.expected_end}")
+            self.stdout.write(f"{'':<20} each call: {drill.describe_end()}; {drill.effects} effect(s) per key")
+        for name, why in NOT_HERE.items():
+            self.stdout.write(f"{'(not run here)':<20} {name}: {why}")
