@@ -8,6 +8,7 @@ SECRET_KEY and ALLOWED_HOSTS must be given, and `manage.py check --deploy` passe
 
 from pathlib import Path
 
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from console.env import database_from_env, env_bool, env_int, env_list, env_str, redis_url_from_env
@@ -35,6 +36,9 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "django_htmx",
+    "template_partials",
+    "csp",
     "django_rq",
     "ninja",
     "recovery",
@@ -50,6 +54,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "csp.middleware.CSPMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"
@@ -101,7 +107,30 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/sign-in/"
+LOGIN_REDIRECT_URL = "/"
+# Sign-in throttling: this many failures for one username (or from one address) within the window lock it out
+# for the rest of the window.
+RECOVERY_SIGN_IN_MAX_FAILURES = env_int("RECOVERY_SIGN_IN_MAX_FAILURES", 5, minimum=1)
+RECOVERY_SIGN_IN_WINDOW_S = env_int("RECOVERY_SIGN_IN_WINDOW_S", 900, minimum=1)
+# How long a reviewer's claim on a queue item lasts unless renewed or released.
+RECOVERY_CLAIM_S = env_int("RECOVERY_CLAIM_S", 900, minimum=30)
+
+# Content-Security-Policy (django-csp): scripts and styles only from this site (htmx is served from static files),
+# inline scripts only with the per-response nonce, no frames, no plugins, forms post only here.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [NONE],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    }
+}
 
 # API request bodies above this many bytes get 413 before anything reads them.
 RECOVERY_API_MAX_BODY = env_int("RECOVERY_API_MAX_BODY", 256 * 1024, minimum=1024)

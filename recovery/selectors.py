@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from functools import cache
 
 from django.db import connection
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from recovery import rows
@@ -242,4 +245,114 @@ def call_detail(call: Call) -> dict:
             }
             for r in receipts
         ],
+    }
+
+
+# Queues (SPEC §15.3) ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Queue:
+    slug: str
+    title: str
+    states: tuple[str, ...]  # the states it shows; the "calls" queue shows the one state chosen
+
+
+QUEUES = {
+    "unknown": Queue(slug="unknown", title="Unknown outcome", states=(S.UNKNOWN, S.STILL_UNKNOWN)),
+    "human-review": Queue(slug="human-review", title="Human review", states=(S.HUMAN_REVIEW,)),
+    "calls": Queue(slug="calls", title="All calls", states=tuple(S.values)),
+}
+AGES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(hours=24)}
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueueFilters:
+    """What a queue page shows, as the URL says it (every field optional except the queue's own states)."""
+
+    states: tuple[str, ...]
+    tool_id: int | None = None
+    tenant_id: int | None = None
+    risk: str = ""
+    older_than: timedelta | None = None
+    q: str = ""
+    newest_first: bool = False
+    after: tuple[datetime, int] | None = None  # keyset cursor: the last row of the previous page
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueuePage:
+    rows: list[Call]
+    next_cursor: tuple[datetime, int] | None
+
+
+_QUEUE_COLUMNS = (
+    "id", "state", "risk", "state_changed_at", "checks_made", "last_receipt_at", "last_receipt_status",
+    "claim_until", "idempotency_key", "provider_ref", "task__id", "task__external_id", "step__index", "tool__name",
+    "tenant__name", "claimed_by__username",
+)  # fmt: skip
+
+
+def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+    """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
+    one for the rows, plus one to resolve a search by task id or external id."""
+    calls = Call.objects.filter(state__in=filters.states)
+    if filters.tool_id:
+        calls = calls.filter(tool_id=filters.tool_id)
+    if filters.tenant_id:
+        calls = calls.filter(tenant_id=filters.tenant_id)
+    if filters.risk:
+        calls = calls.filter(risk=filters.risk)
+    if filters.older_than:
+        calls = calls.filter(state_changed_at__lte=now - filters.older_than)
+    if filters.q:
+        calls = calls.filter(_search(filters.q))
+    if filters.after:
+        at, pk = filters.after
+        if filters.newest_first:
+            calls = calls.filter(state_changed_at__lte=at).filter(Q(state_changed_at__lt=at) | Q(id__lt=pk))
+        else:
+            calls = calls.filter(state_changed_at__gte=at).filter(Q(state_changed_at__gt=at) | Q(id__gt=pk))
+    order = ("-state_changed_at", "-id") if filters.newest_first else ("state_changed_at", "id")
+    rows_ = list(
+        calls.select_related("task", "step", "tool", "tenant", "claimed_by").only(*_QUEUE_COLUMNS).order_by(*order)[
+            : size + 1
+        ]
+    )
+    more = len(rows_) > size
+    rows_ = rows_[:size]
+    return QueuePage(rows=rows_, next_cursor=(rows_[-1].state_changed_at, rows_[-1].pk) if more else None)
+
+
+def call_row(call_id: int) -> Call | None:
+    """One call with a queue row's columns (after a claim, the row is drawn again as it now stands)."""
+    return (
+        Call.objects.select_related("task", "step", "tool", "tenant", "claimed_by")
+        .only(*_QUEUE_COLUMNS)
+        .filter(pk=call_id)
+        .first()
+    )
+
+
+def _search(q: str) -> Q:
+    """Exact matches on what a reviewer pastes: a task's id or external id, an idempotency key, a provider ref. Each
+    side of the OR has its own index; task ids are looked up first so the OR never spans a join."""
+    task_ids = list(Task.objects.filter(external_id=q).values_list("id", flat=True)[:100])
+    if q.isdigit() and len(q) < 19:
+        task_ids.append(int(q))
+    return Q(task_id__in=task_ids) | Q(idempotency_key=q) | Q(provider_ref=q)
+
+
+def queue_counts() -> dict[str, int]:
+    """Open items per queue for the navigation (one statement over the queue index)."""
+    counted = dict(
+        Call.objects.filter(state__in=(S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW))
+        .values_list("state")
+        .annotate(n=Count("id"))
+        .values_list("state", "n")
+    )
+    return {
+        "unknown": counted.get(S.UNKNOWN, 0) + counted.get(S.STILL_UNKNOWN, 0),
+        "human_review": counted.get(S.HUMAN_REVIEW, 0),
     }

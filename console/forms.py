@@ -1,0 +1,122 @@
+"""Forms of the operator console: the queue filters (read from the URL) and sign-in with throttling."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django import forms
+from django.conf import settings
+from django.contrib.auth.forms import AuthenticationForm
+from django.utils import timezone
+
+from console.models import SignInFailure
+from recovery.models import Risk, Tenant, Tool
+from recovery.selectors import AGES, Queue, QueueFilters
+
+AGE_CHOICES = [
+    ("", "any age"),
+    ("5m", "older than 5 minutes"),
+    ("1h", "older than 1 hour"),
+    ("24h", "older than 1 day"),
+]
+SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first")]
+
+
+class QueueFilterForm(forms.Form):
+    """The filters of a queue page. Every field is optional and lives in the URL, so a filtered queue can be shared
+    and survives the live refresh; a bad value is a field error, never a 500."""
+
+    state = forms.ChoiceField(required=False)
+    tool = forms.ChoiceField(required=False)
+    tenant = forms.ChoiceField(required=False)
+    risk = forms.ChoiceField(required=False, choices=[("", "any risk"), *Risk.choices])
+    age = forms.ChoiceField(required=False, choices=AGE_CHOICES)
+    q = forms.CharField(required=False, max_length=255, strip=True, label="Search")
+    sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
+    after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
+
+    def __init__(self, data, *, queue: Queue, tools: list[tuple[int, str]], tenants: list[tuple[int, str]]):
+        super().__init__(data)
+        self.queue = queue
+        first = "" if len(queue.states) <= 3 else queue.states[0]
+        self.fields["state"].choices = ([("", "every state here")] if not first else []) + [
+            (state, state) for state in queue.states
+        ]
+        self.fields["tool"].choices = [("", "every tool"), *((str(pk), name) for pk, name in tools)]
+        self.fields["tenant"].choices = [("", "every tenant"), *((str(pk), name) for pk, name in tenants)]
+
+    def clean_after(self) -> tuple[datetime, int] | None:
+        raw = self.cleaned_data.get("after") or ""
+        if not raw:
+            return None
+        at, _, pk = raw.rpartition("~")
+        try:
+            parsed = datetime.fromisoformat(at)
+            if parsed.tzinfo is None or not pk.isdigit():
+                raise ValueError
+        except ValueError:
+            raise forms.ValidationError("Not a page position this console made; start from the first page.") from None
+        return parsed, int(pk)
+
+    def filters(self) -> QueueFilters:
+        data = self.cleaned_data
+        states = (data["state"],) if data.get("state") else self.queue.states
+        if len(self.queue.states) > 3 and not data.get("state"):
+            states = (self.queue.states[0],)  # "all calls" shows one state at a time, so its index orders the page
+        return QueueFilters(
+            states=states,
+            tool_id=int(data["tool"]) if data.get("tool") else None,
+            tenant_id=int(data["tenant"]) if data.get("tenant") else None,
+            risk=data.get("risk") or "",
+            older_than=AGES.get(data.get("age") or ""),
+            q=data.get("q") or "",
+            newest_first=data.get("sort") == "newest",
+            after=data.get("after"),
+        )
+
+
+def filter_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """The tools and tenants to filter by: two small statements."""
+    tools = list(Tool.objects.order_by("name").values_list("id", "name"))
+    tenants = list(Tenant.objects.order_by("name").values_list("id", "name"))
+    return tools, tenants
+
+
+def cursor_param(cursor: tuple[datetime, int]) -> str:
+    at, pk = cursor
+    return f"{at.isoformat()}~{pk}"
+
+
+class ThrottledSignInForm(AuthenticationForm):
+    """Django's sign-in form, refused outright while a username or an address has too many recent failures."""
+
+    error_messages = {
+        **AuthenticationForm.error_messages,
+        "throttled": "Too many failed sign-ins for this account or from this address. Try again in %(minutes)d "
+        "minutes, or ask an admin to reset your password.",
+    }
+
+    def clean(self):
+        username = (self.data.get("username") or "").strip()[:150]
+        address = _address(self.request)
+        window = timedelta(seconds=settings.RECOVERY_SIGN_IN_WINDOW_S)
+        since = timezone.now() - window
+        limit = settings.RECOVERY_SIGN_IN_MAX_FAILURES
+        recent = SignInFailure.objects.filter(at__gte=since)
+        too_many_for_user = bool(username) and recent.filter(username=username).count() >= limit
+        too_many_from_address = bool(address) and recent.filter(address=address).count() >= limit * 4
+        if too_many_for_user or too_many_from_address:
+            raise forms.ValidationError(
+                self.error_messages["throttled"],
+                code="throttled",
+                params={"minutes": max(1, round(window.total_seconds() / 60))},
+            )
+        try:
+            return super().clean()
+        except forms.ValidationError:
+            SignInFailure.objects.create(username=username, address=address)
+            raise
+
+
+def _address(request) -> str | None:
+    return request.META.get("REMOTE_ADDR") or None if request is not None else None

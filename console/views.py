@@ -1,0 +1,129 @@
+"""The operator console's pages (SPEC §15): plain function views over recovery.selectors and recovery.services.
+
+Every page needs a signed-in user with a role: the `recovery.view_call` permission every role holds, and
+`recovery.review_call` (reviewers) for claims. A signed-out visitor is sent to sign-in; a signed-in user without
+the permission gets 403. An htmx request gets the page's partial (the same markup the full page includes).
+"""
+
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.decorators import login_required, permission_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.http import url_has_allowed_host_and_scheme
+from django.views.decorators.http import require_GET, require_POST
+
+from console.forms import QueueFilterForm, ThrottledSignInForm, cursor_param, filter_options
+from recovery.audit import Actor
+from recovery.selectors import QUEUES, QueueFilters, call_row, queue_counts, queue_page
+from recovery.services.claims import ClaimRefused, call_claim, call_release
+
+VIEW = "recovery.view_call"
+REVIEW = "recovery.review_call"
+REFRESH_S = 5
+
+
+class SignInView(auth_views.LoginView):
+    form_class = ThrottledSignInForm
+    template_name = "registration/sign_in.html"
+    redirect_authenticated_user = True
+
+
+def _page(request: HttpRequest, template: str, context: dict, *, partial: str = "", status: int = 200):
+    """The full page, or only `partial` of it for htmx (the live refresh swaps the same markup in place)."""
+    if partial and request.htmx:
+        return render(request, f"{template}#{partial}", context, status=status)
+    return render(request, template, context | {"counts": queue_counts()}, status=status)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def home(request: HttpRequest) -> HttpResponse:
+    return redirect("console:queue", slug="unknown")
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def queue(request: HttpRequest, slug: str) -> HttpResponse:
+    current = QUEUES.get(slug)
+    if current is None:
+        raise Http404("No such queue.")
+    tools, tenants = filter_options()
+    form = QueueFilterForm(request.GET, queue=current, tools=tools, tenants=tenants)
+    now = timezone.now()
+    if form.is_valid():
+        filters = form.filters()
+        page = queue_page(filters, now=now)
+        status = 200
+    else:
+        filters, page, status = QueueFilters(states=current.states), None, 400
+    next_url = ""
+    if page and page.next_cursor:
+        query = request.GET.copy()
+        query["after"] = cursor_param(page.next_cursor)
+        next_url = f"{request.path}?{query.urlencode()}"
+    first_query = request.GET.copy()
+    first_query.pop("after", None)
+    context = {
+        "queue": current,
+        "queues": QUEUES,
+        "form": form,
+        "page": page,
+        "rows": page.rows if page else [],
+        "filters": filters,
+        "now": now,
+        "next_url": next_url,
+        "first_url": f"{request.path}?{first_query.urlencode()}" if request.GET.get("after") else "",
+        "refresh_s": REFRESH_S,
+        "can_review": request.user.has_perm(REVIEW),
+    }
+    return _page(request, "console/queue.html", context, partial="rows", status=status)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def counts(request: HttpRequest) -> HttpResponse:
+    """The navigation's live queue counts (an htmx partial)."""
+    return render(request, "console/base.html#counts", {"counts": queue_counts()})
+
+
+@require_POST
+@login_required
+@permission_required(REVIEW, raise_exception=True)
+def claim(request: HttpRequest, call_id: int) -> HttpResponse:
+    try:
+        taken = call_claim(call_id=call_id, user=request.user, actor=Actor.for_user(request.user))
+    except ClaimRefused as refused:
+        return _after_claim(request, call_id, str(refused), error=True)
+    return _after_claim(request, call_id, f"You hold call {call_id} until {taken.until:%H:%M:%S} UTC.")
+
+
+@require_POST
+@login_required
+@permission_required(REVIEW, raise_exception=True)
+def release(request: HttpRequest, call_id: int) -> HttpResponse:
+    if call_release(call_id=call_id, user=request.user, actor=Actor.for_user(request.user)):
+        return _after_claim(request, call_id, f"Released call {call_id}.")
+    return _after_claim(request, call_id, f"You do not hold call {call_id}.", error=True)
+
+
+def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: bool = False) -> HttpResponse:
+    """htmx: the row again, as it now stands (with the message in its status cell); otherwise back to the queue."""
+    if request.htmx:
+        row = call_row(call_id)
+        if row is None:
+            raise Http404("No such call.")
+        context = {"row": row, "now": timezone.now(), "can_review": True, "notice": message, "notice_error": error}
+        return render(request, "console/queue.html#row", context, status=409 if error else 200)
+    (messages.error if error else messages.success)(request, message)
+    target = request.POST.get("next", "")
+    if not url_has_allowed_host_and_scheme(target, allowed_hosts={request.get_host()}):
+        target = reverse("console:queue", kwargs={"slug": "unknown"})
+    return redirect(target)

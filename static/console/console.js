@@ -1,0 +1,71 @@
+// Recovery Console: keyboard navigation of queue rows, and the live refresh's new-row marks.
+// j / k move the current row, Enter opens it, c claims (or releases) it. Without JavaScript every page still reads
+// and every form still posts; this only adds speed.
+(function () {
+  "use strict";
+  let currentId = null;
+  let known = null; // row ids seen before the last refresh
+
+  function rows() {
+    return Array.from(document.querySelectorAll("#rows tr[data-id]"));
+  }
+
+  function setCurrent(row) {
+    rows().forEach(function (r) { r.classList.remove("current"); r.removeAttribute("aria-selected"); });
+    if (!row) { currentId = null; return; }
+    row.classList.add("current");
+    row.setAttribute("aria-selected", "true");
+    row.focus({ preventScroll: false });
+    currentId = row.dataset.id;
+  }
+
+  function move(step) {
+    const all = rows();
+    if (!all.length) return;
+    let i = all.findIndex(function (r) { return r.dataset.id === currentId; });
+    i = i < 0 ? (step > 0 ? 0 : all.length - 1) : Math.min(all.length - 1, Math.max(0, i + step));
+    setCurrent(all[i]);
+  }
+
+  function current() {
+    return rows().find(function (r) { return r.dataset.id === currentId; }) || null;
+  }
+
+  document.addEventListener("keydown", function (event) {
+    if (event.ctrlKey || event.metaKey || event.altKey) return;
+    const target = event.target;
+    if (target.matches && target.matches("input, select, textarea, [contenteditable]")) return;
+    if (!document.getElementById("rows")) return;
+    if (event.key === "j") { move(1); event.preventDefault(); }
+    else if (event.key === "k") { move(-1); event.preventDefault(); }
+    else if (event.key === "Enter" && current()) {
+      const link = current().querySelector("a.open");
+      if (link) { link.click(); event.preventDefault(); }
+    } else if (event.key === "c" && current()) {
+      const button = current().querySelector(".claim-button");
+      if (button) { button.click(); event.preventDefault(); }
+    }
+  });
+
+  document.addEventListener("click", function (event) {
+    const row = event.target.closest && event.target.closest("#rows tr[data-id]");
+    if (row) setCurrent(row);
+  });
+
+  function remember() {
+    known = new Set(rows().map(function (r) { return r.dataset.id; }));
+  }
+
+  document.addEventListener("DOMContentLoaded", remember);
+  document.addEventListener("htmx:afterSwap", function (event) {
+    const swapped = event.detail && event.detail.target;
+    if (!swapped) return;
+    // The refresh replaced the whole tbody: mark rows that were not there before, keep the current row.
+    if (known) {
+      rows().forEach(function (r) { if (!known.has(r.dataset.id)) r.classList.add("new"); });
+    }
+    remember();
+    const row = current();
+    if (row) { row.classList.add("current"); row.setAttribute("aria-selected", "true"); }
+  });
+})();

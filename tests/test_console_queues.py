@@ -1,0 +1,172 @@
+"""The operator console's queues (SPEC §15.1, §15.3) through Django's test client: roles, filters, claims, and a
+fixed number of SQL statements whatever the page's size or depth."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from recovery.audit import Actor
+from recovery.models import AuditEvent, Call
+from recovery.roles import ROLES
+from recovery.services.users import user_save_with_roles
+
+PASSWORD = "a-long-test-password-42"
+
+
+@pytest.fixture
+def users(db):
+    made = {}
+    for role in ROLES:
+        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
+    made["second_reviewer"], _ = user_save_with_roles(
+        username="reviewer2", roles=["reviewer"], password=PASSWORD, actor=Actor.system("t")
+    )
+    return made
+
+
+def _as(client, user):
+    client.force_login(user)
+    return client
+
+
+def _unknown_calls(make_call, n: int) -> list[Call]:
+    now = timezone.now()
+    calls = []
+    for i in range(n):
+        call = make_call("UNKNOWN")
+        Call.objects.filter(pk=call.pk).update(state_changed_at=now - timedelta(minutes=n - i))
+        calls.append(call)
+    return calls
+
+
+def test_it_sends_signed_out_visitors_to_sign_in(client, db):
+    for url in ["/", "/queues/unknown/", "/queues/human-review/", "/queues/calls/", "/queues/counts/"]:
+        response = client.get(url)
+        assert response.status_code == 302 and response["Location"].startswith("/sign-in/?next="), url
+    assert client.post("/calls/1/claim/").status_code == 302
+
+
+def test_every_role_reads_the_queues_and_only_reviewers_claim(client, users, make_call):
+    (call,) = _unknown_calls(make_call, 1)
+    for role in ROLES:
+        _as(client, users[role])
+        page = client.get("/queues/unknown/")
+        assert page.status_code == 200, role
+        assert call.idempotency_key not in page.content.decode()  # the key is not a column
+        assert (b'data-action="claim"' in page.content) == (role == "reviewer"), role
+        status = client.post(f"/calls/{call.pk}/claim/").status_code
+        assert status == (302 if role == "reviewer" else 403), role
+
+
+def test_the_unknown_queue_lists_oldest_first_with_its_columns(client, users, make_call):
+    calls = _unknown_calls(make_call, 3)
+    make_call("COMMITTED")
+    page = _as(client, users["viewer"]).get("/queues/unknown/").content.decode()
+    positions = [page.index(f'data-id="{c.pk}"') for c in calls]
+    assert positions == sorted(positions)
+    assert page.count('data-id="') == 3
+    assert "refund.create" in page and "acme" in page and "UNKNOWN" in page
+
+
+def test_bad_filters_get_field_errors_and_no_rows(client, users, make_call):
+    _unknown_calls(make_call, 1)
+    response = _as(client, users["viewer"]).get("/queues/unknown/?tool=999999&risk=extreme&after=nonsense")
+    assert response.status_code == 400
+    body = response.content.decode()
+    assert "Select a valid choice. 999999 is not one of the available choices." in body
+    assert "Select a valid choice. extreme is not one of the available choices." in body
+    assert "start from the first page" in body
+    assert 'data-id="' not in body
+
+
+def test_search_finds_a_call_by_key_task_or_provider_ref(client, users, make_call, task):
+    (call,) = _unknown_calls(make_call, 1)
+    other = make_call("UNKNOWN", on_task=None)
+    Call.objects.filter(pk=other.pk).update(provider_ref="re_123")
+    _as(client, users["viewer"])
+    for q, expected in [
+        (call.idempotency_key, {call.pk}),
+        ("re_123", {other.pk}),
+        (task.external_id, {call.pk, other.pk}),
+    ]:
+        body = client.get("/queues/unknown/", {"q": q}).content.decode()
+        found = {c.pk for c in (call, other) if f'data-id="{c.pk}"' in body}
+        assert found == expected, q
+
+
+def test_keyset_pages_run_the_same_statements_whatever_the_size_or_depth(client, users, make_call):
+    _as(client, users["viewer"])
+    _unknown_calls(make_call, 5)
+    with CaptureQueriesContext(connection) as small:
+        assert client.get("/queues/unknown/").status_code == 200
+    _unknown_calls(make_call, 120)
+    with CaptureQueriesContext(connection) as big:
+        first = client.get("/queues/unknown/")
+    next_url = first.context["next_url"]
+    assert next_url
+    with CaptureQueriesContext(connection) as deep:
+        second = client.get(next_url)
+    assert len(small) == len(big) == len(deep)
+    first_ids = {row.pk for row in first.context["rows"]}
+    second_ids = {row.pk for row in second.context["rows"]}
+    assert len(first_ids) == 50 and len(second_ids) == 50 and not first_ids & second_ids
+
+
+def test_a_claim_is_a_lease_that_a_colleague_cannot_take(client, users, make_call):
+    (call,) = _unknown_calls(make_call, 1)
+    _as(client, users["reviewer"]).post(f"/calls/{call.pk}/claim/")
+    call.refresh_from_db()
+    assert call.claimed_by == users["reviewer"] and call.claim_until > timezone.now()
+
+    _as(client, users["second_reviewer"])
+    refused = client.post(f"/calls/{call.pk}/claim/", HTTP_HX_REQUEST="true")
+    assert refused.status_code == 409 and "claimed by reviewer" in refused.content.decode()
+    page = client.get("/queues/unknown/").content.decode()
+    assert "reviewer" in page and 'data-action="claim"' not in page  # shown as held, no claim button
+    assert client.post(f"/calls/{call.pk}/release/", HTTP_HX_REQUEST="true").status_code == 409  # not theirs
+    assert Call.objects.get(pk=call.pk).claimed_by == users["reviewer"]
+
+    Call.objects.filter(pk=call.pk).update(claim_until=timezone.now() - timedelta(seconds=1))  # the lease lapses
+    taken = client.post(f"/calls/{call.pk}/claim/", HTTP_HX_REQUEST="true")
+    assert taken.status_code == 200
+    call.refresh_from_db()
+    assert call.claimed_by == users["second_reviewer"] and call.state == "UNKNOWN" and call.version == 0
+    actions = list(AuditEvent.objects.filter(call_id=call.pk).values_list("action", flat=True))
+    assert actions == ["call.claimed", "call.claimed"]
+
+
+def test_the_live_refresh_gets_only_the_rows(client, users, make_call):
+    _unknown_calls(make_call, 2)
+    response = _as(client, users["viewer"]).get("/queues/unknown/?risk=high", HTTP_HX_REQUEST="true")
+    body = response.content.decode()
+    assert body.lstrip().startswith('<tbody id="rows"') and "<html" not in body
+    assert 'hx-get="/queues/unknown/?risk=high"' in body
+
+
+def test_sign_in_is_throttled_after_repeated_failures(client, users, settings):
+    settings.RECOVERY_SIGN_IN_MAX_FAILURES = 3
+    for _ in range(3):
+        response = client.post("/sign-in/", {"username": "reviewer", "password": "wrong"})
+        assert "Please enter a correct username and password" in response.content.decode()
+    blocked = client.post("/sign-in/", {"username": "reviewer", "password": PASSWORD})
+    assert "Too many failed sign-ins" in blocked.content.decode()
+    assert "_auth_user_id" not in client.session
+    other = client.post("/sign-in/", {"username": "viewer", "password": PASSWORD})
+    assert other.status_code == 302 and client.session["_auth_user_id"] == str(users["viewer"].pk)
+
+
+def test_pages_carry_a_nonce_csp_and_escape_hostile_text(client, users, make_call, registry):
+    registry["refund"].name = "<script>alert(1)</script>"
+    registry["refund"].save()
+    _unknown_calls(make_call, 1)
+    response = _as(client, users["viewer"]).get(reverse("console:queue", kwargs={"slug": "unknown"}))
+    policy = response["Content-Security-Policy"]
+    assert "script-src 'self' 'nonce-" in policy and "object-src 'none'" in policy
+    body = response.content.decode()
+    assert "<script>alert(1)</script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
