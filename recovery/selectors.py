@@ -316,9 +316,9 @@ def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -
             calls = calls.filter(state_changed_at__gte=at).filter(Q(state_changed_at__gt=at) | Q(id__gt=pk))
     order = ("-state_changed_at", "-id") if filters.newest_first else ("state_changed_at", "id")
     rows_ = list(
-        calls.select_related("task", "step", "tool", "tenant", "claimed_by").only(*_QUEUE_COLUMNS).order_by(*order)[
-            : size + 1
-        ]
+        calls.select_related("task", "step", "tool", "tenant", "claimed_by")
+        .only(*_QUEUE_COLUMNS)
+        .order_by(*order)[: size + 1]
     )
     more = len(rows_) > size
     rows_ = rows_[:size]
