@@ -70,7 +70,7 @@ class Command(BaseCommand):
         self.stdout.write(
             f"database: {database['ENGINE'].rsplit('.', 1)[-1]} {database['NAME']}\n"
             f"demo users: {', '.join(ROLES)} (password '{DEMO_PASSWORD}'; the Django admin is for 'admin')\n"
-            f"console: http://{addr}/admin/"
+            f"console: http://{addr}/ (sign in as 'reviewer'); Django admin: http://{addr}/admin/"
         )
         if not no_serve:
             self.serve(addr, demo=self.demo_wanted(demo))
@@ -132,9 +132,10 @@ class Command(BaseCommand):
             token_revoke(name=name, actor=actor)
             passed = sum(1 for result in results if result.passed)
             self.stdout.write(
-                f"demo: {passed} of {len(results)} scenarios ended as pinned. Look at the calls they made: "
-                f"{url}/admin/recovery/call/ (UNKNOWN ones are settled by receipts within seconds; HUMAN_REVIEW "
-                f"ones wait for a reviewer). Run them again with `python manage.py demo_agent`."
+                f"demo: {passed} of {len(results)} scenarios ended as pinned. Look at the queues: "
+                f"{url}/queues/unknown/ (UNKNOWN calls are settled by receipts within seconds) and "
+                f"{url}/queues/human-review/ (items "
+                f"waiting for a reviewer). Run the scenarios again with `python manage.py demo_agent`."
             )
         except Exception:
             logger.exception("demo: the demo agent failed")
