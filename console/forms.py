@@ -6,6 +6,7 @@ from datetime import datetime, timedelta
 
 from django import forms
 from django.conf import settings
+from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.utils import timezone
 
@@ -87,8 +88,8 @@ def cursor_param(cursor: tuple[datetime, int]) -> str:
     return f"{at.isoformat()}~{pk}"
 
 
-class ThrottledSignInForm(AuthenticationForm):
-    """Django's sign-in form, refused outright while a username or an address has too many recent failures."""
+class ThrottleMixin:
+    """Refuse a sign-in outright while its username or address has too many recent failures; record each failure."""
 
     error_messages = {
         **AuthenticationForm.error_messages,
@@ -116,6 +117,16 @@ class ThrottledSignInForm(AuthenticationForm):
         except forms.ValidationError:
             SignInFailure.objects.create(username=username, address=address)
             raise
+
+
+class ThrottledSignInForm(ThrottleMixin, AuthenticationForm):
+    """The console's sign-in."""
+
+
+class ThrottledAdminSignInForm(ThrottleMixin, AdminAuthenticationForm):
+    """The Django admin's sign-in, counted against the same failures (one lockout for both doors)."""
+
+    error_messages = {**ThrottleMixin.error_messages, **AdminAuthenticationForm.error_messages}
 
 
 def _address(request) -> str | None:

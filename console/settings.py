@@ -56,6 +56,7 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "csp.middleware.CSPMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.middleware.HtmxSignInRedirectMiddleware",
 ]
 
 ROOT_URLCONF = "console.urls"

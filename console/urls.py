@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console import views
+from console.forms import ThrottledAdminSignInForm
 from recovery.api import api
 
 console_patterns = [
@@ -12,6 +13,8 @@ console_patterns = [
     path("calls/<int:call_id>/claim/", views.claim, name="claim"),
     path("calls/<int:call_id>/release/", views.release, name="release"),
 ]
+
+admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttled like the console's
 
 urlpatterns = [
     path("admin/", admin.site.urls),

@@ -35,9 +35,12 @@ def sync_roles(apps) -> None:
     from django.contrib.auth.management import create_permissions
 
     for app_config in apps.get_app_configs():
+        # create_permissions skips an app whose models_module is unset (as in a migration's app registry); the
+        # real registry's value is put back, or later test-database flushes would stop recreating permissions.
+        previous = getattr(app_config, "models_module", None)
         app_config.models_module = True
         create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+        app_config.models_module = previous
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
     for role, names in ROLE_PERMISSIONS.items():

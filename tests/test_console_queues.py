@@ -170,3 +170,11 @@ def test_pages_carry_a_nonce_csp_and_escape_hostile_text(client, users, make_cal
     assert "script-src 'self' 'nonce-" in policy and "object-src 'none'" in policy
     body = response.content.decode()
     assert "<script>alert(1)</script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+
+
+def test_an_htmx_request_of_an_ended_session_is_sent_to_sign_in_as_a_whole_page(client, db):
+    response = client.post(
+        "/calls/1/claim/", HTTP_HX_REQUEST="true", HTTP_HX_CURRENT_URL="http://testserver/queues/unknown/?risk=high"
+    )
+    assert response.status_code == 204
+    assert response["HX-Redirect"] == "/sign-in/?next=%2Fqueues%2Funknown%2F%3Frisk%3Dhigh"

@@ -57,7 +57,9 @@
   }
 
   document.addEventListener("DOMContentLoaded", remember);
-  document.addEventListener("htmx:afterSwap", function (event) {
+  // After the settle, not the swap: htmx's settle step puts back the new markup's class attributes (it first copies
+  // the old ones onto elements with the same id, for CSS transitions), which would wipe the marks made on afterSwap.
+  document.addEventListener("htmx:afterSettle", function (event) {
     const swapped = event.detail && event.detail.target;
     if (!swapped) return;
     // The refresh replaced the whole tbody: mark rows that were not there before, keep the current row.
