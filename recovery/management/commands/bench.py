@@ -13,6 +13,9 @@ console's data. Benchmarks:
   endpoint making the same statements with psycopg (PostgreSQL only; see recovery/benchmarks/ingest.py).
 - reconcile: UNKNOWN calls settled per second by reconciliation with the sandbox's status API answering in 50 ms
   and 8 checks in flight, against 8 / 0.05 (see recovery/benchmarks/reconcile.py).
+- queue: the UNKNOWN queue page (first, and after 9,000 rows) with 1,000,000 calls and 3,000,000 attempts loaded by
+  COPY (PostgreSQL only; `--calls` scales it, loading takes minutes at full size), against a bare page making one raw
+  SQL query and the Django admin's changelist of the same columns and filters (see recovery/benchmarks/queue.py).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from django.utils import timezone
 
 from recovery.audit import Actor
 from recovery.benchmarks.ingest import bench_ingest
+from recovery.benchmarks.queue import CALLS, bench_queue
 from recovery.benchmarks.reconcile import bench_reconcile
 from recovery.engine.canonical import canonical_json
 from recovery.models import Call, Provider, Step, Task, Tenant, Tool
@@ -242,6 +246,7 @@ BENCHMARKS = {
     "engine": bench_engine,
     "ingest": bench_ingest,
     "reconcile": bench_reconcile,
+    "queue": bench_queue,
 }
 
 
@@ -253,17 +258,24 @@ class Command(BaseCommand):
         parser.add_argument(
             "--count",
             type=int,
-            help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800)",
+            help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800; "
+            "queue 30 requests per page)",
+        )
+        parser.add_argument(
+            "--calls", type=int, default=CALLS, help=f"queue: calls to load (default {CALLS:,}; 3 attempts each)"
         )
         parser.add_argument("--json", dest="json_path", help="also write the results to this file")
 
-    def handle(self, *args, names, count, json_path, **options):
+    def handle(self, *args, names, count, calls, json_path, **options):
         settings.DEBUG = False  # measure what production runs: no query logging
         if connection.vendor != "postgresql":
             self.stderr.write("note: SPEC §19 figures are defined on PostgreSQL; set DATABASE_URL=postgres://...")
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
         try:
-            results = [BENCHMARKS[name](*([count] if count else [])) for name in (names or BENCHMARKS)]
+            results = [
+                BENCHMARKS[name](*([count] if count else []), **({"calls": calls} if name == "queue" else {}))
+                for name in (names or BENCHMARKS)
+            ]
         finally:
             connection.creation.destroy_test_db(old_name, verbosity=0)
         for result in results:
