@@ -229,6 +229,12 @@ class Call(models.Model):
         indexes = [
             # Queues: one state, oldest first, keyset on (state_changed_at, id).
             models.Index(fields=["state", "state_changed_at", "id"], name="call_queue_idx"),
+            # The UNKNOWN queue spans two states: one index in page order, so a page reads its 51 rows and stops.
+            models.Index(
+                fields=["state_changed_at", "id"],
+                name="call_unknown_queue_idx",
+                condition=Q(state__in=[CallState.UNKNOWN, CallState.STILL_UNKNOWN]),
+            ),
             models.Index(fields=["tenant", "state", "state_changed_at"], name="call_tenant_state_idx"),
             models.Index(fields=["tool", "state", "state_changed_at"], name="call_tool_state_idx"),
             models.Index(fields=["idempotency_key"], name="call_key_idx"),
