@@ -129,11 +129,14 @@ def _decorate(rows: list, now) -> None:
         _url_pattern(name) for name in ("admin:recovery_call_change", "console:claim", "console:release")
     )
     for row in rows:
-        row.open_url, row.claim_url, row.release_url = (u.format(row.pk) for u in (open_url, claim_url, release_url))
-        row.age = _age(now - row.state_changed_at)
-        row.since = f"{row.state_changed_at:%Y-%m-%d %H:%M:%S} UTC"
-        row.receipt_age = _age(now - row.last_receipt_at) if row.last_receipt_at else ""
-        row.held = bool(row.claimed_by_id and row.claim_until and row.claim_until > now)
+        pk = row["id"]
+        row["open_url"], row["claim_url"], row["release_url"] = (
+            u.format(pk) for u in (open_url, claim_url, release_url)
+        )
+        row["age"] = _age(now - row["state_changed_at"])
+        row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
+        row["receipt_age"] = _age(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
+        row["held"] = bool(row["claimed_by_id"] and row["claim_until"] and row["claim_until"] > now)
 
 
 def _age(delta) -> str:
