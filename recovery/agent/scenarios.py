@@ -215,20 +215,26 @@ ADDRESS = {"line1": "1 Rue de la Paix", "city": "Paris", "postcode": "75002", "c
 # The scenarios --------------------------------------------------------------------------------------------------------
 
 
-def reply_lost_after_commit(play: _Play) -> None:
-    key = play.key("refund")
-    order_id = f"O-{play.digits(1)}"
-    play.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
-    play.fault(route="/refunds", key=key, kind="delayed_callbacks", ms=HOLD_CALLBACK_MS, times=1)
-    task_id = play.start(f"refund {REFUND_CENTS} cents on order {order_id}")
+def _refund_task(play: _Play, key: str, order_id: str, cents: int) -> tuple[int, CallResult]:
+    """A task of one refund, run to its end by the agent: (the task's id, the refund's result)."""
+    task_id = play.start(f"refund {cents} cents on order {order_id}")
     refund = play.run_call(
         "refund",
         task_id,
         step=1,
         tool=play.tool("refund.create"),
         key=key,
-        arguments={"order_id": order_id, "amount_cents": REFUND_CENTS},
+        arguments={"order_id": order_id, "amount_cents": cents},
     )
+    return task_id, refund
+
+
+def reply_lost_after_commit(play: _Play) -> None:
+    key = play.key("refund")
+    order_id = f"O-{play.digits(1)}"
+    play.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
+    play.fault(route="/refunds", key=key, kind="delayed_callbacks", ms=HOLD_CALLBACK_MS, times=1)
+    task_id, refund = _refund_task(play, key, order_id, REFUND_CENTS)
     outcome = play.submit(task_id, f"refund of order {order_id}: {refund.state}")
 
     call = play.call(refund.call_id)
@@ -246,15 +252,7 @@ def lost_before_commit(play: _Play) -> None:
     key = play.key("refund")
     order_id = f"O-{play.digits(1)}"
     play.fault(route="/refunds", key=key, kind="drop_before_commit", times=1)
-    task_id = play.start(f"refund {REFUND_CENTS} cents on order {order_id}")
-    refund = play.run_call(
-        "refund",
-        task_id,
-        step=1,
-        tool=play.tool("refund.create"),
-        key=key,
-        arguments={"order_id": order_id, "amount_cents": REFUND_CENTS},
-    )
+    task_id, refund = _refund_task(play, key, order_id, REFUND_CENTS)
     outcome = play.submit(task_id, f"refund of order {order_id}: {refund.state}")
 
     call = play.call(refund.call_id)
@@ -487,15 +485,7 @@ def needs_approval(play: _Play) -> None:
     key = play.key("refund")
     order_id = f"O-{play.digits(1)}"
     play.fault(route="/refunds", key=key, kind="error", status=403, code="needs_approval", times=1)
-    task_id = play.start(f"refund {REFUND_CENTS * 40} cents on order {order_id}")
-    refund = play.run_call(
-        "refund",
-        task_id,
-        step=1,
-        tool=play.tool("refund.create"),
-        key=key,
-        arguments={"order_id": order_id, "amount_cents": REFUND_CENTS * 40},
-    )
+    task_id, refund = _refund_task(play, key, order_id, REFUND_CENTS * 40)
     task = play.agent.submit(task_id, f"refund of order {order_id} waits for a reviewer's approval")
 
     call = play.call(refund.call_id)
