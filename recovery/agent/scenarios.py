@@ -215,6 +215,16 @@ ADDRESS = {"line1": "1 Rue de la Paix", "city": "Paris", "postcode": "75002", "c
 # The scenarios --------------------------------------------------------------------------------------------------------
 
 
+def _check_settled_by_receipt(play: _Play, name: str, call: dict) -> None:
+    play.check(name, "a provider receipt", "a provider receipt" if _settling_receipt(call) else "none")
+
+
+def _check_admitted_after(play: _Play, name: str, expected: str, waiting: dict, blocker: dict) -> None:
+    """The waiting call's first admission came after the blocking call was settled by its receipt."""
+    after = _after(_first_admitted_at(waiting), _settled_at(blocker))
+    play.check(name, expected, "after" if after else "before or never", after)
+
+
 def _refund_task(play: _Play, key: str, order_id: str, cents: int) -> tuple[int, CallResult]:
     """A task of one refund, run to its end by the agent: (the task's id, the refund's result)."""
     task_id = play.start(f"refund {cents} cents on order {order_id}")
@@ -240,7 +250,7 @@ def reply_lost_after_commit(play: _Play) -> None:
     call = play.call(refund.call_id)
     play.check("the lost reply", "UNKNOWN", refund.attempts[0].call_state if refund.attempts else "")
     play.check("call state", "COMMITTED", call["state"])
-    play.check("settled by", "a provider receipt", "a provider receipt" if _settling_receipt(call) else "none")
+    _check_settled_by_receipt(play, "settled by", call)
     play.check("attempts made", 1, call["attempts_made"])
     play.check("write requests for the key", 1, len(play.writes(key)))
     play.check("business effects for the key", 1, play.effects(key))
@@ -390,16 +400,9 @@ def order_payment_shipment(play: _Play) -> None:
     play.check("order", "COMMITTED", order.state)
     play.check("the payment's lost reply", "UNKNOWN", payment.sent[0].call_state if payment.sent else "")
     play.check("the shipment at admission", "blocked_by_dependency", _first_denial(shipment)[0])
-    play.check(
-        "payment settled by", "a provider receipt", "a provider receipt" if _settling_receipt(payment_call) else "none"
-    )
+    _check_settled_by_receipt(play, "payment settled by", payment_call)
     play.check("payment state", "COMMITTED", payment_call["state"])
-    play.check(
-        "shipment first admitted",
-        "after the payment's receipt",
-        "after" if _after(_first_admitted_at(shipment_call), _settled_at(payment_call)) else "before or never",
-        _after(_first_admitted_at(shipment_call), _settled_at(payment_call)),
-    )
+    _check_admitted_after(play, "shipment first admitted", "after the payment's receipt", shipment_call, payment_call)
     play.check("shipment state", "COMMITTED", shipment_call["state"])
     effects = [play.effects(key) for key in (order_key, payment_key, shipment_key)]
     play.check("effects (order, payment, shipment)", [1, 1, 1], effects)
@@ -440,17 +443,10 @@ def grant_unknown_budget(play: _Play) -> None:
     editor_call, viewer_call = play.call(editor.call_id), play.call(viewer.call_id)
     play.check("the first grant's lost reply", "UNKNOWN", editor.sent[0].call_state if editor.sent else "")
     play.check("the second grant at admission", "unknown_budget", _first_denial(viewer)[0])
-    play.check(
-        "first grant settled by",
-        "a provider receipt",
-        "a provider receipt" if _settling_receipt(editor_call) else "none",
-    )
+    _check_settled_by_receipt(play, "first grant settled by", editor_call)
     play.check("first grant state", "COMMITTED", editor_call["state"])
-    play.check(
-        "second grant first admitted",
-        "after the first grant's receipt",
-        "after" if _after(_first_admitted_at(viewer_call), _settled_at(editor_call)) else "before or never",
-        _after(_first_admitted_at(viewer_call), _settled_at(editor_call)),
+    _check_admitted_after(
+        play, "second grant first admitted", "after the first grant's receipt", viewer_call, editor_call
     )
     play.check("second grant state", "COMMITTED", viewer_call["state"])
     play.check("effects (editor, viewer)", [1, 1], [play.effects(editor_key), play.effects(viewer_key)])
