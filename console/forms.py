@@ -9,6 +9,7 @@ from django.conf import settings
 from django.contrib.admin.forms import AdminAuthenticationForm
 from django.contrib.auth.forms import AuthenticationForm
 from django.utils import timezone
+from django.utils.html import format_html_join
 
 from console.models import SignInFailure
 from recovery.models import Risk, Tenant, Tool
@@ -45,6 +46,29 @@ class QueueFilterForm(forms.Form):
         ]
         self.fields["tool"].choices = [("", "every tool"), *((str(pk), name) for pk, name in tools)]
         self.fields["tenant"].choices = [("", "every tenant"), *((str(pk), name) for pk, name in tenants)]
+
+    def controls(self) -> list[dict]:
+        """The visible filters as the page draws them, each select's options already HTML (escaped by format_html):
+        the tool and tenant lists run to dozens of options, redrawn for every page a reviewer opens."""
+        drawn = []
+        for field in self.visible_fields():
+            current = str(self.data.get(field.name, ""))
+            options = ""
+            if isinstance(field.field, forms.ChoiceField):
+                choices = field.field.choices
+                marked = ((value, " selected" if str(value) == current else "", text) for value, text in choices)
+                options = format_html_join("", '<option value="{}"{}>{}</option>', marked)
+            drawn.append(
+                {
+                    "name": field.name,
+                    "id": field.auto_id,
+                    "label": field.label,
+                    "errors": field.errors,
+                    "options": options,
+                    "value": current,
+                }
+            )
+        return drawn
 
     def clean_after(self) -> tuple[datetime, int] | None:
         raw = self.cleaned_data.get("after") or ""

@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.forms import QueueFilterForm, ThrottledSignInForm, cursor_param, filter_options
 from recovery.audit import Actor
-from recovery.selectors import QUEUES, QueueFilters, call_row, queue_counts, queue_page
+from recovery.selectors import COUNT_CAP, QUEUES, QueueFilters, call_row, queue_counts, queue_page
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 
 VIEW = "recovery.view_call"
@@ -37,7 +37,12 @@ def _page(request: HttpRequest, template: str, context: dict, *, partial: str = 
     """The full page, or only `partial` of it for htmx (the live refresh swaps the same markup in place)."""
     if partial and request.htmx:
         return render(request, f"{template}#{partial}", context, status=status)
-    return render(request, template, context | {"counts": queue_counts()}, status=status)
+    return render(request, template, context | {"counts": _nav_counts()}, status=status)
+
+
+def _nav_counts() -> dict[str, str]:
+    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"."""
+    return {name: f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n) for name, n in queue_counts().items()}
 
 
 @require_GET
@@ -71,7 +76,8 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     first_query = request.GET.copy()
     first_query.pop("after", None)
     rows = page.rows if page else []
-    _decorate(rows, now)
+    can_review = request.user.has_perm(REVIEW)
+    _decorate(rows, now, request.user, can_review)
     context = {
         "queue": current,
         "queues": QUEUES,
@@ -84,7 +90,6 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         "next_url": next_url,
         "first_url": f"{request.path}?{first_query.urlencode()}" if request.GET.get("after") else "",
         "refresh_s": REFRESH_S,
-        "can_review": request.user.has_perm(REVIEW),
     }
     return _page(request, "console/queue.html", context, partial="rows", status=status)
 
@@ -94,7 +99,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
 @permission_required(VIEW, raise_exception=True)
 def counts(request: HttpRequest) -> HttpResponse:
     """The navigation's live queue counts (an htmx partial)."""
-    return render(request, "console/base.html#counts", {"counts": queue_counts()})
+    return render(request, "console/base.html#counts", {"counts": _nav_counts()})
 
 
 @require_POST
@@ -122,21 +127,27 @@ def _url_pattern(name: str) -> str:
     return reverse(name, args=[0]).replace("/0/", "/{}/")
 
 
-def _decorate(rows: list, now) -> None:
-    """What each row's cells show, computed once in Python rather than by template filters per cell (the queue page
-    renders 50 rows every 5 s for every reviewer): its links, its age, its last receipt's age, whether it is held."""
+def _decorate(rows: list, now, user, can_review: bool) -> None:
+    """What each row's cells show, computed once in Python rather than by template tags per cell (the queue page
+    renders 50 rows every 5 s for every reviewer): its link, its age, its last receipt's age, whether it is held,
+    and the claim button the user gets (claim if free, release if theirs, none if a colleague holds it)."""
     open_url, claim_url, release_url = (
         _url_pattern(name) for name in ("admin:recovery_call_change", "console:claim", "console:release")
     )
     for row in rows:
         pk = row["id"]
-        row["open_url"], row["claim_url"], row["release_url"] = (
-            u.format(pk) for u in (open_url, claim_url, release_url)
-        )
+        row["open_url"] = open_url.format(pk)
         row["age"] = _age(now - row["state_changed_at"])
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
         row["receipt_age"] = _age(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
-        row["held"] = bool(row["claimed_by_id"] and row["claim_until"] and row["claim_until"] > now)
+        row["held"] = held = bool(row["claimed_by_id"] and row["claim_until"] and row["claim_until"] > now)
+        row["button"] = row["button_url"] = row["button_label"] = ""
+        if can_review and not held:
+            row["button"], row["button_label"], row["button_url"] = "claim", "Claim", claim_url.format(pk)
+        elif can_review and row["claimed_by_id"] == user.pk:
+            row["button"], row["button_label"], row["button_url"] = "release", "Release", release_url.format(pk)
+        for name in ("id", "task_id", "step_index", "checks_made"):  # as text: no number formatting per cell
+            row[name] = str(row[name])
 
 
 def _age(delta) -> str:
@@ -158,9 +169,8 @@ def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: boo
         if row is None:
             raise Http404("No such call.")
         now = timezone.now()
-        _decorate([row], now)
-        here = request.POST.get("next", "")
-        context = {"row": row, "now": now, "can_review": True, "notice": message, "notice_error": error, "here": here}
+        _decorate([row], now, request.user, True)
+        context = {"row": row, "notice": message, "notice_error": error}
         return render(request, "console/queue.html#row", context, status=409 if error else 200)
     (messages.error if error else messages.success)(request, message)
     target = request.POST.get("next", "")

@@ -7,8 +7,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 
+from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Count, F, Q
+from django.db.models import OuterRef, Q, Subquery
 from django.utils import timezone
 
 from recovery import rows
@@ -293,12 +294,21 @@ _QUEUE_COLUMNS = (
     "id", "state", "risk", "state_changed_at", "checks_made", "last_receipt_at", "last_receipt_status",
     "claim_until", "claimed_by_id", "task_id",
 )  # fmt: skip
+
+
+def _name_of(model, column: str, field: str) -> Subquery:
+    return Subquery(model.objects.filter(pk=OuterRef(column)).values(field)[:1])
+
+
+# The related names as scalar subqueries rather than joins: PostgreSQL then plans one single-table query (about
+# 0.2 ms) instead of searching join orders over six tables and the call table's sixteen indexes (about 4 ms, more
+# than running it), and runs each lookup only for the page's rows, by primary key, after the LIMIT.
 _QUEUE_RELATED = {
-    "task_external_id": F("task__external_id"),
-    "step_index": F("step__index"),
-    "tool_name": F("tool__name"),
-    "tenant_name": F("tenant__name"),
-    "holder": F("claimed_by__username"),
+    "task_external_id": _name_of(Task, "task_id", "external_id"),
+    "step_index": _name_of(Step, "step_id", "index"),
+    "tool_name": _name_of(Tool, "tool_id", "name"),
+    "tenant_name": _name_of(Tenant, "tenant_id", "name"),
+    "holder": _name_of(get_user_model(), "claimed_by_id", "username"),
 }
 
 
@@ -343,15 +353,20 @@ def _search(q: str) -> Q:
     return Q(task_id__in=task_ids) | Q(idempotency_key=q) | Q(provider_ref=q)
 
 
-def queue_counts() -> dict[str, int]:
-    """Open items per queue for the navigation (one statement over the queue index)."""
-    counted = dict(
-        Call.objects.filter(state__in=(S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW))
-        .values_list("state")
-        .annotate(n=Count("id"))
-        .values_list("state", "n")
-    )
-    return {
-        "unknown": counted.get(S.UNKNOWN, 0) + counted.get(S.STILL_UNKNOWN, 0),
-        "human_review": counted.get(S.HUMAN_REVIEW, 0),
-    }
+COUNT_CAP = 1000
+
+
+def queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+    """Open items per queue for the navigation, each counted up to `cap` + 1 (a value above `cap` means "more than
+    `cap`"): every reviewer's page polls these every few seconds, and an exact count is a scan of the whole backlog
+    each time (the overview counts exactly). One statement; each count reads at most `cap` + 1 index entries."""
+    unknown = Call.objects.filter(state__in=(S.UNKNOWN, S.STILL_UNKNOWN)).values("id")[: cap + 1]
+    review = Call.objects.filter(state=S.HUMAN_REVIEW).values("id")[: cap + 1]
+    (unknown_sql, unknown_params), (review_sql, review_params) = (q.query.sql_with_params() for q in (unknown, review))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT (SELECT COUNT(*) FROM ({unknown_sql}) u), (SELECT COUNT(*) FROM ({review_sql}) r)",
+            [*unknown_params, *review_params],
+        )
+        counted = cursor.fetchone()
+    return {"unknown": counted[0], "human_review": counted[1]}
