@@ -13,7 +13,7 @@ from django.utils.html import format_html_join
 
 from console.models import SignInFailure
 from recovery.models import Risk, Tenant, Tool
-from recovery.selectors import AGES, Queue, QueueFilters
+from recovery.selectors.queues import AGES, Queue, QueueFilters
 
 AGE_CHOICES = [
     ("", "any age"),

@@ -18,13 +18,13 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from recovery import jobs, selectors
+from recovery import jobs
 from recovery.audit import Actor
 from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
 from recovery.registry import with_alternates
-from recovery.selectors import call_detail, task_summary
+from recovery.selectors.tasks_calls import call_detail, call_in_tenants, task_summary
 from recovery.services import callbacks, ingest, tasks
 from recovery.services.ingest import ServiceError, allowed_tools, field_errors_json
 from recovery.services.tokens import token_authenticate
@@ -289,7 +289,7 @@ def _task(request, task_id: int) -> Task:
 def _call(request, call_id: int, *, policy: bool = False) -> Call:
     """The call with what its endpoints read; `policy`: its tool's alternates too, read once for the several tool
     policies the admission and outcome endpoints build (one query instead of one per policy)."""
-    call = selectors.call_in_tenants(call_id, request.tenant_ids)
+    call = call_in_tenants(call_id, request.tenant_ids)
     if call is None:
         raise Http404("no call with this id")
     if policy:

@@ -9,8 +9,9 @@ from django.db import connection, transaction
 from django.db.models.signals import pre_save
 from django.test.utils import CaptureQueriesContext
 
-from recovery import rows, selectors
+from recovery import rows
 from recovery.models import Attempt, Call, Step, Task
+from recovery.selectors.tasks_calls import call_in_tenants
 from recovery.transitions import TransitionConflict, transition_call
 
 pytestmark = pytest.mark.django_db
@@ -96,7 +97,7 @@ def test_a_save_signal_listener_still_hears_every_write(make_call):
 def test_the_call_reader_loads_the_call_and_its_relations_in_one_statement(make_call):
     call = make_call()
     with CaptureQueriesContext(connection) as queries:
-        loaded = selectors.call_in_tenants(call.pk, {call.tenant_id})
+        loaded = call_in_tenants(call.pk, {call.tenant_id})
         names = (loaded.tool.name, loaded.tool.provider.name, loaded.task.tenant.name, loaded.step.index)
     assert len(queries) == 1
     task = Task.objects.select_related("tenant").get(pk=call.task_id)
@@ -107,9 +108,9 @@ def test_the_call_reader_loads_the_call_and_its_relations_in_one_statement(make_
 
 def test_the_call_reader_answers_nothing_outside_the_tenants_or_the_id_range(make_call):
     call = make_call()
-    assert selectors.call_in_tenants(call.pk, {call.tenant_id + 1000}) is None
-    assert selectors.call_in_tenants(call.pk, set()) is None
-    assert selectors.call_in_tenants(2**63, {call.tenant_id}) is None
+    assert call_in_tenants(call.pk, {call.tenant_id + 1000}) is None
+    assert call_in_tenants(call.pk, set()) is None
+    assert call_in_tenants(2**63, {call.tenant_id}) is None
 
 
 def test_a_lost_transition_race_leaves_the_callers_transaction_usable(make_call, actor):

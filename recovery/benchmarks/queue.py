@@ -72,7 +72,7 @@ from console import urls as console_urls
 from recovery.audit import Actor
 from recovery.models import Attempt, Call, Step, Task, Tenant, Tool
 from recovery.registry import load_registry
-from recovery.selectors import PAGE_SIZE, QUEUES
+from recovery.selectors.queues import PAGE_SIZE, QUEUES
 from recovery.services.users import user_save_with_roles
 
 CALLS = 1_000_000

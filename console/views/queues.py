@@ -1,4 +1,4 @@
-"""The operator console's pages (SPEC §15): plain function views over recovery.selectors and recovery.services.
+"""The review queues (SPEC §15.3) and claims.
 
 Every page needs a signed-in user with a role: the `recovery.view_call` permission every role holds, and
 `recovery.review_call` (reviewers) for claims. A signed-out visitor is sent to sign-in; a signed-in user without
@@ -8,7 +8,6 @@ the permission gets 403. An htmx request gets the page's partial (the same marku
 from __future__ import annotations
 
 from django.contrib import messages
-from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
@@ -17,32 +16,13 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from console.forms import QueueFilterForm, ThrottledSignInForm, cursor_param, filter_options
+from console.forms import QueueFilterForm, cursor_param, filter_options
+from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
 from recovery.audit import Actor
-from recovery.selectors import COUNT_CAP, QUEUES, QueueFilters, call_row, queue_counts, queue_page
+from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_page
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 
-VIEW = "recovery.view_call"
-REVIEW = "recovery.review_call"
 REFRESH_S = 5
-
-
-class SignInView(auth_views.LoginView):
-    form_class = ThrottledSignInForm
-    template_name = "registration/sign_in.html"
-    redirect_authenticated_user = True
-
-
-def _page(request: HttpRequest, template: str, context: dict, *, partial: str = "", status: int = 200):
-    """The full page, or only `partial` of it for htmx (the live refresh swaps the same markup in place)."""
-    if partial and request.htmx:
-        return render(request, f"{template}#{partial}", context, status=status)
-    return render(request, template, context | {"counts": _nav_counts()}, status=status)
-
-
-def _nav_counts() -> dict[str, str]:
-    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"."""
-    return {name: f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n) for name, n in queue_counts().items()}
 
 
 @require_GET
@@ -91,7 +71,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         "first_url": f"{request.path}?{first_query.urlencode()}" if request.GET.get("after") else "",
         "refresh_s": REFRESH_S,
     }
-    return _page(request, "console/queue.html", context, partial="rows", status=status)
+    return render_page(request, "console/queue.html", context, partial="rows", status=status)
 
 
 @require_GET
@@ -99,7 +79,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
 @permission_required(VIEW, raise_exception=True)
 def counts(request: HttpRequest) -> HttpResponse:
     """The navigation's live queue counts (an htmx partial)."""
-    return render(request, "console/base.html#counts", {"counts": _nav_counts()})
+    return render(request, "console/base.html#counts", {"counts": nav_counts()})
 
 
 @require_POST
@@ -122,24 +102,19 @@ def release(request: HttpRequest, call_id: int) -> HttpResponse:
     return _after_claim(request, call_id, f"You do not hold call {call_id}.", error=True)
 
 
-def _url_pattern(name: str) -> str:
-    """A URL with a placeholder for the call id, reversed once: rows fill it in without a reverse() each."""
-    return reverse(name, args=[0]).replace("/0/", "/{}/")
-
-
 def _decorate(rows: list, now, user, can_review: bool) -> None:
     """What each row's cells show, computed once in Python rather than by template tags per cell (the queue page
     renders 50 rows every 5 s for every reviewer): its link, its age, its last receipt's age, whether it is held,
     and the claim button the user gets (claim if free, release if theirs, none if a colleague holds it)."""
     open_url, claim_url, release_url = (
-        _url_pattern(name) for name in ("admin:recovery_call_change", "console:claim", "console:release")
+        url_pattern(name) for name in ("admin:recovery_call_change", "console:claim", "console:release")
     )
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
-        row["age"] = _age(now - row["state_changed_at"])
+        row["age"] = age_text(now - row["state_changed_at"])
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
-        row["receipt_age"] = _age(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
+        row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
         row["held"] = held = bool(row["claimed_by_id"] and row["claim_until"] and row["claim_until"] > now)
         row["button"] = row["button_url"] = row["button_label"] = ""
         if can_review and not held:
@@ -148,18 +123,6 @@ def _decorate(rows: list, now, user, can_review: bool) -> None:
             row["button"], row["button_label"], row["button_url"] = "release", "Release", release_url.format(pk)
         for name in ("id", "task_id", "step_index", "checks_made"):  # as text: no number formatting per cell
             row[name] = str(row[name])
-
-
-def _age(delta) -> str:
-    seconds = max(0, int(delta.total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            whole, rest = divmod(seconds, size)
-            smaller = {"d": ("h", 3600), "h": ("min", 60)}.get(unit)
-            if smaller and rest >= smaller[1]:
-                return f"{whole} {unit} {rest // smaller[1]} {smaller[0]}"
-            return f"{whole} {unit}"
-    return f"{seconds} s"
 
 
 def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: bool = False) -> HttpResponse:

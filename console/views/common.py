@@ -1,0 +1,50 @@
+"""What every console page shares: the roles a page needs, the layout's navigation counts, rendering a page or its
+htmx partial, and how ages and row links are written."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.http import HttpRequest
+from django.shortcuts import render
+from django.urls import reverse
+
+from recovery.selectors.queues import COUNT_CAP, queue_counts
+
+VIEW = "recovery.view_call"  # every role
+REVIEW = "recovery.review_call"  # reviewers: claims, previews, action requests
+DIAGNOSTIC = "recovery.view_diagnostic"  # reviewers, approvers, admins: the redacted raw failure detail
+APPROVE = "recovery.approve_action"
+EXPORT = "recovery.export_audit"
+VERIFY = "recovery.verify_audit"  # admins
+
+
+def nav_counts() -> dict[str, str]:
+    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"."""
+    return {name: f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n) for name, n in queue_counts().items()}
+
+
+def render_page(request: HttpRequest, template: str, context: dict, *, partial: str = "", status: int = 200):
+    """The full page (with the layout's navigation counts), or only `partial` of it for htmx (a live refresh swaps
+    the same markup in place)."""
+    if partial and request.htmx:
+        return render(request, f"{template}#{partial}", context, status=status)
+    return render(request, template, context | {"counts": nav_counts()}, status=status)
+
+
+def url_pattern(name: str) -> str:
+    """A URL with a placeholder for one integer id, reversed once: rows fill it in without a reverse() each."""
+    return reverse(name, args=[0]).replace("/0/", "/{}/")
+
+
+def age_text(delta: timedelta) -> str:
+    """A duration as a reviewer reads it: "3 d 4 h", "12 min", "40 s" (two units at most)."""
+    seconds = max(0, int(delta.total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            whole, rest = divmod(seconds, size)
+            smaller = {"d": ("h", 3600), "h": ("min", 60)}.get(unit)
+            if smaller and rest >= smaller[1]:
+                return f"{whole} {unit} {rest // smaller[1]} {smaller[0]}"
+            return f"{whole} {unit}"
+    return f"{seconds} s"
