@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
-from console.views import auth, queues
+from console.views import audit, auth, calls, operations, overview, queues, tasks
 from recovery.api import api
 
 console_patterns = [
@@ -12,6 +12,11 @@ console_patterns = [
     path("queues/<slug:slug>/", queues.queue, name="queue"),
     path("calls/<int:call_id>/claim/", queues.claim, name="claim"),
     path("calls/<int:call_id>/release/", queues.release, name="release"),
+    *calls.urlpatterns,
+    *tasks.urlpatterns,
+    *overview.urlpatterns,
+    *audit.urlpatterns,
+    *operations.urlpatterns,
 ]
 
 admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttled like the console's

@@ -1,0 +1,5 @@
+"""(being built)"""
+
+from __future__ import annotations
+
+urlpatterns: list = []
