@@ -60,7 +60,7 @@ _QUEUE_COLUMNS = (
 
 
 def _name_of(model, column: str, field: str) -> Subquery:
-    return Subquery(model.objects.filter(pk=OuterRef(column)).values(field)[:1])
+    return Subquery(model.objects.filter(pk=OuterRef(column)).order_by().values(field))
 
 
 # The related names as scalar subqueries rather than joins: PostgreSQL then plans one single-table query (about
