@@ -30,5 +30,6 @@ def pytest_runtest_setup(item):
         missing_service("needs PostgreSQL: run with DATABASE_URL=postgres://user@host:5432/dbname")
 
 
+from tests.browser import *  # noqa: E402,F403  (the browser fixtures)
 from tests.factories import *  # noqa: E402,F403  (fixtures)
 from tests.sandbox import *  # noqa: E402,F403  (the sandbox provider fixtures)
