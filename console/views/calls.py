@@ -1,5 +1,186 @@
-"""(being built)"""
+"""The call page (SPEC §15.5): everything a reviewer needs to decide an UNKNOWN item, on one page.
+
+Every role may read it (`recovery.view_call`); the redacted diagnostics are read only by people with
+`recovery.view_diagnostic` — for everyone else they are not even loaded. The actions a person could take are listed
+with the reason each is allowed or forbidden (recovery.actions); none can be run from here yet, so the page offers
+disabled buttons and no form. The status block refreshes every few seconds (htmx) and says when the call changed
+since the page was drawn, rather than swapping the evidence under the reader's eyes.
+"""
 
 from __future__ import annotations
 
-urlpatterns: list = []
+import json
+from datetime import timedelta
+
+from django import forms
+from django.contrib.auth.decorators import login_required, permission_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import path
+from django.utils import timezone
+from django.views.decorators.http import require_GET
+
+from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page
+from recovery.actions import actions_for
+from recovery.models import Call, Observation
+from recovery.models import Decision as DecisionRow
+from recovery.selectors.call_page import CallStatus, call_page, call_status
+
+REFRESH_S = 5
+NOT_YET = "Executing operator actions arrives with the actions release; nothing can be run from this page yet."
+
+
+class SeenForm(forms.Form):
+    """What the page showed when it was drawn (its live refresh sends it back): the call's version and checks."""
+
+    version = forms.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+    checks = forms.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def call(request: HttpRequest, call_id: int) -> HttpResponse:
+    now = timezone.now()
+    seen = SeenForm(request.GET)
+    valid = seen.is_valid()
+    seen_values = seen.cleaned_data if valid else {}
+    if request.htmx:
+        status = call_status(call_id, now=now)
+        if status is None:
+            raise Http404("No such call.")
+        context = _status_context(request, status, seen_values, now) | {"seen_form": seen}
+        return render_page(request, "console/call.html", context, partial="live", status=200 if valid else 400)
+    readable = request.user.has_perm(DIAGNOSTIC)
+    page = call_page(call_id, diagnostics_readable=readable, now=now)
+    if page is None:
+        raise Http404("No such call.")
+    current = page.call
+    held_by = ""
+    if page.status.claim_live and current.claimed_by_id != request.user.pk:
+        held_by = current.claimed_by.get_username()
+    tool = current.tool
+    actions = actions_for(
+        current.state,
+        perms=request.user.get_all_permissions(),
+        side_effect=current.side_effect,
+        has_status_api=bool(tool.status_query),
+        key_expired=page.status.key.expired,
+        retry_path_safe=tool.retry_path_safe,
+        duplicate_effect=current.duplicate_effect,
+        held_by=held_by,
+    )
+    diagnostic_refs = {d.pk: d.ref for d in page.diagnostics}
+    numbers = {a.pk: a.number for a in page.attempts}
+    context = _status_context(request, page.status, seen_values, now) | {
+        "page": page,
+        "task": current.task,
+        "actions": actions,
+        "allowed_actions": [a for a in actions if a.allowed],
+        "forbidden_actions": [a for a in actions if not a.allowed],
+        "not_yet": NOT_YET,
+        "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
+        "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
+        "earlier_cards": [
+            {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
+            for d in page.decisions[:-1]
+        ],
+        "attempt_rows": [
+            {"attempt": a, "diagnostic_ref": diagnostic_refs.get(a.diagnostic_id, "")} for a in page.attempts
+        ],
+        "receipt_rows": [
+            {"receipt": r, "diagnostic_ref": diagnostic_refs.get(r.diagnostic_id, "")} for r in page.receipts
+        ],
+        "seen_form": seen,
+    }
+    return render_page(request, "console/call.html", context, status=200 if valid else 400)
+
+
+def _status_context(request: HttpRequest, status: CallStatus, seen: dict, now) -> dict:
+    current = status.call
+    version = seen.get("version")
+    checks = seen.get("checks")
+    version = current.version if version is None else version
+    checks = current.checks_made if checks is None else checks
+    key = status.key
+    if key.expired:
+        retention = f"expired {age_text(now - key.expires_at)} ago: a replay with this key is no longer deduplicated"
+    else:
+        retention = f"expires in {age_text(key.expires_at - now)}"
+    return {
+        "call": current,
+        "status": status,
+        "in_state": age_text(now - current.state_changed_at),
+        "retention": retention,
+        "retention_total": age_text(timedelta(seconds=key.retention_s)),
+        "being_confirmed": current.state in ("UNKNOWN", "STILL_UNKNOWN")
+        and current.last_receipt_status == Observation.PENDING,
+        "changed": current.version != version,
+        "new_checks": max(current.checks_made - checks, 0),
+        "live_url": f"{request.path}?version={version}&checks={checks}",
+        "refresh_s": REFRESH_S,
+        "now": now,
+    }
+
+
+# --- the decision card as SPEC §4 prints it ------------------------------------------------------------------------
+
+
+def _columns(*cells: str, width: int = 28) -> str:
+    return "".join(cell.ljust(width) for cell in cells[:-1]) + cells[-1]
+
+
+def _limit(value) -> str:
+    return "no limit" if value is None else str(value)
+
+
+def _budget(budget: dict) -> str:
+    parts = [f"attempt {budget.get('attempt')}/{_limit(budget.get('max_attempts'))}"]
+    parts.append(f"task rounds {budget.get('task_rounds')}/{_limit(budget.get('max_rounds'))}")
+    deadline = budget.get("deadline_in_s")
+    if deadline is not None:
+        parts.append(f"deadline in {deadline:g} s" if deadline >= 0 else f"deadline passed {-deadline:g} s before")
+    if budget.get("token_budget") is not None:
+        parts.append(f"tokens {budget.get('tokens_used')}/{budget.get('token_budget')}")
+    return ", ".join(parts)
+
+
+def _required_next(required: dict) -> str:
+    parts = [f"action: {required.get('action', '')}", f"after_ms: {required.get('after_ms', 0)}"]
+    for name, value in (required.get("detail") or {}).items():
+        parts.append(f"{name}: {json.dumps(value, ensure_ascii=False, default=str)}")
+    return "{" + ", ".join(parts) + "}"
+
+
+def card_text(current: Call, decision: DecisionRow, numbers: dict[int, int]) -> str:
+    """The stored card (Decision.card, as the API returned it) laid out as SPEC §4 prints one: plain text, which the
+    template escapes like any other (the public message came through the engine, the key from the runtime)."""
+    card = decision.card or {}
+    budget = card.get("budget") or {}
+    number = numbers.get(decision.attempt_id, budget.get("attempt"))
+    lines = [
+        _columns(
+            f"call: {current.pk}",
+            f"attempt: {number} of {_limit(budget.get('max_attempts'))}",
+            f"error: {card.get('error', '')}",
+        ),
+        _columns(
+            f"phase: {card.get('phase', '')}",
+            f"stage: {card.get('stage', '')}",
+            f"side_effect: {card.get('side_effect', '')}",
+        ),
+        _columns(f"idempotency_key: {current.idempotency_key}", f"budget: {_budget(budget)}", width=56),
+        _columns(
+            f"decision: {card.get('route', decision.route)}", f"delay_ms: {card.get('delay_ms', decision.delay_ms)}"
+        ),
+        f"next: [{', '.join(card.get('next', decision.next_actions))}]",
+        f"forbidden: [{', '.join(card.get('forbidden', decision.forbidden))}]",
+        f"public_message: {json.dumps(card.get('public_message', decision.public_message), ensure_ascii=False)}",
+        f"required_next: {_required_next(card.get('required_next', decision.required_next) or {})}",
+    ]
+    extra = [
+        f"{name}: {card[name]}" for name in ("call_state", "outcome", "fallback", "breaker_state") if card.get(name)
+    ]
+    return "\n".join(lines + ([_columns(*extra)] if extra else []))
+
+
+urlpatterns = [path("calls/<int:call_id>/", call, name="call")]

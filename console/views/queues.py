@@ -111,7 +111,7 @@ def _decorate(rows: list, now, user, can_review: bool) -> None:
     renders 50 rows every 5 s for every reviewer): its link, its age, its last receipt's age, whether it is held,
     and the claim button the user gets (claim if free, release if theirs, none if a colleague holds it)."""
     open_url, claim_url, release_url = (
-        url_pattern(name) for name in ("admin:recovery_call_change", "console:claim", "console:release")
+        url_pattern(name) for name in ("console:call", "console:claim", "console:release")
     )
     for row in rows:
         pk = row["id"]

@@ -1,0 +1,246 @@
+"""The operator actions of SPEC §15.4 and which of them a person may take on a call now.
+
+This is the catalogue only: `actions_for()` is a pure function of the call's state, the person's permissions and a
+few facts about the call, answering for every action either "allowed now" or the exact reason it is forbidden. The
+call page shows the answer; executing an action (dry run, request, approval, worker) comes with a later release and
+will ask the same function first, so the page can never offer what the service would refuse.
+
+Each action's source states are edges of the state table (recovery.states): `_check_edges()` runs at import, so an
+edge removed from the table makes this module fail loudly instead of offering an action the database would refuse.
+The sources are narrower than the table where SPEC §8 says so: UNKNOWN settles on provider evidence only (a
+receipt, a signed callback, an idempotency record), so a person marks a call committed or not committed only from
+HUMAN_REVIEW, after escalating it; and a same-key replay while the outcome is unknown would be a blind replay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from recovery.states import EDGES, RECONCILABLE, CallState
+
+S = CallState
+
+REVIEW_PERMISSION = "recovery.review_call"
+ALLOWED = "allowed now"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Action:
+    """One kind of operator action: what it does, from which states, and what it takes to run it."""
+
+    name: str
+    label: str
+    target: CallState | None  # the state it moves the call to; None: it moves nothing by itself
+    sources: frozenset[CallState]
+    write: bool  # changes the call or the world: a second person approves it (reads need one confirmation)
+    permission: str
+    does: str  # what it would do, as the page says it
+
+
+@dataclass(frozen=True, kw_only=True)
+class ActionOption:
+    """An action as offered on one call to one person now: allowed, or the reason it is not."""
+
+    name: str
+    label: str
+    allowed: bool
+    reason: str  # "allowed now: ..." or why it is forbidden
+    write: bool
+    permission: str
+    approval: str  # who has to agree before it runs
+
+
+_UNSETTLED = frozenset({S.UNKNOWN, S.STILL_UNKNOWN})
+
+RECONCILE_NOW = Action(
+    name="reconcile_now",
+    label="Reconcile now",
+    target=None,  # a receipt: the provider's answer may move the call, the action itself does not
+    sources=frozenset(RECONCILABLE),
+    write=False,
+    permission=REVIEW_PERMISSION,
+    does="asks the provider's status API about this idempotency key now and records a receipt",
+)
+ESCALATE = Action(
+    name="escalate",
+    label="Escalate to human review",
+    target=S.HUMAN_REVIEW,
+    sources=_UNSETTLED,
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="moves the call to HUMAN_REVIEW, where a person settles it with evidence",
+)
+REPLAY_SAME_KEY = Action(
+    name="replay_same_key",
+    label="Replay with the same idempotency key",
+    target=S.SENT,
+    sources=frozenset({S.HUMAN_REVIEW}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="sends the call again with its own idempotency key, so the provider can deduplicate it",
+)
+MARK_COMMITTED = Action(
+    name="mark_committed",
+    label="Mark committed",
+    target=S.COMMITTED,
+    sources=frozenset({S.HUMAN_REVIEW}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="records, with evidence, that the effect exists (COMMITTED)",
+)
+MARK_NOT_COMMITTED = Action(
+    name="mark_not_committed",
+    label="Mark not committed",
+    target=S.NOT_COMMITTED,
+    sources=frozenset({S.HUMAN_REVIEW}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="records, with evidence, that the provider never executed it (NOT_COMMITTED)",
+)
+GRANT_APPROVAL = Action(
+    name="grant_approval",
+    label="Grant approval",
+    target=S.RETRYABLE,
+    sources=frozenset({S.HUMAN_REVIEW}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="lets the runtime try again (RETRYABLE), admitted on approval_granted",
+)
+ABANDON = Action(
+    name="abandon",
+    label="Abandon",
+    target=S.FAILED_PERMANENT,
+    # Not SENT (an attempt is in flight: its outcome decides) nor ACCEPTED (the provider is still working on it).
+    sources=frozenset({S.READY, S.RETRYABLE, S.NOT_COMMITTED, S.HUMAN_REVIEW}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="gives the call up (FAILED_PERMANENT): it will not be attempted again",
+)
+
+ACTIONS: tuple[Action, ...] = (
+    RECONCILE_NOW,
+    ESCALATE,
+    REPLAY_SAME_KEY,
+    MARK_COMMITTED,
+    MARK_NOT_COMMITTED,
+    GRANT_APPROVAL,
+    ABANDON,
+)
+
+
+def _check_edges() -> None:
+    for action in ACTIONS:
+        if action.target is None:
+            continue
+        missing = sorted(str(src) for src in action.sources if action.target not in EDGES[src])
+        if missing:
+            raise RuntimeError(f"action {action.name}: the state table has no edge {missing} -> {action.target}")
+
+
+_check_edges()
+
+
+def _state_reason(action: Action, state: CallState) -> str:
+    """Why the state table (and SPEC §8) keeps `action` from `state`; "" when it does not."""
+    if state in action.sources:
+        return ""
+    if state == S.COMMITTED and action is not RECONCILE_NOW:
+        return "the call is COMMITTED: the effect exists and the call is never admitted or settled again"
+    if state in _UNSETTLED:
+        if action is REPLAY_SAME_KEY:
+            return "a blind replay is forbidden while the outcome is unknown: reconcile by key first"
+        if action in (MARK_COMMITTED, MARK_NOT_COMMITTED):
+            return (
+                "an UNKNOWN call settles only on provider evidence (a receipt, a signed callback or an idempotency "
+                "record): escalate it to human review first"
+            )
+        if action is GRANT_APPROVAL:
+            return "the outcome is unknown: a retry now would be a blind replay; reconcile by key or escalate first"
+        if action is ABANDON:
+            return "the effect may exist: abandoning would hide it; it keeps being reconciled (escalate it first)"
+    if state == S.SENT:
+        return "an attempt is in flight: its outcome (or the sweeper, after the tool's outcome timeout) decides"
+    if state == S.ACCEPTED and action is not RECONCILE_NOW:
+        return "the provider accepted it and is still working on it: reconciliation settles it"
+    if action is RECONCILE_NOW:
+        return f"only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are reconciled; this one is {state}"
+    if action is ESCALATE and state == S.HUMAN_REVIEW:
+        return "the call is already in human review"
+    if action is ESCALATE:
+        return f"only an UNKNOWN or STILL_UNKNOWN call is escalated; this one is {state}"
+    if action is ABANDON and state in (S.FAILED_PERMANENT, S.COMPENSATED):
+        return f"the call is already final ({state})"
+    if state in (S.READY, S.RETRYABLE, S.NOT_COMMITTED) and action in (REPLAY_SAME_KEY, GRANT_APPROVAL):
+        return f"the call is {state}: the runtime makes its next attempt itself, admitted by the gate"
+    allowed_from = ", ".join(sorted(str(s) for s in action.sources))
+    return f"not possible from {state}: only from {allowed_from}"
+
+
+def _policy_reason(
+    action: Action,
+    *,
+    side_effect: str,
+    has_status_api: bool,
+    key_expired: bool,
+    retry_path_safe: bool,
+    duplicate_effect: bool,
+) -> str:
+    """Why the call's own facts forbid an action its state allows; "" when nothing does."""
+    if action is RECONCILE_NOW and not has_status_api:
+        return "the tool has no status API to ask: escalate it, a person settles it"
+    if action is REPLAY_SAME_KEY and side_effect == "write":
+        if duplicate_effect:
+            return "the provider already reports more effects than allowed for this key: never replay it"
+        if not retry_path_safe:
+            return "replay is switched off for this tool: a duplicate probe saw a second effect (an admin resets it)"
+        if key_expired:
+            return "the provider no longer keeps this idempotency key: a replay would not be deduplicated"
+    return ""
+
+
+def actions_for(
+    state: str,
+    *,
+    perms: Collection[str],
+    side_effect: str,
+    has_status_api: bool = True,
+    key_expired: bool = False,
+    retry_path_safe: bool = True,
+    duplicate_effect: bool = False,
+    held_by: str = "",
+) -> list[ActionOption]:
+    """Every action for a call in `state`, as `perms` (the person's permissions) may take it now.
+
+    The call's facts: `side_effect` (read/write), `has_status_api` (its tool can be asked), `key_expired` (the
+    provider's key retention has passed), `retry_path_safe` (no duplicate probe saw a second effect),
+    `duplicate_effect` (a receipt saw more effects than allowed), `held_by` (another person's live claim on it).
+    The first reason that applies is given: the state table, then the call's facts, then the claim, then the role.
+    """
+    current = CallState(state)
+    options = []
+    for action in ACTIONS:
+        reason = _state_reason(action, current) or _policy_reason(
+            action,
+            side_effect=side_effect,
+            has_status_api=has_status_api,
+            key_expired=key_expired,
+            retry_path_safe=retry_path_safe,
+            duplicate_effect=duplicate_effect,
+        )
+        if not reason and held_by:
+            reason = f"{held_by} holds the claim on this call: they work it until the claim ends"
+        if not reason and action.permission not in perms:
+            reason = f"needs the reviewer role ({action.permission})"
+        options.append(
+            ActionOption(
+                name=action.name,
+                label=action.label,
+                allowed=not reason,
+                reason=reason or f"{ALLOWED}: {action.does}",
+                write=action.write,
+                permission=action.permission,
+                approval="a second person with the approver role" if action.write else "one confirmation",
+            )
+        )
+    return options

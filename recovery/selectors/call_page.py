@@ -1,0 +1,345 @@
+"""What the call page shows (SPEC §15.5): one call with its intent, evidence and history, in a fixed number of
+statements whatever the number of attempts, receipts or events — seven, or two for the page's live refresh.
+
+1. the call with its task (and tenant), step, tool (and provider, and the provider's status-endpoint breaker) and
+   the reviewer holding its claim; 2. its attempts, each with its decision card; 3. its gate answers; 4. its
+   receipts; 5. its audit events; 6. its diagnostics (their content only for people who may read them); 7. the
+   tool's breaker. The timeline that merges them is built in Python from those rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ObjectDoesNotExist
+
+from recovery.engine.budgets import tighter
+from recovery.engine.types import BreakerView, Budgets
+from recovery.models import Attempt, AuditEvent, Call, Diagnostic, GateDecision, Receipt, StatusBreaker
+from recovery.models import Decision as DecisionRow
+from recovery.registry.policy import TOOL_BUDGETS
+from recovery.services.breakers import breaker_view
+from recovery.services.context import task_budgets
+
+# call_add stores this for "no limit" (max_attempts is a column, not nullable): shown as no limit.
+NO_ATTEMPT_LIMIT = 1_000_000
+
+# The API's own idempotency bookkeeping (whole answers, hashes) and the raw facts (their columns are shown): never
+# read here.
+_ATTEMPT_UNREAD = ("request_hash", "response", "outcome_request_hash", "outcome_response", "facts")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimelineEntry:
+    at: datetime
+    kind: str  # attempt, gate, decision, receipt, audit
+    title: str
+    details: str
+    rank: int = 0  # orders entries written at the same instant: gate, attempt, audit, decision, receipt
+    order: int = 0  # then by id
+
+
+@dataclass(frozen=True, kw_only=True)
+class KeyRetention:
+    """How long the provider still deduplicates the call's idempotency key (SPEC §9): `retention_s` from when it was
+    first sent (the first attempt's admission), or from the call's creation when no attempt was made yet."""
+
+    retention_s: int
+    since: datetime
+    since_what: str
+    expires_at: datetime
+    expired: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class BudgetLine:
+    name: str
+    used: int | None
+    limit: int | None
+    text: str
+    deadline: datetime | None = None
+    left: timedelta | None = None  # until the deadline (negative: past it)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallStatus:
+    """What the page's live refresh redraws: the call as it stands now, its key's retention, its tool's breaker."""
+
+    call: Call
+    key: KeyRetention
+    breaker: BreakerView
+    status_breaker: StatusBreaker | None
+    claim_live: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallPage:
+    status: CallStatus
+    attempts: list[Attempt]
+    decisions: list[DecisionRow]
+    latest_decision: DecisionRow | None
+    gates: list[GateDecision]
+    receipts: list[Receipt]
+    audit_events: list[AuditEvent]
+    diagnostics: list[Diagnostic]  # full rows for people who may read them, else only ref/source/created_at
+    diagnostics_readable: bool
+    budget: list[BudgetLine]
+    timeline: list[TimelineEntry] = field(default_factory=list)
+
+    @property
+    def call(self) -> Call:
+        return self.status.call
+
+
+def _call(call_id: int) -> Call | None:
+    related = ("task__tenant", "step", "tool__provider__status_breaker_row", "claimed_by")
+    return Call.objects.select_related(*related).filter(pk=call_id).first()
+
+
+def _status(call: Call, first_sent_at: datetime | None, now: datetime) -> CallStatus:
+    tool = call.tool
+    since, since_what = (first_sent_at, "first sent") if first_sent_at else (call.created_at, "call created")
+    expires = since + timedelta(seconds=tool.key_retention_s)
+    try:
+        status_breaker = tool.provider.status_breaker_row
+    except ObjectDoesNotExist:
+        status_breaker = None  # no row: the status endpoint's breaker never counted anything, it reads closed
+    return CallStatus(
+        call=call,
+        key=KeyRetention(
+            retention_s=tool.key_retention_s,
+            since=since,
+            since_what=since_what,
+            expires_at=expires,
+            expired=now >= expires,
+        ),
+        breaker=breaker_view(tool, now=now),
+        status_breaker=status_breaker,
+        claim_live=bool(call.claimed_by_id and call.claim_until and call.claim_until > now),
+    )
+
+
+def call_status(call_id: int, *, now: datetime) -> CallStatus | None:
+    """The call's live status (three statements), or None for an unknown id."""
+    call = _call(call_id)
+    if call is None:
+        return None
+    first = Attempt.objects.filter(call_id=call.pk, number=1).values_list("admitted_at", "created_at").first()
+    return _status(call, (first[0] or first[1]) if first else None, now)
+
+
+def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> CallPage | None:
+    """Everything the call page shows (seven statements), or None for an unknown id."""
+    call = _call(call_id)
+    if call is None:
+        return None
+    attempts = list(
+        Attempt.objects.filter(call_id=call.pk)
+        .select_related("tool", "decision")
+        .defer(*_ATTEMPT_UNREAD)
+        .order_by("number")
+    )
+    first_sent_at = (attempts[0].admitted_at or attempts[0].created_at) if attempts else None
+    decisions = [a.decision for a in attempts if _decision_of(a) is not None]
+    gates = list(
+        GateDecision.objects.filter(call_id=call.pk).select_related("actor_user", "actor_token").order_by("pk")
+    )
+    receipts = list(Receipt.objects.filter(call_id=call.pk).order_by("checked_at", "pk"))
+    events = list(AuditEvent.objects.filter(call_id=call.pk).order_by("seq"))
+    diagnostics = Diagnostic.objects.filter(call_id=call.pk).order_by("created_at", "pk")
+    if not diagnostics_readable:
+        diagnostics = diagnostics.only("id", "ref", "source", "created_at")  # that one exists, not what it says
+    page = CallPage(
+        status=_status(call, first_sent_at, now),
+        attempts=attempts,
+        decisions=decisions,
+        latest_decision=decisions[-1] if decisions else None,
+        gates=gates,
+        receipts=receipts,
+        audit_events=events,
+        diagnostics=list(diagnostics),
+        diagnostics_readable=diagnostics_readable,
+        budget=budget_lines(call, now),
+    )
+    page.timeline.extend(timeline(page))
+    return page
+
+
+def _decision_of(attempt: Attempt) -> DecisionRow | None:
+    try:
+        return attempt.decision
+    except ObjectDoesNotExist:
+        return None  # select_related cached "none": no query
+
+
+# --- budget --------------------------------------------------------------------------------------------------------
+
+
+def budget_lines(call: Call, now: datetime) -> list[BudgetLine]:
+    """Budget left, the tighter of the tool's and the task's limits (SPEC §6), from rows already loaded."""
+    task = call.task
+    tool_budgets = call.tool.budgets if isinstance(call.tool.budgets, dict) else {}
+    max_attempts = call.max_attempts if call.max_attempts < NO_ATTEMPT_LIMIT else None
+    limits = tighter(
+        Budgets(**{k: tool_budgets[k] for k in TOOL_BUDGETS if k in tool_budgets}),
+        task_budgets(task),
+        Budgets(max_attempts=max_attempts),
+    )
+    lines = [
+        _line("call attempts", call.attempts_count, limits.max_attempts),
+        _line("task rounds", task.rounds_used, limits.max_rounds),
+        _line("tokens", task.tokens_used, limits.token_budget),
+    ]
+    if call.side_effect == "write":
+        lines.append(_line("task write retries", task.write_retries_used, limits.write_retry))
+    if limits.deadline is not None:
+        left = limits.deadline - now
+        lines.append(BudgetLine(name="deadline", used=None, limit=None, text="", deadline=limits.deadline, left=left))
+    else:
+        lines.append(BudgetLine(name="deadline", used=None, limit=None, text="no deadline"))
+    return lines
+
+
+def _line(name: str, used: int, limit: int | None) -> BudgetLine:
+    if limit is None:
+        return BudgetLine(name=name, used=used, limit=None, text=f"{used} used, no limit")
+    return BudgetLine(name=name, used=used, limit=limit, text=f"{used}/{limit}: {max(limit - used, 0)} left")
+
+
+# --- timeline ------------------------------------------------------------------------------------------------------
+
+_RANK = {"gate": 0, "admitted": 1, "audit": 2, "reported": 3, "decision": 4, "receipt": 5}
+
+
+def _yes_no(value: bool | None) -> str:
+    return "unknown" if value is None else ("yes" if value else "no")
+
+
+def _attempt_entries(attempt: Attempt) -> list[TimelineEntry]:
+    flags = [
+        *(["a breaker probe"] if attempt.breaker_probe else []),
+        *(["reported after the fact: the gate would have denied it"] if attempt.policy_bypassed else []),
+    ]
+    admitted_at = attempt.admitted_at or attempt.created_at
+    entries = [
+        TimelineEntry(
+            at=admitted_at,
+            kind="attempt",
+            title=f"attempt {attempt.number} admitted" if attempt.admitted_at else f"attempt {attempt.number} recorded",
+            details="; ".join([f"attempt id {attempt.attempt_id}", f"tool {attempt.tool.name}", *flags]),
+            rank=_RANK["admitted"],
+            order=attempt.pk,
+        )
+    ]
+    if attempt.reported_at:
+        what = attempt.error_kind or (f"HTTP {attempt.http_status}" if attempt.http_status else "no error")
+        facts = [
+            f"connection opened: {_yes_no(attempt.connection_opened)}",
+            f"sent: {_yes_no(attempt.sent)}",
+            *([f"HTTP {attempt.http_status}"] if attempt.http_status else []),
+            *([f"error {attempt.error_kind}"] if attempt.error_kind else []),
+            *([f"code {attempt.error_code}"] if attempt.error_code else []),
+            *([f"provider request id {attempt.provider_request_id}"] if attempt.provider_request_id else []),
+            *([f"class {attempt.failure_class}"] if attempt.failure_class else []),
+        ]
+        entries.append(
+            TimelineEntry(
+                at=attempt.reported_at,
+                kind="attempt",
+                title=f"attempt {attempt.number} reported: {what}",
+                details="; ".join(facts),
+                rank=_RANK["reported"],
+                order=attempt.pk,
+            )
+        )
+    return entries
+
+
+def _decision_entry(decision: DecisionRow, number: int) -> TimelineEntry:
+    action = (decision.required_next or {}).get("action", "")
+    parts = [
+        f"delay {decision.delay_ms} ms",
+        *([f"next: {', '.join(decision.next_actions)}"] if decision.next_actions else []),
+        *([f"forbidden: {', '.join(decision.forbidden)}"] if decision.forbidden else []),
+        *([f"required next: {action}"] if action else []),
+    ]
+    return TimelineEntry(
+        at=decision.created_at,
+        kind="decision",
+        title=f"decision for attempt {number}: {decision.route}",
+        details="; ".join(parts),
+        rank=_RANK["decision"],
+        order=decision.pk,
+    )
+
+
+def _gate_entry(gate: GateDecision) -> TimelineEntry:
+    verdict = "allowed" if gate.allowed else "denied"
+    who = gate.actor_user.get_username() if gate.actor_user else (gate.actor_token.name if gate.actor_token else "")
+    parts = [
+        *([f"candidate attempt {gate.candidate_attempt_id}"] if gate.candidate_attempt_id else []),
+        *([f"evidence used: {gate.evidence_used}"] if gate.evidence_used else []),
+        *([f"required next: {gate.required_next.get('action')}"] if gate.required_next else []),
+        *([f"asked by {who}"] if who else []),
+    ]
+    return TimelineEntry(
+        at=gate.created_at,
+        kind="gate",
+        title=f"gate {verdict}: {gate.reason}" + (" (dry run: nothing admitted)" if gate.dry_run else ""),
+        details="; ".join(parts),
+        rank=_RANK["gate"],
+        order=gate.pk,
+    )
+
+
+def _receipt_entry(receipt: Receipt) -> TimelineEntry:
+    moved = (
+        f"{receipt.local_state_before} → {receipt.local_state_after}"
+        if receipt.applied
+        else f"call stayed {receipt.local_state_before}"
+    )
+    parts = [
+        *([f"provider status {receipt.provider_status}"] if receipt.provider_status else []),
+        *([f"provider ref {receipt.provider_ref}"] if receipt.provider_ref else []),
+        *([f"effects observed {receipt.effects_observed}"] if receipt.effects_observed is not None else []),
+        moved,
+    ]
+    return TimelineEntry(
+        at=receipt.checked_at,
+        kind="receipt",
+        title=f"{receipt.source} receipt: {receipt.observed}",
+        details="; ".join(parts),
+        rank=_RANK["receipt"],
+        order=receipt.pk,
+    )
+
+
+def _audit_entry(event: AuditEvent) -> TimelineEntry:
+    moved = f" {event.from_state} → {event.to_state}" if event.from_state and event.to_state else ""
+    if not event.from_state and event.to_state:
+        moved = f" → {event.to_state}"
+    parts = [f"by {event.actor_label}", *([event.reason] if event.reason else []), f"audit #{event.seq}"]
+    return TimelineEntry(
+        at=event.created_at,
+        kind="audit",
+        title=f"{event.action}{moved}",
+        details="; ".join(parts),
+        rank=_RANK["audit"],
+        order=event.seq,
+    )
+
+
+def timeline(page: CallPage) -> list[TimelineEntry]:
+    """Attempts, decisions, gate answers, receipts and audit events of the call in time order, oldest first."""
+    entries: list[TimelineEntry] = []
+    for attempt in page.attempts:
+        entries.extend(_attempt_entries(attempt))
+        decision = _decision_of(attempt)
+        if decision is not None:
+            entries.append(_decision_entry(decision, attempt.number))
+    entries.extend(_gate_entry(g) for g in page.gates)
+    entries.extend(_receipt_entry(r) for r in page.receipts)
+    entries.extend(_audit_entry(e) for e in page.audit_events)
+    entries.sort(key=lambda e: (e.at, e.rank, e.order))
+    return entries
