@@ -1,0 +1,245 @@
+"""The console's task page (SPEC §14, §15.5 "Task", §15.6): one task with its steps, facts, budget use and its whole
+audit trail, verified — in a fixed number of statements whatever the number of steps, calls and events.
+
+The facts, blocked steps and next action come from `task_summary`, the API's own reading of SPEC §14 (three
+statements), so the page and GET /api/v1/tasks/{id} can never disagree. The audit chain is read once: the events
+shown are the events verified, so a row appended between two reads can never be shown unverified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from recovery.audit import AuditReport, chain_key, verify_events
+from recovery.models import AuditChainHead, AuditEvent, Task, TaskStatus
+from recovery.selectors.tasks_calls import task_summary
+
+
+@dataclass(frozen=True, kw_only=True)
+class FactGroup:
+    key: str  # the group's name in task_summary (and the API)
+    title: str
+    meaning: str
+    calls: list[dict]
+    always: bool  # shown even when empty: SPEC §14's confirmed / unknown / not executed are answered every time
+
+
+# In the order a reader asks: what is done, what is still open, what did not happen.
+_GROUPS = (
+    ("done", "Confirmed", "Committed: the provider has the effect.", True),
+    ("accepted_in_progress", "Accepted, in progress", "The provider accepted the work; not done yet.", True),
+    ("unknown", "Unknown", "May or may not have happened: being reconciled with the provider, never retried.", True),
+    ("needs_review", "Needs review", "Code cannot settle it: a person decides with the evidence.", True),
+    ("not_executed", "Not executed", "Confirmed not done (failed permanently or not committed).", True),
+    ("in_flight", "In flight", "An attempt was sent; its outcome is not reported yet.", False),
+    ("pending", "Pending", "Not attempted yet, or waiting for a retry.", False),
+    ("compensated", "Compensation", "A committed effect being or having been undone: created, then cancelled.", False),
+)
+
+_OUTCOME_MEANING = {
+    "completed": "every call settled and the deliverable was submitted",
+    "completed_with_unknowns": "submitted while some effects are still unknown",
+    "failed": "nothing or not enough was done",
+    "degraded": "finished on a fallback path",
+    "abandoned": "the runtime or an operator gave up",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class NextAction:
+    code: str  # task_summary's next_action, as the API answers it
+    text: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bar:
+    """One budget's use: `used` of `limit` (None: no limit) for a <meter>, which clamps what it draws; the template
+    says the true numbers in words. The deadline's bar counts seconds from creation, and `delta` is the time left
+    (or, when `over`, the time past it) as of now or of the task's closing."""
+
+    key: str
+    label: str
+    unit: str
+    used: int
+    limit: int | None
+    over: bool
+    delta: timedelta | None = None
+    closed: bool = False
+
+    @property
+    def drawn(self) -> bool:
+        """A meter needs a range: a limit of 0 (one unsettled unknown blocks the writes) is said in words only."""
+        return bool(self.limit)
+
+    @property
+    def low(self) -> float | None:
+        """Where the meter turns to a warning colour (70 %), then to a bad one (`high`, 90 %)."""
+        return None if self.limit is None else round(self.limit * 0.7, 2)
+
+    @property
+    def high(self) -> float | None:
+        return None if self.limit is None else round(self.limit * 0.9, 2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskPage:
+    task: Task
+    summary: dict  # task_summary(task), as the API returns it
+    headline: str
+    outcome_meaning: str
+    steps: list[dict]
+    facts: list[FactGroup]
+    next_action: NextAction
+    budget: list[Bar]
+    events: list[AuditEvent]
+    chain: str
+    report: AuditReport
+
+
+def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
+    """Everything the task page shows, or None for an unknown id (6 statements, whatever the task's size)."""
+    task = Task.objects.select_related("tenant").filter(pk=task_id).first()
+    if task is None:
+        return None
+    summary = task_summary(task)
+    calls = {brief["call_id"]: brief for key, *_ in _GROUPS for brief in summary[key]}
+    facts = [
+        FactGroup(key=key, title=title, meaning=meaning, calls=summary[key], always=always)
+        for key, title, meaning, always in _GROUPS
+    ]
+    chain = chain_key(task.pk)
+    events = list(AuditEvent.objects.filter(chain=chain).order_by("chain_seq"))
+    return TaskPage(
+        task=task,
+        summary=summary,
+        headline=_headline(task, facts),
+        outcome_meaning=_OUTCOME_MEANING.get(task.outcome, ""),
+        steps=_steps(summary, calls),
+        facts=facts,
+        next_action=NextAction(code=summary["next_action"], text=_next_action_text(summary)),
+        budget=_budget(task, summary, now),
+        events=events,
+        chain=chain,
+        report=_verify(chain, events),
+    )
+
+
+def _verify(chain: str, events: list[AuditEvent]) -> AuditReport:
+    """verify_chain() over the events already read: one more statement (the head), not a second read of the chain."""
+    count, chains, problem = verify_events(events)
+    if problem is None and count == 0 and AuditChainHead.objects.filter(key=chain, length__gt=0).exists():
+        problem = f"chain {chain} has a head but no events: they were removed"
+    return AuditReport(events=count, chains=chains, problem=problem)
+
+
+def _steps(summary: dict, calls: dict[int, dict]) -> list[dict]:
+    by_index = {step["index"]: step for step in summary["steps"]}
+    blocked = set(summary["blocked_steps"])
+    rows = []
+    for step in summary["steps"]:
+        rows.append(
+            {
+                "index": step["index"],
+                "name": step["name"],
+                "state": step["state"],
+                "depends_on": [_dependency(by_index, index) for index in step["depends_on"]],
+                "blocked": step["index"] in blocked,
+                "blocked_by": [_dependency(by_index, i) for i in step["blocked_by_steps"]]
+                if step["index"] in blocked
+                else [],
+                "calls": [calls[pk] for pk in step["calls"]],
+            }
+        )
+    return rows
+
+
+def _dependency(by_index: dict[int, dict], index: int) -> dict:
+    return {"index": index, "name": by_index[index]["name"], "state": by_index[index]["state"]}
+
+
+def _headline(task: Task, facts: list[FactGroup]) -> str:
+    """The task in one line: its status and a count per group — never one word over a mix (SPEC §14)."""
+    status = {TaskStatus.OPEN: "Open", TaskStatus.SUBMITTED: "Submitted", TaskStatus.ABANDONED: "Abandoned"}
+    counts = [f"{len(group.calls)} {group.title.lower()}" for group in facts if group.calls]
+    return " · ".join([status.get(task.status, task.status), *(counts or ["no calls yet"])])
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def _steps_text(indexes: list[int]) -> str:
+    return f"step{'' if len(indexes) == 1 else 's'} {', '.join(str(i) for i in indexes)}"
+
+
+def _next_action_text(summary: dict) -> str:
+    code, blocked = summary["next_action"], summary["blocked_steps"]
+    unsettled = len(summary["unknown"]) + len(summary["accepted_in_progress"])
+    stay = _is(len(blocked), "stays", "stay")
+    still_blocked = f" {_steps_text(blocked).capitalize()} {stay} blocked until then." if blocked else ""
+    if code == "wait_for_human_review":
+        n = len(summary["needs_review"])
+        waiting = f"{_plural(n, 'call')} {_is(n, 'waits', 'wait')}"
+        return f"A reviewer decides: {waiting} in the human-review queue.{still_blocked}"
+    if code == "wait_for_reconcile" and summary["status"] != TaskStatus.OPEN:
+        n = len(summary["unknown"])
+        return f"The task is closed; {_plural(n, 'unknown call')} {_is(n, 'is', 'are')} still being reconciled."
+    if code == "wait_for_reconcile":
+        return (
+            f"Wait for reconciliation: {_plural(unsettled, 'call')} unknown or accepted {_is(unsettled, 'is', 'are')}"
+            f" being checked with the provider by idempotency key. Do not retry {_is(unsettled, 'it', 'them')}."
+            + still_blocked
+        )
+    if code == "wait_for_dependencies":
+        return f"Wait: {_steps_text(blocked)} {_is(len(blocked), 'is', 'are')} blocked until their dependencies commit."
+    if code == "continue":
+        n = len(summary["pending"]) + len(summary["in_flight"])
+        return f"The agent continues: {_plural(n, 'call')} pending or in flight."
+    if code.startswith("submit_or_abandon"):
+        return "Past the deadline with no submission: the agent submits what was done, or abandons the task."
+    if code == "submit":
+        return "The agent submits the task: every call is settled."
+    return "Nothing: the task is closed and every call is settled."
+
+
+def _is(n: int, one: str, many: str) -> str:
+    return one if n == 1 else many
+
+
+def _budget(task: Task, summary: dict, now: datetime) -> list[Bar]:
+    limits = task.budget or {}
+    bars = [
+        _bar("rounds", "Rounds", task.rounds_used, task.max_rounds, "rounds used"),
+        _bar("tokens", "Tokens", task.tokens_used, task.token_budget, "tokens used"),
+        _bar("write-retries", "Write retries", task.write_retries_used, limits.get("write_retry"), "retries used"),
+    ]
+    if limits.get("unknown_budget") is not None:
+        unsettled = len(summary["unknown"])
+        bars.append(_bar("unknowns", "Unknown budget", unsettled, limits["unknown_budget"], "unsettled"))
+    bars.append(_deadline_bar(task, now))
+    return bars
+
+
+def _bar(key: str, label: str, used: int, limit: int | None, unit: str) -> Bar:
+    over = limit is not None and used > limit
+    return Bar(key=key, label=label, unit=unit, used=used, limit=limit, over=over)
+
+
+def _deadline_bar(task: Task, now: datetime) -> Bar:
+    if task.deadline is None:
+        return Bar(key="deadline", label="Time to deadline", unit="s", used=0, limit=None, over=False)
+    at = task.closed_at or now
+    span = max(1, int((task.deadline - task.created_at).total_seconds()))
+    over = at > task.deadline
+    elapsed = span if over else min(span, max(0, int((at - task.created_at).total_seconds())))
+    return Bar(
+        key="deadline",
+        label="Time to deadline",
+        unit="s",
+        used=elapsed,
+        limit=span,
+        over=over,
+        delta=(at - task.deadline) if over else (task.deadline - at),
+        closed=task.closed_at is not None,
+    )
