@@ -110,3 +110,29 @@ def redis_url_from_env(name: str) -> str | None:
     if urlsplit(url).scheme not in {"redis", "rediss", "unix"}:
         raise ImproperlyConfigured(f"{name}={url!r}: use redis://host:6379/0 (or rediss://, unix://)")
     return url
+
+
+def env_seconds_by_key(name: str, default: dict[str, int], *, keys: tuple[str, ...]) -> dict[str, int]:
+    """A table of durations in seconds, one per key, from "key=seconds,key=seconds" (e.g. "high=900,low=14400").
+
+    The value is the whole table: every key once, nothing else, each a whole number of seconds above zero. A key
+    missing, repeated or unknown stops the process, so a typo cannot leave one risk without its SLA.
+    """
+    value = os.environ.get(name)
+    if value is None:
+        return dict(default)
+    table: dict[str, int] = {}
+    for item in value.split(","):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if not sep or not key:
+            raise ImproperlyConfigured(f"{name}={value!r}: write key=seconds pairs separated by commas")
+        if key not in keys:
+            raise ImproperlyConfigured(f"{name}={value!r}: {key!r} is not one of {', '.join(keys)}")
+        if key in table:
+            raise ImproperlyConfigured(f"{name}={value!r}: {key!r} is given twice")
+        if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
+            raise ImproperlyConfigured(f"{name}={value!r}: {key}={raw!r} is not a whole number of seconds above 0")
+        table[key] = int(raw)
+    if missing := [key for key in keys if key not in table]:
+        raise ImproperlyConfigured(f"{name}={value!r}: {', '.join(missing)} missing (every one of {', '.join(keys)})")
+    return table

@@ -11,7 +11,7 @@ from pathlib import Path
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import database_from_env, env_bool, env_int, env_list, env_str, redis_url_from_env
+from console.env import database_from_env, env_bool, env_int, env_list, env_seconds_by_key, env_str, redis_url_from_env
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RECOVERY_VAR_DIR", str(BASE_DIR / "var")))
@@ -116,6 +116,9 @@ RECOVERY_SIGN_IN_MAX_FAILURES = env_int("RECOVERY_SIGN_IN_MAX_FAILURES", 5, mini
 RECOVERY_SIGN_IN_WINDOW_S = env_int("RECOVERY_SIGN_IN_WINDOW_S", 900, minimum=1)
 # How long a reviewer's claim on a queue item lasts unless renewed or released.
 RECOVERY_CLAIM_S = env_int("RECOVERY_CLAIM_S", 900, minimum=30)
+# How long an UNKNOWN or HUMAN_REVIEW item may wait, per call risk (recovery.models.Risk), before the overview counts
+# it as an SLA breach: "high=900,low=14400" (seconds; every risk once).
+RECOVERY_SLA_S = env_seconds_by_key("RECOVERY_SLA_S", {"high": 900, "low": 14_400}, keys=("high", "low"))
 
 # Content-Security-Policy (django-csp): scripts and styles only from this site (htmx is served from static files),
 # inline scripts only with the per-response nonce, no frames, no plugins, forms post only here.

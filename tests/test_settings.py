@@ -236,3 +236,57 @@ def test_it_refuses_a_malformed_debug_flag(tmp_path):
     result = _manage(_production_env(tmp_path, DEBUG="maybe"), "check")
     assert result.returncode != 0
     assert "DEBUG='maybe' is not a boolean" in result.stderr
+
+
+# --- the SLA per risk (RECOVERY_SLA_S) -----------------------------------------------------------------------------
+
+RISKS = ("high", "low")
+SLA_DEFAULT = {"high": 900, "low": 14_400}
+
+
+def test_it_reads_an_sla_per_risk(monkeypatch):
+    from console.env import env_seconds_by_key
+
+    monkeypatch.setenv(VAR, " low = 7200 , high=600")
+    assert env_seconds_by_key(VAR, SLA_DEFAULT, keys=RISKS) == {"low": 7200, "high": 600}
+    monkeypatch.delenv(VAR)
+    assert env_seconds_by_key(VAR, SLA_DEFAULT, keys=RISKS) == SLA_DEFAULT
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("high=900", "low missing"),
+        ("high=900,low=14400,medium=3600", "'medium' is not one of high, low"),
+        ("high=900,high=600,low=1", "'high' is given twice"),
+        ("high=15m,low=14400", "high='15m' is not a whole number of seconds above 0"),
+        ("high=0,low=14400", "high='0' is not a whole number of seconds above 0"),
+        ("high=-5,low=14400", "high='-5' is not a whole number of seconds above 0"),
+        ("high=²,low=14400", "high='²' is not a whole number of seconds above 0"),
+        ("high 900,low=14400", "write key=seconds pairs separated by commas"),
+        ("high=900,,low=14400", "write key=seconds pairs separated by commas"),
+        ("", "write key=seconds pairs separated by commas"),
+    ],
+)
+def test_it_refuses_an_sla_table_it_cannot_read(monkeypatch, raw, message):
+    import re
+
+    from console.env import env_seconds_by_key
+
+    monkeypatch.setenv(VAR, raw)
+    with pytest.raises(ImproperlyConfigured, match=re.escape(message)):
+        env_seconds_by_key(VAR, SLA_DEFAULT, keys=RISKS)
+
+
+def test_the_sla_table_names_every_risk_a_call_can_have():
+    from django.conf import settings
+
+    from recovery.models import Risk
+
+    assert set(settings.RECOVERY_SLA_S) == set(Risk.values)
+
+
+def test_it_refuses_to_start_with_a_bad_sla_table(tmp_path):
+    result = _manage(_production_env(tmp_path, RECOVERY_SLA_S="high=900,lwo=14400"), "check")
+    assert result.returncode != 0
+    assert "RECOVERY_SLA_S='high=900,lwo=14400': 'lwo' is not one of high, low" in result.stderr

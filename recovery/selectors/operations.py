@@ -1,0 +1,353 @@
+"""Reads of the operations pages (SPEC §7, §15.7, §18): every tool's breaker with its sliding window and history,
+every tool's retry-path safety as the registry states it, each provider's status-endpoint breaker, and the stored
+drill runs.
+
+Each read is a fixed number of statements whatever the number of tools, providers, buckets, events or runs: the
+tools with their provider and breaker row (one join) and their alternates (one prefetch), the window's buckets (one),
+the recent breaker events of every breaker (one, ranked per breaker by a window function), the providers with their
+status breaker (one).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.db.models import F, Prefetch, Window
+from django.db.models.fields.json import KT
+from django.db.models.functions import RowNumber
+
+from recovery.engine import breaker as rules
+from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, WRITE, BreakerPolicy
+from recovery.models import AuditEvent, BreakerBucket, DrillRun, Provider, Tool
+from recovery.registry.policy import breaker_policy
+from recovery.services.status_breakers import DEFAULTS as STATUS_BREAKER_DEFAULTS
+
+HISTORY_DAYS = 7  # a breaker's history: its events of the last week ...
+HISTORY_PER_BREAKER = 10  # ... the newest ten of them
+TOOL_EVENTS = ("breaker.opened", "breaker.closed", "breaker.reopened")
+STATUS_EVENTS = ("status_breaker.opened", "status_breaker.closed")
+RUNS_PER_PAGE = 50
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakerEvent:
+    """One state change of a breaker, as the audit trail recorded it (`evidence` names the tool or provider)."""
+
+    seq: int
+    at: datetime
+    action: str
+    from_state: str
+    to_state: str
+    reason: str
+    actor: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlidingWindow:
+    """A tool's outcome counts over its breaker window, as admission reads it now (engine.breaker.window_totals)."""
+
+    calls: int
+    failures: int
+    buckets: int  # buckets with counts inside the window
+    start: datetime  # the oldest moment a counted outcome may come from
+
+    @property
+    def successes(self) -> int:
+        return self.calls - self.failures
+
+    @property
+    def rate(self) -> float | None:
+        return self.failures / self.calls if self.calls else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPath:
+    """What the registry lets recovery do again with a tool, each line in words (SPEC §5, §7, §11)."""
+
+    safe: bool  # a same-key replay may run automatically (reads, or writes the provider dedupes by key)
+    replay: str
+    alternates: tuple[str, ...]
+    swap: str
+    fallback: str
+    reconcile: str
+    max_attempts: int | None
+    write_retry: int | None
+    key_retention_s: int
+    exhausted: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolBreaker:
+    tool_id: int
+    tool: str
+    provider: str
+    side_effect: str
+    risk: str
+    stored: str  # the row's state; "closed" when the breaker never opened (no row)
+    state: str  # as admission reads it now: open past its cooldown reads half_open
+    opened_at: datetime | None
+    cooldown_ends_at: datetime | None  # open (or half_open after a cooldown): when probes may go
+    probes_reserved: int  # reserved under a lease that has not expired
+    probe_lease_until: datetime | None
+    probe_available: bool
+    policy: BreakerPolicy
+    window: SlidingWindow
+    history: tuple[BreakerEvent, ...]
+    retry: RetryPath
+
+    @property
+    def at_threshold(self) -> bool:
+        """Closed, and the window already meets the opening rule: the next counted failure opens it."""
+        return self.state == CLOSED and rules.should_open(self.window.calls, self.window.failures, self.policy)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StatusEndpointBreaker:
+    """A provider's status-endpoint breaker (SPEC §10): a fixed window of status queries, separate from its tools."""
+
+    provider: str
+    stored: str
+    state: str  # open past its cooldown reads half_open: the next status check is the probe
+    opened_at: datetime | None
+    cooldown_ends_at: datetime | None
+    probe_until: datetime | None
+    window_started_at: datetime | None
+    calls: int  # in the current window (0 when it has run out: the next check starts a new one)
+    failures: int
+    policy: dict
+    history: tuple[BreakerEvent, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakersPage:
+    tools: list[ToolBreaker]
+    providers: list[StatusEndpointBreaker]
+    history_days: int
+    history_per_breaker: int
+
+
+# What the page reads of a tool: not its schemas, request templates or invariants.
+_TOOL_FIELDS = (
+    "name", "side_effect", "risk", "replay_safe", "retry_path_safe", "fallback", "key_retention_s", "budgets",
+    "breaker", "status_query", "exhausted_to_review", "provider__name", "breaker_row__state",
+    "breaker_row__opened_at", "breaker_row__probes_reserved", "breaker_row__probe_lease_until",
+)  # fmt: skip
+_EVENT_COLUMNS = (
+    "seq", "created_at", "action", "from_state", "to_state", "reason", "actor_label", "tool_name", "provider_name",
+)  # fmt: skip
+
+
+def breakers_page(*, now: datetime) -> BreakersPage:
+    """Every tool's breaker and retry path, and every provider's status breaker. Five statements."""
+    alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name").order_by("name"))
+    tools = list(
+        Tool.objects.select_related("provider", "breaker_row")
+        .only(*_TOOL_FIELDS)
+        .prefetch_related(alternates)
+        .order_by("name")
+    )
+    policies = {tool.pk: breaker_policy(tool) for tool in tools}
+    buckets = _buckets(policies, now)
+    history = _history(now)
+    providers = Provider.objects.select_related("status_breaker_row").order_by("name")
+    return BreakersPage(
+        tools=[_tool_breaker(tool, policies[tool.pk], buckets[tool.pk], history, now) for tool in tools],
+        providers=[_status_breaker(provider, history, now) for provider in providers],
+        history_days=HISTORY_DAYS,
+        history_per_breaker=HISTORY_PER_BREAKER,
+    )
+
+
+def _buckets(policies: dict[int, BreakerPolicy], now: datetime) -> dict[int, list[tuple[int, int, int]]]:
+    """Every tool's buckets that may lie in its window, in one statement. The table holds a few rows per tool (the
+    breaker prunes what leaves the window), so a range on bucket_start alone reads little."""
+    found: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    if not policies:
+        return found
+    now_s = now.timestamp()
+    oldest = min(rules.bucket_start(now_s, policy) - policy.window_s for policy in policies.values())
+    rows = BreakerBucket.objects.filter(bucket_start__gt=oldest).values_list(
+        "tool_id", "bucket_start", "successes", "failures"
+    )
+    for tool_id, start, successes, failures in rows:
+        found[tool_id].append((start, successes, failures))
+    return found
+
+
+def _history(now: datetime) -> dict[tuple[str, str], tuple[BreakerEvent, ...]]:
+    """The newest HISTORY_PER_BREAKER events of every breaker over the last HISTORY_DAYS, keyed ("tool", name) or
+    ("provider", name). One statement: audit_action_idx (action, created_at) bounds it to the week's breaker events,
+    and ROW_NUMBER() per breaker keeps the newest of each, so a flapping breaker cannot crowd out the others."""
+    tool_name, provider_name = KT("evidence__tool"), KT("evidence__provider")
+    since = now - timedelta(days=HISTORY_DAYS)
+    rows = (
+        AuditEvent.objects.filter(action__in=TOOL_EVENTS + STATUS_EVENTS, created_at__gte=since)
+        .annotate(
+            tool_name=tool_name,
+            provider_name=provider_name,
+            rank=Window(RowNumber(), partition_by=[tool_name, provider_name], order_by=F("seq").desc()),
+        )
+        .filter(rank__lte=HISTORY_PER_BREAKER)
+        .order_by("-seq")
+        .values(*_EVENT_COLUMNS)
+    )
+    found: dict[tuple[str, str], list[BreakerEvent]] = defaultdict(list)
+    for row in rows:
+        key = ("tool", row["tool_name"]) if row["action"] in TOOL_EVENTS else ("provider", row["provider_name"])
+        found[key].append(
+            BreakerEvent(
+                seq=row["seq"],
+                at=row["created_at"],
+                action=row["action"],
+                from_state=row["from_state"],
+                to_state=row["to_state"],
+                reason=row["reason"],
+                actor=row["actor_label"],
+            )
+        )
+    return {key: tuple(events) for key, events in found.items()}
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _tool_breaker(tool: Tool, policy: BreakerPolicy, buckets: list, history: dict, now: datetime) -> ToolBreaker:
+    row = getattr(tool, "breaker_row", None)  # no row: the breaker never opened, it reads closed
+    stored = row.state if row is not None else CLOSED
+    opened_at = row.opened_at if row is not None else None
+    lease_until = row.probe_lease_until if row is not None else None
+    now_s = now.timestamp()
+    live = 0 if row is None or rules.probe_lease_expired(_epoch(lease_until), now_s) else row.probes_reserved
+    view = rules.effective_state(stored, _epoch(opened_at), policy, now_s, live_probes=live)
+    cooling = stored in (OPEN, HALF_OPEN) and opened_at is not None
+    calls, failures = rules.window_totals(buckets, policy, now_s)
+    current = rules.bucket_start(now_s, policy)
+    inside = [b for b in buckets if current - policy.window_s < b[0] <= current]
+    return ToolBreaker(
+        tool_id=tool.pk,
+        tool=tool.name,
+        provider=tool.provider.name,
+        side_effect=tool.side_effect,
+        risk=tool.risk,
+        stored=stored,
+        state=view.state,
+        opened_at=opened_at,
+        cooldown_ends_at=opened_at + timedelta(seconds=policy.cooldown_s) if cooling else None,
+        probes_reserved=live,
+        probe_lease_until=lease_until if live else None,
+        probe_available=view.probe_available,
+        policy=policy,
+        window=SlidingWindow(
+            calls=calls,
+            failures=failures,
+            buckets=len(inside),
+            start=datetime.fromtimestamp(current - policy.window_s + policy.bucket_s, tz=UTC),
+        ),
+        history=history.get(("tool", tool.name), ()),
+        retry=retry_path(tool),
+    )
+
+
+def retry_path(tool: Tool) -> RetryPath:
+    """The tool's retry-path safety in words, from its registry entry (alternates must be prefetched)."""
+    write = tool.side_effect == WRITE
+    budgets = tool.budgets if isinstance(tool.budgets, dict) else {}
+    alternates = tuple(other.name for other in tool.alternates.all())
+    if not write:
+        safe, replay = True, "a read: repeating it changes nothing"
+    elif not tool.retry_path_safe:
+        safe = False
+        replay = (
+            "unsafe: a duplicate probe saw a second effect for one key; automatic replay is off until an admin "
+            "turns the retry path back on"
+        )
+    elif tool.replay_safe:
+        safe, replay = True, "replay-safe: the provider answers a same-key replay with the first result"
+    else:
+        safe = False
+        replay = (
+            "not replay-safe: only an attempt that provably was not sent is retried; an unknown outcome is "
+            "reconciled, never replayed"
+        )
+    if write and tool.risk == "high":
+        swap = "never swapped to another tool while degraded (high risk)"
+    elif alternates:
+        swap = "an accepted alternate may replace it after a failure that proves nothing was executed"
+    else:
+        swap = ""
+    query = tool.status_query if isinstance(tool.status_query, dict) else {}
+    if not write:
+        reconcile = "nothing to reconcile"
+    elif query.get("path"):
+        reconcile = f"status API: {query.get('method', 'GET')} {query['path']}"
+    else:
+        reconcile = "no status API: an unknown outcome goes to human review"
+    return RetryPath(
+        safe=safe,
+        replay=replay,
+        alternates=alternates,
+        swap=swap,
+        fallback=tool.fallback,
+        reconcile=reconcile,
+        max_attempts=budgets.get("max_attempts"),
+        write_retry=budgets.get("write_retry") if write else None,
+        key_retention_s=tool.key_retention_s,
+        exhausted="human review" if tool.exhausted_to_review else "FAILED_PERMANENT (retry_exhausted)",
+    )
+
+
+def _status_breaker(provider: Provider, history: dict, now: datetime) -> StatusEndpointBreaker:
+    policy = STATUS_BREAKER_DEFAULTS | (provider.status_breaker if isinstance(provider.status_breaker, dict) else {})
+    row = getattr(provider, "status_breaker_row", None)
+    stored = row.state if row is not None else CLOSED
+    opened_at = row.opened_at if row is not None else None
+    cooldown_ends_at = opened_at + timedelta(seconds=policy["cooldown_s"]) if opened_at and stored != CLOSED else None
+    state = HALF_OPEN if stored == OPEN and cooldown_ends_at is not None and now >= cooldown_ends_at else stored
+    window_started_at = row.window_started_at if row is not None else None
+    current = window_started_at is not None and window_started_at > now - timedelta(seconds=policy["window_s"])
+    return StatusEndpointBreaker(
+        provider=provider.name,
+        stored=stored,
+        state=state,
+        opened_at=opened_at,
+        cooldown_ends_at=cooldown_ends_at,
+        probe_until=row.probe_until if row is not None else None,
+        window_started_at=window_started_at if current else None,
+        calls=row.calls if row is not None and current else 0,
+        failures=row.failures if row is not None and current else 0,
+        policy=policy,
+        history=history.get(("provider", provider.name), ()),
+    )
+
+
+# --- drill runs -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrillRunsPage:
+    rows: list[dict]
+    next_before: int | None  # the `before` of the next (older) page
+
+
+_RUN_COLUMNS = ("id", "drills", "started_at", "finished_at", "passed", "jobs", "options")
+
+
+def drill_runs(*, before: int | None = None, size: int | None = None) -> DrillRunsPage:
+    """Drill runs, newest first, by keyset on the id (the command creates the row as its run starts, so ids follow
+    started_at). One statement; the results and the log, which can run to megabytes, are not read."""
+    size = size or RUNS_PER_PAGE
+    runs = DrillRun.objects.order_by("-id")
+    if before is not None:
+        runs = runs.filter(id__lt=before)
+    rows = list(runs.values(*_RUN_COLUMNS)[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+    return DrillRunsPage(rows=rows, next_before=rows[-1]["id"] if more else None)
+
+
+def drill_run(run_id: int) -> DrillRun | None:
+    """One run with its results and log. One statement."""
+    return DrillRun.objects.filter(pk=run_id).first()
