@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from recovery.audit import Actor
 from recovery.engine.canonical import canonical_json
-from recovery.models import AuditEvent, Call, Step, Task
+from recovery.models import AuditEvent, Call, DrillRun, Step, Task
 from recovery.roles import ADMIN, APPROVER, REVIEWER, ROLES, VIEWER
 from recovery.services.users import user_save_with_roles
 
@@ -56,7 +56,8 @@ def _client(people, who: str, **kwargs) -> Client:
 # status. A key missing from a row takes the row's "*".
 EVERY_ROLE = {SIGNED_OUT: "sign-in", NO_ROLE: 403}
 MATRIX: list[tuple[str, str, dict[str, object]]] = [
-    ("GET", "/", {**EVERY_ROLE, "*": "->/queues/unknown/"}),
+    ("GET", "/", {**EVERY_ROLE, "*": "->/overview/"}),
+    ("GET", "/overview/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/queues/unknown/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/queues/human-review/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/queues/calls/", {**EVERY_ROLE, "*": 200}),
@@ -69,6 +70,22 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("POST", "/calls/999999999/claim/", {**EVERY_ROLE, REVIEWER: "->/queues/unknown/", "*": 403}),  # no such call
     ("GET", "/calls/{call}/claim/", {"*": 405}),  # claims change state: POST only, whoever asks
     ("GET", "/calls/{call}/release/", {"*": 405}),
+    ("GET", "/calls/{call}/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/calls/{call}/?version=x", {**EVERY_ROLE, "*": 400}),  # the live refresh's own parameters, checked
+    ("GET", "/calls/999999999/", {**EVERY_ROLE, "*": 404}),
+    ("POST", "/calls/{call}/", {"*": 405}),  # pages are read with GET; actions have their own URLs
+    ("GET", "/tasks/{task}/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/tasks/999999999/", {**EVERY_ROLE, "*": 404}),
+    ("GET", "/audit/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/audit/?task=x", {**EVERY_ROLE, "*": 400}),
+    ("GET", "/audit/export/?format=csv", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/audit/export/?format=xml", {**EVERY_ROLE, "*": 400}),
+    ("POST", "/audit/verify/", {**EVERY_ROLE, ADMIN: "->/audit/", "*": 403}),  # admins only
+    ("GET", "/audit/verify/", {"*": 405}),
+    ("GET", "/operations/breakers/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/operations/drills/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/operations/drills/{run}/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/operations/drills/999999999/", {**EVERY_ROLE, "*": 404}),
     ("GET", "/sign-in/", {SIGNED_OUT: 200, "*": "->/"}),  # a signed-in user is sent on
     ("GET", "/sign-out/", {"*": 405}),  # signing out is a POST (a link or an image cannot sign anyone out)
     ("POST", "/sign-out/", {"*": "->/sign-in/"}),
@@ -99,9 +116,10 @@ def _answer(response, path: str) -> object:
 @pytest.mark.parametrize("who", WHO)
 def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     call = make_call("UNKNOWN")
+    run = DrillRun.objects.create(drills=["timeout_after_send"])
     wrong = []
     for method, template, row in MATRIX:
-        path = template.format(call=call.pk)
+        path = template.format(call=call.pk, task=call.task_id, run=run.pk)
         client = _client(people, who)  # a fresh session each time: signing out must not leak into the next row
         response = client.get(path) if method == "GET" else client.post(path, {})
         got, want = _answer(response, path), _expected(row, who)
@@ -110,7 +128,11 @@ def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     assert not wrong, f"{who}:\n  " + "\n  ".join(wrong)
     # A refused claim writes nothing: only the reviewer's claim (and release) reached the audit trail.
     actions = list(AuditEvent.objects.filter(call_id=call.pk).order_by("seq").values_list("action", flat=True))
-    assert actions == (["call.claimed", "call.released"] if who == REVIEWER else []), who
+    expected = ["call.claimed", "call.released"] if who == REVIEWER else []
+    assert actions == expected, who
+    # Only an admin's chain verification reached the trail besides (as a system event).
+    verified = AuditEvent.objects.filter(action="audit.verified").count()
+    assert verified == (1 if who == ADMIN else 0), who
 
 
 def test_the_matrix_covers_every_console_url():
@@ -121,6 +143,7 @@ def test_the_matrix_covers_every_console_url():
     for pattern in console_patterns:
         route = str(pattern.pattern)
         sample = "/" + route.replace("<slug:slug>", "unknown").replace("<int:call_id>", "{call}")
+        sample = sample.replace("<int:task_id>", "{task}").replace("<int:run_id>", "{run}")
         assert sample in covered or sample.replace("unknown", "no-such-queue") in covered, route
     assert {"/sign-in/", "/sign-out/", "/admin/", "/api/v1/tasks"} <= covered
 

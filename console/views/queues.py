@@ -29,7 +29,7 @@ REFRESH_S = 5
 @login_required
 @permission_required(VIEW, raise_exception=True)
 def home(request: HttpRequest) -> HttpResponse:
-    return redirect("console:queue", slug="unknown")
+    return redirect("console:overview")
 
 
 @require_GET

@@ -115,7 +115,7 @@ class Command(BaseCommand):
         good = sum(result.passed for result in results)
         summary = (
             f"{good} of {len(slugs)} drills passed in {time.monotonic() - began:.0f} s;"
-            f" stored as drill run {run.pk} (/admin/recovery/drillrun/{run.pk}/change/)"
+            f" stored as drill run {run.pk} (/operations/drills/{run.pk}/ in the console)"
         )
         if not passed:
             failed = [result.name for result in results if not result.passed]
