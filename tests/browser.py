@@ -16,21 +16,17 @@ import pytest
 from django.apps import apps as django_apps
 from django.conf import settings
 
-from recovery.audit import Actor
-from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER, sync_roles
-from recovery.services.users import user_save_with_roles
+from recovery.roles import sync_roles
 from tests.conftest import missing_service
+from tests.console import PASSWORD, make_people
 
 __all__ = [
-    "ARTIFACTS", "CHROMIUM", "CSP_WORDS", "HOSTILE_IMG", "HOSTILE_SCRIPT", "PASSWORD", "Console",
+    "ARTIFACTS", "CHROMIUM", "CSP_WORDS", "Console",
     "artifacts", "async_unsafe_allowed", "browser", "console_people", "open_console",
 ]  # fmt: skip
 
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(settings.VAR_DIR) / "test-artifacts" / "browser"
-PASSWORD = "a-long-test-password-42"
-HOSTILE_IMG = "<img src=x onerror=window.__pwned=1>"
-HOSTILE_SCRIPT = "<script>window.__pwned=1</script>"
 CSP_WORDS = ("Content Security Policy", "Content-Security-Policy", "Refused to")
 
 # Every page records the CSP violations it saw (the DOM event, which is what the console message reports too).
@@ -155,7 +151,8 @@ def open_console(browser, live_server, artifacts) -> Iterator:
 
 @pytest.fixture
 def console_people(db) -> dict:
-    """One user per role (and a second reviewer), each with PASSWORD.
+    """tests/console.py's people (one user per role, a second reviewer and a user with no role, each with PASSWORD)
+    for a transactional test.
 
     The role groups come from a data migration, and the flush after an earlier transactional test removed them.
     sync_roles() marks every app as having no models module when it is done (it is written for a migration's
@@ -166,14 +163,4 @@ def console_people(db) -> dict:
     finally:
         for config in django_apps.get_app_configs():
             config.models_module = saved[config.label]
-    made = {}
-    roles = [
-        ("viewer", VIEWER),
-        ("reviewer", REVIEWER),
-        ("reviewer2", REVIEWER),
-        ("approver", APPROVER),
-        ("admin", ADMIN),
-    ]
-    for name, role in roles:
-        made[name], _ = user_save_with_roles(username=name, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    return made
+    return make_people()

@@ -31,5 +31,6 @@ def pytest_runtest_setup(item):
 
 
 from tests.browser import *  # noqa: E402,F403  (the browser fixtures)
+from tests.console import *  # noqa: E402,F403  (the console's people, and what its tests share)
 from tests.factories import *  # noqa: E402,F403  (fixtures)
 from tests.sandbox import *  # noqa: E402,F403  (the sandbox provider fixtures)

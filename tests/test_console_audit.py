@@ -16,7 +16,6 @@ from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -24,39 +23,20 @@ from django.utils import timezone
 
 from recovery.audit import Actor, append_event, audit_maintenance, event_hash, verify_all
 from recovery.models import ActorKind, ApiToken, AuditEvent
-from recovery.roles import ADMIN, APPROVER, REVIEWER, ROLES, VIEWER
+from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.selectors.audit import AuditFilters, audit_export_rows
 from recovery.services.audit_checks import audit_verify
 from recovery.services.claims import call_claim, call_release
 from recovery.services.tasks import task_create
 from recovery.services.users import user_save_with_roles
 from recovery.transitions import transition_call
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, PASSWORD, SIGNED_OUT, signed_in, statements
 
-PASSWORD = "a-long-test-password-42"
-SIGNED_OUT, NO_ROLE = "signed-out", "no-role"
 HASHED = (
     "seq", "chain", "chain_seq", "prev_hash", "task_id", "call_id", "actor_kind", "actor_label", "actor_user_id",
     "actor_token_id", "action", "from_state", "to_state", "reason", "evidence", "created_at",
 )  # fmt: skip
 COLUMNS = ("id", "prev_id", "hash", *HASHED)
-HOSTILE_SCRIPT = "<script>window.__pwned=1</script>"
-HOSTILE_IMG = "<img src=x onerror=window.__pwned=1>"
-
-
-@pytest.fixture
-def people(db):
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made[NO_ROLE] = get_user_model().objects.create_user(username="nobody", password=PASSWORD)
-    return made
-
-
-def _client(people, who: str, **kwargs) -> Client:
-    client = Client(**kwargs)
-    if who != SIGNED_OUT:
-        client.force_login(people[who])
-    return client
 
 
 @pytest.fixture
@@ -112,7 +92,7 @@ def test_each_role_searches_exports_and_verifies_as_allowed(people, history, who
     }.get(who, [200, 200, 200, 403])
     got = []
     for method, url in urls:
-        response = _client(people, who).get(url) if method == "GET" else _client(people, who).post(url, {})
+        response = signed_in(people, who).get(url) if method == "GET" else signed_in(people, who).post(url, {})
         if response.status_code == 302 and response["Location"] == f"/sign-in/?next={quote(url, safe='/')}":
             got.append("sign-in")
         elif response.status_code == 302:
@@ -127,14 +107,14 @@ def test_each_role_searches_exports_and_verifies_as_allowed(people, history, who
 
 @pytest.mark.parametrize("who", [*READERS, ADMIN])
 def test_the_verify_button_is_only_offered_to_admins(people, history, who):
-    body = _client(people, who).get("/audit/").content.decode()
+    body = signed_in(people, who).get("/audit/").content.decode()
     assert ('action="/audit/verify/"' in body) == (who == ADMIN), who
     assert ("Verify chain" in body) == (who == ADMIN), who
     assert 'href="/audit/export/?format=jsonl"' in body and 'href="/audit/export/?format=csv"' in body
 
 
 def test_the_audit_urls_answer_only_their_method(people, db):
-    admin = _client(people, ADMIN)
+    admin = signed_in(people, ADMIN)
     assert admin.get("/audit/verify/").status_code == 405  # a check writes an event: POST only
     assert admin.post("/audit/").status_code == 405
     assert admin.post("/audit/export/").status_code == 405
@@ -169,7 +149,7 @@ def _filters(history, people) -> list[tuple[str, object]]:
 
 
 def test_each_filter_narrows_the_events_as_the_database_says(people, history):
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
     everything = _everything()
     assert len(everything) > 10 and {e["actor_kind"] for e in everything} == set(ActorKind.values)
     for query, keep in _filters(history, people):
@@ -198,7 +178,7 @@ def test_the_time_range_keeps_the_events_between_from_and_to(people, registry, m
         with transaction.atomic():
             append_event(action="test.moment", actor=Actor.job("clock"), reason=f"m{i}")
     monkeypatch.undo()
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
 
     def shown(query: str) -> list[str]:
         response = client.get(f"/audit/?action=test.moment&{query}")
@@ -214,7 +194,7 @@ def test_the_time_range_keeps_the_events_between_from_and_to(people, registry, m
 
 def test_a_task_filter_offers_exports_of_that_task_and_a_chain_check_of_it(people, history):
     first = history["tasks"][0]
-    body = _client(people, ADMIN).get(f"/audit/?task={first.pk}").content.decode()
+    body = signed_in(people, ADMIN).get(f"/audit/?task={first.pk}").content.decode()
     assert f'href="/audit/export/?task={first.pk}&amp;format=jsonl"' in body
     assert f'href="/audit/export/?task={first.pk}&amp;format=csv"' in body
     assert f'<input type="hidden" name="task" value="{first.pk}">' in body
@@ -223,7 +203,7 @@ def test_a_task_filter_offers_exports_of_that_task_and_a_chain_check_of_it(peopl
 
 
 def test_bad_filters_get_field_errors_and_nothing_else_happens(people, history):
-    client = _client(people, ADMIN)
+    client = signed_in(people, ADMIN)
     before = AuditEvent.objects.count()
     response = client.get("/audit/?task=abc&call=-3&from=yesterday&kind=robot&before=x&actor=user:admin")
     assert response.status_code == 400
@@ -273,23 +253,16 @@ def _append_many(n: int, task=None) -> None:
             )
 
 
-def _statements(client: Client, url: str) -> tuple[int, object]:
-    with CaptureQueriesContext(connection) as captured:
-        response = client.get(url)
-    assert response.status_code == 200, url
-    return len(captured), response
-
-
 @pytest.mark.parametrize("query", ["", "action=test.bulk", "actor=job:bulk-1&kind=job", "task={task}", "action=test."])
 def test_a_page_runs_the_same_statements_for_10_or_800_events_and_deep_pages(people, task, query):
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
     url = f"/audit/?{query.format(task=task.pk)}"
     _append_many(10, task)
-    small, first = _statements(client, url)
+    small, first = statements(client, url)
     assert first.context["older_url"] == ""
 
     _append_many(800, task)  # enough for 7 full pages of each filter (the actor matches half of them)
-    big, first = _statements(client, url)
+    big, first = statements(client, url)
     assert len(first.context["rows"]) == 50
     deep_url = url
     seen = []
@@ -298,7 +271,7 @@ def test_a_page_runs_the_same_statements_for_10_or_800_events_and_deep_pages(peo
         seen += _shown_seqs(page)
         deep_url = page.context["older_url"]
         assert "before=" in deep_url
-    deep, deep_page = _statements(client, deep_url)
+    deep, deep_page = statements(client, deep_url)
     assert small == big == deep, (small, big, deep)
     assert len(deep_page.context["rows"]) == 50
     # Pages follow one another with nothing skipped or repeated, newest first.
@@ -309,7 +282,7 @@ def test_a_page_runs_the_same_statements_for_10_or_800_events_and_deep_pages(peo
 
 
 def test_an_htmx_request_gets_only_the_results_region(people, history):
-    response = _client(people, VIEWER).get("/audit/?action=call.claimed", HTTP_HX_REQUEST="true")
+    response = signed_in(people, VIEWER).get("/audit/?action=call.claimed", HTTP_HX_REQUEST="true")
     body = response.content.decode()
     assert response.status_code == 200 and body.lstrip().startswith('<div id="audit-results">')
     assert "<html" not in body and "call.claimed" in body and "<form" not in body
@@ -317,7 +290,7 @@ def test_an_htmx_request_gets_only_the_results_region(people, history):
 
 def test_walking_every_page_lists_each_matching_event_once(people, task):
     _append_many(130, task)
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
     url, seen = "/audit/?action=test.bulk", []
     while url:
         page = client.get(url)
@@ -390,7 +363,7 @@ def _rehash(row: dict) -> str:
 def test_exports_match_the_database_row_for_row(people, history, query):
     first = history["tasks"][0]
     query = query.format(first=first.pk)
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
     search = client.get(f"/audit/?{query}")
     want = sorted(
         (_as_stored(e) for e in _everything() if e["seq"] in set(_shown_seqs(search))), key=lambda e: e["seq"]
@@ -411,7 +384,7 @@ def test_exports_match_the_database_row_for_row(people, history, query):
 def test_an_auditor_reverifies_a_task_export_from_the_file_alone(people, history):
     """Every line's hash recomputes from the line; each line links to the one before; the chain starts at #1."""
     first = history["tasks"][0]
-    lines = _jsonl(_client(people, VIEWER), f"/audit/export/?task={first.pk}")  # JSON lines by default
+    lines = _jsonl(signed_in(people, VIEWER), f"/audit/export/?task={first.pk}")  # JSON lines by default
     assert len(lines) == AuditEvent.objects.filter(task=first).count() >= 5
     assert {row["chain"] for row in lines} == {f"task:{first.pk}"}
     assert [row["chain_seq"] for row in lines] == list(range(1, len(lines) + 1))
@@ -426,7 +399,7 @@ def test_an_auditor_reverifies_a_task_export_from_the_file_alone(people, history
 
 
 def test_every_line_of_a_whole_trail_export_rehashes_and_a_forged_line_does_not(people, history):
-    lines = _jsonl(_client(people, VIEWER), "/audit/export/")
+    lines = _jsonl(signed_in(people, VIEWER), "/audit/export/")
     assert len(lines) == AuditEvent.objects.count()
     assert all(_rehash(row) == row["hash"] for row in lines)
     forged = lines[3] | {"reason": "nothing happened"}
@@ -435,7 +408,7 @@ def test_every_line_of_a_whole_trail_export_rehashes_and_a_forged_line_does_not(
 
 def test_the_export_names_its_file_after_what_it_holds(people, history):
     first = history["tasks"][0]
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
     cases = [
         (f"/audit/export/?task={first.pk}&format=jsonl", rf"audit-task-{first.pk}-\d{{8}}T\d{{6}}Z\.jsonl"),
         (
@@ -481,7 +454,7 @@ def test_csv_cells_cannot_run_as_spreadsheet_formulas(people, registry):
     ]
     for i, goal in enumerate(hostile_goals):
         task_create(tenant=registry["tenant"], external_id=f"t{i}", agent="x", goal=goal, budget={}, actor=agent)
-    rows = _csv(_client(people, VIEWER), "/audit/export/?action=task.created&format=csv")
+    rows = _csv(signed_in(people, VIEWER), "/audit/export/?action=task.created&format=csv")
     assert len(rows) == len(hostile_goals)
     for row, goal in zip(rows, hostile_goals, strict=True):
         assert row["actor_label"].startswith("'=HYPERLINK(")
@@ -499,7 +472,7 @@ def test_csv_cells_cannot_run_as_spreadsheet_formulas(people, registry):
 
 
 def test_an_admin_verifies_an_intact_trail_and_the_check_is_recorded(people, history):
-    client = _client(people, ADMIN)
+    client = signed_in(people, ADMIN)
     events = AuditEvent.objects.count()
     response = client.post("/audit/verify/", {"next": "/audit/?action=call."}, follow=True)
     assert response.redirect_chain == [("/audit/?action=call.", 302)]
@@ -514,7 +487,7 @@ def test_an_admin_verifies_an_intact_trail_and_the_check_is_recorded(people, his
 
 def test_an_admin_verifies_one_tasks_chain(people, history):
     first = history["tasks"][0]
-    response = _client(people, ADMIN).post("/audit/verify/", {"task": str(first.pk)}, follow=True)
+    response = signed_in(people, ADMIN).post("/audit/verify/", {"task": str(first.pk)}, follow=True)
     length = AuditEvent.objects.filter(task=first).count()
     assert f"Task {first.pk}&#x27;s chain is intact: {length} events verified." in response.content.decode()
     record = AuditEvent.objects.get(action="audit.verified")
@@ -522,7 +495,7 @@ def test_an_admin_verifies_one_tasks_chain(people, history):
 
 
 def test_verifying_a_task_without_events_says_so_rather_than_intact(people, history):
-    response = _client(people, ADMIN).post("/audit/verify/", {"task": "999999"}, follow=True)
+    response = signed_in(people, ADMIN).post("/audit/verify/", {"task": "999999"}, follow=True)
     shown = response.content.decode().split('<ul class="messages"', 1)[1].split("</ul>", 1)[0]
     assert "Task 999999 has no audit events: there was no chain to verify." in shown and "intact" not in shown
 
@@ -536,7 +509,7 @@ def test_a_tampered_event_is_reported_on_the_page(people, history):
         connection.cursor() as cursor,
     ):
         cursor.execute("UPDATE recovery_auditevent SET reason = %s WHERE id = %s", ["nothing happened", edited.pk])
-    client = _client(people, ADMIN)
+    client = signed_in(people, ADMIN)
     for data in ({}, {"task": str(first.pk)}):
         response = client.post("/audit/verify/", data, follow=True)
         assert response.status_code == 200
@@ -549,7 +522,7 @@ def test_a_tampered_event_is_reported_on_the_page(people, history):
 
 
 def test_verify_refuses_a_post_without_the_csrf_token(people, history):
-    client = _client(people, ADMIN, enforce_csrf_checks=True)
+    client = signed_in(people, ADMIN, enforce_csrf_checks=True)
     assert client.post("/audit/verify/").status_code == 403
     assert not AuditEvent.objects.filter(action="audit.verified").exists()
     page = client.get("/audit/").content.decode()
@@ -560,7 +533,7 @@ def test_verify_refuses_a_post_without_the_csrf_token(people, history):
 
 @pytest.mark.parametrize("bad", ["abc", "0", "-1", "1e3", "٣", str(2**63)])
 def test_verify_refuses_a_bad_task_id_and_records_nothing(people, history, bad):
-    response = _client(people, ADMIN).post("/audit/verify/", {"task": bad, "next": "https://evil.example/"})
+    response = signed_in(people, ADMIN).post("/audit/verify/", {"task": bad, "next": "https://evil.example/"})
     assert response.status_code == 302 and response["Location"] == "/audit/"
     assert not AuditEvent.objects.filter(action="audit.verified").exists()
 
@@ -598,7 +571,7 @@ def test_hostile_text_is_shown_as_text(people, task):
             reason=HOSTILE_SCRIPT,
             evidence={"html": HOSTILE_IMG, "quote": "\"'></pre></details><svg onload=window.__pwned=1>"},
         )
-    body = _client(people, VIEWER).get("/audit/?action=test.hostile").content.decode()
+    body = signed_in(people, VIEWER).get("/audit/?action=test.hostile").content.decode()
     main = body.split('<main id="main"', 1)[1]
     assert "<script>window" not in main and "<img src=x" not in main and "<svg" not in main
     assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in main

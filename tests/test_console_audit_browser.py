@@ -16,7 +16,7 @@ from recovery.models import ApiToken, AuditEvent
 from recovery.services.claims import call_claim
 from recovery.services.tasks import task_create
 from recovery.transitions import transition_call
-from tests.browser import HOSTILE_IMG, HOSTILE_SCRIPT
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

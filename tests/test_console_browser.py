@@ -22,7 +22,7 @@ from recovery.audit import Actor
 from recovery.models import Call, Task, Tenant, Tool
 from recovery.roles import REVIEWER
 from recovery.services.users import user_save_with_roles
-from tests.browser import HOSTILE_IMG, HOSTILE_SCRIPT, PASSWORD
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, PASSWORD
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -41,11 +41,6 @@ SNAPSHOT = """() => {
 }"""
 
 
-@pytest.fixture
-def people(console_people):
-    return console_people
-
-
 def _aged(call: Call, minutes: float) -> Call:
     """The call as if it had been in its state for `minutes` (queues list the oldest first)."""
     at = timezone.now() - timedelta(minutes=minutes)
@@ -54,7 +49,9 @@ def _aged(call: Call, minutes: float) -> Call:
     return call
 
 
-def test_a_reviewer_filters_claims_and_watches_the_unknown_queue(open_console, people, registry, make_call, task):
+def test_a_reviewer_filters_claims_and_watches_the_unknown_queue(
+    open_console, console_people, registry, make_call, task
+):
     refund, lookup = registry["refund"], registry["lookup"]
     refunds = [_aged(make_call("UNKNOWN", tool=refund), 300 - i) for i in range(24)]
     lookups = [_aged(make_call("UNKNOWN", tool=lookup), 250 - i) for i in range(4)]
@@ -62,16 +59,16 @@ def test_a_reviewer_filters_claims_and_watches_the_unknown_queue(open_console, p
     make_call("COMMITTED")
     first = refunds[0]
 
-    # A reviewer signs in through the form and lands on the UNKNOWN queue.
+    # A reviewer opens the UNKNOWN queue, signs in through the form and is brought back to it (home is the overview).
     alice = open_console()
-    alice.sign_in("reviewer", shot="01-sign-in")
+    alice.sign_in("reviewer", start="/queues/unknown/", shot="01-sign-in")
     page = alice.page
     assert page.url.endswith("/queues/unknown/")
     assert alice.row_ids() == [c.pk for c in sorted(refunds + lookups, key=lambda c: (c.state_changed_at, c.pk))]
     assert page.locator('[data-queue="unknown"]').inner_text() == "28"
     alice.shot("02-queue-unknown")
     for slug, name in [("human-review", "Human review"), ("calls", "All calls")]:
-        page.get_by_role("navigation", name="Queues").get_by_role("link", name=name).click()
+        page.get_by_role("navigation", name="Console").get_by_role("link", name=name).click()
         page.wait_for_url(f"**/queues/{slug}/")
         assert page.locator('[aria-current="page"]').inner_text().startswith(name)
         alice.assert_clean()
@@ -116,7 +113,7 @@ def test_a_reviewer_filters_claims_and_watches_the_unknown_queue(open_console, p
     assert held.locator(".holder").inner_text() == "reviewer"
     assert "You hold call" in held.locator(".notice").inner_text()
     assert alice.current_id() == first.pk  # the swapped row stays current
-    assert Call.objects.get(pk=first.pk).claimed_by == people["reviewer"]
+    assert Call.objects.get(pk=first.pk).claimed_by == console_people["reviewer"]
     alice.shot("05-claimed")
 
     # The second reviewer's stale Claim button is refused, and the refusal is shown on the row.
@@ -133,7 +130,7 @@ def test_a_reviewer_filters_claims_and_watches_the_unknown_queue(open_console, p
     assert bob.row(refunds[1]).locator('[data-action="claim"]').is_visible()
     bob.shot("07-claimed-seen-by-another-reviewer")
     bob.assert_clean()
-    assert Call.objects.get(pk=first.pk).claimed_by == people["reviewer"]
+    assert Call.objects.get(pk=first.pk).claimed_by == console_people["reviewer"]
 
     # The live refresh: a new UNKNOWN refund arrives and shows, marked new; a lookup (filtered out) does not; the
     # filters, the scroll position and the current row are kept.
@@ -167,7 +164,7 @@ def test_a_reviewer_filters_claims_and_watches_the_unknown_queue(open_console, p
     assert page.url.endswith(f"/calls/{refunds[1].pk}/")
 
 
-def test_hostile_text_is_shown_as_text_and_never_runs(open_console, people, registry, task, make_call):
+def test_hostile_text_is_shown_as_text_and_never_runs(open_console, console_people, registry, task, make_call):
     tool = Tool.objects.create(name=HOSTILE_IMG, provider=registry["provider"], side_effect="write", risk="high")
     tenant = Tenant.objects.create(name=f"{HOSTILE_SCRIPT} tenant", sandbox=True, all_tools=True)
     hostile_task = Task.objects.create(tenant=tenant, external_id=HOSTILE_SCRIPT, agent="x", goal=HOSTILE_IMG)

@@ -5,155 +5,28 @@ intent, every attempt, every receipt, the decision card and the forbidden replay
 live refresh announces a new status check. Hostile text from the agent and the provider is shown as text and never
 runs, in the full page and in the htmx swap; no page raises a CSP violation.
 
-The refunds are built through the real services (tests.test_console_call_page.unknown_refund). Screenshots go to
+The refunds are built through the real services (tests.test_console_call_page.unknown_refund), and the browser
+fixtures (CSP and script-error recording) come from tests/browser.py. Screenshots go to
 var/test-artifacts/browser/call-page-*.png. The browser is /usr/bin/chromium; without it these tests skip with that
 reason, or fail under REQUIRE_SERVICES=1.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-from django.apps import apps as django_apps
-from django.conf import settings
 
-from recovery.audit import Actor
 from recovery.models import Attempt, Receipt
 from recovery.providers.status import StatusAnswer
-from recovery.roles import REVIEWER, VIEWER, sync_roles
 from recovery.services.reconcile import apply_answer
-from recovery.services.users import user_save_with_roles
-from tests.conftest import missing_service
-from tests.test_console_call_page import (
-    HOSTILE_IMG,
-    HOSTILE_SCRIPT,
-    SECRET_DETAIL,
-    load_refund_registry,
-    unknown_refund,
-)
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
+from tests.test_console_call_page import SECRET_DETAIL, hostile_refund, load_refund_registry, unknown_refund
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-CHROMIUM = "/usr/bin/chromium"
-ARTIFACTS = Path(settings.VAR_DIR) / "test-artifacts" / "browser"
-PASSWORD = "a-long-test-password-42"
 REFRESH_WAIT_MS = 8_000  # the status block refreshes every 5 s
-CSP_WORDS = ("Content Security Policy", "Content-Security-Policy", "Refused to")
-RECORD_VIOLATIONS = """
-window.__violations = [];
-document.addEventListener("securitypolicyviolation", function (e) {
-  window.__violations.push(e.violatedDirective + " " + (e.blockedURI || "inline"));
-});
-"""
 
 
-@pytest.fixture(scope="module")
-def _async_unsafe_allowed() -> Iterator[None]:
-    """Playwright's sync API runs an event loop in this thread, which Django's async guard mistakes for an async
-    context; nothing here is concurrent with it, so the guard is lifted for this module only (as in
-    tests/test_console_browser.py)."""
-    before = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    yield
-    if before is None:
-        os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-    else:
-        os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = before
-
-
-@pytest.fixture(scope="module")
-def artifacts() -> Path:
-    # Shared with the queue's browser tests: only this module's own screenshots are replaced.
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    for old in ARTIFACTS.glob("call-page-*.png"):
-        old.unlink()
-    return ARTIFACTS
-
-
-@pytest.fixture(scope="module")
-def browser(_async_unsafe_allowed):
-    if not os.access(CHROMIUM, os.X_OK):
-        missing_service("needs Chromium: apt-get install chromium")
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing_service("needs Playwright: pip install -r requirements-dev.txt")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-background-networking"]
-        )
-        yield launched
-        launched.close()
-
-
-class Console:
-    """One person's browser context on the live console, with what its pages complained of."""
-
-    def __init__(self, browser, base_url: str, artifacts: Path):
-        self.artifacts = artifacts
-        self.context = browser.new_context(base_url=base_url, viewport={"width": 1280, "height": 800})
-        self.context.set_default_timeout(10_000)
-        self.context.add_init_script(RECORD_VIOLATIONS)
-        self.page = self.context.new_page()
-        self.messages: list[str] = []
-        self.errors: list[str] = []
-        self.page.on("console", lambda m: self.messages.append(f"{m.type}: {m.text}"))
-        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
-
-    def sign_in(self, username: str, *, start: str = "/") -> None:
-        page = self.page
-        page.goto(start)
-        assert "/sign-in/?next=" in page.url
-        page.get_by_label("Username").fill(username)
-        page.get_by_label("Password").fill(PASSWORD)
-        page.get_by_role("button", name="Sign in").click()
-        page.wait_for_url(lambda url: "/sign-in/" not in url)
-
-    def shot(self, name: str) -> None:
-        self.page.screenshot(path=self.artifacts / f"{name}.png", full_page=True)
-
-    def assert_clean(self) -> None:
-        violations = self.page.evaluate("window.__violations || []")
-        csp_messages = [m for m in self.messages if any(word in m for word in CSP_WORDS)]
-        assert not violations and not csp_messages, (violations, csp_messages)
-        assert not self.errors, self.errors
-        assert self.page.evaluate("typeof window.__pwned") == "undefined"
-
-
-@pytest.fixture
-def open_console(browser, live_server, artifacts) -> Iterator:
-    opened: list[Console] = []
-
-    def open_() -> Console:
-        console = Console(browser, live_server.url, artifacts)
-        opened.append(console)
-        return console
-
-    yield open_
-    for console in opened:
-        console.context.close()
-
-
-@pytest.fixture
-def people(db):
-    # The role groups come from a data migration that an earlier transactional test's flush removed; sync_roles()
-    # leaves every app marked as having no models module, so the real ones are put back (see test_console_browser).
-    saved = {config.label: config.models_module for config in django_apps.get_app_configs()}
-    try:
-        sync_roles(django_apps)
-    finally:
-        for config in django_apps.get_app_configs():
-            config.models_module = saved[config.label]
-    made = {}
-    for name, role in [("reviewer", REVIEWER), ("viewer", VIEWER)]:
-        made[name], _ = user_save_with_roles(username=name, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    return made
-
-
-def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(open_console, people):
+def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(open_console, console_people):
     load_refund_registry()
     call = unknown_refund()
     apply_answer(call.pk, StatusAnswer(observed="pending", provider_status="pending", http_status=200), worker="w")
@@ -162,7 +35,7 @@ def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(
     assert len(receipts) == 2
 
     alice = open_console()
-    alice.sign_in("reviewer")
+    alice.sign_in("reviewer", start="/queues/unknown/")  # home is the overview; the queue is where reviewers start
     page = alice.page
     assert page.url.endswith("/queues/unknown/")
     page.keyboard.press("j")
@@ -204,18 +77,9 @@ def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(
     alice.assert_clean()
 
 
-def test_hostile_text_on_the_call_page_is_shown_as_text_and_never_runs(open_console, people):
+def test_hostile_text_on_the_call_page_is_shown_as_text_and_never_runs(open_console, console_people):
     load_refund_registry()
-    quote = "\"'></td></tr><svg onload=window.__pwned=1>"
-    call = unknown_refund(
-        arguments={"note": HOSTILE_SCRIPT, "html": HOSTILE_IMG, "quote": quote},
-        goal=f"refund {HOSTILE_SCRIPT}",
-        error_code=HOSTILE_IMG,
-        provider_request_id=HOSTILE_SCRIPT,
-        error_message=f"boom {HOSTILE_IMG}",
-        receipt_status=HOSTILE_IMG,
-        receipt_body={"status": HOSTILE_IMG, "note": HOSTILE_SCRIPT},
-    )
+    call = hostile_refund(quote="\"'></td></tr><svg onload=window.__pwned=1>")
     apply_answer(
         call.pk,
         StatusAnswer(observed="pending", provider_status=HOSTILE_SCRIPT, provider_ref=HOSTILE_IMG, http_status=200),

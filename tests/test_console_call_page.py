@@ -13,27 +13,19 @@ from datetime import timedelta
 from html import unescape
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.db import connection
-from django.test import Client
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from recovery.audit import Actor, append_event
 from recovery.models import Attempt, Call, Decision, Diagnostic, GateDecision, Receipt, Task, Tenant
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
-from recovery.roles import ADMIN, APPROVER, REVIEWER, ROLES, VIEWER
+from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.services.claims import call_claim
 from recovery.services.ingest import attempt_admit, attempt_report, call_add
 from recovery.services.reconcile import apply_answer
 from recovery.services.tasks import task_create
-from recovery.services.users import user_save_with_roles
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
 
-PASSWORD = "a-long-test-password-42"
-SIGNED_OUT, NO_ROLE = "signed-out", "no-role"
-HOSTILE_SCRIPT = "<script>window.__pwned=1</script>"
-HOSTILE_IMG = "<img src=x onerror=window.__pwned=1>"
 SECRET_DETAIL = "upstream said: connection reset by 10.0.0.7 while holding refund-lock"
 RUNTIME = Actor.system("tests-runtime")
 
@@ -125,20 +117,22 @@ def unknown_refund(
     return _fresh(call.pk)
 
 
+def hostile_refund(**arguments) -> Call:
+    """An UNKNOWN refund with markup in everything the agent and the provider wrote: its arguments (HOSTILE_SCRIPT,
+    HOSTILE_IMG and `arguments`), goal, error code and message, provider request id, receipt status and body."""
+    return unknown_refund(
+        arguments={"note": HOSTILE_SCRIPT, "html": HOSTILE_IMG, **arguments},
+        goal=f"refund {HOSTILE_SCRIPT}",
+        error_code=HOSTILE_IMG,
+        provider_request_id=HOSTILE_SCRIPT,
+        error_message=f"boom {HOSTILE_IMG}",
+        receipt_status=HOSTILE_IMG,
+        receipt_body={"status": HOSTILE_IMG, "note": HOSTILE_SCRIPT},
+    )
+
+
 def _fresh(call_id: int) -> Call:
     return Call.objects.select_related("tool__provider", "task__tenant", "step").get(pk=call_id)
-
-
-@pytest.fixture
-def people(db):
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made[NO_ROLE] = get_user_model().objects.create_user(username="nobody", password=PASSWORD)
-    made["reviewer2"], _ = user_save_with_roles(
-        username="reviewer2", roles=[REVIEWER], password=PASSWORD, actor=Actor.system("t")
-    )
-    return made
 
 
 @pytest.fixture
@@ -146,20 +140,8 @@ def refund_registry(db):
     load_refund_registry()
 
 
-def _client(people, who: str) -> Client:
-    client = Client()
-    if who != SIGNED_OUT:
-        client.force_login(people[who])
-    return client
-
-
 def _html(response) -> str:
     return response.content.decode()
-
-
-def _text(html: str) -> str:
-    """The page's text as a reader gets it: tags dropped, entities decoded, whitespace folded."""
-    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html)))
 
 
 def _section(html: str, heading_id: str) -> str:
@@ -179,7 +161,7 @@ def _section(html: str, heading_id: str) -> str:
 )
 def test_it_lets_every_role_read_the_page_and_nobody_else(people, refund_registry, who, expected):
     call = unknown_refund()
-    response = _client(people, who).get(f"/calls/{call.pk}/")
+    response = signed_in(people, who).get(f"/calls/{call.pk}/")
     if expected == "sign-in":
         assert response.status_code == 302
         assert response["Location"] == f"/sign-in/?next=/calls/{call.pk}/"
@@ -192,23 +174,23 @@ def test_it_lets_every_role_read_the_page_and_nobody_else(people, refund_registr
 @pytest.mark.parametrize("path", ["/calls/999999/", "/calls/99999999999999999999/"])
 def test_it_answers_404_for_an_unknown_call(people, refund_registry, path):
     unknown_refund()
-    assert _client(people, REVIEWER).get(path).status_code == 404
-    assert _client(people, REVIEWER).get(path, headers={"HX-Request": "true"}).status_code == 404
+    assert signed_in(people, REVIEWER).get(path).status_code == 404
+    assert signed_in(people, REVIEWER).get(path, headers={"HX-Request": "true"}).status_code == 404
 
 
 def test_it_checks_the_role_before_answering_404(people, db):
-    assert _client(people, NO_ROLE).get("/calls/999999/").status_code == 403
-    assert _client(people, SIGNED_OUT).get("/calls/999999/").status_code == 302
+    assert signed_in(people, NO_ROLE).get("/calls/999999/").status_code == 403
+    assert signed_in(people, SIGNED_OUT).get("/calls/999999/").status_code == 302
 
 
 def test_it_refuses_anything_but_get(people, refund_registry):
     call = unknown_refund()
-    assert _client(people, REVIEWER).post(f"/calls/{call.pk}/").status_code == 405
+    assert signed_in(people, REVIEWER).post(f"/calls/{call.pk}/").status_code == 405
 
 
 def test_queue_rows_open_the_call_page(people, refund_registry):
     call = unknown_refund()
-    html = _html(_client(people, VIEWER).get("/queues/unknown/"))
+    html = _html(signed_in(people, VIEWER).get("/queues/unknown/"))
     assert f'href="/calls/{call.pk}/"' in html
     assert "/admin/recovery/call/" not in html
 
@@ -222,8 +204,8 @@ def test_it_shows_a_reviewer_everything_needed_to_decide_an_unknown_refund(peopl
     call = unknown_refund()
     attempt = Attempt.objects.get(call=call)
     receipt = Receipt.objects.get(call=call)
-    html = _html(_client(people, REVIEWER).get(f"/calls/{call.pk}/"))
-    text = _text(html)
+    html = _html(signed_in(people, REVIEWER).get(f"/calls/{call.pk}/"))
+    text = page_text(html)
 
     # The intent.
     for fact in (
@@ -238,7 +220,7 @@ def test_it_shows_a_reviewer_everything_needed_to_decide_an_unknown_refund(peopl
     ):
         assert fact in text, fact
     # State, how long, version, key and its retention, checks, next check, last receipt; "being confirmed".
-    status = _text(_section(html, "status-h"))
+    status = page_text(_section(html, "status-h"))
     assert "UNKNOWN for " in status and "being confirmed" in status
     assert f"Version {call.version}" in status
     assert call.idempotency_key in status
@@ -247,7 +229,7 @@ def test_it_shows_a_reviewer_everything_needed_to_decide_an_unknown_refund(peopl
     assert f"Next check {call.next_check_at:%Y-%m-%d %H:%M:%S} UTC" in status
     assert "Tool breaker closed" in status
     # The attempt with its facts.
-    attempts = _text(_section(html, "attempts-h"))
+    attempts = page_text(_section(html, "attempts-h"))
     for fact in (attempt.attempt_id, "read_timeout", "outcome_unknown", f"{attempt.admitted_at:%Y-%m-%d %H:%M:%S}"):
         assert fact in attempts, fact
     # The decision card as SPEC §4 prints it.
@@ -269,30 +251,30 @@ def test_it_shows_a_reviewer_everything_needed_to_decide_an_unknown_refund(peopl
     ):
         assert line in card, line
     # The receipt: what the provider said and when.
-    receipts = _text(_section(html, "receipts-h"))
+    receipts = page_text(_section(html, "receipts-h"))
     assert f"{receipt.checked_at:%Y-%m-%d %H:%M:%S} UTC" in receipts
     assert "poll" in receipts and "pending" in receipts and "UNKNOWN → UNKNOWN" in receipts
     assert f"/refunds/by-key/{call.idempotency_key}" in receipts
     # The gate's answer for the admission.
-    gates = _text(_section(html, "gates-h"))
+    gates = page_text(_section(html, "gates-h"))
     assert "allowed" in gates and "first_attempt" in gates
     # Budget left.
-    budget = _text(_section(html, "budget-h"))
+    budget = page_text(_section(html, "budget-h"))
     assert "call attempts 1/3: 2 left" in budget and "task rounds 1/10: 9 left" in budget
     # The reviewer reads the redacted diagnostic.
-    diagnostics = _text(_section(html, "diagnostics-h"))
+    diagnostics = page_text(_section(html, "diagnostics-h"))
     assert SECRET_DETAIL in diagnostics
 
 
 def test_the_timeline_merges_everything_in_time_order(people, refund_registry):
     call = unknown_refund()
-    html = _html(_client(people, VIEWER).get(f"/calls/{call.pk}/"))
+    html = _html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/"))
     timeline = _section(html, "timeline-h")
     entries = re.findall(r'<li class="kind-(\w+)"><time datetime="([^"]+)">', timeline)
     kinds = [kind for kind, _ in entries]
     assert set(kinds) == {"attempt", "gate", "decision", "receipt", "audit"}
     assert [at for _, at in entries] == sorted(at for _, at in entries)
-    titles = _text(timeline)
+    titles = page_text(timeline)
     assert titles.index("call.added → READY") < titles.index("attempt 1 admitted")
     assert titles.index("attempt 1 admitted") < titles.index("call.transition SENT → UNKNOWN")
     assert titles.index("decision for attempt 1: reconcile") < titles.index("poll receipt: pending")
@@ -302,20 +284,20 @@ def test_the_timeline_merges_everything_in_time_order(people, refund_registry):
 def test_a_viewer_sees_that_a_diagnostic_exists_but_not_what_it_says(people, refund_registry):
     call = unknown_refund()
     diagnostic = Diagnostic.objects.get(call=call)
-    viewer = _html(_client(people, VIEWER).get(f"/calls/{call.pk}/"))
+    viewer = _html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/"))
     assert diagnostic.ref in viewer
     assert "their content is for reviewers, approvers and admins" in viewer
     for secret in (SECRET_DETAIL, "10.0.0.7", "refund-lock", diagnostic.summary):
         assert secret not in viewer, secret
     for role in (REVIEWER, APPROVER, ADMIN):
-        assert SECRET_DETAIL in _text(_html(_client(people, role).get(f"/calls/{call.pk}/"))), role
+        assert SECRET_DETAIL in page_text(_html(signed_in(people, role).get(f"/calls/{call.pk}/"))), role
 
 
 def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refund_registry):
     call = unknown_refund()
-    reviewer = _html(_client(people, REVIEWER).get(f"/calls/{call.pk}/"))
+    reviewer = _html(signed_in(people, REVIEWER).get(f"/calls/{call.pk}/"))
     actions = _section(reviewer, "actions-h")
-    text = _text(actions)
+    text = page_text(actions)
     allowed = re.findall(r'data-action="(\w+)" data-allowed="yes"', actions)
     forbidden = re.findall(r'data-action="(\w+)" data-allowed="no"', actions)
     assert allowed == ["reconcile_now", "escalate"]
@@ -328,7 +310,7 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
     main = reviewer[reviewer.index('<main id="main"') :]
     assert "<form" not in main
 
-    viewer = _text(_section(_html(_client(people, VIEWER).get(f"/calls/{call.pk}/")), "actions-h"))
+    viewer = page_text(_section(_html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/")), "actions-h"))
     assert viewer.count("needs the reviewer role (recovery.review_call)") == 2
     assert "a blind replay is forbidden while the outcome is unknown" in viewer
 
@@ -336,17 +318,17 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
 def test_a_colleagues_claim_is_shown_and_forbids_the_actions(people, refund_registry):
     call = unknown_refund()
     taken = call_claim(call_id=call.pk, user=people["reviewer2"], actor=Actor.for_user(people["reviewer2"]))
-    html = _html(_client(people, REVIEWER).get(f"/calls/{call.pk}/"))
-    assert f"held by reviewer2 until {taken.until:%Y-%m-%d %H:%M:%S} UTC" in _text(_section(html, "status-h"))
-    assert "reviewer2 holds the claim on this call" in _text(_section(html, "actions-h"))
-    own = _html(_client(people, "reviewer2").get(f"/calls/{call.pk}/"))
+    html = _html(signed_in(people, REVIEWER).get(f"/calls/{call.pk}/"))
+    assert f"held by reviewer2 until {taken.until:%Y-%m-%d %H:%M:%S} UTC" in page_text(_section(html, "status-h"))
+    assert "reviewer2 holds the claim on this call" in page_text(_section(html, "actions-h"))
+    own = _html(signed_in(people, "reviewer2").get(f"/calls/{call.pk}/"))
     assert re.findall(r'data-action="(\w+)" data-allowed="yes"', own) == ["reconcile_now", "escalate"]
 
 
 def test_it_says_when_the_providers_key_retention_has_expired(people, refund_registry):
     call = unknown_refund()
     Attempt.objects.filter(call=call).update(admitted_at=timezone.now() - timedelta(hours=5))
-    status = _text(_section(_html(_client(people, VIEWER).get(f"/calls/{call.pk}/")), "status-h"))
+    status = page_text(_section(_html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/")), "status-h"))
     assert re.search(r"expired 2 h( \d+ min)? ago: a replay with this key is no longer deduplicated", status), status
 
 
@@ -358,8 +340,8 @@ def test_it_counts_key_retention_from_the_calls_creation_before_any_attempt(peop
         task=task, step_index=1, depends_on=[], tool_name="refund.create", arguments=REFUND,
         idempotency_key="k-ready", actor=RUNTIME,
     )  # fmt: skip
-    html = _html(_client(people, REVIEWER).get(f"/calls/{added.call.pk}/"))
-    assert "call created" in _text(_section(html, "status-h"))
+    html = _html(signed_in(people, REVIEWER).get(f"/calls/{added.call.pk}/"))
+    assert "call created" in page_text(_section(html, "status-h"))
     assert "No attempt yet." in html and "No decision yet" in html and "No receipt yet" in html
     allowed = re.findall(r'data-action="(\w+)" data-allowed="yes"', html)
     assert allowed == ["abandon"]
@@ -371,24 +353,16 @@ def test_it_counts_key_retention_from_the_calls_creation_before_any_attempt(peop
 
 
 def test_hostile_text_from_agents_and_providers_is_shown_as_text(people, refund_registry):
-    call = unknown_refund(
-        arguments={"note": HOSTILE_SCRIPT, "html": HOSTILE_IMG},
-        goal=f"refund {HOSTILE_SCRIPT}",
-        error_code=HOSTILE_IMG,
-        provider_request_id=HOSTILE_SCRIPT,
-        error_message=f"boom {HOSTILE_IMG}",
-        receipt_status=HOSTILE_IMG,
-        receipt_body={"status": HOSTILE_IMG, "note": HOSTILE_SCRIPT},
-    )
+    call = hostile_refund()
     assert Receipt.objects.get(call=call).provider_status == HOSTILE_IMG
-    html = _html(_client(people, REVIEWER).get(f"/calls/{call.pk}/"))
+    html = _html(signed_in(people, REVIEWER).get(f"/calls/{call.pk}/"))
     main = html[html.index('<main id="main"') :]
     assert "<script>window.__pwned" not in main and "<img src=x" not in main
     assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in main
     assert "&lt;img src=x onerror=window.__pwned=1&gt;" in main
-    text = _text(main)
+    text = page_text(main)
     for where in ("intent-h", "attempts-h", "receipts-h", "diagnostics-h"):
-        section = _text(_section(html, where))
+        section = page_text(_section(html, where))
         assert HOSTILE_SCRIPT in section or HOSTILE_IMG in section, where
     assert f"refund {HOSTILE_SCRIPT}" in text
     assert f"code {HOSTILE_IMG}" in text  # the timeline's attempt entry
@@ -401,7 +375,7 @@ def test_hostile_text_from_agents_and_providers_is_shown_as_text(people, refund_
 
 def test_the_live_refresh_draws_the_status_and_says_when_the_call_changed(people, refund_registry):
     call = unknown_refund()
-    client = _client(people, REVIEWER)
+    client = signed_in(people, REVIEWER)
     page = _html(client.get(f"/calls/{call.pk}/"))
     live_url = unescape(re.search(r'id="call-live"[^>]*hx-get="([^"]+)"', page).group(1))
     assert live_url == f"/calls/{call.pk}/?version={call.version}&checks=1"
@@ -411,22 +385,22 @@ def test_the_live_refresh_draws_the_status_and_says_when_the_call_changed(people
     assert "changed since the page was drawn" not in unchanged
 
     apply_answer(call.pk, StatusAnswer(observed="pending", provider_status="pending"), worker="w")
-    checked = _text(_html(client.get(live_url, headers={"HX-Request": "true"})))
+    checked = page_text(_html(client.get(live_url, headers={"HX-Request": "true"})))
     assert "1 new status check since the page was drawn" in checked and "Checks made 2" in checked
 
     apply_answer(
         call.pk, StatusAnswer(observed="committed", provider_status="succeeded", provider_ref="re_1"), worker="w"
     )
-    moved = _text(_html(client.get(live_url, headers={"HX-Request": "true"})))
+    moved = page_text(_html(client.get(live_url, headers={"HX-Request": "true"})))
     assert "This call changed since the page was drawn: it is now COMMITTED" in moved
     assert "re_1" in moved
 
 
 def test_bad_query_input_is_a_400_with_the_field_named(people, refund_registry):
     call = unknown_refund()
-    response = _client(people, REVIEWER).get(f"/calls/{call.pk}/?version=abc&checks=-1")
+    response = signed_in(people, REVIEWER).get(f"/calls/{call.pk}/?version=abc&checks=-1")
     assert response.status_code == 400
-    text = _text(_html(response))
+    text = page_text(_html(response))
     assert "version: Enter a whole number." in text
     assert "checks: Ensure this value is greater than or equal to 0." in text
 
@@ -472,34 +446,28 @@ def _grow(call: Call, extra: int) -> None:
     Call.objects.filter(pk=call.pk).update(attempts_count=start + extra - 1)
 
 
-def _statements(client: Client, path: str, **headers) -> tuple[int, str]:
-    with CaptureQueriesContext(connection) as captured:
-        response = client.get(path, headers=headers)
-    assert response.status_code == 200
-    return len(captured), _html(response)
-
-
 @pytest.mark.parametrize("who", [VIEWER, REVIEWER])
 def test_the_page_runs_the_same_statements_for_5_or_200_attempts(people, refund_registry, who):
     small, large = unknown_refund(), unknown_refund()
     _grow(small, 4)
     _grow(large, 199)
     assert Attempt.objects.filter(call=large).count() == 200 and Receipt.objects.filter(call=large).count() == 200
-    client = _client(people, who)
+    client = signed_in(people, who)
     client.get(f"/calls/{small.pk}/")  # warm the session and permission caches alike for both
-    few, few_html = _statements(client, f"/calls/{small.pk}/")
-    many, many_html = _statements(client, f"/calls/{large.pk}/")
+    few, few_page = statements(client, f"/calls/{small.pk}/")
+    many, many_page = statements(client, f"/calls/{large.pk}/")
+    few_html, many_html = _html(few_page), _html(many_page)
     assert few == many, (few, many)
     assert many <= 14, many
     assert many_html.count('<tr id="attempt-') == 200 and many_html.count('<tr id="receipt-') == 200
     assert few_html.count('<tr id="attempt-') == 5
-    live_few, _ = _statements(client, f"/calls/{small.pk}/?version=0&checks=0", HX_Request="true")
-    live_many, _ = _statements(client, f"/calls/{large.pk}/?version=0&checks=0", HX_Request="true")
+    live_few, _ = statements(client, f"/calls/{small.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")
+    live_many, _ = statements(client, f"/calls/{large.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")
     assert live_few == live_many <= 7, (live_few, live_many)
 
 
 def test_the_task_and_tenant_shown_are_the_calls_own(people, refund_registry):
     call = unknown_refund()
     other = Task.objects.create(tenant=call.tenant, external_id="someone-else", agent="x", goal="another goal")
-    html = _html(_client(people, VIEWER).get(f"/calls/{call.pk}/"))
+    html = _html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/"))
     assert other.external_id not in html and "another goal" not in html

@@ -12,40 +12,18 @@ from datetime import timedelta
 from html import unescape
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection
-from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery.audit import Actor
 from recovery.drills.runner import CheckRow, DrillResult, KeyRow
 from recovery.models import BreakerBucket, DrillRun, Provider, Tool
 from recovery.roles import ROLES, VIEWER
 from recovery.services.breakers import breaker_record, breaker_reserve_probe
 from recovery.services.status_breakers import status_breaker_allows, status_breaker_record
-from recovery.services.users import user_save_with_roles
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, signed_in
 
-PASSWORD = "a-long-test-password-42"
-SIGNED_OUT, NO_ROLE = "signed-out", "no-role"
-HOSTILE_IMG = "<img src=x onerror=window.__pwned=1>"
-HOSTILE_SCRIPT = "<script>window.__pwned=1</script>"
 POLICY = {"window_s": 60, "bucket_s": 10, "min_calls": 4, "failure_rate": 0.5, "cooldown_s": 30}
-
-
-@pytest.fixture
-def people(db):
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made[NO_ROLE] = get_user_model().objects.create_user(username="nobody", password=PASSWORD)
-    return made
-
-
-def viewer(people) -> Client:
-    client = Client()
-    client.force_login(people[VIEWER])
-    return client
 
 
 INLINE = re.compile(r"</?(?:span|a|code|strong|em)\b[^>]*>")
@@ -127,9 +105,7 @@ def drill_result(name: str, *, passed: bool = True, keys: int = 1, failing: int 
 @pytest.mark.parametrize("who", [SIGNED_OUT, NO_ROLE, *ROLES])
 def test_every_role_reads_the_operations_pages_and_nobody_else(people, who):
     run = stored_run([drill_result("timeout after send")])
-    client = Client()
-    if who != SIGNED_OUT:
-        client.force_login(people[who])
+    client = signed_in(people, who)
     for path, status in [
         ("/operations/breakers/", 200),
         ("/operations/drills/", 200),
@@ -170,7 +146,7 @@ def test_it_shows_each_breakers_state_window_and_history(people, registry):
     record(busy, True, 5, times=3)
     record(busy, False, 5, times=2)
 
-    body = viewer(people).get("/operations/breakers/").content.decode()
+    body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
     reserve = row(body, f'id="tool-{flapping.pk}"')
     assert reserve.startswith("stock.reserve payments · write open")
     assert re.search(r"write open 2\d s \(", reserve) and "cooldown ends" in reserve
@@ -187,7 +163,7 @@ def test_it_shows_each_breakers_state_window_and_history(people, registry):
     assert "4 of 4 calls failed in the last 60 s" in text(history)
     assert "the half-open probe failed: a new cooldown starts" in text(history)
     Tool.objects.filter(pk=busy.pk).update(breaker=POLICY)  # an admin lowers min_calls to 4
-    search = row(viewer(people).get("/operations/breakers/").content.decode(), f'id="tool-{busy.pk}"')
+    search = row(signed_in(people, VIEWER).get("/operations/breakers/").content.decode(), f'id="tool-{busy.pk}"')
     assert "closed" in search and "at its threshold: the next counted failure opens it" in search
     quiet_line = text(body.split('id="quiet-breakers"', 1)[1].split("</p>", 1)[0])
     assert "order.search" in quiet_line and "price.quote" in quiet_line and "stock.reserve" not in quiet_line
@@ -196,12 +172,12 @@ def test_it_shows_each_breakers_state_window_and_history(people, registry):
 def test_an_open_breaker_past_its_cooldown_reads_half_open_and_shows_its_probe(people, registry):
     tool = Tool.objects.create(name="order.search", provider=registry["provider"], side_effect="read", breaker=POLICY)
     record(tool, True, 100, times=4)
-    body = viewer(people).get("/operations/breakers/").content.decode()
+    body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
     cells = row(body, f'id="tool-{tool.pk}"')
     assert "half_open" in cells and "stored open: the cooldown is over" in cells and "a probe is free" in cells
 
     assert breaker_reserve_probe(tool, now=timezone.now())
-    cells = row(viewer(people).get("/operations/breakers/").content.decode(), f'id="tool-{tool.pk}"')
+    cells = row(signed_in(people, VIEWER).get("/operations/breakers/").content.decode(), f'id="tool-{tool.pk}"')
     assert "1 of 1 reserved" in cells and "lease until" in cells and "a probe is free" not in cells
 
 
@@ -222,7 +198,7 @@ def test_it_states_every_tools_retry_path_safety(people, registry):
     search = Tool.objects.create(name="order.search", provider=provider, side_effect="read")
     registry["lookup"].alternates.add(search)
 
-    body = viewer(people).get("/operations/breakers/").content.decode()
+    body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
     refund_row = row(body, f'id="retry-{refund.pk}"')
     assert "not safe: not replay-safe: only an attempt that provably was not sent is retried" in refund_row
     assert "never swapped to another tool while degraded (high risk)" in refund_row
@@ -248,7 +224,7 @@ def test_it_shows_each_providers_status_endpoint_breaker(people, registry):
         status_breaker_record(provider, failed=True, now=moment)
     assert status_breaker_allows(provider, now=timezone.now()) == "probe"  # past the 30 s cooldown: one probe
 
-    body = viewer(people).get("/operations/breakers/").content.decode()
+    body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
     table = body.split('id="status-breakers-table"', 1)[1].split("</table>", 1)[0]
     payments = text(table.split('<th scope="row">payments</th>', 1)[1].split("</tr>", 1)[0])
     assert payments.startswith("half_open") and "probe out until" in payments
@@ -274,7 +250,7 @@ def _tools_with_breakers(registry, start: int, n: int) -> None:
 
 
 def test_the_breakers_page_runs_the_same_statements_for_2_or_40_tools(people, registry):
-    client = viewer(people)
+    client = signed_in(people, VIEWER)
     with CaptureQueriesContext(connection) as few:
         assert client.get("/operations/breakers/").status_code == 200
     _tools_with_breakers(registry, 0, 38)
@@ -296,7 +272,7 @@ def test_the_drill_list_shows_runs_newest_first_with_their_verdicts(people, db):
     failed = stored_run([drill_result("status API down", passed=False, keys=1, failing=1)], ago_s=2000)
     running = stored_run([], finished=False)
 
-    body = viewer(people).get("/operations/drills/").content.decode()
+    body = signed_in(people, VIEWER).get("/operations/drills/").content.decode()
     ids = [int(i) for i in re.findall(r'<tr id="run-(\d+)"', body)]
     assert ids == [running.pk, failed.pk, passed.pk]
     first = row(body, f'id="run-{passed.pk}"')
@@ -311,7 +287,7 @@ def test_the_drill_list_shows_runs_newest_first_with_their_verdicts(people, db):
 def test_the_drill_list_pages_by_run_and_refuses_a_bad_position(people, db, monkeypatch):
     monkeypatch.setattr("recovery.selectors.operations.RUNS_PER_PAGE", 2)
     runs = [stored_run([drill_result("rate limit")], ago_s=1000 - i) for i in range(5)]
-    client = viewer(people)
+    client = signed_in(people, VIEWER)
     first = client.get("/operations/drills/")
     assert [r["id"] for r in first.context["rows"]] == [runs[4].pk, runs[3].pk]
     second = client.get(first.context["next_url"])
@@ -333,7 +309,7 @@ def test_a_drill_run_shows_its_result_table_checks_keys_and_log(people, db):
         ],
         log="== timeout after send ==\n  PASS in 12.5 s\n== queue backlog ==\n  FAIL",
     )
-    body = viewer(people).get(f"/operations/drills/{run.pk}/").content.decode()
+    body = signed_in(people, VIEWER).get(f"/operations/drills/{run.pk}/").content.decode()
     page = text(body)
     assert f"Drill run {run.pk}: failed" in page and "1 of 2 passed" in page and "1 min 35 s" in page
     table = body.split('id="result-table"', 1)[1].split("</table>", 1)[0]
@@ -356,13 +332,13 @@ def test_a_drill_run_shows_its_result_table_checks_keys_and_log(people, db):
 
 def test_an_unfinished_run_says_so(people, db):
     run = stored_run([], finished=False)
-    page = text(viewer(people).get(f"/operations/drills/{run.pk}/").content.decode())
+    page = text(signed_in(people, VIEWER).get(f"/operations/drills/{run.pk}/").content.decode())
     assert f"Drill run {run.pk}: unfinished" in page and "not finished: still running, or interrupted" in page
     assert "This run stored no result yet." in page and "No log stored." in page
 
 
 def test_the_drill_pages_run_the_same_statements_for_one_or_many_runs(people, db):
-    client = viewer(people)
+    client = signed_in(people, VIEWER)
     one = stored_run([drill_result("rate limit")])
     with CaptureQueriesContext(connection) as list_few:
         client.get("/operations/drills/")
@@ -403,7 +379,7 @@ def test_hostile_names_logs_and_results_are_shown_as_text(people, registry):
         log=f"agent said {HOSTILE_SCRIPT} and {HOSTILE_IMG}\n</pre><b>not bold</b>",
     )
     DrillRun.objects.filter(pk=run.pk).update(jobs=HOSTILE_IMG, options={HOSTILE_SCRIPT: HOSTILE_IMG})
-    client = viewer(people)
+    client = signed_in(people, VIEWER)
     for url in ("/operations/breakers/", "/operations/drills/", f"/operations/drills/{run.pk}/", "/overview/"):
         body = client.get(url).content.decode()
         main = body.split("<main", 1)[1]

@@ -9,18 +9,12 @@ stored then. Only the statement-count test inserts plain rows in bulk, because i
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from html import unescape
 from unittest import mock
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.db import connection
-from django.test import Client
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from console.views.overview import flow_chart
@@ -36,13 +30,10 @@ from recovery.services.ingest import attempt_admit, attempt_report, call_add
 from recovery.services.reconcile import apply_answer
 from recovery.services.status_breakers import status_breaker_record
 from recovery.services.tasks import task_create
-from recovery.services.users import user_save_with_roles
 from recovery.transitions import transition_call
+from tests.console import HOSTILE_IMG, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
 
-PASSWORD = "a-long-test-password-42"
-SIGNED_OUT, NO_ROLE = "signed-out", "no-role"
 RUNTIME = Actor.system("tests-runtime")
-HOSTILE = "<img src=x onerror=window.__pwned=1>"
 SLA = {"high": 900, "low": 4 * 3600}
 STATUS = {
     "method": "GET",
@@ -105,6 +96,11 @@ def clock(ago: timedelta) -> Iterator[None]:
 
 @pytest.fixture
 def world(db):
+    return make_world()
+
+
+def make_world() -> Task:
+    """The registry above, and a support bot's task of tenant "acme" for the calls."""
     load_registry(REGISTRY, actor=Actor.system("tests"))
     task, _ = task_create(
         tenant=Tenant.objects.get(name="acme"),
@@ -152,26 +148,6 @@ def settle(call: Call, observed: str = "committed") -> None:
     apply_answer(call.pk, StatusAnswer(observed=observed, provider_status="succeeded", http_status=200), worker="t")
 
 
-@pytest.fixture
-def people(db):
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made[NO_ROLE] = get_user_model().objects.create_user(username="nobody", password=PASSWORD)
-    return made
-
-
-def viewer(people) -> Client:
-    client = Client()
-    client.force_login(people[VIEWER])
-    return client
-
-
-def text(html: str) -> str:
-    """The page's text as a reader sees it: tags dropped, entities decoded, white space collapsed."""
-    return re.sub(r"\s+", " ", unescape(re.sub(r"<[^>]+>", " ", html))).strip()
-
-
 def section(body: str, element_id: str) -> str:
     """The markup of the element with this id, up to the end of its table (or section)."""
     start = body.index(f'id="{element_id}"')
@@ -186,10 +162,7 @@ def section(body: str, element_id: str) -> str:
     ("who", "expected"), [(SIGNED_OUT, "sign-in"), (NO_ROLE, 403), *((role, 200) for role in ROLES)]
 )
 def test_every_role_reads_the_overview_and_nobody_else(people, who, expected):
-    client = Client()
-    if who != SIGNED_OUT:
-        client.force_login(people[who])
-    response = client.get("/overview/")
+    response = signed_in(people, who).get("/overview/")
     if expected == "sign-in":
         assert response.status_code == 302 and response["Location"] == "/sign-in/?next=/overview/"
     else:
@@ -209,12 +182,12 @@ def test_it_counts_open_items_per_queue_with_the_oldest(people, world):
     settled = unknown(world, "refund.create", ago=timedelta(hours=5))
     settle(settled)  # no longer open: not counted, and not the oldest
 
-    response = viewer(people).get("/overview/")
+    response = signed_in(people, VIEWER).get("/overview/")
     body = response.content.decode()
     assert Call.objects.get(pk=still.pk).state == "STILL_UNKNOWN"
     assert '<span class="tile-count" data-queue="unknown">3</span>' in body  # UNKNOWN and STILL_UNKNOWN
     assert '<span class="tile-count" data-queue="human-review">1</span>' in body
-    tiles = text(section(body, "open-items"))
+    tiles = page_text(section(body, "open-items"))
     assert "Oldest waiting 3 h 10 min" in tiles and "Oldest waiting 50 min" in tiles
     assert f"since {Call.objects.get(pk=oldest.pk).state_changed_at:%Y-%m-%d %H:%M:%S} UTC" in tiles
 
@@ -228,23 +201,23 @@ def test_an_item_older_than_its_risks_sla_is_a_breach_and_a_newer_one_is_not(peo
     with clock(timedelta(minutes=30)):
         assert attempt(add_call(world, "refund.create"), NO_REFERENCE) == "HUMAN_REVIEW"  # high, past 15 min
 
-    body = viewer(people).get("/overview/").content.decode()
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
     table = section(body, "sla-table")
     high = table.split('data-risk="high">', 1)[1].split("</tr>", 1)[0]
     low = table.split('data-risk="low">', 1)[1].split("</tr>", 1)[0]
     assert table.index('data-risk="high"') < table.index('data-risk="low"')  # the strictest SLA first
-    assert text(high) == "high 15 min 1 breaching of 2 open 1 breaching of 1 open"
-    assert text(low) == "low 4 h 1 breaching of 2 open 0 breaching of 0 open"
+    assert page_text(high) == "high 15 min 1 breaching of 2 open 1 breaching of 1 open"
+    assert page_text(low) == "low 4 h 1 breaching of 2 open 0 breaching of 0 open"
     # Each count links to its queue filtered by the risk (the queue lists the oldest first).
     assert 'href="/queues/unknown/?risk=high" class="breach"' in high
     assert 'href="/queues/human-review/?risk=high" class="breach"' in high
     assert 'href="/queues/human-review/?risk=low">' in low  # nothing breaching: not marked
-    assert viewer(people).get("/queues/unknown/?risk=high").status_code == 200  # a link the queue accepts
+    assert signed_in(people, VIEWER).get("/queues/unknown/?risk=high").status_code == 200  # a link the queue accepts
 
     settings.RECOVERY_SLA_S = {"high": 3600, "low": 4 * 3600}  # a looser SLA: the 20-min item no longer breaches
-    body = viewer(people).get("/overview/").content.decode()
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
     high = section(body, "sla-table").split('data-risk="high">', 1)[1].split("</tr>", 1)[0]
-    assert text(high) == "high 1 h 0 breaching of 2 open 0 breaching of 1 open"
+    assert page_text(high) == "high 1 h 0 breaching of 2 open 0 breaching of 1 open"
 
 
 def test_it_lists_open_breakers_and_status_endpoints_and_not_closed_ones(people, world):
@@ -257,15 +230,15 @@ def test_it_lists_open_breakers_and_status_endpoints_and_not_closed_ones(people,
     for _ in range(5):  # the status endpoint's defaults: 5 checks, half failed
         status_breaker_record(provider, failed=True, now=now - timedelta(minutes=1))
 
-    body = viewer(people).get("/overview/").content.decode()
-    rows = text(section(body, "breakers-table"))
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
+    rows = page_text(section(body, "breakers-table"))
     assert "refund.create open 3 min" in rows
     assert "status API of payments half_open" in rows  # the 30 s cooldown is over: the next check is a probe
     assert "order.lookup" not in rows
 
 
 def test_with_every_breaker_closed_it_says_so(people, world):
-    body = viewer(people).get("/overview/").content.decode()
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
     assert "Every breaker is closed." in body and 'id="breakers-table"' not in body
 
 
@@ -279,23 +252,23 @@ def test_it_counts_the_last_days_failures_by_class(people, world):
     lookup = add_call(world, "order.lookup")
     assert attempt(lookup, UNAVAILABLE) == "RETRYABLE"
 
-    body = viewer(people).get("/overview/").content.decode()
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
     table = section(body, "failures-table")
 
     def row(name: str) -> str:
-        return text(table.split(f'data-class="{name}"', 1)[1].split(">", 1)[1].split("</tr>", 1)[0])
+        return page_text(table.split(f'data-class="{name}"', 1)[1].split(">", 1)[1].split("</tr>", 1)[0])
 
     assert row("transient") == "transient 2 50 %"
     assert row("outcome_unknown") == "outcome_unknown 1 25 %"
     assert row("invalid_arguments") == "invalid_arguments 1 25 %"
     assert row("authentication") == "authentication 0 0 %"  # every class of SPEC §3 is listed
-    assert "4 of the 4 attempts made in the last 24 h failed." in text(body)
+    assert "4 of the 4 attempts made in the last 24 h failed." in page_text(body)
 
     # A day later the same attempts are outside the window.
     with clock(-timedelta(hours=24, minutes=1)):
-        later = viewer(people).get("/overview/").content.decode()
-    assert "0 of the 0 attempts made in the last 24 h failed." in text(later)
-    assert text(section(later, "failures-table")).count(" 0 —") == 8
+        later = signed_in(people, VIEWER).get("/overview/").content.decode()
+    assert "0 of the 0 attempts made in the last 24 h failed." in page_text(later)
+    assert page_text(section(later, "failures-table")).count(" 0 —") == 8
 
 
 def test_the_chart_counts_calls_entering_and_leaving_unknown_per_hour(people, world):
@@ -309,7 +282,7 @@ def test_the_chart_counts_calls_entering_and_leaving_unknown_per_hour(people, wo
     settle(long_ago)  # left now
     unknown(world, "email.send", ago=timedelta(minutes=1))
 
-    response = viewer(people).get("/overview/")
+    response = signed_in(people, VIEWER).get("/overview/")
     body = response.content.decode()
     flow = response.context["flow"]
     assert len(flow) == 24 and flow[-1].start <= response.context["now"] < flow[-1].start + timedelta(hours=1)
@@ -334,7 +307,7 @@ def test_the_chart_counts_calls_entering_and_leaving_unknown_per_hour(people, wo
     # The page says the same: the table row per hour, the SVG's summary and one bar pair per hour.
     table = section(body, "flow-table")
     for start, (came, left) in expected.items():
-        assert f"{start:%Y-%m-%d %H:%M} {came} {left}" in text(table)
+        assert f"{start:%Y-%m-%d %H:%M} {came} {left}" in page_text(table)
     assert "3 calls entered UNKNOWN and 2 left it in the last 24 hours." in body
     svg = body[body.index("<svg") : body.index("</svg>")]
     assert svg.count('<rect class="bar entered"') == 24 and svg.count('<rect class="bar settled"') == 24
@@ -399,17 +372,10 @@ def _bulk_attempts(calls: list[Call], classes: tuple[str, ...]) -> None:
     )
 
 
-def _statements(client: Client) -> tuple[int, str]:
-    with CaptureQueriesContext(connection) as captured:
-        response = client.get("/overview/")
-    assert response.status_code == 200
-    return len(captured), response.content.decode()
-
-
 def test_the_overview_runs_the_same_statements_for_few_or_many_calls_attempts_events_and_breakers(people, world):
-    client = viewer(people)
+    client = signed_in(people, VIEWER)
     unknown(world, "refund.create", ago=timedelta(minutes=30))
-    few, _ = _statements(client)
+    few, _ = statements(client, "/overview/")
 
     refund, email, lookup = (Tool.objects.get(name=n) for n in ("refund.create", "email.send", "order.lookup"))
     waiting = _bulk(world, refund, 1005, state="UNKNOWN", start=1000)
@@ -423,12 +389,13 @@ def test_the_overview_runs_the_same_statements_for_few_or_many_calls_attempts_ev
     for tool in [refund, lookup, *more]:
         for _ in range(10):
             breaker_record(tool, counts_as_failure=True, probe=False, now=now)
-    many, body = _statements(client)
+    many, response = statements(client, "/overview/")
+    body = response.content.decode()
 
     assert few == many, (few, many)
     assert '<span class="tile-count" data-queue="unknown">1016</span>' in body  # exact, not the nav's "1,000+"
     assert '<span class="count" data-queue="unknown">1,000+</span>' in body
-    assert text(section(body, "breakers-table")).count(" open ") == 14
+    assert page_text(section(body, "breakers-table")).count(" open ") == 14
 
 
 # --- hostile text -------------------------------------------------------------------------------------------------
@@ -436,8 +403,8 @@ def test_the_overview_runs_the_same_statements_for_few_or_many_calls_attempts_ev
 
 def test_a_hostile_tool_name_is_shown_as_text(people, world):
     provider = Provider.objects.get(name="payments")
-    tool = Tool.objects.create(name=HOSTILE, provider=provider, side_effect="read", breaker={"min_calls": 1})
+    tool = Tool.objects.create(name=HOSTILE_IMG, provider=provider, side_effect="read", breaker={"min_calls": 1})
     breaker_record(tool, counts_as_failure=True, probe=False, now=timezone.now())
-    body = viewer(people).get("/overview/").content.decode()
-    assert HOSTILE not in body
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
+    assert HOSTILE_IMG not in body
     assert "&lt;img src=x onerror=window.__pwned=1&gt;" in section(body, "breakers-table")

@@ -14,14 +14,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
-from recovery.models import Tenant, Tool
-from recovery.registry import load_registry
+from recovery.models import Tool
 from recovery.services.breakers import breaker_record
-from recovery.services.tasks import task_create
-from tests.browser import ARTIFACTS, HOSTILE_IMG, HOSTILE_SCRIPT
+from tests.browser import ARTIFACTS
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
 from tests.test_console_operations import drill_result, stored_run
-from tests.test_console_overview import REGISTRY, add_call, attempt, clock, settle, unknown
+from tests.test_console_overview import add_call, attempt, clock, make_world, settle, unknown
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHOTS = ("overview.png", "breakers.png", "drill-run.png")
@@ -31,15 +29,7 @@ SHOTS = ("overview.png", "breakers.png", "drill-run.png")
 def story(console_people):
     """A day of work as the services leave it: UNKNOWN refunds entered and settled over the last hours, failures of
     several classes, an open breaker, and a stored drill run with hostile text in its results and log."""
-    load_registry(REGISTRY, actor=Actor.system("tests"))
-    task, _ = task_create(
-        tenant=Tenant.objects.get(name="acme"),
-        external_id="ticket-7",
-        agent="support-bot",
-        goal="refunds",
-        budget={"max_rounds": 500},
-        actor=Actor.system("tests-runtime"),
-    )
+    task = make_world()
     for hours in (20, 14, 9, 6, 5, 3, 2):
         call = unknown(task, "refund.create", ago=timedelta(hours=hours, minutes=10))
         if hours % 2 == 0:

@@ -5,34 +5,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from recovery.audit import Actor
 from recovery.models import AuditEvent, Call
 from recovery.roles import ROLES
-from recovery.services.users import user_save_with_roles
-
-PASSWORD = "a-long-test-password-42"
-
-
-@pytest.fixture
-def users(db):
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made["second_reviewer"], _ = user_save_with_roles(
-        username="reviewer2", roles=["reviewer"], password=PASSWORD, actor=Actor.system("t")
-    )
-    return made
-
-
-def _as(client, user):
-    client.force_login(user)
-    return client
+from tests.console import PASSWORD, signed_in
 
 
 def _unknown_calls(make_call, n: int) -> list[Call]:
@@ -52,10 +32,10 @@ def test_it_sends_signed_out_visitors_to_sign_in(client, db):
     assert client.post("/calls/1/claim/").status_code == 302
 
 
-def test_every_role_reads_the_queues_and_only_reviewers_claim(client, users, make_call):
+def test_every_role_reads_the_queues_and_only_reviewers_claim(people, make_call):
     (call,) = _unknown_calls(make_call, 1)
     for role in ROLES:
-        _as(client, users[role])
+        client = signed_in(people, role)
         page = client.get("/queues/unknown/")
         assert page.status_code == 200, role
         assert call.idempotency_key not in page.content.decode()  # the key is not a column
@@ -64,19 +44,19 @@ def test_every_role_reads_the_queues_and_only_reviewers_claim(client, users, mak
         assert status == (302 if role == "reviewer" else 403), role
 
 
-def test_the_unknown_queue_lists_oldest_first_with_its_columns(client, users, make_call):
+def test_the_unknown_queue_lists_oldest_first_with_its_columns(people, make_call):
     calls = _unknown_calls(make_call, 3)
     make_call("COMMITTED")
-    page = _as(client, users["viewer"]).get("/queues/unknown/").content.decode()
+    page = signed_in(people, "viewer").get("/queues/unknown/").content.decode()
     positions = [page.index(f'data-id="{c.pk}"') for c in calls]
     assert positions == sorted(positions)
     assert page.count('data-id="') == 3
     assert "refund.create" in page and "acme" in page and "UNKNOWN" in page
 
 
-def test_bad_filters_get_field_errors_and_no_rows(client, users, make_call):
+def test_bad_filters_get_field_errors_and_no_rows(people, make_call):
     _unknown_calls(make_call, 1)
-    response = _as(client, users["viewer"]).get("/queues/unknown/?tool=999999&risk=extreme&after=nonsense")
+    response = signed_in(people, "viewer").get("/queues/unknown/?tool=999999&risk=extreme&after=nonsense")
     assert response.status_code == 400
     body = response.content.decode()
     assert "Select a valid choice. 999999 is not one of the available choices." in body
@@ -85,11 +65,11 @@ def test_bad_filters_get_field_errors_and_no_rows(client, users, make_call):
     assert 'data-id="' not in body
 
 
-def test_search_finds_a_call_by_key_task_or_provider_ref(client, users, make_call, task):
+def test_search_finds_a_call_by_key_task_or_provider_ref(people, make_call, task):
     (call,) = _unknown_calls(make_call, 1)
     other = make_call("UNKNOWN", on_task=None)
     Call.objects.filter(pk=other.pk).update(provider_ref="re_123")
-    _as(client, users["viewer"])
+    client = signed_in(people, "viewer")
     for q, expected in [
         (call.idempotency_key, {call.pk}),
         ("re_123", {other.pk}),
@@ -100,8 +80,8 @@ def test_search_finds_a_call_by_key_task_or_provider_ref(client, users, make_cal
         assert found == expected, q
 
 
-def test_keyset_pages_run_the_same_statements_whatever_the_size_or_depth(client, users, make_call):
-    _as(client, users["viewer"])
+def test_keyset_pages_run_the_same_statements_whatever_the_size_or_depth(people, make_call):
+    client = signed_in(people, "viewer")
     _unknown_calls(make_call, 5)
     with CaptureQueriesContext(connection) as small:
         assert client.get("/queues/unknown/").status_code == 200
@@ -118,38 +98,38 @@ def test_keyset_pages_run_the_same_statements_whatever_the_size_or_depth(client,
     assert len(first_ids) == 50 and len(second_ids) == 50 and not first_ids & second_ids
 
 
-def test_a_claim_is_a_lease_that_a_colleague_cannot_take(client, users, make_call):
+def test_a_claim_is_a_lease_that_a_colleague_cannot_take(people, make_call):
     (call,) = _unknown_calls(make_call, 1)
-    _as(client, users["reviewer"]).post(f"/calls/{call.pk}/claim/")
+    signed_in(people, "reviewer").post(f"/calls/{call.pk}/claim/")
     call.refresh_from_db()
-    assert call.claimed_by == users["reviewer"] and call.claim_until > timezone.now()
+    assert call.claimed_by == people["reviewer"] and call.claim_until > timezone.now()
 
-    _as(client, users["second_reviewer"])
+    client = signed_in(people, "reviewer2")
     refused = client.post(f"/calls/{call.pk}/claim/", HTTP_HX_REQUEST="true")
     assert refused.status_code == 409 and "claimed by reviewer" in refused.content.decode()
     page = client.get("/queues/unknown/").content.decode()
     assert "reviewer" in page and 'data-action="claim"' not in page  # shown as held, no claim button
     assert client.post(f"/calls/{call.pk}/release/", HTTP_HX_REQUEST="true").status_code == 409  # not theirs
-    assert Call.objects.get(pk=call.pk).claimed_by == users["reviewer"]
+    assert Call.objects.get(pk=call.pk).claimed_by == people["reviewer"]
 
     Call.objects.filter(pk=call.pk).update(claim_until=timezone.now() - timedelta(seconds=1))  # the lease lapses
     taken = client.post(f"/calls/{call.pk}/claim/", HTTP_HX_REQUEST="true")
     assert taken.status_code == 200
     call.refresh_from_db()
-    assert call.claimed_by == users["second_reviewer"] and call.state == "UNKNOWN" and call.version == 0
+    assert call.claimed_by == people["reviewer2"] and call.state == "UNKNOWN" and call.version == 0
     actions = list(AuditEvent.objects.filter(call_id=call.pk).values_list("action", flat=True))
     assert actions == ["call.claimed", "call.claimed"]
 
 
-def test_the_live_refresh_gets_only_the_rows(client, users, make_call):
+def test_the_live_refresh_gets_only_the_rows(people, make_call):
     _unknown_calls(make_call, 2)
-    response = _as(client, users["viewer"]).get("/queues/unknown/?risk=high", HTTP_HX_REQUEST="true")
+    response = signed_in(people, "viewer").get("/queues/unknown/?risk=high", HTTP_HX_REQUEST="true")
     body = response.content.decode()
     assert body.lstrip().startswith('<tbody id="rows"') and "<html" not in body
     assert 'hx-get="/queues/unknown/?risk=high"' in body
 
 
-def test_sign_in_is_throttled_after_repeated_failures(client, users, settings):
+def test_sign_in_is_throttled_after_repeated_failures(client, people, settings):
     settings.RECOVERY_SIGN_IN_MAX_FAILURES = 3
     for _ in range(3):
         response = client.post("/sign-in/", {"username": "reviewer", "password": "wrong"})
@@ -158,14 +138,14 @@ def test_sign_in_is_throttled_after_repeated_failures(client, users, settings):
     assert "Too many failed sign-ins" in blocked.content.decode()
     assert "_auth_user_id" not in client.session
     other = client.post("/sign-in/", {"username": "viewer", "password": PASSWORD})
-    assert other.status_code == 302 and client.session["_auth_user_id"] == str(users["viewer"].pk)
+    assert other.status_code == 302 and client.session["_auth_user_id"] == str(people["viewer"].pk)
 
 
-def test_pages_carry_a_nonce_csp_and_escape_hostile_text(client, users, make_call, registry):
+def test_pages_carry_a_nonce_csp_and_escape_hostile_text(people, make_call, registry):
     registry["refund"].name = "<script>alert(1)</script>"
     registry["refund"].save()
     _unknown_calls(make_call, 1)
-    response = _as(client, users["viewer"]).get(reverse("console:queue", kwargs={"slug": "unknown"}))
+    response = signed_in(people, "viewer").get(reverse("console:queue", kwargs={"slug": "unknown"}))
     policy = response["Content-Security-Policy"]
     assert "script-src 'self' 'nonce-" in policy and "object-src 'none'" in policy
     body = response.content.decode()

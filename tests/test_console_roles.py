@@ -11,40 +11,15 @@ from datetime import timedelta
 from urllib.parse import quote
 
 import pytest
-from django.contrib.auth import get_user_model
-from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery.audit import Actor
 from recovery.engine.canonical import canonical_json
 from recovery.models import AuditEvent, Call, DrillRun, Step, Task
-from recovery.roles import ADMIN, APPROVER, REVIEWER, ROLES, VIEWER
-from recovery.services.users import user_save_with_roles
+from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
+from tests.console import NO_ROLE, PASSWORD, SIGNED_OUT, signed_in, statements
 
-PASSWORD = "a-long-test-password-42"
-SIGNED_OUT, NO_ROLE = "signed-out", "no-role"
 WHO = (SIGNED_OUT, VIEWER, REVIEWER, APPROVER, ADMIN, NO_ROLE)
-
-
-@pytest.fixture
-def people(db):
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made[NO_ROLE] = get_user_model().objects.create_user(username="nobody", password=PASSWORD)
-    made["reviewer2"], _ = user_save_with_roles(
-        username="reviewer2", roles=[REVIEWER], password=PASSWORD, actor=Actor.system("t")
-    )
-    return made
-
-
-def _client(people, who: str, **kwargs) -> Client:
-    client = Client(**kwargs)
-    if who != SIGNED_OUT:
-        client.force_login(people[who])
-    return client
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -120,7 +95,7 @@ def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     wrong = []
     for method, template, row in MATRIX:
         path = template.format(call=call.pk, task=call.task_id, run=run.pk)
-        client = _client(people, who)  # a fresh session each time: signing out must not leak into the next row
+        client = signed_in(people, who)  # a fresh session each time: signing out must not leak into the next row
         response = client.get(path) if method == "GET" else client.post(path, {})
         got, want = _answer(response, path), _expected(row, who)
         if got != want:
@@ -171,7 +146,7 @@ def test_sign_in_refuses_to_send_anyone_to_another_site(people, db):
 def test_a_claim_needs_the_csrf_token(people, make_call):
     """The console's POSTs are CSRF-protected (htmx sends the token from the page's hx-headers)."""
     call = make_call("UNKNOWN")
-    client = _client(people, REVIEWER, enforce_csrf_checks=True)
+    client = signed_in(people, REVIEWER, enforce_csrf_checks=True)
     assert client.post(f"/calls/{call.pk}/claim/", HTTP_HX_REQUEST="true").status_code == 403
     assert Call.objects.get(pk=call.pk).claimed_by_id is None
 
@@ -184,7 +159,7 @@ def test_a_claim_needs_the_csrf_token(people, make_call):
 
 def test_a_claim_redirects_only_to_this_site(people, make_call):
     call = make_call("UNKNOWN")
-    client = _client(people, REVIEWER)
+    client = signed_in(people, REVIEWER)
     kept = client.post(f"/calls/{call.pk}/claim/", {"next": "/queues/unknown/?risk=high"})
     assert kept["Location"] == "/queues/unknown/?risk=high"
     refused = client.post(f"/calls/{call.pk}/release/", {"next": "https://evil.example/"})
@@ -196,7 +171,7 @@ def test_only_reviewers_are_offered_claim_buttons(people, make_call, who):
     call = make_call("UNKNOWN")
     Call.objects.filter(pk=call.pk).update(claimed_by=people["reviewer2"], claim_until=timezone.now() + timedelta(1))
     make_call("UNKNOWN")
-    body = _client(people, who).get("/queues/unknown/").content.decode()
+    body = signed_in(people, who).get("/queues/unknown/").content.decode()
     assert 'class="claim-button"' not in body and "/claim/" not in body and "/release/" not in body
     assert '<span class="holder">reviewer2</span>' in body  # everyone sees who holds an item
 
@@ -206,7 +181,7 @@ def test_a_reviewer_gets_claim_and_release_buttons_as_the_items_stand(people, ma
     soon = timezone.now() + timedelta(minutes=5)
     Call.objects.filter(pk=mine.pk).update(claimed_by=people[REVIEWER], claim_until=soon)
     Call.objects.filter(pk=theirs.pk).update(claimed_by=people["reviewer2"], claim_until=soon)
-    body = _client(people, REVIEWER).get("/queues/unknown/").content.decode()
+    body = signed_in(people, REVIEWER).get("/queues/unknown/").content.decode()
 
     def cell(call):
         return body.split(f'id="call-{call.pk}"', 1)[1].split("</tr>", 1)[0]
@@ -252,13 +227,6 @@ def _bulk_calls(task: Task, tool, n: int, *, state: str = "UNKNOWN", holders=(),
     Call.objects.bulk_create(calls, batch_size=250)
 
 
-def _statements(client: Client, url: str, **headers) -> tuple[int, object]:
-    with CaptureQueriesContext(connection) as captured:
-        response = client.get(url, **headers)
-    assert response.status_code == 200, (url, response.status_code)
-    return len(captured), response
-
-
 def _deep(client: Client, url: str, pages: int) -> str:
     for _ in range(pages):
         url = client.get(url).context["next_url"]
@@ -279,21 +247,21 @@ def test_a_queue_page_runs_the_same_statements_for_10_or_500_rows_and_deep_pages
     people, registry, task, name, template, state
 ):
     url = template.format(tool=registry["refund"].pk, task=task.external_id, tenant=registry["tenant"].pk)
-    client = _client(people, REVIEWER)  # a reviewer's page has the most in it: claim forms and holders
+    client = signed_in(people, REVIEWER)  # a reviewer's page has the most in it: claim forms and holders
     holders = (people[REVIEWER], people["reviewer2"])
     _bulk_calls(task, registry["refund"], 10, state=state, holders=holders)
 
-    small, first = _statements(client, url)
-    small_rows, _ = _statements(client, url, HTTP_HX_REQUEST="true")
+    small, first = statements(client, url)
+    small_rows, _ = statements(client, url, HTTP_HX_REQUEST="true")
     assert len(first.context["rows"]) == 10 and not first.context["next_url"]
 
     _bulk_calls(task, registry["refund"], 490, state=state, holders=holders, start=10)
     _bulk_calls(task, registry["lookup"], 30, state=state, start=1000)  # other rows the filters must keep out
-    big, first = _statements(client, url)
-    big_rows, _ = _statements(client, url, HTTP_HX_REQUEST="true")
+    big, first = statements(client, url)
+    big_rows, _ = statements(client, url, HTTP_HX_REQUEST="true")
     deep_url = _deep(client, url, 6)  # the 7th page of 50
-    deep, deep_page = _statements(client, deep_url)
-    deep_rows, partial = _statements(client, deep_url, HTTP_HX_REQUEST="true")
+    deep, deep_page = statements(client, deep_url)
+    deep_rows, partial = statements(client, deep_url, HTTP_HX_REQUEST="true")
 
     assert small == big == deep, (small, big, deep)
     assert small_rows == big_rows == deep_rows, (small_rows, big_rows, deep_rows)
@@ -302,12 +270,12 @@ def test_a_queue_page_runs_the_same_statements_for_10_or_500_rows_and_deep_pages
 
 
 def test_the_nav_counts_are_one_statement_whatever_the_numbers(people, registry, task):
-    client = _client(people, VIEWER)
+    client = signed_in(people, VIEWER)
     _bulk_calls(task, registry["refund"], 4, state="UNKNOWN")
     _bulk_calls(task, registry["refund"], 3, state="STILL_UNKNOWN", start=100)
     _bulk_calls(task, registry["refund"], 2, state="HUMAN_REVIEW", start=200)
     _bulk_calls(task, registry["refund"], 5, state="COMMITTED", start=300)
-    small, response = _statements(client, "/queues/counts/", HTTP_HX_REQUEST="true")
+    small, response = statements(client, "/queues/counts/", HTTP_HX_REQUEST="true")
     body = response.content.decode()
     assert body.lstrip().startswith('<ul id="queue-nav"') and "<html" not in body
     assert '<span class="count" data-queue="unknown">7</span>' in body  # UNKNOWN and STILL_UNKNOWN
@@ -315,14 +283,14 @@ def test_the_nav_counts_are_one_statement_whatever_the_numbers(people, registry,
     assert 'hx-get="/queues/counts/" hx-trigger="every 5s"' in body  # it keeps refreshing itself
 
     _bulk_calls(task, registry["refund"], 500, state="UNKNOWN", start=1000)
-    big, response = _statements(client, "/queues/counts/", HTTP_HX_REQUEST="true")
+    big, response = statements(client, "/queues/counts/", HTTP_HX_REQUEST="true")
     assert '<span class="count" data-queue="unknown">507</span>' in response.content.decode()
     assert small == big
 
 
 def test_a_full_page_shows_the_same_counts_as_the_partial(people, registry, task):
     _bulk_calls(task, registry["refund"], 3, state="HUMAN_REVIEW")
-    body = _client(people, VIEWER).get("/queues/unknown/").content.decode()
+    body = signed_in(people, VIEWER).get("/queues/unknown/").content.decode()
     assert '<span class="count" data-queue="human-review">3</span>' in body
     assert '<span class="count" data-queue="unknown">0</span>' in body
 
@@ -335,7 +303,7 @@ def test_a_full_page_shows_the_same_counts_as_the_partial(people, registry, task
 @pytest.mark.parametrize("who", [VIEWER, REVIEWER, ADMIN])
 def test_a_console_session_does_not_open_the_api(people, make_call, who):
     call = make_call("UNKNOWN")
-    client = _client(people, who)
+    client = signed_in(people, who)
     for method, path in [
         ("get", "/api/v1/tasks"),
         ("get", f"/api/v1/tasks/{call.task_id}"),

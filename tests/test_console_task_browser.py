@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from recovery.audit import chain_key
 from recovery.models import AuditEvent, Step
-from tests.browser import HOSTILE_IMG, HOSTILE_SCRIPT
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
 from tests.test_console_task_page import OUTCOMES, add, make_runtime, open_task, refused, settle
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -17,7 +17,6 @@ from html.parser import HTMLParser
 from urllib.parse import quote, urlsplit
 
 import pytest
-from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -31,8 +30,7 @@ from recovery.registry import load_registry
 from recovery.roles import ROLES, VIEWER
 from recovery.services.tasks import task_flag_no_submission
 from recovery.services.tokens import token_create
-from recovery.services.users import user_save_with_roles
-from tests.browser import HOSTILE_IMG, HOSTILE_SCRIPT, PASSWORD
+from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, signed_in
 
 ARGS = {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}
 NO_TRIP = {"min_calls": 10_000}  # the 60-step task fails many payments on purpose: the breaker must not open
@@ -200,19 +198,8 @@ def tags_of(html: str) -> list[tuple[str, dict]]:
 
 
 @pytest.fixture
-def people(db) -> dict:
-    made = {}
-    for role in ROLES:
-        made[role], _ = user_save_with_roles(username=role, roles=[role], password=PASSWORD, actor=Actor.system("t"))
-    made["no-role"] = get_user_model().objects.create_user(username="nobody", password=PASSWORD)
-    return made
-
-
-@pytest.fixture
 def viewer(people) -> Client:
-    client = Client()
-    client.force_login(people[VIEWER])
-    return client
+    return signed_in(people, VIEWER)
 
 
 def page_of(viewer: Client, task_id: int) -> str:
@@ -390,15 +377,13 @@ def test_an_unknown_task_is_not_found(viewer, db):
 
 @pytest.mark.parametrize(
     ("who", "answer"),
-    [("signed-out", "sign-in"), ("no-role", 403), *((role, 200) for role in ROLES)],
+    [(SIGNED_OUT, "sign-in"), (NO_ROLE, 403), *((role, 200) for role in ROLES)],
 )
 def test_every_role_reads_a_task_and_nobody_else(runtime, people, who, answer):
     task = open_task(runtime)
     path = f"/tasks/{task.id}/"
     assert reverse("console:task", args=[task.id]) == path
-    client = Client()
-    if who != "signed-out":
-        client.force_login(people[who])
+    client = signed_in(people, who)
     response = client.get(path)
     if answer == "sign-in":
         assert (response.status_code, response["Location"]) == (302, f"/sign-in/?next={quote(path)}")
