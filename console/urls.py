@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
-from console.views import audit, auth, calls, operations, overview, queues, tasks
+from console.views import actions, audit, auth, calls, operations, overview, queues, tasks
 from recovery.api import api
 
 console_patterns = [
@@ -17,6 +17,7 @@ console_patterns = [
     *overview.urlpatterns,
     *audit.urlpatterns,
     *operations.urlpatterns,
+    *actions.urlpatterns,
 ]
 
 admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttled like the console's

@@ -241,6 +241,16 @@ class AuditChainHeadAdmin(ReadOnlyAdmin):
     list_display = ["key", "length", "head_hash", "updated_at"]
 
 
+@admin.register(models.ActionRequest)
+class ActionRequestAdmin(ReadOnlyAdmin):
+    """Operator action requests, written only by recovery.services.actions (the console's action pages)."""
+
+    list_display = ["id", "call", "action", "status", "requested_by", "decided_by", "previewed_at", "expires_at"]
+    list_filter = ["status", "action"]
+    search_fields = ["plan_hash", "reason"]
+    raw_id_fields = ["call", "attempt"]
+
+
 @admin.register(models.DrillRun)
 class DrillRunAdmin(ReadOnlyAdmin):
     """Fault drill runs, written by `manage.py drill` only: each drill's expected and observed ends, effects and

@@ -11,7 +11,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from recovery.states import RECONCILABLE, CallState
@@ -550,6 +550,81 @@ class StatusBreaker(models.Model):
 
     def __str__(self) -> str:
         return f"status of {self.provider_id}: {self.state}"
+
+
+class ActionStatus(models.TextChoices):
+    PREVIEWED = "previewed"  # a dry run was shown: nothing requested, nothing sent
+    REQUESTED = "requested"  # a reviewer asked for it with a reason; waits for a second person (writes)
+    APPROVED = "approved"  # a different person approved it: a worker executes it once
+    REJECTED = "rejected"  # the second person said no (with a reason)
+    STALE = "stale"  # the call moved (its version) or the plan changed since the preview: preview again
+    EXPIRED = "expired"  # nobody decided before expires_at
+    EXECUTING = "executing"  # one worker claimed it (conditional UPDATE) and holds the lease
+    EXECUTED = "executed"  # done; `result` says what happened
+    FAILED = "failed"  # the execution could not run (e.g. the gate refused); `result` says why
+    INTERRUPTED = "interrupted"  # a worker died mid-execution: the call is reconciled, never re-run
+
+
+class ActionRequest(models.Model):
+    """One operator action on one call (SPEC §15.4): dry run, request, approval, execution — each step an audit event.
+
+    The plan (the exact provider request(s), the policy checks, the forbidden actions, the expected effects) is
+    stored with its hash and the call's version at preview; approving re-checks both, so an approval can never
+    apply to a call that moved since the reviewer looked. Four eyes are a database constraint: the person who
+    decides is never the person who requested.
+    """
+
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="action_requests")
+    action = models.CharField(max_length=32)  # a name from recovery.actions.ACTIONS
+    status = models.CharField(max_length=16, choices=ActionStatus.choices, default=ActionStatus.PREVIEWED)
+    plan = models.JSONField(default=dict)
+    plan_hash = models.CharField(max_length=64)
+    call_version = models.PositiveIntegerField()  # the call's version the plan was made for
+    evidence = models.JSONField(default=dict, blank=True)  # mark committed / not committed: ref, receipt, link
+    previewed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    previewed_at = models.DateTimeField(default=timezone.now)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    requested_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)  # the requester's
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    expires_at = models.DateTimeField()
+    execution_owner = models.CharField(max_length=100, blank=True)
+    execution_lease_until = models.DateTimeField(null=True, blank=True)
+    executed_at = models.DateTimeField(null=True, blank=True)
+    result = models.JSONField(default=dict, blank=True)
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    approval_used_at = models.DateTimeField(null=True, blank=True)  # grant_approval: the one admission it allowed
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Four eyes, in the data model: whoever approves or rejects did not request it.
+            models.CheckConstraint(
+                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")),
+                name="action_four_eyes",
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=["approved", "executing", "executed", "interrupted"])
+                | Q(decided_by__isnull=False)
+                | Q(action="reconcile_now"),
+                name="action_approved_has_decider",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["call", "previewed_at"], name="action_call_idx"),
+            models.Index(fields=["status", "expires_at"], name="action_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.action} on call {self.call_id}: {self.status}"
 
 
 class DrillRun(models.Model):

@@ -13,7 +13,7 @@ ROLES = (VIEWER, REVIEWER, APPROVER, ADMIN)
 # Models every role may read. Diagnostics (raw failure detail, redacted) are for reviewers and above.
 _READABLE = (
     "tenant", "provider", "tool", "task", "step", "call", "attempt", "decision", "gatedecision", "receipt",
-    "auditevent", "auditchainhead", "drillrun",
+    "auditevent", "auditchainhead", "drillrun", "actionrequest",
 )  # fmt: skip
 _REGISTRY = ("tenant", "provider", "tool", "apitoken")
 

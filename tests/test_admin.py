@@ -8,6 +8,7 @@ from django.urls import reverse
 
 from recovery.audit import Actor
 from recovery.models import (
+    ActionRequest,
     ApiToken,
     Attempt,
     AuditChainHead,
@@ -30,7 +31,7 @@ from recovery.transitions import transition_call
 PASSWORD = "correct-horse-battery-9"
 RECOVERY_MODELS = {
     Tenant, Provider, Tool, ApiToken, Task, Step, Call, Attempt, Decision, GateDecision, Receipt, Diagnostic,
-    AuditEvent, AuditChainHead, DrillRun,
+    AuditEvent, AuditChainHead, DrillRun, ActionRequest,
 }  # fmt: skip
 RECORDED = [AuditEvent, Call, Attempt, Receipt]
 
@@ -72,6 +73,9 @@ def recorded(registry, make_call, actor):
     )
     ApiToken.objects.create(name="runtime", prefix="rc_abc", digest="d" * 64)
     DrillRun.objects.create(drills=["timeout after send"])
+    ActionRequest.objects.create(
+        call=call, action="reconcile_now", plan_hash="h" * 64, call_version=call.version, expires_at=call.created_at
+    )
     return {"call": call, "attempt": attempt, "receipt": receipt, "event": AuditEvent.objects.get(call=call)}
 
 
