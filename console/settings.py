@@ -91,6 +91,15 @@ RECOVERY_NO_SUBMISSION_EVERY_S = env_int("RECOVERY_NO_SUBMISSION_EVERY_S", 5, mi
 # Reconciliation: status queries in flight per worker, and how long a worker's claim on a call lasts.
 RECOVERY_CHECKS_IN_FLIGHT = env_int("RECOVERY_CHECKS_IN_FLIGHT", 8, minimum=1)
 RECOVERY_CHECK_LEASE_S = env_int("RECOVERY_CHECK_LEASE_S", 60, minimum=5)
+# Operator actions (SPEC §15.4): a preview or a request not decided within RECOVERY_ACTION_TTL_S expires; read-only
+# actions (reconcile now) may run on the requester's confirmation alone, writes always need a second person; a worker
+# executing an approved action holds it RECOVERY_ACTION_LEASE_S (at least its provider's timeouts), after which a dead
+# worker's request is marked interrupted, never run again. The periodic expiry and sweep run every
+# RECOVERY_ACTIONS_EVERY_S.
+RECOVERY_ACTION_TTL_S = env_int("RECOVERY_ACTION_TTL_S", 3600, minimum=1)
+RECOVERY_READ_ACTIONS_ONE_CONFIRMATION = env_bool("RECOVERY_READ_ACTIONS_ONE_CONFIRMATION", True)
+RECOVERY_ACTION_LEASE_S = env_int("RECOVERY_ACTION_LEASE_S", 120, minimum=5)
+RECOVERY_ACTIONS_EVERY_S = env_int("RECOVERY_ACTIONS_EVERY_S", 5, minimum=1)
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},

@@ -1,9 +1,9 @@
 """The operator actions of SPEC §15.4 and which of them a person may take on a call now.
 
-This is the catalogue only: `actions_for()` is a pure function of the call's state, the person's permissions and a
-few facts about the call, answering for every action either "allowed now" or the exact reason it is forbidden. The
-call page shows the answer; executing an action (dry run, request, approval, worker) comes with a later release and
-will ask the same function first, so the page can never offer what the service would refuse.
+This is the catalogue: `actions_for()` is a pure function of the call's state, the person's permissions and a few
+facts about the call, answering for every action either "allowed now" or the exact reason it is forbidden. The call
+page shows the answer, and recovery.services.actions (dry run, request, approval, execution) asks the same function
+first, so the page can never offer what the service would refuse.
 
 Each action's source states are edges of the state table (recovery.states): `_check_edges()` runs at import, so an
 edge removed from the table makes this module fail loudly instead of offering an action the database would refuse.

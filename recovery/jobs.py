@@ -5,9 +5,10 @@ one, and at most once per `job_id` while a job with that id is queued or running
 to django-rq's "default" queue for `manage.py runjobs` workers; without it, to the in-process runner
 (recovery/inprocess.py) of the same process.
 
-Job ids name the work, not the request: `reconcile-call-<id>` for an immediate check of one call, the periodic
-schedule's names (recovery/cron.py) for its runs. Jobs must be idempotent: a dedupe window is not a lock, and a job
-can run twice around a worker's death; the services' leases and conditional updates make that harmless.
+Job ids name the work, not the request: `reconcile-call-<id>` for an immediate check of one call,
+`action-execute-<id>` for an approved operator action, the periodic schedule's names (recovery/cron.py) for its
+runs. Jobs must be idempotent: a dedupe window is not a lock, and a job can run twice around a worker's death; the
+services' leases and conditional updates make that harmless.
 """
 
 from __future__ import annotations
@@ -73,6 +74,25 @@ def flag_no_submission() -> int:
     from recovery.services import tasks
 
     return tasks.task_flag_no_submission(now=timezone.now(), actor=Actor.job("no-submission"))
+
+
+def execute_action(request_id: int) -> None:
+    """Execute an approved operator action once (enqueued on commit by its approval): the claim makes a second run
+    of this job, or a second worker, a no-op."""
+    from recovery.services import actions
+
+    actions.action_execute(request_id, worker=worker_name())
+
+
+def actions_due() -> int:
+    """Periodic: expire undecided action requests, mark executions whose worker died interrupted (never re-run
+    them), and enqueue again the approved ones whose enqueue was lost; how many requests changed."""
+    from recovery.services import actions
+
+    changed = actions.actions_expire_due() + actions.actions_sweep_interrupted()
+    for request_id in actions.actions_approved_waiting():
+        enqueue_now(execute_action, request_id, job_id=f"action-execute-{request_id}")
+    return changed
 
 
 # Enqueueing --------------------------------------------------------------------------------------------------------

@@ -6,11 +6,12 @@ import json
 from datetime import datetime
 
 from django.db import connection
+from django.db.models import Q
 
 from recovery import rows
 from recovery.engine.budgets import tighter
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
-from recovery.models import Attempt, Call, Receipt, Step, Task, Tool
+from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Receipt, Step, Task, Tool
 from recovery.services.breakers import breaker_view
 from recovery.states import UNSETTLED
 
@@ -139,3 +140,33 @@ def gate_context(
         breaker=breaker,
     )
     return context, call_view(call, tool, task, first_sent_at)
+
+
+# A replay's own attempt id names its action request, so its approval admits that attempt and no other.
+ACTION_ATTEMPT_PREFIX = "action-"
+
+
+def action_attempt_id(request_id: int) -> str:
+    return f"{ACTION_ATTEMPT_PREFIX}{request_id}"
+
+
+def approval_for(call: Call, *, attempt_id: str) -> list[int]:
+    """The action requests that allow this attempt of `call` one admission on `approval_granted` now (SPEC §5),
+    the attempt's own replay first.
+
+    An EXECUTED grant_approval not used yet, while the call is still at the version its execution left it at (one
+    past the version it was approved for: only the grant itself moved it); or, for the attempt a replay makes
+    ("action-<request id>"), that EXECUTING replay_same_key request, while the call is still at the version it was
+    approved for. Binding to the version keeps an approval to one moment of the call: once anything else moved it
+    (another admission, a receipt), the approval is void. The one admission that uses it marks it used
+    (ingest._use_approval), in its own transaction, by a conditional UPDATE.
+    """
+    allowing = Q(action="grant_approval", status=ActionStatus.EXECUTED, call_version=call.version - 1)
+    number = attempt_id.removeprefix(ACTION_ATTEMPT_PREFIX)
+    own = int(number) if attempt_id.startswith(ACTION_ATTEMPT_PREFIX) and number.isdigit() else None
+    if own is not None:
+        executing = Q(action="replay_same_key", status=ActionStatus.EXECUTING, call_version=call.version)
+        allowing |= Q(executing, pk=own)
+    found = ActionRequest.objects.filter(allowing, call_id=call.pk, approval_used_at__isnull=True)
+    ids = list(found.order_by("pk").values_list("pk", flat=True))
+    return sorted(ids, key=lambda pk: pk != own)  # the attempt's own replay first

@@ -27,9 +27,29 @@ from recovery.engine.decide import decide
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import admit, duplicate_intent
 from recovery.engine.redact import redact, redact_data
-from recovery.engine.types import Candidate, ClassifyContext, Decision, ErrorFacts, Facts, FieldError, Outcome
+from recovery.engine.types import (
+    APPROVAL_GRANTED,
+    Candidate,
+    ClassifyContext,
+    Decision,
+    ErrorFacts,
+    Facts,
+    FieldError,
+    Outcome,
+)
 from recovery.engine.validation import validate_args
-from recovery.models import Attempt, Call, Diagnostic, GateDecision, Receipt, Step, Task, TaskStatus, Tool
+from recovery.models import (
+    ActionRequest,
+    Attempt,
+    Call,
+    Diagnostic,
+    GateDecision,
+    Receipt,
+    Step,
+    Task,
+    TaskStatus,
+    Tool,
+)
 from recovery.models import Decision as DecisionRow
 from recovery.registry import tool_policy
 from recovery.services.breakers import (
@@ -37,7 +57,7 @@ from recovery.services.breakers import (
     breaker_release_probe,
     breaker_reserve_probe,
 )
-from recovery.services.context import gate_context, task_view
+from recovery.services.context import approval_for, gate_context, task_view
 from recovery.states import CallState, is_allowed
 from recovery.transitions import TransitionConflict, transition_call
 
@@ -306,11 +326,47 @@ def _evaluate(call: Call, candidate: Candidate, tool: Tool, now: datetime, *, pr
     policy = tool_policy(call.tool)
     candidate_policy = tool_policy(tool) if tool.pk != call.tool_id else None
     context, view = gate_context(
-        call, tool=policy, candidate_tool=candidate_policy, executing_tool=tool, task=call.task, now=now, approval=False
+        call,
+        tool=policy,
+        candidate_tool=candidate_policy,
+        executing_tool=tool,
+        task=call.task,
+        now=now,
+        approval=_approval_available(call, candidate),
     )
     if probe_taken:
         context = replace(context, breaker=replace(context.breaker, probe_available=False))
     return admit(view, candidate, context), policy
+
+
+# States whose admission the gate grants only on an approval; elsewhere it matters only when the candidate claims one.
+_APPROVAL_STATES = frozenset({S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW})
+
+
+def _approval_available(call: Call, candidate: Candidate) -> bool:
+    """Whether an approved action request allows this call one admission now (SPEC §5 `approval_granted`).
+
+    Asked (one query) only where an approval can change the answer, so the first attempts of ordinary calls — the
+    ingest hot path — read nothing more.
+    """
+    if call.state not in _APPROVAL_STATES and APPROVAL_GRANTED not in candidate.evidence:
+        return False
+    return bool(approval_for(call, attempt_id=candidate.attempt_id))
+
+
+def _use_approval(call: Call, attempt: Attempt, now: datetime) -> None:
+    """Mark the approval this admission used, in the admission's transaction: exactly one admission per approval.
+
+    A conditional UPDATE on "not used yet": of two admissions racing for one approval, the second finds it used
+    (PostgreSQL re-checks the condition after the first commits) and raises TransitionConflict, which rolls its
+    admission back.
+    """
+    ids = approval_for(call, attempt_id=attempt.attempt_id)
+    used = ids and ActionRequest.objects.filter(pk=ids[0], approval_used_at__isnull=True).update(
+        approval_used_at=now, attempt=attempt, updated_at=now
+    )
+    if not used:
+        raise TransitionConflict(f"call {call.pk}: the approval this admission relied on was used by another one")
 
 
 def gate_ask(*, call: Call, body: dict, actor: Actor) -> dict:
@@ -457,6 +513,8 @@ def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Atte
 
 def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) -> Attempt:
     attempt = _record_attempt(call, candidate, tool, gate, actor, digest, admitted_at=now, breaker_probe=probe)
+    if gate.evidence_used == APPROVAL_GRANTED:
+        _use_approval(call, attempt, now)
     number = attempt.number
     transition_call(
         call,

@@ -1,0 +1,159 @@
+"""A tool's own provider request (SPEC §15.4): what a same-key replay sends, built from the registry, and the copy of
+it a dry run shows.
+
+The request comes from the tool's `request` template ({method, path, body}) filled with the call's arguments and its
+idempotency key, exactly as an agent runtime fills it (recovery/agent/runtime.py): a path placeholder is replaced by
+the URL-quoted value, a body string that is one whole placeholder ("{amount_cents}") becomes the value with its JSON
+type, and a write without a body template sends its arguments. A provider that stores a key with a fingerprint of
+the request (Stripe, the sandbox) must see the same body again, or it answers "key reused with other parameters".
+The provider's outbound credentials come from the environment (providers/status.py `outbound_headers`); the shown
+copy masks them. Sending uses `requests` with the provider's connect and read timeouts and no retry underneath, and
+turns what happened on the wire into the outcome facts of SPEC §3 (recovery.client's helpers, as a runtime does).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+import requests
+from requests.adapters import HTTPAdapter
+
+from recovery.client import facts_from_exception, facts_from_response
+from recovery.engine.validation import MISSING, resolve
+from recovery.models import Call, Tool
+from recovery.providers.status import outbound_headers
+
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+_PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
+_WHOLE = re.compile(r"^\{([^{}]+)\}$")
+NO_BODY = frozenset({"GET", "DELETE", "HEAD"})
+
+
+class TemplateError(ValueError):
+    """The tool's request template needs a value the call does not have."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProviderRequest:
+    method: str
+    url: str
+    headers: dict[str, str] = field(repr=False)  # as sent: credentials included, never stored or shown
+    shown_headers: dict[str, str]  # the same with secrets masked
+    body: Any  # the JSON body, or None
+    timeout: tuple[float, float]  # (connect, read) seconds
+
+    def shown(self) -> dict:
+        """What a plan lists: method, URL, masked headers and body."""
+        return {"method": self.method, "url": self.url, "headers": dict(self.shown_headers), "body": self.body}
+
+
+def _values(call: Call) -> dict:
+    # The key wins over an argument of the same name: it is the one thing a replay must not change.
+    return {**(call.arguments if isinstance(call.arguments, dict) else {}), "idempotency_key": call.idempotency_key}
+
+
+def _lookup(values: dict, name: str) -> Any:
+    return resolve(values, name.strip())
+
+
+def _fill_text(text: str, values: dict, *, quoted: bool) -> str:
+    """Every {placeholder} in `text` replaced by its value ({{ and }} are literal braces)."""
+
+    def one(match: re.Match) -> str:
+        value = _lookup(values, match.group(1))
+        if value is MISSING or value is None:
+            raise TemplateError(f"the request template needs {{{match.group(1)}}}, which the call's arguments lack")
+        # str() for scalars, as the runtime fills a path (True -> "True"); JSON for objects and lists.
+        text = json.dumps(value, separators=(",", ":")) if isinstance(value, dict | list) else str(value)
+        return quote(text, safe="") if quoted else text
+
+    parts = text.split("{{")
+    return "{".join("}".join(_PLACEHOLDER.sub(one, piece) for piece in part.split("}}")) for part in parts)
+
+
+def _fill_body(template: Any, values: dict) -> Any:
+    if isinstance(template, dict):
+        return {key: _fill_body(value, values) for key, value in template.items()}
+    if isinstance(template, list):
+        return [_fill_body(value, values) for value in template]
+    if isinstance(template, str):
+        whole = _WHOLE.match(template)
+        if whole:
+            value = _lookup(values, whole.group(1))
+            return None if value is MISSING else value  # a missing optional argument is null, as the runtime sends
+        if "{" in template:
+            return _fill_text(template, values, quoted=False)
+    return template
+
+
+def tool_request(tool: Tool, call: Call) -> ProviderRequest:
+    """The request `call` makes to its tool's provider, with the call's original idempotency key."""
+    template = tool.request if isinstance(tool.request, dict) else {}
+    method = str(template.get("method") or "POST").upper()
+    values = _values(call)
+    path = _fill_text(str(template.get("path") or ""), values, quoted=True)
+    if method in NO_BODY:
+        body = None
+    elif template.get("body") is None:
+        body = dict(call.arguments) if isinstance(call.arguments, dict) else call.arguments
+    else:
+        body = _fill_body(template["body"], values)
+    try:
+        json.dumps(body, allow_nan=False)  # what send() encodes: fail here, before anything is admitted or sent
+    except (TypeError, ValueError) as exc:
+        raise TemplateError(f"the request body is not JSON ({exc})") from None
+    headers, shown = outbound_headers(tool.provider)
+    if call.side_effect == "write":
+        headers[IDEMPOTENCY_HEADER] = shown[IDEMPOTENCY_HEADER] = call.idempotency_key
+    if body is not None:
+        headers["Content-Type"] = shown["Content-Type"] = "application/json"
+    provider = tool.provider
+    return ProviderRequest(
+        method=method,
+        url=provider.base_url.rstrip("/") + path,
+        headers=headers,
+        shown_headers=shown,
+        body=body,
+        timeout=(float(provider.connect_timeout_s), float(provider.read_timeout_s)),
+    )
+
+
+_local = threading.local()
+
+
+def _session() -> requests.Session:
+    """One keep-alive session per thread, retries off: only one layer retries (SPEC §6), and it is not this one."""
+    session = getattr(_local, "session", None)
+    if session is None:
+        session = requests.Session()
+        adapter = HTTPAdapter(max_retries=0)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        _local.session = session
+    return session
+
+
+def send(request: ProviderRequest) -> dict:
+    """Send it once; the outcome facts (SPEC §3) of what happened: a reply's status and result, or the exception's
+    kind (a read timeout after sending is `read_timeout`: the effect may exist). Never raises for the network."""
+    data = json.dumps(request.body, allow_nan=False).encode() if request.body is not None else None
+    try:
+        response = _session().request(
+            request.method,
+            request.url,
+            headers=request.headers,
+            data=data,
+            timeout=request.timeout,
+            allow_redirects=False,
+        )
+    except requests.RequestException as exc:
+        return facts_from_exception(exc)
+    facts = facts_from_response(response)
+    if isinstance(facts.get("provider_request_id"), str):
+        facts["provider_request_id"] = facts["provider_request_id"][:255]
+    return facts

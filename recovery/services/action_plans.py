@@ -1,0 +1,443 @@
+"""The dry run of an operator action (SPEC §15.4): its plan, built from the call as it stands now, sending nothing.
+
+A plan says what executing the action would do: the exact provider request(s) (the tool's own request with the call's
+original idempotency key for a replay, the status query for a reconcile, none for the others), with credentials
+masked; each policy check with pass/fail and why — admission (the real gate, asked as if the approval were granted,
+nothing stored by the gate), the tool's breaker (or the status endpoint's), the call's and the task's budgets, the
+side-effect budget of SPEC §13, the provider's key retention; the actions forbidden now with their reasons; and the
+expected effects. `plan_hash` covers everything that decides what would happen, not the wording of the details
+("kept 3 h 59 min more"), so re-building the plan a minute later gives the same hash unless something that matters
+moved: that is what an approval binds to.
+
+The facts `actions_for` needs (recovery/actions.py) are gathered here once, from the call's rows, for every service
+and page that asks which actions are allowed now; so are what the action services share: ActionRefused, the
+catalogue's refusal (`require_allowed`) and the audit event of a request's step (`action_event`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from django.conf import settings
+
+from recovery.actions import ACTIONS, REVIEW_PERMISSION, Action, ActionOption, actions_for
+from recovery.audit import Actor, append_event
+from recovery.engine.budgets import tighter
+from recovery.engine.canonical import canonical_json
+from recovery.engine.gate import admit
+from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
+from recovery.models import ActionRequest, Attempt, BreakerState, Call, StatusBreaker
+from recovery.providers.requests import TemplateError, tool_request
+from recovery.providers.status import outbound_headers, status_url
+from recovery.registry import tool_policy, with_alternates
+from recovery.services.breakers import breaker_view
+from recovery.services.context import gate_context, task_budgets, task_view
+from recovery.services.status_breakers import DEFAULTS as STATUS_BREAKER_DEFAULTS
+from recovery.states import UNSETTLED, CallState
+
+S = CallState
+ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
+# The attempt a replay makes itself, and the one a granted approval lets the runtime make later.
+MAKES_ATTEMPT = frozenset({"replay_same_key"})
+LETS_ATTEMPT = frozenset({"grant_approval"})
+SETTLES = frozenset({"mark_committed", "mark_not_committed"})
+NO_ATTEMPT_LIMIT = 1_000_000  # call_add stores this for "no limit"
+PREVIEW_ATTEMPT = "preview"
+CHECKS = ("admission", "breaker", "call_budget", "task_budget", "side_effect_budget", "key_retention")
+SECOND_PERSON = "a second person with the approver role"
+ONE_CONFIRMATION = "one confirmation: the requester's (read-only)"
+
+
+class PlanError(Exception):
+    """The plan cannot be built (e.g. the tool's request template needs an argument the call lacks)."""
+
+
+class ActionRefused(Exception):
+    """A refusal the page shows as is; nothing about the call changed.
+
+    `code`: forbidden, four_eyes, stale, expired, not_pending, evidence, reason or role; `field`: the form field it is
+    about ("reason", "provider_ref", "link", "plan_hash") or "".
+    """
+
+    def __init__(self, code: str, message: str, *, field: str = ""):
+        super().__init__(message)
+        self.code, self.message, self.field = code, message, field
+
+
+# --- the call's facts ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class CallFacts:
+    """What `actions_for` needs besides the state and the person, from the call's rows now."""
+
+    side_effect: str
+    has_status_api: bool
+    retry_path_safe: bool
+    duplicate_effect: bool
+    held_by: str  # another person's live claim on the call ("" when none, or when it is the asker's own)
+    key_retention_s: int
+    key_since: datetime  # the first attempt's admission, or the call's creation when none was made
+    key_expires_at: datetime
+    key_expired: bool
+
+
+def call_for_action(call_id: int) -> Call | None:
+    """The call with everything a plan and the catalogue read (one query), or None."""
+    related = ("task__tenant", "step", "tool__provider", "claimed_by")
+    return Call.objects.select_related(*related).filter(pk=call_id).first()
+
+
+def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
+    """The call's facts for the catalogue, as the call page computes them (one query: the first attempt)."""
+    tool = call.tool
+    first = Attempt.objects.filter(call_id=call.pk, number=1).values_list("admitted_at", "created_at").first()
+    since = (first[0] or first[1]) if first else call.created_at
+    expires = since + timedelta(seconds=tool.key_retention_s)
+    held_by = ""
+    claim_live = bool(call.claimed_by_id and call.claim_until and call.claim_until > now)
+    if claim_live and (user is None or call.claimed_by_id != user.pk):
+        held_by = call.claimed_by.get_username()
+    return CallFacts(
+        side_effect=call.side_effect,
+        has_status_api=bool(tool.status_query),
+        retry_path_safe=tool.retry_path_safe,
+        duplicate_effect=call.duplicate_effect,
+        held_by=held_by,
+        key_retention_s=tool.key_retention_s,
+        key_since=since,
+        key_expires_at=expires,
+        key_expired=now >= expires,
+    )
+
+
+def options_for(call: Call, facts: CallFacts, *, perms, held_by: str | None = None) -> list[ActionOption]:
+    """`actions_for` on this call's state and facts; `held_by` overrides the facts' (None: keep it)."""
+    return actions_for(
+        call.state,
+        perms=perms,
+        side_effect=facts.side_effect,
+        has_status_api=facts.has_status_api,
+        key_expired=facts.key_expired,
+        retry_path_safe=facts.retry_path_safe,
+        duplicate_effect=facts.duplicate_effect,
+        held_by=facts.held_by if held_by is None else held_by,
+    )
+
+
+def action_options(call: Call, *, user, now: datetime) -> list[ActionOption]:
+    """Every action on `call` as `user` may take it now: what the call page offers and the services accept."""
+    return options_for(call, call_facts(call, user=user, now=now), perms=user.get_all_permissions())
+
+
+def require_allowed(call: Call, facts: CallFacts, action: str, *, perms, held_by: str | None = None) -> None:
+    """The catalogue's answer for this action on this call now; ActionRefused("forbidden", its reason) if not."""
+    option = next(o for o in options_for(call, facts, perms=perms, held_by=held_by) if o.name == action)
+    if not option.allowed:
+        raise ActionRefused("forbidden", option.reason)  # the catalogue's words, as the call page shows them
+
+
+def action_event(name: str, request: ActionRequest, call: Call, actor: Actor, *, reason: str = "", **evidence) -> None:
+    """One step of the request's story, on the call's task chain, in the caller's transaction."""
+    append_event(
+        action=f"action.{name}",
+        actor=actor,
+        task_id=call.task_id,
+        call_id=call.pk,
+        reason=reason,
+        evidence={
+            "request": request.pk,
+            "action": request.action,
+            "plan_hash": request.plan_hash,
+            "call_version": request.call_version,
+            **evidence,
+        },
+    )
+
+
+# --- the plan ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    data: dict  # ActionRequest.plan
+    hash: str
+    gate: GateDecision | None = None  # the dry-run gate answer (replay), to store as a dry-run GateDecision
+    candidate: Candidate | None = None
+
+    @property
+    def failed_checks(self) -> list[dict]:
+        return [check for check in self.data["checks"] if not check["passed"]]
+
+
+# Everything that decides what executing the plan would do; check details and forbidden reasons are wording.
+_HASHED = (
+    "action", "call_id", "call_version", "state", "target_state", "write", "approval", "idempotency_key",
+    "sends", "requests", "evidence",
+)  # fmt: skip
+
+
+def plan_hash(data: dict) -> str:
+    """sha256 of the plan's canonical JSON without its volatile wording: only what decides the execution."""
+    stable = {key: data.get(key) for key in _HASHED}
+    stable["checks"] = [[check["check"], check["passed"]] for check in data.get("checks", [])]
+    stable["forbidden"] = sorted(item["action"] for item in data.get("forbidden", []))
+    return hashlib.sha256(canonical_json(stable).encode()).hexdigest()
+
+
+def approval_needed(action: Action) -> str:
+    if action.write or not settings.RECOVERY_READ_ACTIONS_ONE_CONFIRMATION:
+        return SECOND_PERSON
+    return ONE_CONFIRMATION
+
+
+def build_plan(call: Call, action_name: str, *, facts: CallFacts, evidence: dict, now: datetime) -> Plan:
+    """The dry run of `action_name` on `call` (read with call_for_action): nothing is sent, nothing stored."""
+    action = ACTION_BY_NAME[action_name]
+    with_alternates(call.tool)
+    policy = tool_policy(call.tool)
+    requests_, sends = _requests(call, action)
+    gate, candidate = _dry_gate(call, policy, action, now)
+    checks = [
+        _admission(action, gate),
+        _breaker(call, policy, action, gate, now),
+        _call_budget(call, policy, action),
+        _task_budget(call, policy, action, now),
+        _side_effect_budget(call, policy, action),
+        _key_retention(call, facts, action, now),
+    ]
+    forbidden = [
+        {"action": option.name, "reason": option.reason}
+        for option in options_for(call, facts, perms={REVIEW_PERMISSION}, held_by="")
+        if not option.allowed
+    ]
+    data = {
+        "action": action.name,
+        "label": action.label,
+        "does": action.does,
+        "call_id": call.pk,
+        "call_version": call.version,
+        "state": call.state,
+        "target_state": str(action.target) if action.target else None,
+        "write": action.write,
+        "approval": approval_needed(action),
+        "tool": call.tool.name,
+        "provider": call.tool.provider.name,
+        "idempotency_key": call.idempotency_key,
+        "sends": sends,
+        "requests": requests_,
+        "checks": checks,
+        "forbidden": forbidden,
+        "expected_effects": _expected_effects(call, policy, action),
+        "evidence": dict(evidence),
+    }
+    stored_gate = gate if action.name in MAKES_ATTEMPT else None
+    return Plan(data=data, hash=plan_hash(data), gate=stored_gate, candidate=candidate if stored_gate else None)
+
+
+def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:
+    """The provider requests executing `action` would send, as a plan shows them (credentials masked)."""
+    if action.name in MAKES_ATTEMPT:
+        try:
+            return [tool_request(call.tool, call).shown()], True
+        except TemplateError as exc:
+            raise PlanError(str(exc)) from None
+    if action.name == "reconcile_now":
+        url = status_url(call.tool, call)
+        if url is None:
+            return [], False
+        _, shown = outbound_headers(call.tool.provider)
+        return [{"method": (call.tool.status_query or {}).get("method", "GET"), "url": url, "headers": shown}], True
+    return [], False
+
+
+def _dry_gate(call: Call, policy: ToolPolicy, action: Action, now: datetime):
+    """What the real gate would answer the attempt this action makes (or lets the runtime make), approval granted.
+
+    The gate reads the stored facts (attempts, receipts, budgets, the breaker) and stores nothing here. A granted
+    approval's attempt is asked as the call will be then: RETRYABLE.
+    """
+    if action.name not in MAKES_ATTEMPT | LETS_ATTEMPT:
+        return None, None
+    context, view = gate_context(
+        call, tool=policy, candidate_tool=None, executing_tool=call.tool, task=call.task, now=now, approval=True
+    )
+    if action.name in LETS_ATTEMPT:
+        view = replace(view, state=S.RETRYABLE)
+    candidate = Candidate(
+        attempt_id=PREVIEW_ATTEMPT, tool=policy.name, arguments=call.arguments, evidence=(APPROVAL_GRANTED,)
+    )
+    return admit(view, candidate, context), candidate
+
+
+def _check(name: str, passed: bool, detail: str) -> dict:
+    return {"check": name, "passed": passed, "detail": detail}
+
+
+def _admission(action: Action, gate: GateDecision | None) -> dict:
+    if gate is None:
+        if action.name == "reconcile_now":
+            return _check("admission", True, "a status check is a receipt, not an attempt: the gate does not govern it")
+        return _check("admission", True, "no attempt is made: the gate is not asked")
+    who = "the replay" if action.name in MAKES_ATTEMPT else "the runtime's next attempt"
+    if gate.allowed:
+        return _check("admission", True, f"the gate would admit {who} on approval_granted ({gate.reason})")
+    failing = next((check.detail for check in gate.checks if not check.passed), "")
+    return _check("admission", False, f"the gate would deny {who}: {gate.reason} ({failing})")
+
+
+def _breaker(call: Call, policy: ToolPolicy, action: Action, gate: GateDecision | None, now: datetime) -> dict:
+    if action.name == "reconcile_now":
+        return _status_breaker(call, now)
+    if gate is None:
+        return _check("breaker", True, "no request to the provider: the tool's breaker is not involved")
+    view = breaker_view(call.tool, now=now)
+    if view.state == BreakerState.CLOSED:
+        return _check("breaker", True, f"{policy.name}'s breaker is closed")
+    if view.state == BreakerState.HALF_OPEN and view.probe_available:
+        return _check("breaker", True, f"{policy.name}'s breaker is half open: this attempt would be its probe")
+    wait = f"; the cooldown ends in {view.retry_in_ms // 1000} s" if view.retry_in_ms else ""
+    return _check("breaker", False, f"{policy.name}'s breaker is {view.state}: the attempt would be refused{wait}")
+
+
+def _status_breaker(call: Call, now: datetime) -> dict:
+    """The provider's status-endpoint breaker, read without reserving its probe."""
+    provider = call.tool.provider
+    row = StatusBreaker.objects.filter(provider=provider).values_list("state", "opened_at", "probe_until").first()
+    if row is None or row[0] == BreakerState.CLOSED:
+        return _check("breaker", True, f"{provider.name}'s status endpoint breaker is closed")
+    state, opened_at, probe_until = row
+    cooldown = (STATUS_BREAKER_DEFAULTS | (provider.status_breaker or {}))["cooldown_s"]
+    if state == BreakerState.OPEN and opened_at is not None and now < opened_at + timedelta(seconds=cooldown):
+        left = int((opened_at + timedelta(seconds=cooldown) - now).total_seconds())
+        return _check("breaker", False, f"the status endpoint breaker is open: the check would be skipped ({left} s)")
+    if state == BreakerState.HALF_OPEN and probe_until is not None and now < probe_until:
+        return _check("breaker", False, "the status endpoint breaker is half open with its probe out: skipped")
+    return _check("breaker", True, "the status endpoint breaker's cooldown is over: this check would be its probe")
+
+
+def _limits(call: Call, policy: ToolPolicy) -> Budgets:
+    max_attempts = call.max_attempts if call.max_attempts < NO_ATTEMPT_LIMIT else None
+    return tighter(policy.budgets, task_budgets(call.task), Budgets(max_attempts=max_attempts))
+
+
+def _attempting(action: Action) -> bool:
+    return action.name in MAKES_ATTEMPT | LETS_ATTEMPT
+
+
+def _call_budget(call: Call, policy: ToolPolicy, action: Action) -> dict:
+    if not _attempting(action):
+        return _check("call_budget", True, f"no attempt: {call.attempts_count} made, none added")
+    limit = _limits(call, policy).max_attempts
+    if limit is None:
+        return _check("call_budget", True, f"attempt {call.attempts_count + 1}: no attempt limit")
+    if call.attempts_count >= limit:
+        return _check("call_budget", False, f"all {limit} attempts of the call are used")
+    return _check("call_budget", True, f"attempt {call.attempts_count + 1} of {limit}")
+
+
+def _task_budget(call: Call, policy: ToolPolicy, action: Action, now: datetime) -> dict:
+    if not _attempting(action):
+        return _check("task_budget", True, "no attempt: the task's rounds and tokens are not used")
+    task, limits = call.task, _limits(call, policy)
+    if limits.max_rounds is not None and task.rounds_used >= limits.max_rounds:
+        return _check("task_budget", False, f"the task used all {limits.max_rounds} rounds")
+    if limits.token_budget is not None and task.tokens_used >= limits.token_budget:
+        return _check("task_budget", False, f"the task used its token budget ({limits.token_budget})")
+    if limits.deadline is not None and now >= limits.deadline:
+        return _check("task_budget", False, f"the task's deadline {limits.deadline.isoformat()} has passed")
+    rounds = f"round {task.rounds_used + 1}" + (f" of {limits.max_rounds}" if limits.max_rounds is not None else "")
+    deadline = f", deadline {limits.deadline.isoformat()}" if limits.deadline is not None else ", no deadline"
+    return _check("task_budget", True, rounds + deadline)
+
+
+def _side_effect_budget(call: Call, policy: ToolPolicy, action: Action) -> dict:
+    """SPEC §13: effects observed against max_business_effects, the task's write retries, its unsettled unknowns."""
+    if call.side_effect != "write":
+        return _check("side_effect_budget", True, "a read has no business effect")
+    limits = _limits(call, policy)
+    most, seen = limits.max_business_effects, call.effects_observed or 0
+    effects = f"{seen} effect(s) observed for the key" + (f", at most {most}" if most is not None else "")
+    if action.name == "mark_not_committed" and seen:
+        return _check("side_effect_budget", False, f"{effects}: the provider reports the effect, it was committed")
+    if not _attempting(action):
+        return _check("side_effect_budget", True, f"{effects}; this action adds none")
+    if most is not None and seen > most:
+        return _check("side_effect_budget", False, f"{effects}: a duplicate effect, never retried")
+    task = call.task
+    if call.attempts_count >= 1 and limits.write_retry is not None and task.write_retries_used >= limits.write_retry:
+        return _check("side_effect_budget", False, f"{effects}; the task used all {limits.write_retry} write retries")
+    blocked = _unknowns_over_budget(call, policy)
+    if blocked:
+        return _check("side_effect_budget", False, f"{effects}; {blocked}")
+    retries = "the first write"
+    if call.attempts_count >= 1:
+        of = f" of {limits.write_retry}" if limits.write_retry is not None else ""
+        retries = f"write retry {task.write_retries_used + 1}{of}"
+    return _check("side_effect_budget", True, f"{effects}; {retries}; unsettled unknowns within the task's budget")
+
+
+def _unknowns_over_budget(call: Call, policy: ToolPolicy) -> str:
+    """Why the task's unsettled UNKNOWN outcomes hold its writes back (SPEC §6 unknown_budget), or ""."""
+    view = task_view(call.task)
+    own = 1 if call.state in UNSETTLED else 0
+    task_limit = view.budgets.unknown_budget
+    if task_limit is not None and view.unsettled_unknowns - own > task_limit:
+        return f"{view.unsettled_unknowns - own} unsettled unknown(s) in the task, it tolerates {task_limit}"
+    limit = view.unknown_budget_by_tool.get(policy.name, policy.budgets.unknown_budget)
+    unsettled = view.unsettled_by_tool.get(policy.name, 0) - own
+    if limit is not None and unsettled > limit:
+        return f"{unsettled} unsettled unknown(s) of {policy.name}, it tolerates {limit}"
+    return ""
+
+
+def _key_retention(call: Call, facts: CallFacts, action: Action, now: datetime) -> dict:
+    kept = f"the provider keeps the key {facts.key_retention_s} s from {facts.key_since.isoformat()}"
+    if call.side_effect != "write":
+        return _check("key_retention", True, "a read is not deduplicated by key")
+    if action.name == "reconcile_now":
+        if facts.key_expired:
+            return _check("key_retention", True, f"{kept}: expired, a 'not found' would prove nothing by itself")
+        return _check("key_retention", True, f"{kept}: the status query finds it by key")
+    if not _attempting(action):
+        return _check("key_retention", True, "no key is replayed")
+    if facts.key_expired:
+        return _check("key_retention", False, f"{kept}: expired, a replay would be a new operation")
+    left = int((facts.key_expires_at - now).total_seconds())
+    return _check("key_retention", True, f"{kept}: {left} s left, a replay is deduplicated")
+
+
+def _noun(call: Call) -> str:
+    return call.tool.name.split(".")[0].replace("_", " ")
+
+
+def _expected_effects(call: Call, policy: ToolPolicy, action: Action) -> str:
+    name = action.name
+    if name == "replay_same_key":
+        if call.side_effect != "write":
+            return "a read: no business effect, one more answer"
+        most = _limits(call, policy).max_business_effects or 1
+        what = f"one {_noun(call)}" if most == 1 else f"{most} {_noun(call)} effects"
+        return (
+            f"{what} at most: the provider deduplicates by key {call.idempotency_key} (if the first request took "
+            "effect, it answers with that result and makes no second one); the reply is classified like any attempt"
+        )
+    if name == "reconcile_now":
+        return "no business effect: one status query and a receipt; the provider's answer may settle the call"
+    if name == "escalate":
+        return "no request to the provider: the call moves to HUMAN_REVIEW, where a person settles it with evidence"
+    if name == "mark_committed":
+        return "no request to the provider: an operator receipt with the evidence; the call becomes COMMITTED"
+    if name == "mark_not_committed":
+        return (
+            "no request to the provider: an operator receipt with the evidence; the call becomes NOT_COMMITTED, then "
+            "RETRYABLE (a same-key retry is admitted on state_verified) or FAILED_PERMANENT when no attempt is left"
+        )
+    if name == "grant_approval":
+        return (
+            "no request now: the call becomes RETRYABLE and the runtime's next attempt with approval_granted is "
+            f"admitted once, with the same key {call.idempotency_key}"
+        )
+    return "no request to the provider: the call ends FAILED_PERMANENT (abandoned) and is never attempted again"
