@@ -62,8 +62,10 @@ def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(
     assert replay.get_attribute("data-allowed") == "no"
     assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in replay.inner_text()
     reconcile = page.locator("#action-reconcile_now")
-    assert reconcile.get_by_role("button", name="Reconcile now").is_disabled()
-    assert page.locator("main form").count() == 0
+    assert reconcile.get_by_role("button", name="Preview: Reconcile now").is_enabled()
+    # Each allowed action is a form that previews it (a dry run), never one that executes it.
+    targets = page.locator("main form").evaluate_all("fs => fs.map(f => f.getAttribute('action'))")
+    assert targets == [f"/calls/{call.pk}/actions/{name}/preview/" for name in ("reconcile_now", "escalate")]
     assert SECRET_DETAIL in page.locator("section", has=page.locator("#diagnostics-h")).inner_text()
     alice.shot("call-page-unknown-refund")
     alice.assert_clean()

@@ -304,11 +304,11 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
     assert forbidden == ["replay_same_key", "mark_committed", "mark_not_committed", "grant_approval", "abandon"]
     assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in text
     assert "escalate it to human review first" in text
-    assert "Executing operator actions arrives with the actions release; nothing can be run from this page yet" in text
-    # Offered, never faked: disabled buttons, no form that posts anywhere.
-    assert len(re.findall(r"<button type=\"button\" disabled", actions)) == 2
+    assert "Every action starts as a dry run" in text
+    # Each allowed action is a form that previews it (a dry run: console/views/actions.py), none that executes it.
     main = reviewer[reviewer.index('<main id="main"') :]
-    assert "<form" not in main
+    previews = [f"/calls/{call.pk}/actions/{name}/preview/" for name in allowed]
+    assert re.findall(r'<form method="post" action="([^"]+)"', main) == previews
 
     viewer = page_text(_section(_html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/")), "actions-h"))
     assert viewer.count("needs the reviewer role (recovery.review_call)") == 2

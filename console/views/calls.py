@@ -2,9 +2,11 @@
 
 Every role may read it (`recovery.view_call`); the redacted diagnostics are read only by people with
 `recovery.view_diagnostic` — for everyone else they are not even loaded. The actions a person could take are listed
-with the reason each is allowed or forbidden (recovery.actions); none can be run from here yet, so the page offers
-disabled buttons and no form. The status block refreshes every few seconds (htmx) and says when the call changed
-since the page was drawn, rather than swapping the evidence under the reader's eyes.
+with the reason each is allowed or forbidden (recovery.actions, the same answer the action services ask first):
+each allowed one is a POST form "Preview" (console/views/actions.py) that makes a dry run and sends nothing — never
+an execution — and the call's action requests are listed with their status. The status block refreshes every few
+seconds (htmx) and says when the call changed since the page was drawn, rather than swapping the evidence under the
+reader's eyes.
 """
 
 from __future__ import annotations
@@ -15,18 +17,19 @@ from datetime import timedelta
 from django import forms
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.urls import path
+from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
+from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
 from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page
 from recovery.actions import actions_for
 from recovery.models import Call, Observation
 from recovery.models import Decision as DecisionRow
+from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallStatus, call_page, call_status
 
 REFRESH_S = 5
-NOT_YET = "Executing operator actions arrives with the actions release; nothing can be run from this page yet."
 
 
 class SeenForm(forms.Form):
@@ -75,9 +78,12 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         "page": page,
         "task": current.task,
         "actions": actions,
-        "allowed_actions": [a for a in actions if a.allowed],
+        "allowed_actions": [_offered(current.pk, a) for a in actions if a.allowed],
         "forbidden_actions": [a for a in actions if not a.allowed],
-        "not_yet": NOT_YET,
+        "action_requests": [
+            {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
+            for r in page.action_requests
+        ],
         "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
         "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
         "earlier_cards": [
@@ -93,6 +99,19 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         "seen_form": seen,
     }
     return render_page(request, "console/call.html", context, status=200 if valid else 400)
+
+
+def _offered(call_id: int, action) -> dict:
+    """An allowed action as the page offers it: a form that previews it (with the evidence fields an action that
+    settles the call by hand needs; their ids carry the action's name, both forms being on one page)."""
+    evidence = EvidenceForm(auto_id=f"{action.name}-%s") if action.name in EVIDENCE_ACTIONS else None
+    url = reverse("console:action-preview", args=[call_id, action.name])
+    return {"action": action, "preview_url": url, "evidence_form": evidence}
+
+
+def _stale(req, current: Call) -> bool:
+    """An open request made for an earlier version of the call: deciding it would be refused as stale."""
+    return req.status in OPEN and req.call_version != current.version
 
 
 def _status_context(request: HttpRequest, status: CallStatus, seen: dict, now) -> dict:

@@ -77,6 +77,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "flow": data.flow,
         "entered": sum(hour.entered for hour in data.flow),
         "settled": sum(hour.settled for hour in data.flow),
+        "pending_approvals": data.pending_approvals,
     }
     return render_page(request, "console/overview.html", context)
 

@@ -1,10 +1,13 @@
 """What the call page shows (SPEC §15.5): one call with its intent, evidence and history, in a fixed number of
-statements whatever the number of attempts, receipts or events — seven, or two for the page's live refresh.
+statements whatever the number of attempts, receipts, events or action requests — eight, or two for the page's
+live refresh.
 
 1. the call with its task (and tenant), step, tool (and provider, and the provider's status-endpoint breaker) and
    the reviewer holding its claim; 2. its attempts, each with its decision card; 3. its gate answers; 4. its
-   receipts; 5. its audit events; 6. its diagnostics (their content only for people who may read them); 7. the
-   tool's breaker. The timeline that merges them is built in Python from those rows.
+   receipts; 5. its audit events; 6. its diagnostics (their content only for people who may read them); 7. its
+   operator action requests (recovery.selectors.approvals); 8. the tool's breaker. The timeline that merges them is
+   built in Python from those rows; every step of an action request is an audit event of the call, so the
+   timeline tells an action's story from those events.
 """
 
 from __future__ import annotations
@@ -16,9 +19,10 @@ from django.core.exceptions import ObjectDoesNotExist
 
 from recovery.engine.budgets import tighter
 from recovery.engine.types import BreakerView, Budgets
-from recovery.models import Attempt, AuditEvent, Call, Diagnostic, GateDecision, Receipt, StatusBreaker
+from recovery.models import ActionRequest, Attempt, AuditEvent, Call, Diagnostic, GateDecision, Receipt, StatusBreaker
 from recovery.models import Decision as DecisionRow
 from recovery.registry.policy import TOOL_BUDGETS
+from recovery.selectors.approvals import call_action_requests
 from recovery.services.breakers import breaker_view
 from recovery.services.context import task_budgets
 
@@ -33,7 +37,7 @@ _ATTEMPT_UNREAD = ("request_hash", "response", "outcome_request_hash", "outcome_
 @dataclass(frozen=True, kw_only=True)
 class TimelineEntry:
     at: datetime
-    kind: str  # attempt, gate, decision, receipt, audit
+    kind: str  # attempt, gate, decision, receipt, audit, action (an audit event of an operator action)
     title: str
     details: str
     rank: int = 0  # orders entries written at the same instant: gate, attempt, audit, decision, receipt
@@ -85,6 +89,7 @@ class CallPage:
     diagnostics: list[Diagnostic]  # full rows for people who may read them, else only ref/source/created_at
     diagnostics_readable: bool
     budget: list[BudgetLine]
+    action_requests: list[ActionRequest] = field(default_factory=list)  # newest first
     timeline: list[TimelineEntry] = field(default_factory=list)
 
     @property
@@ -130,7 +135,7 @@ def call_status(call_id: int, *, now: datetime) -> CallStatus | None:
 
 
 def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> CallPage | None:
-    """Everything the call page shows (seven statements), or None for an unknown id."""
+    """Everything the call page shows (eight statements), or None for an unknown id."""
     call = _call(call_id)
     if call is None:
         return None
@@ -161,6 +166,7 @@ def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> Cal
         diagnostics=list(diagnostics),
         diagnostics_readable=diagnostics_readable,
         budget=budget_lines(call, now),
+        action_requests=call_action_requests(call.pk),
     )
     page.timeline.extend(timeline(page))
     return page
@@ -319,15 +325,38 @@ def _audit_entry(event: AuditEvent) -> TimelineEntry:
     moved = f" {event.from_state} → {event.to_state}" if event.from_state and event.to_state else ""
     if not event.from_state and event.to_state:
         moved = f" → {event.to_state}"
-    parts = [f"by {event.actor_label}", *([event.reason] if event.reason else []), f"audit #{event.seq}"]
+    operator_action = event.action.startswith("action.")
+    parts = [
+        *(_action_facts(event.evidence) if operator_action else []),
+        f"by {event.actor_label}",
+        *([event.reason] if event.reason else []),
+        f"audit #{event.seq}",
+    ]
     return TimelineEntry(
         at=event.created_at,
-        kind="audit",
+        kind="action" if operator_action else "audit",
         title=f"{event.action}{moved}",
         details="; ".join(parts),
         rank=_RANK["audit"],
         order=event.seq,
     )
+
+
+def _action_facts(evidence) -> list[str]:
+    """What an operator action's audit event says about its request: which one, which action, what came of it."""
+    if not isinstance(evidence, dict):
+        return []
+    facts = []
+    if evidence.get("request") is not None:
+        facts.append(f"request #{evidence['request']}")
+    if evidence.get("action"):
+        facts.append(str(evidence["action"]))
+    result = evidence.get("result") if isinstance(evidence.get("result"), dict) else {}
+    if result.get("attempt_id"):
+        facts.append(f"attempt id {result['attempt_id']}")
+    if result.get("call_state"):
+        facts.append(f"call {result['call_state']}")
+    return facts
 
 
 def timeline(page: CallPage) -> list[TimelineEntry]:
