@@ -3,28 +3,55 @@ worker process on Redis with REDIS_URL, the in-process runner without). Each dri
 checks the drill's key facts again on its own, from the database and the sandbox, rather than trusting the runner's
 verdict; one test proves that a drill whose expectation is not met fails, and the command prints its table, stores
 the run and exits non-zero on a mismatch.
+
+The two drills of operator actions act as drill users (a reviewer, two approvers): "two approvers" releases both
+approvers of each round at once on PostgreSQL (one after the other on SQLite), "worker killed mid-replay" kill -9s a
+real RQ worker process (skipped without Redis, a failure under REQUIRE_SERVICES=1). The demo path of `make run` — a
+refund reconciliation could not settle, replayed with its key by the demo reviewer and approver — is played here on
+the drill stage with the console's own users.
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from contextlib import suppress
 from dataclasses import replace
 from io import StringIO
 from itertools import pairwise
 
 import pytest
 from django.apps import apps as django_apps
+from django.conf import settings
 from django.core.management import CommandError, call_command, execute_from_command_line
+from django.db import connection
 from django.urls import reverse
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
 
+from recovery import jobs
+from recovery.agent.scenarios import run_scenarios
 from recovery.audit import Actor
 from recovery.drills import runner
-from recovery.drills.runner import run_drill
-from recovery.drills.stage import drill_stage
+from recovery.drills.runner import rejudge, run_drill
+from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_stage
 from recovery.drills.table import DRILLS, End
-from recovery.models import Attempt, AuditEvent, Breaker, Call, DrillRun, GateDecision, Receipt
+from recovery.management.commands import drill as drill_command
+from recovery.models import (
+    ActionRequest,
+    ActionStatus,
+    Attempt,
+    AuditEvent,
+    Breaker,
+    Call,
+    DrillRun,
+    GateDecision,
+    Receipt,
+)
 from recovery.roles import sync_roles
+from recovery.services.actions import action_approve, action_preview, action_request
 from recovery.services.users import user_save_with_roles
 from recovery.states import CallState as S
+from tests.conftest import missing_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -226,7 +253,198 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
 
     listed = out.getvalue()
     assert all(listed.count(f"{slug} ") == 1 for slug in DRILLS)
-    assert "(not run here)       two approvers: needs two approvers acting at once" in listed
+    assert "(not run here)       provider ignores keys: needs an approved duplicate probe" in listed
+    assert "two-approvers        two approvers: 50 rounds of two approvals at once" in listed
+    assert "needs: REDIS_URL (skipped with the reason without it)" in listed
     with pytest.raises(CommandError, match="no drill 'nope'; the drills are: refused-before-send, timeout-after-send"):
         call_command("drill", "nope")
     assert not DrillRun.objects.exists()  # nothing ran, nothing stored
+
+
+# The drills of operator actions --------------------------------------------------------------------------------------
+
+ROUNDS = 50  # SPEC §18: 50 rounds of two approvals at once
+
+
+def action_events(call_id: int) -> list[str]:
+    events = AuditEvent.objects.filter(call_id=call_id, action__startswith="action.").order_by("seq")
+    return list(events.values_list("action", flat=True))
+
+
+def replays_after_their_403(stage, rows) -> Counter:
+    """How many refund requests the sandbox logged per key after its first (the 403), and with which answers."""
+    seen = Counter()
+    for row in rows:
+        posts = writes(stage, row.key)
+        assert posts[0] == ("POST", 403, "error_injected")
+        seen[tuple(posts[1:])] += 1
+    return seen
+
+
+@pytest.mark.postgres
+def test_two_approvers_at_once_in_fifty_rounds_execute_each_replay_once_with_one_effect(stage):
+    result = passed(stage, "two-approvers", rounds=ROUNDS)
+
+    assert len(result.keys) == ROUNDS
+    together = next(check for check in result.checks if check.name == "two approvers at once in every round")
+    assert f"{ROUNDS} with both approvals in flight together" in together.observed
+    refusals = next(check for check in result.checks if check.name == "one approval and one refusal per round")
+    assert refusals.observed.startswith(f"{ROUNDS} of {ROUNDS} rounds")
+    for row in result.keys:
+        assert transitions(row.call_id) == [S.SENT, S.HUMAN_REVIEW, S.SENT, S.COMMITTED]
+        (request,) = ActionRequest.objects.filter(call_id=row.call_id)
+        assert (request.action, request.status) == ("replay_same_key", ActionStatus.EXECUTED)
+        assert request.requested_by.username == DRILL_REVIEWER and request.decided_by.username in DRILL_APPROVERS
+        events = action_events(row.call_id)
+        assert events.count("action.approved") == events.count("action.executing") == 1
+        assert Attempt.objects.filter(call_id=row.call_id).count() == 2
+    # The provider's side: after each 403, exactly one replay, answered 200; one effect per key.
+    assert replays_after_their_403(stage, result.keys) == {(("POST", 200, "answered"),): ROUNDS}
+    effects = stage.sandbox.ledger()["by_key"]
+    assert [effects.get(row.key) for row in result.keys] == [1] * ROUNDS
+
+
+def test_two_approvers_on_any_database_one_approval_one_execution_and_a_wrong_table_fails(stage):
+    """On SQLite the approvals of a round run one after the other (and the log says so); on PostgreSQL at once. Then
+    the same evidence judged against a table claiming two effects per key, or a call never replayed, fails."""
+    lines: list[str] = []
+    result = run_drill(stage, "two-approvers", log=lines.append, rounds=3)
+    assert result.passed, "\n".join(lines)
+
+    sequential = "SQLite: the two approvals of each round run one after the other" in "\n".join(lines)
+    assert sequential == (connection.vendor == "sqlite")
+    for row in result.keys:
+        assert transitions(row.call_id) == [S.SENT, S.HUMAN_REVIEW, S.SENT, S.COMMITTED]
+        assert ActionRequest.objects.get(call_id=row.call_id).status == ActionStatus.EXECUTED
+        assert stage.sandbox.ledger(row.key)["effects"] == 1
+
+    claims_two = rejudge(stage, result, replace(DRILLS["two-approvers"], effects=2))
+    assert not claims_two.passed
+    assert [(row.expected_effects, row.observed_effects, row.passed) for row in claims_two.keys] == [(2, 1, False)] * 3
+    never_replayed = rejudge(
+        stage, result, replace(DRILLS["two-approvers"], ends=(End(path=(S.SENT, S.HUMAN_REVIEW)),))
+    )
+    assert not never_replayed.passed and not any(row.passed for row in never_replayed.keys)
+    assert never_replayed.keys[0].observed_end == "SENT → HUMAN_REVIEW → SENT → COMMITTED"
+
+
+@pytest.fixture
+def rq_stage(live_server):
+    if not settings.REDIS_URL:
+        missing_service("needs Redis: run with REDIS_URL=redis://host:6379/0 (the drill kill -9s an RQ worker)")
+    with drill_stage(api_url=live_server.url) as stage:
+        assert stage.workers is not None
+        yield stage
+    # The killed worker's job stays STARTED in RQ's registry until its heartbeat lapses (minutes), and the next test
+    # database numbers its action requests from 1 again: forget the dead job, so its id is free for that run.
+    for request_id in ActionRequest.objects.filter(status=ActionStatus.INTERRUPTED).values_list("pk", flat=True):
+        with suppress(NoSuchJobError):
+            Job.fetch(f"action-execute-{request_id}", connection=jobs.get_queue().connection).delete()
+
+
+def test_a_worker_killed_mid_replay_leaves_the_request_interrupted_and_the_call_settled_by_a_receipt(rq_stage):
+    stage = rq_stage
+    result = passed(stage, "worker-killed-mid-replay")
+    (row,) = result.keys
+
+    assert transitions(row.call_id) == [
+        S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW, S.SENT, S.UNKNOWN, S.COMMITTED,
+    ]  # fmt: skip
+    (request,) = ActionRequest.objects.filter(call_id=row.call_id)
+    assert request.status == ActionStatus.INTERRUPTED
+    assert action_events(row.call_id)[-3:] == ["action.approved", "action.executing", "action.interrupted"]
+    swept = AuditEvent.objects.filter(call_id=row.call_id, to_state=S.UNKNOWN).order_by("seq").last()
+    assert (swept.from_state, swept.actor_label) == (S.SENT, "job:sweeper")
+    receipt = Receipt.objects.filter(call_id=row.call_id, applied=True).latest("id")
+    assert (receipt.observed, receipt.local_state_before, receipt.local_state_after) == (
+        "committed",
+        S.UNKNOWN,
+        S.COMMITTED,
+    )
+    # The provider saw the first request (its reply lost) and one replay, never a second one; one refund.
+    assert writes(stage, row.key) == [("POST", None, "dropped_after_commit"), ("POST", 200, "replayed")]
+    assert stage.sandbox.ledger(row.key)["effects"] == 1
+    assert Attempt.objects.filter(call_id=row.call_id).count() == 2
+
+    # The same evidence against a table that says the call was never swept (replayed straight to COMMITTED) fails.
+    wrong = replace(
+        DRILLS["worker-killed-mid-replay"],
+        ends=(End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW, S.SENT, S.COMMITTED)),),
+    )
+    judged = rejudge(stage, result, wrong)
+    assert not judged.passed and not judged.keys[0].passed
+    assert all(check.passed for check in judged.checks)  # only the path differs, and that is enough
+
+
+def test_the_worker_killed_drill_is_skipped_with_the_reason_on_a_stage_without_rq_workers(stage):
+    in_process = replace(stage, workers=None)
+    lines: list[str] = []
+    result = run_drill(in_process, "worker-killed-mid-replay", log=lines.append)
+
+    assert (result.passed, result.keys, result.checks) == (False, [], [])
+    assert result.skipped.startswith("needs REDIS_URL: RQ worker processes to kill -9")
+    assert lines[-1] == f"  skipped: {result.skipped}"
+    assert runner.result_table([result]).splitlines()[-1].endswith("| skipped")
+
+
+def test_the_command_skips_the_worker_killed_drill_without_redis_and_fails_it_under_require_services(
+    transactional_db, settings, monkeypatch
+):
+    settings.REDIS_URL = None  # the embedded default: in-process jobs, no worker process to kill
+    monkeypatch.setattr(drill_command, "REQUIRE_SERVICES", False)
+    out = StringIO()
+    call_command("drill", "worker killed mid-replay", "--api-workers", "0", stdout=out)
+
+    printed = out.getvalue()
+    assert "skipped: needs REDIS_URL" in printed and printed.rstrip().splitlines()[-2].endswith("| skipped")
+    assert "0 of 1 drills passed" in printed and "1 skipped (worker killed mid-replay)" in printed
+    run = DrillRun.objects.get()
+    assert (run.passed, run.results) == (True, [])  # not run: the console lists it under "not run"
+    assert run.options["skipped"]["worker killed mid-replay"].startswith("needs REDIS_URL")
+
+    monkeypatch.setattr(drill_command, "REQUIRE_SERVICES", True)
+    with pytest.raises(CommandError, match="REQUIRE_SERVICES=1 but needs REDIS_URL"):
+        call_command("drill", "worker-killed-mid-replay", "--api-workers", "0", stdout=StringIO())
+    assert DrillRun.objects.latest("started_at").passed is False
+
+
+# The `make run` demo path ------------------------------------------------------------------------------------------
+
+
+def test_the_demo_leaves_a_refund_reconciliation_could_not_settle_and_its_same_key_replay_makes_one_refund(
+    stage, console_people
+):
+    """What README's demo walk-through does in the browser, with the same roles: the status-API-down scenario
+    leaves a refund in HUMAN_REVIEW at the poll budget (its effect exists at the provider); the reviewer previews
+    and requests a same-key replay, the approver approves it, a worker executes it: COMMITTED, one refund."""
+    lines: list[str] = []
+    [played] = run_scenarios(stage, ["status-api-down"], lines.append)
+    assert played.passed, "\n".join(lines)
+    call_id, key = played.calls["refund"], played.keys["refund"]
+    call = Call.objects.get(pk=call_id)
+    assert (call.state, call.outcome, call.checks_made) == (S.HUMAN_REVIEW, "poll_budget_exhausted", 3)
+    assert transitions(call_id) == [S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW]
+    assert stage.sandbox.ledger(key)["effects"] == 1  # committed before its reply was lost
+
+    reviewer, approver = console_people["reviewer"], console_people["approver"]
+    preview = action_preview(call_id=call_id, action="replay_same_key", user=reviewer, actor=Actor.for_user(reviewer))
+    assert writes(stage, key) == [("POST", None, "dropped_after_commit")]  # the dry run sent nothing
+    (planned,) = preview.plan["requests"]
+    assert planned["headers"]["Idempotency-Key"] == key and "sandbox-dev-key" not in str(preview.plan)
+    action_request(
+        request_id=preview.pk,
+        user=reviewer,
+        actor=Actor.for_user(reviewer),
+        reason="reconciliation could not settle it; the provider deduplicates by key",
+        plan_hash=preview.plan_hash,
+    )
+    action_approve(
+        request_id=preview.pk, user=approver, actor=Actor.for_user(approver), reason="same key: at most one refund"
+    )
+    assert runner._wait(lambda: Call.objects.get(pk=call_id).state == S.COMMITTED, 60)
+
+    assert ActionRequest.objects.get(pk=preview.pk).status == ActionStatus.EXECUTED
+    assert transitions(call_id)[-2:] == [S.SENT, S.COMMITTED]
+    assert writes(stage, key) == [("POST", None, "dropped_after_commit"), ("POST", 200, "replayed")]
+    ledger = stage.sandbox.ledger(key)
+    assert ledger["effects"] == 1 and len(ledger["entries"]) == 1

@@ -33,13 +33,26 @@ from itertools import count, pairwise
 from django.db import connection
 from django.utils import timezone
 
-from recovery.agent.runtime import Agent, CallResult
+from recovery.agent.runtime import HUMAN_REVIEW, Agent, CallResult
+from recovery.audit import Actor
 from recovery.client import RecoveryError
-from recovery.drills.stage import Stage, callback_url
+from recovery.drills.stage import Stage, callback_url, drill_people, parent_pid
 from recovery.drills.table import ARROW, DRILLS, Drill
-from recovery.models import Attempt, AuditEvent, Breaker, Call, Decision, GateDecision, Receipt, Tool
+from recovery.models import (
+    ActionRequest,
+    ActionStatus,
+    Attempt,
+    AuditEvent,
+    Breaker,
+    Call,
+    Decision,
+    GateDecision,
+    Receipt,
+    Tool,
+)
 from recovery.registry.policy import breaker_policy
 from recovery.sandbox.process import SandboxProcess
+from recovery.services.actions import ActionRefused, action_approve, action_preview, action_request
 from recovery.states import RECONCILABLE, CallState
 
 S = CallState
@@ -54,6 +67,15 @@ BACKLOG_DEFAULT = 1000
 IMMEDIATE_EVERY = 10
 ROWS_LOGGED = 12  # per-key rows printed one by one; beyond, only the ones that failed
 UNSETTLED_STATES = (S.SENT, *sorted(RECONCILABLE), S.NOT_COMMITTED)
+ROUNDS_DEFAULT = 50  # rounds of the two-approvers drill
+SETUP_THREADS = 8  # refunds made at once while the two-approvers drill sets its rounds up
+EXECUTION_WAIT_S = 120  # how long a drill waits for approved replays to be executed
+# The worker-killed drill: how long the sandbox holds the replay's reply (the worker is killed well inside it, and
+# inside the drill provider's 2 s read timeout), and how long the drill waits for the execution lease to lapse (14 s
+# on the drill provider), the sweeper (10 s outcome timeout) and a receipt.
+HOLD_REPLY_MS = 8000
+KILL_AFTER_S = 0.3  # after the admission: the request leaves at once and is at the sandbox well before this
+SETTLE_WAIT_S = 90
 
 
 # Results ------------------------------------------------------------------------------------------------------------
@@ -90,6 +112,7 @@ class DrillResult:
     keys: list[KeyRow] = field(default_factory=list)
     checks: list[CheckRow] = field(default_factory=list)
     error: str = ""
+    skipped: str = ""  # why the drill did not run (a service it needs is missing); never counts as passed
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -99,21 +122,52 @@ class DrillResult:
 
 
 def run_drills(
-    stage: Stage, slugs: Iterable[str] | None = None, *, log: Log = print, backlog: int = BACKLOG_DEFAULT
+    stage: Stage,
+    slugs: Iterable[str] | None = None,
+    *,
+    log: Log = print,
+    backlog: int = BACKLOG_DEFAULT,
+    rounds: int = ROUNDS_DEFAULT,
 ) -> list[DrillResult]:
     """The named drills (all by default), in the table's order, one after another on `stage`."""
     wanted = set(slugs) if slugs is not None else set(DRILLS)
-    return [run_drill(stage, slug, log=log, backlog=backlog) for slug in DRILLS if slug in wanted]
+    return [run_drill(stage, slug, log=log, backlog=backlog, rounds=rounds) for slug in DRILLS if slug in wanted]
+
+
+def missing_service(stage: Stage, drill: Drill) -> str:
+    """Why `drill` cannot run on `stage` ("" when it can)."""
+    if drill.needs == "redis" and stage.workers is None:
+        return "needs REDIS_URL: RQ worker processes to kill -9 (the in-process runner's jobs run inside this process)"
+    return ""
 
 
 def run_drill(
-    stage: Stage, slug: str, *, log: Log = print, backlog: int = BACKLOG_DEFAULT, expect: Drill | None = None
+    stage: Stage,
+    slug: str,
+    *,
+    log: Log = print,
+    backlog: int = BACKLOG_DEFAULT,
+    rounds: int = ROUNDS_DEFAULT,
+    expect: Drill | None = None,
 ) -> DrillResult:
     """Run one drill and judge it against `expect` (the table's row by default). Never raises for a failing drill:
-    an exception inside it is a FAIL with the error in the result."""
+    an exception inside it is a FAIL with the error in the result; a drill whose service is missing is skipped
+    (`skipped` says why, `passed` is False)."""
     drill = expect or DRILLS[slug]
     run = _Run(stage, drill, log)
     log(f"== {drill.name} ({slug}) ==")
+    if why := missing_service(stage, drill):
+        log(f"  skipped: {why}")
+        return DrillResult(
+            slug=slug,
+            name=drill.name,
+            injected=drill.injected,
+            expected=drill.expected_summary(),
+            observed=f"skipped: {why}",
+            passed=False,
+            seconds=0.0,
+            skipped=why,
+        )
     log(f"  injected: {drill.injected}")
     log(f"  expected: {drill.expected_end}")
     began, error = time.monotonic(), ""
@@ -122,6 +176,8 @@ def run_drill(
         body = RUNNERS[slug]
         if slug == "queue-backlog":
             body(run, count=backlog)
+        elif slug == "two-approvers":
+            body(run, rounds=rounds)
         else:
             body(run)
     except Exception as exc:
@@ -230,6 +286,15 @@ def _judge(run: _Run, slug: str, error: str, seconds: float) -> DrillResult:
         checks=checks,
         error=error,
     )
+
+
+def rejudge(stage: Stage, result: DrillResult, expect: Drill) -> DrillResult:
+    """Judge a finished drill's calls and checks again against another expectation, from the audit trail and the
+    sandbox's ledger as they are now: the same evidence, another table (tests prove a wrong one fails)."""
+    run = _Run(stage, expect, lambda line: None)
+    run.calls = [(row.key, row.call_id) for row in result.keys]
+    run.checks = list(result.checks)
+    return _judge(run, result.slug, result.error, result.seconds)
 
 
 def _chunks(ids: list[int], size: int = 500) -> Iterator[list[int]]:
@@ -855,6 +920,331 @@ def queue_backlog(run: _Run, *, count: int = BACKLOG_DEFAULT) -> None:
     )
 
 
+# Approved replays ---------------------------------------------------------------------------------------------------
+
+
+def _request_replay(call_id: int, reviewer, reason: str) -> ActionRequest:
+    """The reviewer's dry run of a same-key replay, then the request for it with a reason (bound to the plan's hash)."""
+    actor = Actor.for_user(reviewer)
+    preview = action_preview(call_id=call_id, action="replay_same_key", user=reviewer, actor=actor)
+    return action_request(request_id=preview.pk, user=reviewer, actor=actor, reason=reason, plan_hash=preview.plan_hash)
+
+
+def _action_events(call_ids: list[int]) -> dict[int, list[str]]:
+    """Each call's action events (action.previewed, action.approved, ...), in order, from the audit trail."""
+    events: dict[int, list[str]] = {call_id: [] for call_id in call_ids}
+    for chunk in _chunks(call_ids):
+        rows = AuditEvent.objects.filter(call_id__in=chunk, action__startswith="action.").order_by("seq")
+        for call_id, action in rows.values_list("call_id", "action"):
+            events[call_id].append(action)
+    return events
+
+
+@dataclass(kw_only=True)
+class _Approval:
+    """One approver's answer in a round: the status it left the request in, or the refusal's code."""
+
+    username: str
+    status: str = ""
+    refused: str = ""
+    began: float = 0.0
+    ended: float = 0.0
+
+
+def _approve_twice(request_id: int, approvers, *, at_once: bool, reason: str) -> list[_Approval]:
+    """Both approvers approve the request: released together by a barrier on threads of their own (each with its
+    own database connection) when `at_once`, one after the other otherwise."""
+    barrier = threading.Barrier(len(approvers)) if at_once else None
+
+    def approve(user) -> _Approval:
+        answer = _Approval(username=user.get_username())
+        try:
+            if barrier is not None:
+                barrier.wait(timeout=30)
+            answer.began = time.perf_counter()
+            try:
+                done = action_approve(request_id=request_id, user=user, actor=Actor.for_user(user), reason=reason)
+                answer.status = done.status
+            except ActionRefused as refused:
+                answer.refused = refused.code
+            answer.ended = time.perf_counter()
+            return answer
+        finally:
+            if barrier is not None:
+                connection.close()  # this thread's own
+
+    if not at_once:
+        return [approve(user) for user in approvers]
+    with ThreadPoolExecutor(len(approvers), thread_name_prefix="drill-approver") as pool:
+        return list(pool.map(approve, approvers))
+
+
+def two_approvers(run: _Run, *, rounds: int = ROUNDS_DEFAULT) -> None:
+    """`rounds` refunds, each refused 403 `needs_approval` by the provider (nothing executed: HUMAN_REVIEW). In each
+    round a reviewer previews and requests a same-key replay, then two approvers approve it at the same moment
+    (threads released by a barrier; on SQLite one after the other): exactly one approval and one refusal, one
+    execution, one effect per key."""
+    stage, sandbox = run.stage, run.sandbox
+    people = drill_people()
+    at_once = connection.vendor == "postgresql"
+    if not at_once:
+        run.log(
+            "  SQLite: the two approvals of each round run one after the other (SQLite runs one writer at a time);"
+            " the concurrency claim is PostgreSQL's"
+        )
+    tool = stage.tool("refund.create")
+    local = threading.local()
+
+    def refund(n: int) -> CallResult:
+        if not hasattr(local, "agent"):
+            local.agent = run.agent(log=lambda line: None)
+        key, arguments = _refund(run, f"approvers-{n:02d}", n)
+        sandbox.fault(route="/refunds", key=key, kind="error", status=403, code="needs_approval", times=1)
+        task = local.agent.start_task(run.key(f"drill-approvers-{n:02d}"), goal=f"refund {arguments['order_id']}")
+        return local.agent.run_call(task.id, step=1, tool=tool, key=key, arguments=arguments)
+
+    began = time.monotonic()
+    with ThreadPoolExecutor(SETUP_THREADS, thread_name_prefix="drill-approvers") as pool:
+        made = list(pool.map(refund, range(1, rounds + 1)))
+    for result in made:
+        run.call(result)
+    waiting = [result for result in made if result.outcome == HUMAN_REVIEW and result.call_id is not None]
+    run.log(
+        f"  {rounds} refunds answered 403 needs_approval in {time.monotonic() - began:.1f} s:"
+        f" {len(waiting)} in HUMAN_REVIEW"
+    )
+    if len(waiting) != rounds:
+        raise RuntimeError(f"only {len(waiting)} of {rounds} refunds reached HUMAN_REVIEW: nothing to approve")
+
+    answers: dict[int, list[_Approval]] = {}
+    requests: dict[int, int] = {}  # call id -> its action request
+    approved_at = timezone.now()
+    began = time.monotonic()
+    for n, result in enumerate(waiting, 1):
+        request = _request_replay(result.call_id, people.reviewer, f"drill round {n}: replay with the same key")
+        requests[result.call_id] = request.pk
+        answers[result.call_id] = _approve_twice(
+            request.pk, people.approvers, at_once=at_once, reason=f"drill round {n}: approved"
+        )
+        if n % 10 == 0 or n == rounds:
+            run.log(f"  round {n} of {rounds} approved ({time.monotonic() - began:.1f} s)")
+
+    ids = list(requests)
+
+    def unfinished() -> int:
+        pending = (ActionStatus.APPROVED, ActionStatus.EXECUTING)
+        return ActionRequest.objects.filter(pk__in=requests.values(), status__in=pending).count()
+
+    _wait(lambda: unfinished() == 0, EXECUTION_WAIT_S, every_s=0.2)
+    _wait(lambda: Call.objects.filter(pk__in=ids, state=S.SENT).count() == 0, 30, every_s=0.2)
+    run.log(f"  executions done {time.monotonic() - began:.1f} s after the first round ({unfinished()} unfinished)")
+    submitter = run.agent(log=lambda line: None)
+    for result in waiting:
+        submitter.submit(_task_of(result.call_id), "refund replayed by an approved action")
+
+    # Two approvers in every round, at the same moment on PostgreSQL.
+    pairs = list(answers.values())
+    two_people = sum(1 for pair in pairs if len({a.username for a in pair}) == 2)
+    overlapped = sum(1 for pair in pairs if len(pair) == 2 and max(a.began for a in pair) < min(a.ended for a in pair))
+    starts = [abs(pair[0].began - pair[1].began) * 1000 for pair in pairs if len(pair) == 2]
+    if at_once:
+        run.check(
+            "two approvers at once in every round",
+            expected=f"{rounds} rounds: two different approvers, their approvals in flight at the same time",
+            observed=f"{two_people} rounds with two approvers; {overlapped} with both approvals in flight together"
+            f" (starts at most {max(starts, default=0):.1f} ms apart)",
+            passed=two_people == rounds and overlapped == rounds,
+        )
+    else:
+        run.check(
+            "two approvers at once in every round",
+            expected=f"{rounds} rounds of two different approvers (at once on PostgreSQL)",
+            observed=f"{two_people} rounds with two approvers, one after the other: SQLite runs one writer at a time",
+            passed=two_people == rounds,
+        )
+
+    # One approval and one refusal per round.
+    refusals = Counter(a.refused for pair in pairs for a in pair if a.refused)
+    one_each = sum(1 for pair in pairs if sorted(bool(a.status) for a in pair) == [False, True] and _one_refusal(pair))
+    run.check(
+        "one approval and one refusal per round",
+        expected=f"{rounds} rounds: one approver's approval taken, the other's refused",
+        observed=f"{one_each} of {rounds} rounds; refusals: "
+        + (", ".join(f"{code} x {n}" for code, n in refusals.items()) or "none"),
+        passed=one_each == rounds,
+    )
+
+    # One execution per round: the request executed once (one claim), the call admitted once more.
+    events = _action_events(ids)
+    statuses = dict(ActionRequest.objects.filter(pk__in=requests.values()).values_list("pk", "status"))
+    replays = Counter(Attempt.objects.filter(call_id__in=ids).values_list("call_id", flat=True))
+    once = [
+        call_id
+        for call_id in ids
+        if statuses.get(requests[call_id]) == ActionStatus.EXECUTED
+        and events[call_id].count("action.approved") == 1
+        and events[call_id].count("action.executing") == 1
+        and replays[call_id] == 2
+    ]
+    odd = [
+        f"call {call_id}: {statuses.get(requests[call_id])}, {events[call_id].count('action.executing')} executing,"
+        f" {replays[call_id]} attempts"
+        for call_id in ids
+        if call_id not in once
+    ]
+    run.check(
+        "one execution per round",
+        expected=f"{rounds} requests EXECUTED, each approved once, one action.executing, one replay attempt",
+        observed=f"{len(once)} of {rounds}" + (f"; {'; '.join(odd[:3])}" if odd else ""),
+        passed=len(once) == rounds,
+    )
+
+    # The provider's side: one replay request per key after the approvals (the first request was the 403).
+    keys = [result.key for result in waiting]
+    posts = Counter(entry["key"] for entry in _posts_since(run, "/refunds") if _at(entry) >= approved_at)
+    run.check(
+        "one replay request per key",
+        expected=f"{rounds} keys: one refund request each after its approval",
+        observed=f"{sum(1 for key in keys if posts.get(key) == 1)} of {rounds} keys with one;"
+        f" {sum(posts.get(key, 0) for key in keys)} requests in all",
+        passed=all(posts.get(key) == 1 for key in keys),
+    )
+
+
+def _one_refusal(pair: list[_Approval]) -> bool:
+    return sum(bool(a.refused) for a in pair) == 1
+
+
+def _task_of(call_id: int) -> int:
+    return Call.objects.values_list("task_id", flat=True).get(pk=call_id)
+
+
+def worker_killed_mid_replay(run: _Run) -> None:
+    """A refund committed with its reply lost while the status API is down: the poll budget sends it to a person.
+    The status API comes back; a reviewer requests a same-key replay, an approver approves it, and an RQ worker
+    executes it while the sandbox holds the replay's reply — and is killed with SIGKILL (its session and its work
+    horse). The request stays EXECUTING until its lease lapses and actions_sweep_interrupted marks it INTERRUPTED
+    (never re-run); the call, left SENT, is swept to UNKNOWN and settled COMMITTED by a receipt."""
+    stage, sandbox, workers = run.stage, run.sandbox, run.stage.workers
+    if workers is None:
+        raise RuntimeError(missing_service(stage, run.drill))
+    people = drill_people()
+    key, arguments = _refund(run, "killed", 1)
+    sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
+    sandbox.fault(route="/refunds/by-key", key=key, kind="status_down", status=503)
+    agent = run.agent()
+    task = agent.start_task(run.key("drill-killed"), goal="refund an order nobody can confirm")
+    result = run.call(agent.run_call(task.id, step=1, tool=stage.tool("refund.create"), key=key, arguments=arguments))
+    if result.outcome != HUMAN_REVIEW:
+        raise RuntimeError(f"the refund ended {result.state} ({result.outcome}), not HUMAN_REVIEW: nothing to replay")
+    sandbox.clear_faults()
+    run.log("  the status API is back; a reviewer requests a same-key replay, an approver approves it")
+    request = _request_replay(result.call_id, people.reviewer, "the provider could not confirm it: replay, same key")
+    sandbox.fault(route="/refunds", key=key, kind="latency", ms=HOLD_REPLY_MS, times=1)
+    approved_at = timezone.now()
+    approver = people.approvers[0]
+    action_approve(request_id=request.pk, user=approver, actor=Actor.for_user(approver), reason="replay it once")
+
+    def in_flight() -> bool:
+        request.refresh_from_db()
+        sent = Call.objects.filter(pk=result.call_id, state=S.SENT).exists()
+        return request.status == ActionStatus.EXECUTING and sent
+
+    if not _wait(in_flight, 30, every_s=0.02):
+        raise RuntimeError(f"the replay was not executing within 30 s: the request is {request.status}")
+    time.sleep(KILL_AFTER_S)  # the request leaves right after the admission: let it reach the sandbox
+    owner = request.execution_owner
+    horse = int(owner.rsplit(":", 2)[1]) if owner.count(":") >= 2 else 0
+    worker = workers.holding(horse)
+    if worker is None:
+        ours = ", ".join(str(child.pid) for child in workers.processes)
+        raise RuntimeError(
+            f"the execution's owner {owner!r} (parent {parent_pid(horse)}) is not one of this stage's RQ workers"
+            f" ({ours})"
+        )
+    workers.kill(worker, horse)
+    killed_at = timezone.now()
+    killed = f"kill -9 of RQ worker {worker.pid} and its work horse {horse}"
+    run.log(f"  {killed} while the sandbox holds the replay's reply")
+    request.refresh_from_db()
+    left = request.status
+    replacement = workers.replace(worker)
+    run.log(f"  a new RQ worker {replacement.pid} takes its place; the request is {left}")
+
+    def settled() -> bool:
+        request.refresh_from_db()
+        state = Call.objects.values_list("state", flat=True).get(pk=result.call_id)
+        return request.status != ActionStatus.EXECUTING and state == S.COMMITTED
+
+    _wait(settled, SETTLE_WAIT_S, every_s=0.25)
+    after_kill = AuditEvent.objects.filter(call_id=result.call_id, created_at__gt=killed_at).order_by("seq")
+    story = [
+        f"{event.action if not event.to_state else f'{event.from_state} → {event.to_state}'}"
+        f" +{(event.created_at - killed_at).total_seconds():.1f} s ({event.actor_label})"
+        for event in after_kill
+    ]
+    run.log(f"  after the kill: {'; '.join(story) or 'nothing'}")
+    agent.submit(task.id, "refund settled after an interrupted replay")
+    # The held reply is written to a dead connection when its latency is over; it is logged then.
+    _wait(lambda: len([p for p in sandbox.requests(key=key, method="POST") if _at(p) >= approved_at]) >= 1, 15)
+
+    posts = [post for post in sandbox.requests(key=key, method="POST") if _at(post) >= approved_at]
+    received = _at(posts[0]) if posts else None
+    held = received is not None and received < killed_at < received + timedelta(milliseconds=HOLD_REPLY_MS)
+    run.check(
+        "the worker was killed while the sandbox held the replay's reply",
+        expected=f"the replay reached the sandbox before the kill, its reply held {HOLD_REPLY_MS} ms past it",
+        observed=f"{killed}, exit {worker.returncode};"
+        + (
+            f" the replay reached the sandbox {(killed_at - received).total_seconds():.2f} s before the kill"
+            f" (answered {posts[0]['status']} {posts[0]['outcome']} to a dead connection)"
+            if received
+            else " the sandbox logged no replay"
+        ),
+        passed=held and worker.returncode == -9,
+    )
+    actions = _action_events([result.call_id])[result.call_id]
+    after = actions[actions.index("action.approved") :] if "action.approved" in actions else actions
+    attempts = Attempt.objects.filter(call_id=result.call_id).count()
+    run.check(
+        "the request was left EXECUTING, then INTERRUPTED, never re-run",
+        expected="EXECUTING after the kill; then INTERRUPTED: approved, executing once, interrupted; 2 attempts",
+        observed=f"{left} after the kill, {request.status} now; events {', '.join(after)}; {attempts} attempts",
+        passed=left == ActionStatus.EXECUTING
+        and request.status == ActionStatus.INTERRUPTED
+        and after == ["action.approved", "action.executing", "action.interrupted"]
+        and attempts == 2,
+    )
+    swept = AuditEvent.objects.filter(
+        call_id=result.call_id, from_state=S.SENT, to_state=S.UNKNOWN, created_at__gt=killed_at
+    ).values_list("actor_label", flat=True)
+    run.check(
+        "the sweeper moved the call SENT → UNKNOWN",
+        expected="SENT → UNKNOWN after the kill, by job:sweeper",
+        observed=", ".join(swept) or "not swept",
+        passed=list(swept) == ["job:sweeper"],
+    )
+    applied = list(Receipt.objects.filter(call_id=result.call_id, applied=True, checked_at__gt=killed_at))
+    run.check(
+        "settled by a receipt",
+        expected="one applied receipt after the kill: committed, UNKNOWN → COMMITTED",
+        observed="; ".join(
+            f"{r.source} receipt: {r.observed}, {r.local_state_before} → {r.local_state_after}" for r in applied
+        )
+        or "no applied receipt",
+        passed=len(applied) == 1
+        and applied[0].observed == "committed"
+        and (applied[0].local_state_before, applied[0].local_state_after) == (S.UNKNOWN, S.COMMITTED),
+    )
+    everything = sandbox.requests(key=key, method="POST")
+    run.check(
+        "one replay request in the sandbox's request log",
+        expected="2 refund requests under the key: the first (reply lost), one replay",
+        observed=f"{len(everything)}: " + ", ".join(f"{p['status']} {p['outcome']}" for p in everything),
+        passed=len(everything) == 2 and len(posts) == 1,
+    )
+
+
 RUNNERS: dict[str, Callable[..., None]] = {
     "refused-before-send": refused_before_send,
     "timeout-after-send": timeout_after_send,
@@ -864,6 +1254,8 @@ RUNNERS: dict[str, Callable[..., None]] = {
     "dependency-5xx": dependency_5xx,
     "status-api-down": status_api_down,
     "queue-backlog": queue_backlog,
+    "worker-killed-mid-replay": worker_killed_mid_replay,
+    "two-approvers": two_approvers,
 }
 assert set(RUNNERS) == set(DRILLS), "every drill of the table has a runner"
 
@@ -871,12 +1263,18 @@ assert set(RUNNERS) == set(DRILLS), "every drill of the table has a runner"
 # The result table -------------------------------------------------------------------------------------------------
 
 
+def _verdict(result: dict) -> str:
+    if result.get("skipped"):
+        return "skipped"
+    return "pass" if result["passed"] else "FAIL"
+
+
 def result_table(results: list[DrillResult] | list[dict]) -> str:
     """drill | expected | observed | result, one line per drill, columns aligned; from results or their stored JSON
     (DrillRun.results)."""
     stored = [r.as_json() if isinstance(r, DrillResult) else r for r in results]
     rows = [("drill", "expected", "observed", "result")]
-    rows += [(r["name"], r["expected"], r["observed"], "pass" if r["passed"] else "FAIL") for r in stored]
+    rows += [(r["name"], r["expected"], r["observed"], _verdict(r)) for r in stored]
     widths = [max(len(row[i]) for row in rows) for i in range(3)]
     lines = []
     for n, row in enumerate(rows):

@@ -10,6 +10,10 @@ Drills get a registry of their own — the shipped sandbox registry with every t
 `drill-sandbox` pointing at the drill's sandbox process, tenant `drills` — with quick reconcile schedules, so they
 never disturb the demo tenant and finish in seconds. The demo (`demo_stage`) plays on the shipped registry itself,
 against the console and sandbox `make run` started.
+
+The drills that need an approved operator action act as drill users of their own (`drill_people`: a reviewer and
+two approvers, created on first use with a random password nobody is told). With REDIS_URL the stage's jobs run in
+`runjobs` processes it can kill and replace (`JobWorkers`), for the drill that kills one mid-replay.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -25,13 +31,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
+from itertools import count
 from pathlib import Path
 from urllib.parse import quote
 
 import requests
+from django.apps import apps as django_apps
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import connection
@@ -40,8 +50,10 @@ from recovery.agent.runtime import Agent, ToolBook
 from recovery.audit import Actor
 from recovery.client import RecoveryClient
 from recovery.registry import load_registry
+from recovery.roles import APPROVER, REVIEWER, sync_roles
 from recovery.sandbox.process import SandboxClient, SandboxProcess
 from recovery.services.tokens import token_create, token_revoke
+from recovery.services.users import user_save_with_roles
 
 SANDBOX_REGISTRY = Path(__file__).resolve().parents[1] / "fixtures" / "registry.example.json"
 # Both sides read these: the sandbox to check requests and sign callbacks, the product (through the registry's
@@ -56,6 +68,14 @@ DRILL_PROVIDER = "drill-sandbox"
 DRILL_PREFIX = "drill."
 # Drills wait for reconciliation: one check a second, three of them, instead of the production schedules.
 DRILL_RECONCILE = {"first_check_s": 1, "backoff": 1, "max_checks": 3, "deadline_s": 600}
+# A drill's refund with no outcome is swept to UNKNOWN after this (the shipped 30 s), and a drill worker's claim on an
+# action's execution lapses after this (the product's 120 s; the service keeps it above the provider's timeouts plus
+# a margin, 14 s on the drill provider): the worker-killed drill waits out both.
+DRILL_OUTCOME_TIMEOUT_S = 10
+DRILL_ACTION_LEASE_S = 10
+# Who acts in the drills that need an approved action: one reviewer and two approvers (four eyes, two at once).
+DRILL_REVIEWER = "drill-reviewer"
+DRILL_APPROVERS = ("drill-approver-1", "drill-approver-2")
 
 
 def sandbox_env_defaults() -> None:
@@ -77,6 +97,7 @@ class Stage:
     prefix: str = ""
     run_id: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     jobs: str = ""  # how background jobs run, for the log
+    workers: JobWorkers | None = None  # the RQ worker processes (REDIS_URL), None for the in-process runner
 
     def tool(self, name: str) -> str:
         """The registered name of one of the shipped sandbox tools on this stage."""
@@ -140,7 +161,11 @@ def drill_registry(sandbox_url: str) -> dict:
     replica["breaker"] = {"min_calls": 1_000_000}
     # The backlog drill loses a thousand refund replies on purpose: refund.create's breaker must not take that as
     # an outage (a lost reply counts as a failure of the tool).
-    by_name[DRILL_PREFIX + "refund.create"]["breaker"] = {"min_calls": 1_000_000}
+    refund = by_name[DRILL_PREFIX + "refund.create"]
+    refund["breaker"] = {"min_calls": 1_000_000}
+    # The worker-killed drill's replay never gets an outcome: the sweeper takes it after this, not after 30 s. Every
+    # other drill reports its refund's outcome within the 2 s read timeout.
+    refund["outcome_timeout_s"] = DRILL_OUTCOME_TIMEOUT_S
     tenant = {"name": DRILL_TENANT, "display_name": "Fault drills", "sandbox": True, "tools": sorted(by_name)}
     return {"tenants": [tenant], "providers": [provider], "tools": tools}
 
@@ -231,10 +256,84 @@ def database_url() -> str:
     return f"sqlite:///{Path(config['NAME']).resolve()}"
 
 
+@dataclass
+class Jobs:
+    description: str  # how background jobs run, for the log
+    workers: JobWorkers | None = None
+
+
+class JobWorkers:
+    """The stage's RQ worker processes (`manage.py runjobs`), each in a session of its own. The worker-killed drill
+    finds the one running its job here (`holding`), kills it with SIGKILL (`kill`) and starts a replacement, as a
+    supervisor would; a job's lease names its work horse's pid, forked from one of these."""
+
+    def __init__(self, *, env: dict[str, str], log_dir: Path) -> None:
+        self.env, self.log_dir = env, log_dir
+        self.processes: list[subprocess.Popen] = []
+        self._numbers = count()
+
+    def start(self) -> subprocess.Popen:
+        with open(self.log_dir / f"runjobs-{os.getpid()}-{next(self._numbers)}.log", "a") as out:
+            child = subprocess.Popen(
+                [sys.executable, str(settings.BASE_DIR / "manage.py"), "runjobs"],
+                cwd=settings.BASE_DIR,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.processes.append(child)
+        return child
+
+    def holding(self, pid: int) -> subprocess.Popen | None:
+        """The worker that is `pid` or whose work horse `pid` is (rq forks one per job), if it is one of ours."""
+        parent = parent_pid(pid)
+        for child in self.processes:
+            if child.poll() is None and child.pid in (pid, parent):
+                return child
+        return None
+
+    def kill(self, worker: subprocess.Popen, horse_pid: int | None = None) -> None:
+        """kill -9 the worker: its session (the worker and its scheduler process), then its work horse, which rq
+        puts in a process group of its own."""
+        with suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        if horse_pid and horse_pid != worker.pid:
+            with suppress(ProcessLookupError):
+                os.killpg(horse_pid, signal.SIGKILL)
+        worker.wait()
+
+    def replace(self, dead: subprocess.Popen) -> subprocess.Popen:
+        if dead in self.processes:
+            self.processes.remove(dead)
+        return self.start()
+
+    def stop(self) -> None:
+        for child in self.processes:
+            if child.poll() is None:
+                child.terminate()
+        for child in self.processes:
+            try:
+                child.wait(30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+
+
+def parent_pid(pid: int) -> int | None:
+    """A live process's parent pid (/proc on Linux, `ps` elsewhere); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        found = subprocess.run(["ps", "-o", "ppid=", "-p", str(pid)], capture_output=True, text=True, check=False)
+        return int(found.stdout) if found.stdout.strip().isdigit() else None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "(comm)": state, then the parent's pid
+
+
 @contextmanager
-def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterator[str]:
+def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterator[Jobs]:
     """Background jobs for the duration: `workers` RQ worker processes (`manage.py runjobs`) with REDIS_URL, the
-    in-process runner without it. Yields a description for the log."""
+    in-process runner without it."""
     if not settings.REDIS_URL:
         from recovery import inprocess
 
@@ -243,39 +342,25 @@ def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterato
         if started:
             runner.start()
         try:
-            yield "in-process jobs (no REDIS_URL)"
+            yield Jobs("in-process jobs (no REDIS_URL)")
         finally:
             if started:
                 runner.stop()
         return
     env = {**os.environ, "DATABASE_URL": database_url(), "REDIS_URL": settings.REDIS_URL, "PYTHONUNBUFFERED": "1"}
-    # These workers serve a drill, whose registry checks every second: look for due checks every second too.
+    # These workers serve a drill, whose registry checks every second: look for due checks (and silent SENT calls,
+    # and executions whose worker died) every second too, and let a dead worker's execution lease lapse quickly.
     env["RECOVERY_RECONCILE_EVERY_S"] = "1"
-    log_dir = log_dir or Path(tempfile.gettempdir())
-    children = []
+    env["RECOVERY_SWEEP_EVERY_S"] = "1"
+    env["RECOVERY_ACTIONS_EVERY_S"] = "1"
+    env["RECOVERY_ACTION_LEASE_S"] = str(DRILL_ACTION_LEASE_S)
+    pool = JobWorkers(env=env, log_dir=log_dir or Path(tempfile.gettempdir()))
     try:
-        for n in range(workers):
-            with open(log_dir / f"runjobs-{os.getpid()}-{n}.log", "a") as out:
-                children.append(
-                    subprocess.Popen(
-                        [sys.executable, str(settings.BASE_DIR / "manage.py"), "runjobs"],
-                        cwd=settings.BASE_DIR,
-                        env=env,
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
-        yield f"{workers} RQ worker process(es) (manage.py runjobs)"
+        for _ in range(workers):
+            pool.start()
+        yield Jobs(f"{workers} RQ worker process(es) (manage.py runjobs)", pool)
     finally:
-        for child in children:
-            child.terminate()
-        for child in children:
-            try:
-                child.wait(30)
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+        pool.stop()
 
 
 @contextmanager
@@ -311,7 +396,7 @@ def drill_stage(
         name = f"drill-{run_id}"
         _, token = token_create(name=name, tenants=[DRILL_TENANT], actor=Actor.system("drill"))
         stack.callback(lambda: token_revoke(name=name, actor=Actor.system("drill")))
-        description = stack.enter_context(background_jobs(workers=workers, log_dir=tmp)) if jobs else "no jobs"
+        running = stack.enter_context(background_jobs(workers=workers, log_dir=tmp)) if jobs else Jobs("no jobs")
         yield Stage(
             api_url=api_url,
             token=token,
@@ -320,7 +405,8 @@ def drill_stage(
             registry=registry,
             prefix=DRILL_PREFIX,
             run_id=run_id,
-            jobs=description,
+            jobs=running.description,
+            workers=running.workers,
         )
 
 
@@ -330,3 +416,30 @@ def demo_stage(api_url: str, token: str) -> Stage:
     registry = shipped_registry()
     sandbox = SandboxClient(registry["providers"][0]["base_url"], api_key=os.environ["SANDBOX_API_KEY"])
     return Stage(api_url=api_url, token=token, tenant=DEMO_TENANT, sandbox=sandbox, registry=registry)
+
+
+# The drill's people -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class People:
+    reviewer: object  # a User: previews and requests
+    approvers: tuple  # two Users with the approver role: decide, two at once
+
+
+def drill_people() -> People:
+    """The drill reviewer and its two approvers, created with a random password nobody is told when missing (each
+    creation an audit event); the role groups are made again first if a test's flush removed them."""
+    if Group.objects.filter(name__in=(REVIEWER, APPROVER)).count() < 2:
+        sync_roles(django_apps)
+    wanted = {DRILL_REVIEWER: REVIEWER, **dict.fromkeys(DRILL_APPROVERS, APPROVER)}
+    users = {}
+    User = get_user_model()
+    for username, role in wanted.items():
+        user = User.objects.filter(username=username, groups__name=role).first()
+        if user is None:
+            user, _ = user_save_with_roles(
+                username=username, roles=[role], password=secrets.token_urlsafe(24), actor=Actor.system("drill")
+            )
+        users[username] = user
+    return People(reviewer=users[DRILL_REVIEWER], approvers=tuple(users[name] for name in DRILL_APPROVERS))

@@ -5,8 +5,10 @@ READY, as the audit trail records them — how many business effects the sandbox
 and the extra checks its runner must report. A drill passes only when every key's observed effects and every call's
 end equal these, and every check named here was made and held (recovery/drills/runner.py compares).
 
-The drills of §18 that need an approval (a worker killed mid-replay, two approvers, a provider ignoring keys) are
-listed in NOT_HERE: they are not run by `manage.py drill`.
+The two drills of §18 that need an approved operator action play it through the action services (preview, request,
+approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
+kill (`needs`), and is skipped with the reason without REDIS_URL. The duplicate probe ("provider ignores keys") is
+listed in NOT_HERE: it is not run by `manage.py drill`.
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class Drill:
     ends: tuple[End, ...]  # how each call may end (any one of them)
     effects: int  # business effects per key in the sandbox ledger
     checks: tuple[str, ...]  # the extra checks the runner must report, all holding
+    needs: str = ""  # a service the drill cannot run without ("redis"): skipped with the reason when it is missing
 
     def describe_end(self) -> str:
         return " | ".join(end.describe() for end in self.ends)
@@ -161,13 +164,51 @@ DRILLS: dict[str, Drill] = {
                 "no call checked by two workers at once",
             ),
         ),
+        Drill(
+            slug="worker-killed-mid-replay",
+            name="worker killed mid-replay",
+            injected=(
+                "kill -9 of the RQ worker executing an approved same-key replay while the sandbox holds the replay's "
+                "reply"
+            ),
+            expected_end="call swept to UNKNOWN → COMMITTED by a receipt; never replayed twice",
+            # Reconciliation could not settle it (status API down, poll budget), a person replayed it, the worker
+            # died with the reply held: the sweeper makes it UNKNOWN and a receipt settles it.
+            ends=(
+                End(
+                    path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW, S.SENT, S.UNKNOWN, S.COMMITTED),
+                ),
+            ),
+            effects=1,
+            checks=(
+                "the worker was killed while the sandbox held the replay's reply",
+                "the request was left EXECUTING, then INTERRUPTED, never re-run",
+                "the sweeper moved the call SENT → UNKNOWN",
+                "settled by a receipt",
+                "one replay request in the sandbox's request log",
+            ),
+            needs="redis",
+        ),
+        Drill(
+            slug="two-approvers",
+            name="two approvers",
+            injected="50 rounds of two approvals at once (two approvers, a barrier) of one same-key replay each",
+            expected_end="one execution per round",
+            # Each refund is refused 403 `needs_approval` (nothing executed: HUMAN_REVIEW), then replayed once.
+            ends=(End(path=(S.SENT, S.HUMAN_REVIEW, S.SENT, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "two approvers at once in every round",
+                "one approval and one refusal per round",
+                "one execution per round",
+                "one replay request per key",
+            ),
+        ),
     )
 }
 
-# The other rows of SPEC §18: each needs an approval (or a killed worker) that this command does not give.
+# The other row of SPEC §18: it needs an approved duplicate probe, an action this release does not have.
 NOT_HERE: dict[str, str] = {
-    "worker killed mid-replay": "needs an approved same-key replay",
-    "two approvers": "needs two approvers acting at once",
     "provider ignores keys": "needs an approved duplicate probe",
 }
 

@@ -3,6 +3,7 @@
     python manage.py drill                                  # every drill; the backlog makes 1,000 refunds
     python manage.py drill timeout-after-send "rate limit"  # by slug or by the SPEC's name
     python manage.py drill queue-backlog --backlog 200 --workers 2
+    python manage.py drill two-approvers --rounds 10
     python manage.py drill --list
 
 It starts what the drills need and stops it afterwards: the API on a free port (served from this process, on this
@@ -11,10 +12,15 @@ another free port, and background jobs (`--workers` RQ worker processes with RED
 without). The drills run one after another through the demo agent; each
 prints its log, then a result table is printed, the run is stored as a DrillRun (read-only in /admin/), and the
 command exits non-zero when any drill did not end exactly as the table in recovery/drills/table.py pins.
+
+A drill that needs a service this run does not have (the worker-killed drill kills RQ worker processes: REDIS_URL)
+is skipped with the reason, in the table and in the stored run ("not run" on its console page); with
+REQUIRE_SERVICES=1 a skip fails the run, as it fails the test suite.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 from django.conf import settings
@@ -22,10 +28,12 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from recovery.drills.runner import BACKLOG_DEFAULT, DrillResult, result_table, run_drill
+from recovery.drills.runner import BACKLOG_DEFAULT, ROUNDS_DEFAULT, DrillResult, result_table, run_drill
 from recovery.drills.stage import drill_stage
 from recovery.drills.table import DRILLS, NOT_HERE, find
 from recovery.models import DrillRun
+
+REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
 
 
 class Command(BaseCommand):
@@ -42,6 +50,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--backlog", type=int, default=BACKLOG_DEFAULT, help="refunds the queue-backlog drill makes (1000)"
         )
+        parser.add_argument("--rounds", type=int, default=ROUNDS_DEFAULT, help="rounds of the two-approvers drill (50)")
         parser.add_argument(
             "--workers", type=int, default=None, help="RQ worker processes with REDIS_URL (default 2; 1 in-process)"
         )
@@ -53,7 +62,15 @@ class Command(BaseCommand):
         )
 
     def handle(
-        self, *args, names: list[str], list_only: bool, backlog: int, workers: int | None, api_workers: int, **options
+        self,
+        *args,
+        names: list[str],
+        list_only: bool,
+        backlog: int,
+        rounds: int,
+        workers: int | None,
+        api_workers: int,
+        **options,
     ):
         if list_only:
             self._list()
@@ -64,6 +81,8 @@ class Command(BaseCommand):
             raise CommandError(exc.args[0]) from None
         if backlog < 1:
             raise CommandError("--backlog must be at least 1")
+        if rounds < 1:
+            raise CommandError("--rounds must be at least 1")
         if workers is not None and workers < 1:
             raise CommandError("--workers must be at least 1")
         if api_workers < 0:
@@ -80,6 +99,7 @@ class Command(BaseCommand):
             drills=[DRILLS[slug].name for slug in slugs],
             options={
                 "backlog": backlog,
+                "rounds": rounds,
                 "workers": workers,
                 "api_workers": api_workers,
                 "database": connection.vendor,
@@ -96,7 +116,7 @@ class Command(BaseCommand):
                     f" database {connection.vendor}; keys end in -{stage.run_id}"
                 )
                 for slug in slugs:
-                    results.append(run_drill(stage, slug, log=log, backlog=backlog))
+                    results.append(run_drill(stage, slug, log=log, backlog=backlog, rounds=rounds))
         except KeyboardInterrupt:
             failure = "interrupted"
         except Exception as exc:  # the stage could not start (or stop): stored with the run, then reported
@@ -106,19 +126,27 @@ class Command(BaseCommand):
                 log(f"the run stopped: {failure}")
             log("")
             log(result_table(results))
-            passed = not failure and len(results) == len(slugs) and all(result.passed for result in results)
+            skipped = {result.name: result.skipped for result in results if result.skipped}
+            if skipped and REQUIRE_SERVICES:
+                failure = failure or f"REQUIRE_SERVICES=1 but {'; '.join(skipped.values())}"
+            ran = [result for result in results if not result.skipped]
+            passed = not failure and len(results) == len(slugs) and all(result.passed for result in ran)
             run.finished_at = timezone.now()
             run.passed = passed
-            run.results = [result.as_json() for result in results]
+            # A skipped drill is not a result: the console shows it as not run; why is in the options and the log.
+            run.results = [result.as_json() for result in ran]
+            if skipped:
+                run.options = {**run.options, "skipped": skipped}
             run.log = DrillRun.cut_log("\n".join(lines))
-            run.save(update_fields=["finished_at", "passed", "results", "log"])
+            run.save(update_fields=["finished_at", "passed", "results", "log", "options"])
         good = sum(result.passed for result in results)
         summary = (
-            f"{good} of {len(slugs)} drills passed in {time.monotonic() - began:.0f} s;"
-            f" stored as drill run {run.pk} (/operations/drills/{run.pk}/ in the console)"
+            f"{good} of {len(slugs)} drills passed in {time.monotonic() - began:.0f} s"
+            + (f", {len(skipped)} skipped ({'; '.join(skipped)})" if skipped else "")
+            + f"; stored as drill run {run.pk} (/operations/drills/{run.pk}/ in the console)"
         )
         if not passed:
-            failed = [result.name for result in results if not result.passed]
+            failed = [result.name for result in ran if not result.passed]
             raise CommandError(f"{summary}; failed: {', '.join(failed) or failure}")
         self.stdout.write(self.style.SUCCESS(summary))
 
@@ -127,5 +155,7 @@ class Command(BaseCommand):
             self.stdout.write(f"{drill.slug:<20} {drill.name}: {drill.injected}")
             self.stdout.write(f"{'':<20} expected: {drill.expected_end}")
             self.stdout.write(f"{'':<20} each call: {drill.describe_end()}; {drill.effects} effect(s) per key")
+            if drill.needs:
+                self.stdout.write(f"{'':<20} needs: {drill.needs.upper()}_URL (skipped with the reason without it)")
         for name, why in NOT_HERE.items():
             self.stdout.write(f"{'(not run here)':<20} {name}: {why}")
