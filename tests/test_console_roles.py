@@ -7,6 +7,7 @@ tests/test_console_queues.py covers the queues' behaviour; this file is the acce
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from urllib.parse import quote
 
@@ -15,7 +16,7 @@ from django.test import Client
 from django.utils import timezone
 
 from recovery.engine.canonical import canonical_json
-from recovery.models import AuditEvent, Call, DrillRun, Step, Task
+from recovery.models import ActionRequest, ActionStatus, AuditEvent, Call, DrillRun, Step, Task
 from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from tests.console import NO_ROLE, PASSWORD, SIGNED_OUT, signed_in, statements
 
@@ -61,6 +62,22 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("GET", "/operations/drills/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/operations/drills/{run}/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/operations/drills/999999999/", {**EVERY_ROLE, "*": 404}),
+    # Operator actions: reviewers preview (a dry run, then its page) and request; approvers decide; every role reads.
+    ("POST", "/calls/{call}/actions/escalate/preview/", {**EVERY_ROLE, REVIEWER: "->/actions/N/", "*": 403}),
+    ("POST", "/calls/{call}/actions/no-such-action/preview/", {**EVERY_ROLE, REVIEWER: 404, "*": 403}),
+    ("POST", "/calls/999999999/actions/escalate/preview/", {**EVERY_ROLE, REVIEWER: 404, "*": 403}),
+    ("GET", "/calls/{call}/actions/escalate/preview/", {"*": 405}),  # a dry run is still a POST: it is recorded
+    ("GET", "/actions/{request}/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/actions/999999999/", {**EVERY_ROLE, "*": 404}),
+    ("POST", "/actions/{request}/", {"*": 405}),
+    ("POST", "/actions/{request}/request/", {**EVERY_ROLE, REVIEWER: 400, "*": 403}),  # no reason: a field error
+    ("POST", "/actions/{request}/approve/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    ("POST", "/actions/{request}/reject/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    ("POST", "/actions/999999999/approve/", {**EVERY_ROLE, APPROVER: 404, "*": 403}),
+    ("GET", "/actions/{request}/request/", {"*": 405}),
+    ("GET", "/actions/{request}/approve/", {"*": 405}),
+    ("GET", "/actions/{request}/reject/", {"*": 405}),
+    ("GET", "/approvals/", {**EVERY_ROLE, APPROVER: 200, "*": 403}),
     ("GET", "/sign-in/", {SIGNED_OUT: 200, "*": "->/"}),  # a signed-in user is sent on
     ("GET", "/sign-out/", {"*": 405}),  # signing out is a POST (a link or an image cannot sign anyone out)
     ("POST", "/sign-out/", {"*": "->/sign-in/"}),
@@ -85,6 +102,8 @@ def _answer(response, path: str) -> object:
         return "sign-in"
     if location.startswith("/admin/login/?next="):
         return "admin-login"
+    if re.fullmatch(r"/actions/\d+/", location):
+        return "->/actions/N/"  # a new action request's page: its id is not known in advance
     return f"->{location}"
 
 
@@ -92,22 +111,41 @@ def _answer(response, path: str) -> object:
 def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     call = make_call("UNKNOWN")
     run = DrillRun.objects.create(drills=["timeout_after_send"])
+    pending = _pending_request(call, people["reviewer2"])
     wrong = []
     for method, template, row in MATRIX:
-        path = template.format(call=call.pk, task=call.task_id, run=run.pk)
+        path = template.format(call=call.pk, task=call.task_id, run=run.pk, request=pending.pk)
         client = signed_in(people, who)  # a fresh session each time: signing out must not leak into the next row
         response = client.get(path) if method == "GET" else client.post(path, {})
         got, want = _answer(response, path), _expected(row, who)
+        if got == 200 and response.get("Content-Type", "").startswith("text/html"):
+            # A template comment or tag spread over lines is printed as text: none may reach a page.
+            leaked = [mark for mark in (b"{#", b"#}", b"{%", b"%}") if mark in response.content]
+            if leaked:
+                wrong.append(f"{method} {path}: template syntax shown on the page: {leaked}")
         if got != want:
             wrong.append(f"{method} {path}: got {got!r}, want {want!r}")
     assert not wrong, f"{who}:\n  " + "\n  ".join(wrong)
     # A refused claim writes nothing: only the reviewer's claim (and release) reached the audit trail.
     actions = list(AuditEvent.objects.filter(call_id=call.pk).order_by("seq").values_list("action", flat=True))
-    expected = ["call.claimed", "call.released"] if who == REVIEWER else []
+    expected = ["call.claimed", "call.released", "action.previewed"] if who == REVIEWER else []
     assert actions == expected, who
+    # Nobody's POST moved the pending request (each was refused, or its form was, before any service ran).
+    pending.refresh_from_db()
+    assert (pending.status, pending.decided_by_id, pending.reason) == (ActionStatus.REQUESTED, None, "seen"), who
     # Only an admin's chain verification reached the trail besides (as a system event).
     verified = AuditEvent.objects.filter(action="audit.verified").count()
     assert verified == (1 if who == ADMIN else 0), who
+
+
+def _pending_request(call: Call, requester) -> ActionRequest:
+    """A requested action waiting for an approver, as a plain row (the matrix tests who may post, not the plan)."""
+    now = timezone.now()
+    return ActionRequest.objects.create(
+        call=call, action="escalate", status=ActionStatus.REQUESTED, plan={"action": "escalate", "checks": []},
+        plan_hash="0" * 64, call_version=call.version, previewed_by=requester, requested_by=requester,
+        requested_at=now, reason="seen", expires_at=now + timedelta(hours=1),
+    )  # fmt: skip
 
 
 def test_the_matrix_covers_every_console_url():
@@ -119,6 +157,7 @@ def test_the_matrix_covers_every_console_url():
         route = str(pattern.pattern)
         sample = "/" + route.replace("<slug:slug>", "unknown").replace("<int:call_id>", "{call}")
         sample = sample.replace("<int:task_id>", "{task}").replace("<int:run_id>", "{run}")
+        sample = sample.replace("<int:request_id>", "{request}").replace("<slug:action>", "escalate")
         assert sample in covered or sample.replace("unknown", "no-such-queue") in covered, route
     assert {"/sign-in/", "/sign-out/", "/admin/", "/api/v1/tasks"} <= covered
 
