@@ -265,34 +265,32 @@ def _after_request(done) -> str:
 @login_required
 @permission_required(APPROVE, raise_exception=True)
 def approve(request: HttpRequest, request_id: int) -> HttpResponse:
-    form = ReasonForm(request.POST, prefix="approve")
-    if not form.is_valid():
-        return _render(request, request_id, status=400, approve_form=form)
-    try:
-        done = action_approve(
-            request_id=request_id,
-            user=request.user,
-            actor=Actor.for_user(request.user),
-            reason=form.cleaned_data["reason"],
-        )
-    except ActionRefused as refused:
-        error = _place(form, refused)
-        return _render(request, request_id, status=_status(refused), approve_form=form, error=error)
-    except ActionRequest.DoesNotExist:
-        raise Http404("No such action request.") from None
-    messages.success(request, f"Approved: a worker executes it once ({done.status} now).")
-    return redirect("console:action", done.pk)
+    return _decide(
+        request, request_id, "approve", action_approve, "Approved: a worker executes it once ({status} now)."
+    )
 
 
 @require_POST
 @login_required
 @permission_required(APPROVE, raise_exception=True)
 def reject(request: HttpRequest, request_id: int) -> HttpResponse:
-    form = ReasonForm(request.POST, prefix="reject")
+    return _decide(
+        request,
+        request_id,
+        "reject",
+        action_reject,
+        "Rejected: nothing will run. The reviewer sees your reason on this page.",
+    )
+
+
+def _decide(request: HttpRequest, request_id: int, verb: str, service, done: str) -> HttpResponse:
+    """Approve or reject with a reason: the service decides (four eyes, stale, expired); its refusal is shown on the
+    request's page next to the form it came from, and nothing changed."""
+    form = ReasonForm(request.POST, prefix=verb)
     if not form.is_valid():
-        return _render(request, request_id, status=400, reject_form=form)
+        return _render(request, request_id, status=400, **{f"{verb}_form": form})
     try:
-        done = action_reject(
+        decided = service(
             request_id=request_id,
             user=request.user,
             actor=Actor.for_user(request.user),
@@ -300,11 +298,11 @@ def reject(request: HttpRequest, request_id: int) -> HttpResponse:
         )
     except ActionRefused as refused:
         error = _place(form, refused)
-        return _render(request, request_id, status=_status(refused), reject_form=form, error=error)
+        return _render(request, request_id, status=_status(refused), error=error, **{f"{verb}_form": form})
     except ActionRequest.DoesNotExist:
         raise Http404("No such action request.") from None
-    messages.success(request, "Rejected: nothing will run. The reviewer sees your reason on this page.")
-    return redirect("console:action", done.pk)
+    messages.success(request, done.format(status=decided.status))
+    return redirect("console:action", decided.pk)
 
 
 # --- the approvers' queue -------------------------------------------------------------------------------------------

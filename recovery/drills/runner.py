@@ -479,17 +479,7 @@ def timeout_after_send(run: _Run) -> None:
     agent.submit(task.id, f"refund {result.state}")
 
     applied = list(Receipt.objects.filter(call_id=result.call_id, applied=True).order_by("id"))
-    run.check(
-        "settled by a receipt",
-        expected="one applied receipt: committed, UNKNOWN → COMMITTED",
-        observed="; ".join(
-            f"{r.source} receipt: {r.observed}, {r.local_state_before} → {r.local_state_after}" for r in applied
-        )
-        or "no applied receipt",
-        passed=len(applied) == 1
-        and applied[0].observed == "committed"
-        and (applied[0].local_state_before, applied[0].local_state_after) == (S.UNKNOWN, S.COMMITTED),
-    )
+    _check_settled_by_one_receipt(run, applied, "one applied receipt: committed, UNKNOWN → COMMITTED")
     _one_request(run, key)
 
 
@@ -1225,17 +1215,7 @@ def worker_killed_mid_replay(run: _Run) -> None:
         passed=list(swept) == ["job:sweeper"],
     )
     applied = list(Receipt.objects.filter(call_id=result.call_id, applied=True, checked_at__gt=killed_at))
-    run.check(
-        "settled by a receipt",
-        expected="one applied receipt after the kill: committed, UNKNOWN → COMMITTED",
-        observed="; ".join(
-            f"{r.source} receipt: {r.observed}, {r.local_state_before} → {r.local_state_after}" for r in applied
-        )
-        or "no applied receipt",
-        passed=len(applied) == 1
-        and applied[0].observed == "committed"
-        and (applied[0].local_state_before, applied[0].local_state_after) == (S.UNKNOWN, S.COMMITTED),
-    )
+    _check_settled_by_one_receipt(run, applied, "one applied receipt after the kill: committed, UNKNOWN → COMMITTED")
     everything = sandbox.requests(key=key, method="POST")
     run.check(
         "one replay request in the sandbox's request log",
@@ -1282,3 +1262,18 @@ def result_table(results: list[DrillResult] | list[dict]) -> str:
         if n == 0:
             lines.append("-+-".join("-" * width for width in [*widths, len("result")]))
     return "\n".join(lines)
+
+
+def _check_settled_by_one_receipt(run, applied: list, expected: str) -> None:
+    """The call left UNKNOWN on exactly one applied receipt, which observed the refund committed."""
+    run.check(
+        "settled by a receipt",
+        expected=expected,
+        observed="; ".join(
+            f"{r.source} receipt: {r.observed}, {r.local_state_before} → {r.local_state_after}" for r in applied
+        )
+        or "no applied receipt",
+        passed=len(applied) == 1
+        and applied[0].observed == "committed"
+        and (applied[0].local_state_before, applied[0].local_state_after) == (S.UNKNOWN, S.COMMITTED),
+    )
