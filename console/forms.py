@@ -12,7 +12,7 @@ from django.utils import timezone
 from django.utils.html import format_html_join
 
 from console.models import SignInFailure
-from recovery.models import Risk, Tenant, Tool
+from recovery.models import Risk
 from recovery.selectors.queues import AGES, Queue, QueueFilters
 
 AGE_CHOICES = [
@@ -98,13 +98,6 @@ class QueueFilterForm(forms.Form):
             newest_first=data.get("sort") == "newest",
             after=data.get("after"),
         )
-
-
-def filter_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
-    """The tools and tenants to filter by: two small statements."""
-    tools = list(Tool.objects.order_by("name").values_list("id", "name"))
-    tenants = list(Tenant.objects.order_by("name").values_list("id", "name"))
-    return tools, tenants
 
 
 def cursor_param(cursor: tuple[datetime, int]) -> str:

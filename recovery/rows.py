@@ -74,6 +74,34 @@ def convert(model: type[Model], names: Sequence[str], values: Sequence, using: s
     return out
 
 
+@cache
+def _reader(model: type[Model], names: tuple[str, ...], vendor: str, using: str) -> tuple[tuple[int, Any, list], ...]:
+    """(position, column, converters) of the fields among `names` that have from-db converters on this backend."""
+    connection = connections[using]
+    out = []
+    for position, name in enumerate(names):
+        col = model._meta.get_field(name).get_col(model._meta.db_table)
+        if functions := connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+            out.append((position, col, functions))
+    return tuple(out)
+
+
+def read(model: type[Model], names: tuple[str, ...], rows: Iterable[Sequence], using: str = "default") -> list[list]:
+    """Rows of raw SQL whose leading columns are the fields `names` of `model`, as lists, those fields' values
+    converted as the ORM converts them (nothing to do on PostgreSQL for plain columns; SQLite's timestamps parsed);
+    any columns after them are left as read."""
+    connection = connections[using]
+    converting = _reader(model, names, connection.vendor, using)
+    out = []
+    for row in rows:
+        values = list(row)
+        for position, col, functions in converting:
+            for convert in functions:
+                values[position] = convert(values[position], col, connection)
+        out.append(values)
+    return out
+
+
 def fetch(model: type[M], sql: str, params: Iterable = (), using: str = "default") -> list[M]:
     """Instances of `model` from a SELECT whose columns are select_list(model, alias)."""
     with connections[using].cursor() as cursor:

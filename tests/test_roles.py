@@ -179,3 +179,44 @@ def test_it_records_the_new_user_in_the_system_audit_chain(db, monkeypatch):
     assert event.evidence == {"username": "ann", "roles": ["approver", "viewer"]}
     assert PASSWORD not in str(event.evidence) + event.reason
     assert verify_chain("system").ok
+
+
+def test_the_console_backend_answers_as_djangos_model_backend_in_one_statement(db):
+    """console.backends.RoleBackend reads a user's own and role permissions together; every question gets
+    ModelBackend's answer: per role, for roles added up, with a permission granted to the user directly, for a
+    superuser and for an inactive user."""
+    from django.contrib.auth.backends import ModelBackend
+    from django.contrib.auth.models import Permission
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from console.backends import RoleBackend
+
+    users = [_user_with(role) for role in ROLES] + [_user_with(REVIEWER, APPROVER)]
+    direct = _user_with(VIEWER, username="direct")
+    direct.user_permissions.add(Permission.objects.get(codename="review_call"))
+    users += [
+        direct,
+        User.objects.create_superuser("root", password=PASSWORD),
+        User.objects.create_user("gone", password=PASSWORD, is_active=False),
+    ]
+    inactive = users[-1]
+    inactive.groups.add(Group.objects.get(name=ADMIN))
+    for user in users:
+        ours, theirs = User.objects.get(pk=user.pk), User.objects.get(pk=user.pk)
+        with CaptureQueriesContext(connection) as read:
+            answers = [
+                RoleBackend().get_all_permissions(ours),
+                RoleBackend().get_user_permissions(ours),
+                RoleBackend().get_group_permissions(ours),
+                RoleBackend().has_perm(ours, "recovery.review_call"),
+            ]
+        assert answers == [
+            ModelBackend().get_all_permissions(theirs),
+            ModelBackend().get_user_permissions(theirs),
+            ModelBackend().get_group_permissions(theirs),
+            ModelBackend().has_perm(theirs, "recovery.review_call"),
+        ], user.username
+        assert len(read) <= (1 if not user.is_superuser else 2), user.username
+    assert RoleBackend().get_user_permissions(User.objects.get(pk=direct.pk)) == {"recovery.review_call"}
+    assert RoleBackend().has_perm(User.objects.get(pk=direct.pk), "recovery.review_call")

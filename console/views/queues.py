@@ -16,10 +16,10 @@ from django.utils import timezone
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from console.forms import QueueFilterForm, cursor_param, filter_options
+from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
 from recovery.audit import Actor
-from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_page
+from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_options, queue_page
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 
 REFRESH_S = 5
@@ -39,7 +39,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     current = QUEUES.get(slug)
     if current is None:
         raise Http404("No such queue.")
-    tools, tenants = filter_options()
+    tools, tenants = queue_options()
     form = QueueFilterForm(request.GET, queue=current, tools=tools, tenants=tenants)
     now = timezone.now()
     if form.is_valid():
@@ -57,7 +57,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     first_query.pop("after", None)
     rows = page.rows if page else []
     can_review = request.user.has_perm(REVIEW)
-    _decorate(rows, now, request.user, can_review)
+    _decorate(rows, now, request.user, can_review, tools=dict(tools), tenants=dict(tenants))
     context = {
         "queue": current,
         "queues": QUEUES,
@@ -106,16 +106,18 @@ def release(request: HttpRequest, call_id: int) -> HttpResponse:
     return _after_claim(request, call_id, f"You do not hold call {call_id}.", error=True)
 
 
-def _decorate(rows: list, now, user, can_review: bool) -> None:
+def _decorate(rows: list, now, user, can_review: bool, *, tools: dict[int, str], tenants: dict[int, str]) -> None:
     """What each row's cells show, computed once in Python rather than by template tags per cell (the queue page
-    renders 50 rows every 5 s for every reviewer): its link, its age, its last receipt's age, whether it is held,
-    and the claim button the user gets (claim if free, release if theirs, none if a colleague holds it)."""
+    renders 50 rows every 5 s for every reviewer): its link, its tool's and tenant's names, its age, its last
+    receipt's age, whether it is held, and the claim button the user gets (claim if free, release if theirs, none if
+    a colleague holds it)."""
     open_url, claim_url, release_url = (
         url_pattern(name) for name in ("console:call", "console:claim", "console:release")
     )
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
+        row["tool_name"], row["tenant_name"] = tools.get(row["tool_id"], ""), tenants.get(row["tenant_id"], "")
         row["age"] = age_text(now - row["state_changed_at"])
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
@@ -135,8 +137,8 @@ def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: boo
         row = call_row(call_id)
         if row is None:
             raise Http404("No such call.")
-        now = timezone.now()
-        _decorate([row], now, request.user, True)
+        tools, tenants = queue_options()
+        _decorate([row], timezone.now(), request.user, True, tools=dict(tools), tenants=dict(tenants))
         context = {"row": row, "notice": message, "notice_error": error}
         return render(request, "console/queue.html#row", context, status=409 if error else 200)
     (messages.error if error else messages.success)(request, message)
