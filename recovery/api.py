@@ -26,6 +26,7 @@ from recovery.models import Attempt, Call, Task, Tenant
 from recovery.registry import with_alternates
 from recovery.selectors.tasks_calls import call_detail, call_in_tenants, task_summary
 from recovery.services import callbacks, ingest, tasks
+from recovery.services.context import ACTION_ATTEMPT_PREFIX
 from recovery.services.ingest import ServiceError, allowed_tools, field_errors_json
 from recovery.services.tokens import token_authenticate
 from recovery.states import RECONCILABLE
@@ -44,7 +45,21 @@ def _text(value: str) -> str:
 
 # A query or path parameter: the body schemas below check theirs in Strict.
 Text = Annotated[str, AfterValidator(_text)]
-AttemptId = Annotated[str, Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$")]
+
+
+def _not_an_operator_replay(value: str) -> str:
+    """An operator's approved replay names its attempt after its action request ("action-<id>"), and that name is
+    what its approval admits: an agent's attempt may not take it, or guessing it would spend the approval."""
+    if value.lower().startswith(ACTION_ATTEMPT_PREFIX):
+        raise ValueError(
+            f"an attempt id not starting with {ACTION_ATTEMPT_PREFIX!r} (reserved for replays operators approved)"
+        )
+    return value
+
+
+AttemptId = Annotated[
+    str, Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$"), AfterValidator(_not_an_operator_replay)
+]
 
 
 class Strict(Schema):

@@ -566,3 +566,22 @@ def test_an_outcome_whose_error_says_nothing_is_refused(setup, client):
     assert _stored() == before
     assert Call.objects.get(pk=sent.call_id).state == "SENT"
     assert client.report(sent.call_id, "a1", {"error": {"kind": "read_timeout"}}).call_state == "RETRYABLE"
+
+
+def test_an_agent_may_not_take_an_attempt_id_reserved_for_operator_replays(setup, client):
+    """An approved replay's attempt is `action-<request id>`, and its approval admits that attempt id: an agent
+    guessing it would spend the approval (and send a second request for the call). The API refuses the prefix with a
+    field error, on admission and on an outcome, and stores nothing."""
+    _task, ready, sent = _fuzz_objects(client)
+    before = _stored()
+    for attempt_id in ("action-1", "ACTION-1", "action-"):
+        error = _refused(
+            _send(setup, "POST", f"/calls/{ready.call_id}/attempts", {"attempt_id": attempt_id}), "attempt_id"
+        )
+        assert "reserved for replays operators approved" in error["expected"]
+    _refused(
+        _send(setup, "POST", f"/calls/{sent.call_id}/attempts/action-1/outcome", SENT | {"http_status": 200}),
+        "attempt_id",
+    )
+    assert _stored() == before
+    assert client.admit(ready.call_id, "reaction-1").call_state == "SENT"  # the prefix only
