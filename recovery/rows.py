@@ -39,39 +39,25 @@ def select_list(model: type[Model], alias: str) -> str:
 
 
 @cache
-def _converters(model: type[Model], vendor: str, using: str) -> tuple[tuple[Any, list], ...]:
-    """Per field: (its column expression, the backend's and the field's from-db converters), as SQLCompiler has."""
-    connection = connections[using]
-    out = []
-    for field in _fields(model):
-        col = field.get_col(model._meta.db_table)
-        out.append((col, connection.ops.get_db_converters(col) + col.get_db_converters(connection)))
-    return tuple(out)
+def _names(model: type[Model]) -> tuple[tuple[str, ...], list[str]]:
+    """The concrete fields' names and attribute names, in select_list's order."""
+    return tuple(field.name for field in _fields(model)), [field.attname for field in _fields(model)]
 
 
 def load(model: type[M], row: Sequence, offset: int = 0, using: str = "default") -> tuple[M, int]:
     """An instance from `row[offset:]` (columns in select_list's order), and the offset after its columns."""
-    connection = connections[using]
-    converters = _converters(model, connection.vendor, using)
-    values = list(row[offset : offset + len(converters)])
-    for index, (col, functions) in enumerate(converters):
-        for convert in functions:
-            values[index] = convert(values[index], col, connection)
-    names = [field.attname for field in _fields(model)]
-    return model.from_db(using, names, values), offset + len(converters)
+    names, attnames = _names(model)
+    end = offset + len(names)
+    (values,) = read(model, names, [row[offset:end]], using)
+    return model.from_db(using, attnames, values), end
 
 
 def convert(model: type[Model], names: Sequence[str], values: Sequence, using: str = "default") -> list:
     """Values of the fields `names` as read by raw SQL, converted as the ORM converts them (JSON decoded, SQLite's
     timestamps parsed)."""
-    connection = connections[using]
-    out = []
-    for name, value in zip(names, values, strict=True):
-        col = model._meta.get_field(name).get_col(model._meta.db_table)
-        for convert in connection.ops.get_db_converters(col) + col.get_db_converters(connection):
-            value = convert(value, col, connection)
-        out.append(value)
-    return out
+    if len(names) != len(values):
+        raise ValueError(f"{len(names)} field names for {len(values)} values")
+    return read(model, tuple(names), [values], using)[0]
 
 
 @cache
@@ -96,8 +82,8 @@ def read(model: type[Model], names: tuple[str, ...], rows: Iterable[Sequence], u
     for row in rows:
         values = list(row)
         for position, col, functions in converting:
-            for convert in functions:
-                values[position] = convert(values[position], col, connection)
+            for function in functions:
+                values[position] = function(values[position], col, connection)
         out.append(values)
     return out
 
