@@ -1,35 +1,73 @@
-"""Request middleware: oversized API bodies refused before anything reads them (SPEC §16: 413, nothing stored),
-and htmx requests of an ended session sent to sign-in as a whole page."""
+"""Request middleware: the API's edge (one JSON error envelope, bounded bodies) and htmx requests of an ended
+session sent to sign-in as a whole page."""
 
+import sys
 from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
-from django.http import HttpResponse, JsonResponse
+from django.core.signals import got_request_exception
+from django.http import HttpResponse
+
+from recovery.api_errors import error_response, exception_response, request_id, status_response
+
+API_PREFIX = "/api/"
 
 
-class ApiBodyLimitMiddleware:
+class ApiEdgeMiddleware:
+    """First in the chain for everything under /api/ (SPEC §16): every answer carries X-Request-Id; a body over
+    RECOVERY_API_MAX_BODY is refused (413) before anything reads it; a body shorter than its Content-Length — a
+    client that gave up half-way — is refused (400) instead of being processed as if whole; and any answer that is
+    not JSON (Django's own 404 for an unknown URL, its error pages for an exception raised outside the API's
+    handlers, DEBUG's technical pages) is replaced by the API's error envelope, so a runtime parses one format."""
+
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        if request.path.startswith("/api/"):
-            try:
-                length = int(request.META.get("CONTENT_LENGTH") or 0)
-            except ValueError:
-                length = 0
-            if length > settings.RECOVERY_API_MAX_BODY:
-                return JsonResponse(
-                    {
-                        "error": {
-                            "code": "body_too_large",
-                            "message": f"the request body is over {settings.RECOVERY_API_MAX_BODY} bytes",
-                            "field_errors": [],
-                            "detail": {"limit": settings.RECOVERY_API_MAX_BODY},
-                        }
-                    },
-                    status=413,
-                )
-        return self.get_response(request)
+        if not request.path_info.startswith(API_PREFIX):
+            return self.get_response(request)
+        rid = request_id(request)
+        response = _refuse_body(request) or self.get_response(request)
+        if response.status_code >= 400 and not response.get("Content-Type", "").startswith("application/json"):
+            raised = getattr(request, "_api_exception", None)
+            response = exception_response(request, raised) if raised else status_response(request, response.status_code)
+        response["X-Request-Id"] = rid
+        return response
+
+
+def _refuse_body(request):
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        return error_response(400, "bad_request", "Content-Length must be a whole number of bytes")
+    limit = settings.RECOVERY_API_MAX_BODY
+    if length > limit:
+        return error_response(413, "body_too_large", f"the request body is over {limit} bytes", detail={"limit": limit})
+    if length <= 0:
+        return None
+    try:
+        received = len(request.body)
+    except OSError:  # the client went away while the body was read (UnreadablePostError)
+        received = -1
+    if received < length:
+        return error_response(
+            400,
+            "incomplete_body",
+            f"the body ended after {max(received, 0)} of the {length} bytes its Content-Length announced: "
+            "nothing was processed; send the whole request again",
+            detail={"content_length": length, "received": max(received, 0)},
+        )
+    return None
+
+
+def _remember_exception(sender, request=None, **kwargs):
+    # Django turns an exception raised outside the API's handlers (in a middleware, say) into its HTML 500 page;
+    # this keeps the exception so ApiEdgeMiddleware can answer it as the envelope says (503 for the database).
+    if request is not None and request.path_info.startswith(API_PREFIX):
+        request._api_exception = sys.exc_info()[1]
+
+
+got_request_exception.connect(_remember_exception, dispatch_uid="recovery-api-exception")
 
 
 class HtmxSignInRedirectMiddleware:

@@ -6,20 +6,26 @@ fields are rejected; a rejected request stores nothing; a denied admission (409)
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
+from django.urls import register_converter
 from ninja import NinjaAPI, Schema, Status
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.parser import Parser
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import Strict as StrictType
 
 from recovery import jobs
+from recovery.api_errors import exception_response
 from recovery.audit import Actor
+from recovery.engine import storable
 from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
@@ -63,7 +69,9 @@ AttemptId = Annotated[
 
 
 class Strict(Schema):
-    model_config = ConfigDict(extra="forbid")
+    # Strict types: a boolean is not an integer, a string is not a number ("5" is refused where 5 is expected);
+    # unknown fields are refused too. Times are the one exception: JSON has no time type (IsoTime below).
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     @field_validator("*")
     @classmethod
@@ -71,6 +79,16 @@ class Strict(Schema):
         if not isinstance(value, BaseModel):  # a nested schema checks its own fields
             check_storable(value)
         return value
+
+
+def _iso_text(value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise ValueError("must be an ISO 8601 text with a UTC offset, e.g. 2026-08-20T18:50:00Z")
+    return value
+
+
+# A time in a body: ISO 8601 text only (a number of seconds is refused, as any non-text), parsed out of strict mode.
+IsoTime = Annotated[datetime, StrictType(False), BeforeValidator(_iso_text)]
 
 
 def _aware(value: datetime | None) -> datetime | None:
@@ -86,7 +104,7 @@ def _aware(value: datetime | None) -> datetime | None:
 
 class BudgetIn(Strict):
     max_rounds: int | None = Field(None, ge=1, le=100_000)
-    deadline: datetime | None = None
+    deadline: IsoTime | None = None
     token_budget: int | None = Field(None, ge=0, le=MAX_INT)
     write_retry: int | None = Field(None, ge=0, le=1000)
     unknown_budget: int | None = Field(None, ge=0, le=1000)
@@ -145,8 +163,8 @@ class OutcomeIn(Strict):
     retry_after_ms: int | None = Field(None, ge=0, le=86_400_000)
     result: Any = None
     tokens_used: int | None = Field(None, ge=0, le=100_000_000)
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
+    started_at: IsoTime | None = None
+    finished_at: IsoTime | None = None
     echoed_idempotency_key: str | None = Field(None, max_length=255)
     credential_scopes: list[str] | None = Field(None, max_length=100)
 
@@ -190,6 +208,36 @@ class ErrorOut(Schema):
 # --- the API -------------------------------------------------------------------------------------------------------
 
 
+class ServerId:
+    """A server id in a URL: canonical decimal only — no sign, no leading zero, no "_" or "." or spaces — within a
+    64-bit key. Anything else matches no route and answers 404, where int() would have read /tasks/1_3 or
+    /tasks/+13 as task 13."""
+
+    regex = "[1-9][0-9]{0,17}"
+
+    def to_python(self, value: str) -> int:
+        return int(value)
+
+    def to_url(self, value: int) -> str:
+        return str(value)
+
+
+register_converter(ServerId, "id")
+
+
+# A body nesting deeper than this is refused whole (400) before any schema reads it. The free-form fields'
+# own limit (MAX_JSON_DEPTH, a 422 naming the field) is lower, so a field a little too deep is named; this bound
+# is only there so that no depth, however absurd, reaches a recursive walk.
+MAX_BODY_DEPTH = 128
+
+
+class BoundedJsonParser(Parser):
+    """Request bodies are JSON nesting at most MAX_BODY_DEPTH levels: deeper is a 400, never a RecursionError."""
+
+    def parse_body(self, request: HttpRequest):
+        return storable.loads(request.body, max_depth=MAX_BODY_DEPTH)
+
+
 class TokenAuth(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str):
         api_token = token_authenticate(token)
@@ -208,6 +256,7 @@ api = NinjaAPI(
     auth=TokenAuth(),
     urls_namespace="api-v1",
     docs_url="/docs",
+    parser=BoundedJsonParser(),
 )
 
 
@@ -268,10 +317,27 @@ def _too_big(request, exc):
 
 @api.exception_handler(HttpError)
 def _http_error(request, exc: HttpError):
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, ValueError | UnicodeDecodeError):  # the body did not parse
+        message = cause.msg if isinstance(cause, json.JSONDecodeError) else str(cause)
+        field = {
+            "field": "body",
+            "expected": f"a JSON object nesting at most {MAX_BODY_DEPTH} levels",
+            "received": None,
+            "suggestion": "Send the body as UTF-8 JSON.",
+        }
+        return _error(request, 400, "invalid_json", f"the request body is not acceptable JSON: {message}", [field])
     return _error(request, exc.status_code, "bad_request", str(exc))
 
 
-ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 413: ErrorOut, 422: ErrorOut}
+@api.exception_handler(Exception)
+def _unhandled(request, exc: Exception):
+    """Anything else: 500 internal_error with the request id, or 503 database_unavailable (recovery/api_errors)."""
+    return exception_response(request, exc)
+
+
+# Every route may answer these, each with the one error envelope (500 and 503 included: recovery/api_errors.py).
+ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 422, 500, 503)}
 
 
 def _actor(request) -> Actor:
@@ -334,12 +400,12 @@ def find_task(request, tenant: Text, external_id: Text):
     return Status(200, task_summary(task))
 
 
-@api.get("/tasks/{task_id}", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.get("/tasks/{id:task_id}", response={200: dict, **ERRORS}, tags=["tasks"])
 def get_task(request, task_id: int):
     return Status(200, task_summary(_task(request, task_id)))
 
 
-@api.post("/tasks/{task_id}/complete", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.post("/tasks/{id:task_id}/complete", response={200: dict, **ERRORS}, tags=["tasks"])
 def complete_task(request, task_id: int, payload: CompleteIn):
     task = tasks.task_complete(
         task=_task(request, task_id), summary=payload.summary, deliverable=payload.deliverable, actor=_actor(request)
@@ -347,13 +413,13 @@ def complete_task(request, task_id: int, payload: CompleteIn):
     return Status(200, task_summary(task))
 
 
-@api.post("/tasks/{task_id}/abandon", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.post("/tasks/{id:task_id}/abandon", response={200: dict, **ERRORS}, tags=["tasks"])
 def abandon_task(request, task_id: int, payload: AbandonIn):
     task = tasks.task_abandon(task=_task(request, task_id), reason=payload.reason, actor=_actor(request))
     return Status(200, task_summary(task))
 
 
-@api.post("/tasks/{task_id}/calls", response={200: dict, 201: dict, **ERRORS}, tags=["calls"])
+@api.post("/tasks/{id:task_id}/calls", response={200: dict, 201: dict, **ERRORS}, tags=["calls"])
 def add_call(request, task_id: int, payload: CallIn):
     added = ingest.call_add(
         task=_task(request, task_id),
@@ -364,23 +430,26 @@ def add_call(request, task_id: int, payload: CallIn):
         idempotency_key=payload.idempotency_key,
         actor=_actor(request),
     )
+    failure, required_next = ingest.preflight_answer(added.call, added.preflight)
     body = {
         "call_id": added.call.pk,
         "created": added.created,
         "state": added.call.state,
         "preflight": {"passed": not added.preflight, "field_errors": field_errors_json(added.preflight)},
+        "failure": failure,
+        "required_next": required_next,
         "blocked_by": added.blocked_by,
         "poll": f"/api/v1/calls/{added.call.pk}",
     }
     return Status(201 if added.created else 200, body)
 
 
-@api.get("/calls/{call_id}", response={200: dict, **ERRORS}, tags=["calls"])
+@api.get("/calls/{id:call_id}", response={200: dict, **ERRORS}, tags=["calls"])
 def get_call(request, call_id: int):
     return Status(200, call_detail(_call(request, call_id)))
 
 
-@api.post("/calls/{call_id}/reconcile", response={202: dict, **ERRORS}, tags=["reconciliation"])
+@api.post("/calls/{id:call_id}/reconcile", response={202: dict, **ERRORS}, tags=["reconciliation"])
 def reconcile_call(request, call_id: int):
     """Ask for an immediate status check of an UNKNOWN, STILL_UNKNOWN or ACCEPTED call: 202, and where to poll."""
     call = _call(request, call_id)
@@ -431,13 +500,13 @@ def provider_callback(request, name: str):
     )
 
 
-@api.post("/calls/{call_id}/abandon", response={200: dict, **ERRORS}, tags=["calls"])
+@api.post("/calls/{id:call_id}/abandon", response={200: dict, **ERRORS}, tags=["calls"])
 def abandon_call(request, call_id: int, payload: AbandonIn):
     call = ingest.call_abandon(call=_call(request, call_id), actor=_actor(request), reason=payload.reason)
     return Status(200, call_detail(call))
 
 
-@api.post("/calls/{call_id}/gate", response={200: dict, **ERRORS}, tags=["attempts"])
+@api.post("/calls/{id:call_id}/gate", response={200: dict, **ERRORS}, tags=["attempts"])
 def ask_gate(request, call_id: int, payload: CandidateIn):
     if payload.outcome is not None:
         raise ServiceError(
@@ -456,7 +525,7 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
     )
 
 
-@api.post("/calls/{call_id}/attempts", response={200: dict, 201: dict, **ERRORS}, tags=["attempts"])
+@api.post("/calls/{id:call_id}/attempts", response={200: dict, 201: dict, **ERRORS}, tags=["attempts"])
 def create_attempt(request, call_id: int, payload: CandidateIn):
     body = payload.model_dump(mode="json", exclude_none=False)
     if payload.outcome is None:
@@ -477,7 +546,7 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
     return Status(admission.status, admission.response)
 
 
-@api.post("/calls/{call_id}/attempts/{attempt_id}/outcome", response={200: dict, **ERRORS}, tags=["attempts"])
+@api.post("/calls/{id:call_id}/attempts/{attempt_id}/outcome", response={200: dict, **ERRORS}, tags=["attempts"])
 def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: OutcomeIn):
     call = _call(request, call_id)
     attempt = get_object_or_404(Attempt.objects.select_related("tool__provider"), call=call, attempt_id=attempt_id)

@@ -102,3 +102,16 @@ def test_a_signed_callback_with_text_no_database_stores_is_a_400_not_a_500(shop)
         reply = shop.post(URL, data=body, content_type="application/json", HTTP_RECOVERY_SIGNATURE=sign(SECRET, body))
         assert reply.status_code == 400, reply.content
     assert Receipt.objects.count() == 0
+
+
+@pytest.mark.parametrize("depth", [33, 900, 1000, 100_000])
+def test_a_signed_callback_nested_too_deep_is_a_400_never_a_500(shop, depth):
+    # Nested 1,000 levels deep, json.loads raised RecursionError: a 500 (an HTML page), the callback lost.
+    body = ('{"event_id": "deep", "status": "ok", "idempotency_key": "k", "x": ' + "[" * depth + "]" * depth + "}")
+    raw = body.encode()
+    response = shop.post(URL, raw, content_type="application/json", HTTP_RECOVERY_SIGNATURE=sign(SECRET, raw))
+    assert response.status_code == 400, response.content[:300]
+    error = response.json()["error"]
+    assert error["code"] == "invalid_callback" and "nest deeper than 32 levels" in error["message"]
+    assert error["field_errors"][0]["field"] == "body"
+    assert not Receipt.objects.exists()

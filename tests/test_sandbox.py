@@ -576,3 +576,11 @@ def test_it_serves_without_an_api_key_when_none_is_configured(tmp_path):
     finally:
         process.stop()
     assert process.process is None
+
+
+def test_a_body_nested_a_thousand_levels_deep_is_a_400_not_a_crash(sandbox):
+    deep = ('{"order_id": "O-1", "amount_cents": 5, "x": ' + "[" * 1000 + "]" * 1000 + "}").encode()
+    headers = sandbox.headers("k-deep") | {"Content-Type": "application/json"}
+    response = requests.post(sandbox.url + "/refunds", data=deep, headers=headers, timeout=10)
+    assert (response.status_code, response.json()["error"]["code"]) == (400, "invalid_request")
+    assert sandbox.ledger("k-deep")["effects"] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -31,3 +32,24 @@ def check_storable(value: Any, where: str = "", depth: int = 0) -> None:
         for key, item in value.items() if isinstance(value, dict) else enumerate(value):
             check_storable(key, f"a key in {where}" if where else "a key", depth + 1)
             check_storable(item, f"{where}.{key}" if where else str(key), depth + 1)
+
+
+def loads(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """json.loads for text from outside (request bodies, callbacks, provider replies), bounded in depth.
+
+    Raises ValueError — never RecursionError — for what is not JSON or nests deeper than `max_depth`: Python's
+    decoder recurses once per level and gives up with RecursionError near 1,000 levels, and every walk after it
+    (redaction, storage checks) recurses too, so depth is refused here, iteratively, before anything walks it.
+    """
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"JSON must not nest deeper than {max_depth} levels") from None
+    pending = [(value, 0)] if isinstance(value, dict | list) else []
+    while pending:
+        item, depth = pending.pop()
+        if depth >= max_depth:
+            raise ValueError(f"JSON must not nest deeper than {max_depth} levels")
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return value

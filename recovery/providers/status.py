@@ -8,7 +8,6 @@ is recorded with its credentials masked.
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 from dataclasses import dataclass, field
@@ -18,6 +17,7 @@ import requests
 from requests.adapters import HTTPAdapter
 
 from recovery.engine.redact import MASK, redact, redact_data
+from recovery.engine.storable import loads
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Observation, Provider, Tool
 
@@ -122,7 +122,7 @@ def read_status(tool: Tool, reply: Reply | StatusAnswer) -> StatusAnswer:
 def _read(tool: Tool, reply: Reply, record: dict) -> StatusAnswer:
     raw = reply.content
     try:
-        body = json.loads(raw) if raw else None
+        body = loads(raw) if raw else None  # bounded: a provider's reply is text from outside too
     except ValueError:
         body = None
     shown = redact_data(body) if body is not None else redact(raw.decode("utf-8", "replace"))

@@ -41,7 +41,7 @@ class Request:
             return {}
         try:
             return json.loads(self.body)
-        except (UnicodeDecodeError, json.JSONDecodeError):
+        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # RecursionError: nested ~1,000 deep
             raise Rejection(400, "invalid_request", "The body must be JSON.", "body") from None
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from django.db.models import Q
 
 from recovery.audit import Actor
 from recovery.engine.redact import redact_data
-from recovery.engine.storable import check_storable
+from recovery.engine.storable import check_storable, loads
 from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Observation, Provider, Receipt, ReceiptSource
@@ -95,9 +94,9 @@ def _bad(field: str, expected: str, received) -> ServiceError:
 
 def _parse(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
-    except ValueError:
-        raise _bad("body", "a JSON object", None) from None
+        body = loads(raw)
+    except ValueError as exc:  # not JSON, or nested too deep to walk (never a RecursionError)
+        raise _bad("body", f"a JSON object ({exc})", None) from None
     if not isinstance(body, dict):
         raise _bad("body", "a JSON object", None)
     try:

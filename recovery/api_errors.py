@@ -1,0 +1,100 @@
+"""One error envelope for every answer under /api/v1/ (SPEC §16), whoever produces it.
+
+    {"error": {"code": "...", "message": "...", "field_errors": [...], "detail": {...}}}
+
+The API's own refusals (recovery/api.py), what Django answers before the API runs (an unknown URL, an oversized or
+truncated body: console.middleware.ApiEdgeMiddleware) and exceptions nothing else handled all take this shape, so a
+runtime parses one format whatever went wrong. An exception is `internal_error` (500) with the request id that the
+server's log line carries too, or `database_unavailable` (503 with Retry-After) when the database does not answer:
+the request changed nothing and may be sent again.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable
+from typing import Any
+
+from django.db import InterfaceError, OperationalError
+from django.http import HttpRequest, JsonResponse
+
+logger = logging.getLogger("recovery.api")
+
+# How long a runtime should wait before resending after a 503: a database failover or restart takes seconds.
+RETRY_AFTER_S = 2
+
+
+def envelope(code: str, message: str, *, field_errors: Iterable[dict] = (), detail: dict | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "field_errors": list(field_errors), "detail": detail or {}}}
+
+
+def error_response(
+    status: int, code: str, message: str, *, field_errors: Iterable[dict] = (), detail: dict | None = None
+) -> JsonResponse:
+    return JsonResponse(envelope(code, message, field_errors=field_errors, detail=detail), status=status)
+
+
+def request_id(request: HttpRequest) -> str:
+    """This request's id (made once): in the X-Request-Id header of every API answer, in 5xx bodies and logs."""
+    rid = getattr(request, "request_id", None)
+    if rid is None:
+        rid = request.request_id = uuid.uuid4().hex
+    return rid
+
+
+def is_database_unavailable(exc: BaseException) -> bool:
+    # Django wraps the driver's errors: a refused or dropped connection is an OperationalError (or, on a connection
+    # already closed under it, an InterfaceError) — never a bug in the request.
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
+def exception_response(request: HttpRequest, exc: BaseException) -> JsonResponse:
+    """The answer to an exception nothing else handled, logged on one line with the request id."""
+    rid = request_id(request)
+    if is_database_unavailable(exc):
+        logger.warning(
+            "API %s %s: database_unavailable request_id=%s (%s: %s)",
+            request.method,
+            request.path,
+            rid,
+            type(exc).__name__,
+            str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        )
+        response = error_response(
+            503,
+            "database_unavailable",
+            f"the database is not answering: nothing was stored; send the request again in {RETRY_AFTER_S} s",
+            detail={"request_id": rid, "retry_after_s": RETRY_AFTER_S},
+        )
+        response["Retry-After"] = str(RETRY_AFTER_S)
+        return response
+    logger.error("API %s %s: internal_error request_id=%s", request.method, request.path, rid, exc_info=exc)
+    return error_response(
+        500,
+        "internal_error",
+        "the server failed on this request; it is logged under this request id",
+        detail={"request_id": rid},
+    )
+
+
+# What a status means when the answer came from Django rather than the API (a URL no route matches, a method the
+# route does not take, a body over DATA_UPLOAD_MAX_MEMORY_SIZE...).
+_BY_STATUS: dict[int, tuple[str, str]] = {
+    400: ("bad_request", "the request is malformed"),
+    401: ("unauthenticated", "send a valid, unrevoked API token: Authorization: Bearer <token>"),
+    403: ("forbidden", "this request is not allowed"),
+    404: ("not_found", "no such URL or object for this token's tenants (ids are plain decimal numbers)"),
+    405: ("method_not_allowed", "this URL does not take this HTTP method"),
+    413: ("body_too_large", "the request body is over the size limit"),
+}
+
+
+def status_response(request: HttpRequest, status: int, detail: dict[str, Any] | None = None) -> JsonResponse:
+    """The envelope for a bare status (a non-JSON answer produced outside the API's handlers)."""
+    if status >= 500:
+        code, message = "internal_error", "the server failed on this request; it is logged under this request id"
+        detail = {**(detail or {}), "request_id": request_id(request)}
+    else:
+        code, message = _BY_STATUS.get(status, (f"http_{status}", f"the request was refused with HTTP {status}"))
+    return error_response(status, code, message, detail=detail)
