@@ -7,13 +7,20 @@
     admission = client.admit(call.call_id, "a1")               # raises NotAdmitted with required_next if denied
     answer = client.report(call.call_id, "a1", facts_from_response(response))
 
-It never retries by itself: only one layer retries (SPEC §6), and that layer is the runtime following the
-decision cards. The helpers `facts_from_response` / `facts_from_exception` turn what `requests` saw into the
-outcome facts of SPEC §3, so classification rests on what really happened on the wire.
+Only one layer retries *provider requests* (SPEC §6): the runtime, following the decision cards. This client does
+retry its *own* calls to this API, because every one of them is idempotent (tasks by external id, calls by key,
+attempts by attempt id, a repeated complete or abandon answers the stored result): after a dropped connection, a
+gateway's 502/504 without the API's JSON envelope, or a 503 with Retry-After it sends the same request again, a
+few times with backoff, and waits out an `in_flight` answer (the first copy of the request is still being
+processed). So a reply lost on the way back never leaves the runtime without its answer. The helpers
+`facts_from_response` / `facts_from_exception` turn what `requests` saw into the outcome facts of SPEC §3, so
+classification rests on what really happened on the wire.
 """
 
 from __future__ import annotations
 
+import random
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,27 +96,80 @@ class OutcomeAnswer:
         return (self.decision or {}).get("required_next") or {}
 
 
+# What a dropped or cut exchange with this API raises: the request may or may not have been processed, and since
+# every call of this API is idempotent, sending it again is safe.
+_DROPPED = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError)
+
+
+@dataclass(frozen=True)
+class ApiRetry:
+    """How this client resends its own API calls (never a provider's request): `attempts` sends at most, full-jitter
+    backoff from `base_s` doubling to `cap_s`; an `in_flight` answer is waited out for at most `in_flight_s`."""
+
+    attempts: int = 5
+    base_s: float = 0.1
+    cap_s: float = 2.0
+    in_flight_s: float = 30.0
+
+    def delay(self, number: int, *, retry_after: str | None = None) -> float:
+        if retry_after and retry_after.strip().isdigit():
+            return min(float(retry_after.strip()), self.cap_s * 5)
+        return random.uniform(0, min(self.cap_s, self.base_s * 2**number))
+
+
 class RecoveryClient:
-    def __init__(self, base_url: str, token: str, *, timeout: tuple[float, float] = (3.05, 30.0)):
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: tuple[float, float] = (3.05, 30.0),
+        retry: ApiRetry | None = None,
+    ):
         self.base_url = base_url.rstrip("/") + "/api/v1"
         self.timeout = timeout
+        self.retry = retry or ApiRetry()
         self.session = requests.Session()
+        # urllib3 retries nothing underneath: _send decides, knowing which answers are safe to ask for again.
         no_retries = HTTPAdapter(max_retries=0)
         self.session.mount("http://", no_retries)
         self.session.mount("https://", no_retries)
         self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json"})
 
     def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> tuple[int, dict]:
-        response = self.session.request(method, self.base_url + path, json=json, params=params, timeout=self.timeout)
-        try:
-            body = response.json()
-        except ValueError:
-            body = {"error": {"code": "invalid_response", "message": response.text[:500]}}
+        response, body = self._exchange(method, path, json=json, params=params)
         if response.status_code >= 400:
             if response.status_code == 409 and body.get("error", {}).get("code") == "not_admitted":
                 raise NotAdmitted(response.status_code, body)
             raise RecoveryError(response.status_code, body)
         return response.status_code, body
+
+    def _exchange(self, method: str, path: str, **kwargs: Any) -> tuple[requests.Response, dict]:
+        """One API call, resent while the answer says it may not have been processed (see the module's text)."""
+        started, number = time.monotonic(), 0
+        while True:
+            try:
+                response = self.session.request(method, self.base_url + path, timeout=self.timeout, **kwargs)
+            except _DROPPED:
+                if number + 1 >= self.retry.attempts:
+                    raise
+                time.sleep(self.retry.delay(number))
+                number += 1
+                continue
+            body, is_json = _json_body(response)
+            code = body["error"].get("code") if isinstance(body.get("error"), dict) else None
+            if code == "in_flight" and time.monotonic() - started < self.retry.in_flight_s:
+                time.sleep(self.retry.delay(min(number, 4)))  # the first copy is still running: its answer comes
+                number += 1
+                continue
+            resend = (response.status_code in (502, 504) and not is_json) or (
+                response.status_code == 503 and "Retry-After" in response.headers
+            )
+            if resend and number + 1 < self.retry.attempts:
+                time.sleep(self.retry.delay(number, retry_after=response.headers.get("Retry-After")))
+                number += 1
+                continue
+            return response, body
 
     # tasks
     def create_task(self, tenant: str, external_id: str, *, agent: str, goal: str, budget: dict | None = None) -> Task:
@@ -251,6 +311,15 @@ class RecoveryClient:
             breaker_state=body.get("breaker_state", ""),
             raw=body,
         )
+
+
+def _json_body(response: requests.Response) -> tuple[dict, bool]:
+    """The answer's JSON object, and whether it was JSON at all (a gateway's error page is not)."""
+    try:
+        body = response.json()
+    except ValueError:
+        return {"error": {"code": "invalid_response", "message": response.text[:500]}}, False
+    return (body if isinstance(body, dict) else {"value": body}), True
 
 
 # --- facts from what requests saw ------------------------------------------------------------------------------------

@@ -92,10 +92,15 @@ def task_outcome(task: Task) -> str:
     return TaskOutcome.FAILED
 
 
+def _same_submission(task: Task, summary: str, deliverable: dict | None) -> bool:
+    stored = task.submission or {}
+    return stored.get("summary") == summary and canonical_json(stored.get("deliverable")) == canonical_json(deliverable)
+
+
 def task_complete(*, task: Task, summary: str, deliverable: dict | None, actor: Actor) -> Task:
     if task.status != TaskStatus.OPEN:
-        if task.status == TaskStatus.SUBMITTED and (task.submission or {}).get("summary") == summary:
-            return task  # a repeated submit
+        if task.status == TaskStatus.SUBMITTED and _same_submission(task, summary, deliverable):
+            return task  # a repeated submit (a reply lost on the way back): the stored summary again
         raise ServiceError(409, "task_closed", f"the task is already {task.status}")
     now = timezone.now()
     outcome = task_outcome(task)
