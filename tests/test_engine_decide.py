@@ -170,7 +170,7 @@ def test_it_asks_for_fresh_credentials_after_a_401():
     assert (decision.route, decision.required_next.action) == ("reauth", "refresh_credentials")
 
 
-def test_an_approvable_403_goes_to_a_person_and_another_is_rejected():
+def test_an_approvable_403_goes_to_a_person_and_another_stops():
     approvable = card(REFUND, status(403, error=ErrorFacts(code="needs_approval")))
     assert (approvable.route, approvable.call_state, approvable.required_next.action) == (
         "escalate",
@@ -178,7 +178,9 @@ def test_an_approvable_403_goes_to_a_person_and_another_is_rejected():
         "request_approval",
     )
     refused = card(REFUND, status(403, error=ErrorFacts(code="forbidden")))
-    assert (refused.route, refused.call_state, refused.required_next.action) == ("reject", "FAILED_PERMANENT", "replan")
+    # SPEC §3 row 6: approve or stop; a 403 is not a reasoning obstacle to replan around.
+    assert (refused.route, refused.call_state, refused.required_next.action) == ("stop", "FAILED_PERMANENT", "stop")
+    assert "replan" not in refused.next and refused.next == ("report_not_executed",)
 
 
 def test_an_invalid_read_result_is_rejected_and_retried_while_attempts_remain():

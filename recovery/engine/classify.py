@@ -32,6 +32,7 @@ from recovery.engine.types import (
     NOT_SENT_KINDS,
     OUTCOME_UNKNOWN,
     POSTCHECK,
+    PREFLIGHT,
     TRANSIENT,
     UNRECOVERABLE,
     ClassifyContext,
@@ -258,4 +259,24 @@ def _failure(row: _Row, facts: Facts, tool: ToolPolicy, ctx: ClassifyContext, no
         field_errors=field_errors,
         authorization_required=row.authorization_required,
         external_state_verified=row.row in ("1", "2", "4"),
+    )
+
+
+def preflight_failure(tool: ToolPolicy, *, call_id: str, field_errors: tuple[FieldError, ...]) -> Failure:
+    """The failure of a call whose arguments failed our own preflight when it was added (seed 001's first example):
+    the same object an attempt's failure is, phase `preflight`, nothing sent. Not retryable as it stands: the
+    arguments must be repaired first (the decision's `required_next` is `repair_args`)."""
+    return Failure(
+        tool=tool.name,
+        call_id=call_id,
+        attempt_id="",
+        failure_class=INVALID_ARGUMENTS,
+        phase=PREFLIGHT,
+        stage=BEFORE_SEND,
+        retryable=False,
+        replay_safe=True,
+        retry_after_ms=None,
+        public_message=public_message(INVALID_ARGUMENTS, tool=tool, field_errors=field_errors),
+        field_errors=field_errors,
+        external_state_verified=True,
     )

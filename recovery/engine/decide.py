@@ -183,8 +183,8 @@ def decide(
     if outcome.state == HUMAN_REVIEW:  # an authorization an approval can grant (row 6)
         return card("escalate", HUMAN_REVIEW, "request_approval", next_=("request_permission", "human_review"))
     if outcome.state == FAILED_PERMANENT:
-        if cls == AUTHORIZATION:
-            return card("reject", FAILED_PERMANENT, "replan", next_=("replan",))
+        # A 403 that no approval can grant stops too: "approve or stop", never replan around it (SPEC §3 row 6;
+        # `reject` is the route for an unusable result).
         return card("stop", FAILED_PERMANENT, "stop", next_=("report_not_executed",))
 
     # The row says RETRYABLE: what may be retried still needs budget, time and a closed breaker.
