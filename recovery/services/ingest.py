@@ -22,7 +22,7 @@ from recovery import rows
 from recovery.audit import Actor, append_event, appends_at_commit
 from recovery.engine import breaker as breaker_rules
 from recovery.engine.canonical import canonical_json
-from recovery.engine.classify import classify
+from recovery.engine.classify import classify, preflight_failure
 from recovery.engine.decide import decide
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import admit, duplicate_intent
@@ -220,6 +220,17 @@ def call_add(
     return CallAdded(call=call, created=True, preflight=preflight, blocked_by=blocked_by(call))
 
 
+def preflight_answer(call: Call, preflight: tuple[FieldError, ...]) -> tuple[dict | None, dict | None]:
+    """The add-call answer's `failure` and `required_next` (both None when the arguments passed): the failure an
+    attempt would have carried, so a runtime reads one shape whether the arguments failed early or late."""
+    if not preflight:
+        return None, None
+    failure = preflight_failure(tool_policy(call.tool), call_id=str(call.pk), field_errors=preflight)
+    public = _public_failure(asdict(failure) | {"side_effect": "not_sent"})
+    errors = [{"field": e.field, "expected": e.expected, "suggestion": e.suggestion} for e in preflight]
+    return public, {"action": "repair_args", "after_ms": 0, "detail": {"field_errors": errors}}
+
+
 def _same_key(existing: Call, task: Task, print_: str) -> CallAdded:
     if existing.fingerprint != print_ or existing.task_id != task.pk:
         raise ServiceError(
@@ -243,6 +254,8 @@ def _same_key(existing: Call, task: Task, print_: str) -> CallAdded:
 
 
 def call_abandon(*, call: Call, actor: Actor, reason: str) -> Call:
+    if call.state == S.FAILED_PERMANENT and call.outcome == "abandoned":
+        return call  # a repeated abandon (a reply lost on the way back): the call as it stands
     if call.state not in (S.READY, S.RETRYABLE, S.NOT_COMMITTED):
         raise ServiceError(
             409, "not_abandonable", f"a {call.state} call cannot be abandoned: only READY, RETRYABLE or NOT_COMMITTED"

@@ -1,0 +1,200 @@
+"""Real servers and a real network in the way, for tests of what happens at the edges.
+
+    with TcpProxy("127.0.0.1", 5432) as proxy:      # PostgreSQL behind a proxy the test can cut
+        ...DATABASE_URL=postgres://...@127.0.0.1:{proxy.port}/...
+        proxy.cut()                                 # every connection closed, new ones refused at once
+        proxy.restore()
+
+    proxy.drop_replies(1)                           # the next reply never reaches the client: the request got
+                                                    # through and was answered, the connection is closed instead
+
+    with WebServer(env) as web:                     # the console under gunicorn, in production settings
+        requests.get(web.url + "/readyz")
+
+Ports are always free ones, so a developer's own `make run` beside the suite is never in the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class TcpProxy:
+    """A TCP proxy on a free port of 127.0.0.1 in front of `host:port`, from threads of this process."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self._lock = threading.Lock()
+        self._open: set[socket.socket] = set()
+        self._cut = False
+        self._drops = 0
+        self.dropped = 0  # replies dropped so far
+        self._stop = False
+        self._thread = threading.Thread(target=self._accept, name=f"proxy-{self.port}", daemon=True)
+
+    def __enter__(self) -> TcpProxy:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self.listener.close()
+        self._close_all()
+
+    # What the test does
+
+    def cut(self) -> None:
+        """Close every proxied connection now and close each new one as soon as it is accepted."""
+        with self._lock:
+            self._cut = True
+        self._close_all()
+
+    def restore(self) -> None:
+        with self._lock:
+            self._cut = False
+
+    def drop_replies(self, count: int = 1) -> None:
+        """The next `count` replies: when the server's first bytes come back, close both sides instead."""
+        with self._lock:
+            self._drops += count
+
+    # How it works
+
+    def _close_all(self) -> None:
+        with self._lock:
+            sockets, self._open = list(self._open), set()
+        for sock in sockets:
+            _close(sock)
+
+    def _accept(self) -> None:
+        while not self._stop:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            with self._lock:
+                refused = self._cut
+            if refused:
+                _close(client)
+                continue
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                _close(client)
+                continue
+            server.settimeout(None)
+            with self._lock:
+                self._open |= {client, server}
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while True:
+                data = source.recv(65536)
+                if not data:
+                    break
+                if replies:
+                    with self._lock:
+                        drop = self._drops > 0
+                        if drop:
+                            self._drops -= 1
+                            self.dropped += 1
+                    if drop:
+                        break
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                _close(sock)
+            with self._lock:
+                self._open -= {source, sink}
+
+
+def _close(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    sock.close()
+
+
+def production_env(**extra: str) -> dict[str, str]:
+    """The environment of a production deployment (DEBUG off, a real secret, this host), for a child process."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "DEBUG"}}
+    env.update(
+        DEBUG="0",
+        SECRET_KEY="test-production-secret-" + "k7Qz9" * 8,
+        ALLOWED_HOSTS="127.0.0.1,localhost",
+        SECURE_SSL_REDIRECT="0",
+        PYTHONUNBUFFERED="1",
+    )
+    env.update(extra)
+    return env
+
+
+class WebServer:
+    """The console under gunicorn on a free port (`env` as given: see production_env), stopped on exit."""
+
+    def __init__(self, env: dict[str, str], *, log_path: Path, workers: int = 1, threads: int = 4) -> None:
+        self.env, self.log_path = env, log_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.command = [
+            sys.executable,
+            "-m",
+            "gunicorn",
+            "console.wsgi:application",
+            "--bind",
+            f"127.0.0.1:{self.port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            str(threads),
+        ]
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> WebServer:
+        with open(self.log_path, "a") as log:
+            self.process = subprocess.Popen(
+                self.command, cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and self.process.poll() is None:
+            try:
+                requests.get(self.url + "/sign-in/", timeout=2)
+                return self
+            except requests.ConnectionError:
+                time.sleep(0.1)
+        self.__exit__()
+        raise RuntimeError(f"gunicorn did not start:\n{self.log()[-3000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
