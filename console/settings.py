@@ -11,7 +11,16 @@ from pathlib import Path
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from console.env import database_from_env, env_bool, env_int, env_list, env_seconds_by_key, env_str, redis_url_from_env
+from console.env import (
+    database_from_env,
+    env_bool,
+    env_host_port,
+    env_int,
+    env_list,
+    env_seconds_by_key,
+    env_str,
+    redis_url_from_env,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RECOVERY_VAR_DIR", str(BASE_DIR / "var")))
@@ -35,6 +44,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "whitenoise.runserver_nostatic",  # runserver serves static files the way production does: through WhiteNoise
     "django.contrib.staticfiles",
     "django_htmx",
     "template_partials",
@@ -46,8 +56,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First, so that every answer under /api/ — the other middleware's included — is the API's JSON envelope.
+    "console.middleware.ApiEdgeMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    "console.middleware.ApiBodyLimitMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -101,6 +113,10 @@ RECOVERY_READ_ACTIONS_ONE_CONFIRMATION = env_bool("RECOVERY_READ_ACTIONS_ONE_CON
 RECOVERY_ACTION_LEASE_S = env_int("RECOVERY_ACTION_LEASE_S", 120, minimum=5)
 RECOVERY_ACTIONS_EVERY_S = env_int("RECOVERY_ACTIONS_EVERY_S", 5, minimum=1)
 
+# Where `make run` serves the sandbox provider (manage.py runsandbox), and so where the shipped sandbox registry's
+# provider points: the demo registry follows it (recovery.drills.stage.demo_registry).
+RECOVERY_SANDBOX_ADDR = env_host_port("RECOVERY_SANDBOX_ADDR", "127.0.0.1:8001")
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -113,9 +129,22 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 
+# Static files are served by the web process through WhiteNoise (no proxy needed; nginx may serve STATIC_ROOT too).
+# In production (DEBUG off) `manage.py collectstatic` writes them to STATIC_ROOT with content-hashed names and
+# gzip/brotli copies, cached by browsers forever; with DEBUG on they are read from the source folders as they are.
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = VAR_DIR / "static"
+STATIC_ROOT = Path(env_str("RECOVERY_STATIC_ROOT", str(VAR_DIR / "static")))
+if DEBUG:  # read from the source folders; an empty STATIC_ROOT keeps WhiteNoise from warning that it is missing
+    STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"
+        if DEBUG
+        else "whitenoise.storage.CompressedManifestStaticFilesStorage"
+    },
+}
 
 # Django's model backend, reading a user's own and group (role) permissions in one statement instead of two.
 AUTHENTICATION_BACKENDS = ["console.backends.RoleBackend"]
