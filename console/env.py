@@ -62,6 +62,17 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return items
 
 
+def env_host_port(name: str, default: str) -> str:
+    """A listening address "host:port" (port 1-65535; an IPv6 host in brackets), as `manage.py run --addr` takes."""
+    value = os.environ.get(name, default).strip()
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or not 1 <= int(port) <= 65535:
+        raise ImproperlyConfigured(f"{name}={value!r}: use host:port with a port from 1 to 65535, e.g. 127.0.0.1:8001")
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        raise ImproperlyConfigured(f"{name}={value!r}: write an IPv6 host in brackets, e.g. [::1]:8001")
+    return value
+
+
 def database_from_env(name: str, *, sqlite_default: Path) -> dict:
     """DATABASES['default'] from a URL; an unset variable means the embedded SQLite file."""
     url = os.environ.get(name, "").strip()

@@ -7,6 +7,10 @@ os.environ.setdefault("DEBUG", "1")
 
 from console.settings import *  # noqa: F403
 
+# Plain static storage whatever DEBUG says: template tests need no collectstatic manifest (tests/test_static.py
+# checks the production storage for real, in a server of its own).
+STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
+
 # Hashing passwords with PBKDF2's production cost dominates tests that create users; the algorithm is not under test.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
@@ -16,7 +20,17 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-{os.getpid()}.sqlite3")}  # noqa: F405
 
-# Jobs the tests enqueue go to their own Redis database, never to the queues a real worker reads.
+# PostgreSQL: a test database of this run's own (pytest-django creates and drops it), so a run never meets another
+# run's rows, nor a `make run` on the database DATABASE_URL names.
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
+
+# Jobs the tests enqueue go to a Redis database this run claimed (tests/isolation.py), never to the queues a real
+# worker reads; processes the tests start inherit the claim.
 if REDIS_URL:  # noqa: F405
-    REDIS_URL = REDIS_URL.rsplit("/", 1)[0] + "/14"  # noqa: F405
+    from tests.isolation import INHERITED, claim_redis_database
+
+    if not os.environ.get(INHERITED):
+        os.environ[INHERITED] = claim_redis_database(REDIS_URL)  # noqa: F405
+    REDIS_URL = os.environ["REDIS_URL"] = os.environ[INHERITED]
     RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 300}}

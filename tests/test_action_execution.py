@@ -30,6 +30,7 @@ from recovery.services.reconcile import reconcile_due
 from recovery.services.sweeper import sweep_sent
 from tests import test_action_services as base
 from tests.conftest import missing_service
+from tests.isolation import extra_redis_database, flush
 from tests.test_action_services import API_KEY, _at_once, events, fresh
 
 # The world of tests/test_action_services.py (the sandbox registry, the people, the held jobs), as fixtures here too.
@@ -39,7 +40,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 A = ActionStatus
 ROOT = django_settings.BASE_DIR
-CORE_REDIS_URL = os.environ.get("CORE_REDIS_URL", "redis://127.0.0.1:6379/3")
 
 
 def _approved_replay(world, call: Call) -> ActionRequest:
@@ -226,15 +226,15 @@ def test_a_worker_killed_mid_replay_leaves_it_interrupted_never_run_again_and_a_
 
 @pytest.fixture
 def core_redis():
-    """This suite's own Redis database (not the one tests/settings.py gives every suite), flushed around the test."""
-    connection = redis.Redis.from_url(CORE_REDIS_URL, socket_connect_timeout=1)
+    """A Redis database of this test's own (not the one tests/settings.py gives every suite), emptied around it."""
+    url = extra_redis_database("action-execution")
     try:
-        connection.ping()
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
     except redis.RedisError as error:
-        missing_service(f"needs Redis at {CORE_REDIS_URL} ({error}); set CORE_REDIS_URL to use another")
-    connection.flushdb()
-    yield CORE_REDIS_URL
-    connection.flushdb()
+        missing_service(f"needs Redis at {url} ({error}): run with REDIS_URL=redis://host:6379/0")
+    flush(url)
+    yield url
+    flush(url)
 
 
 def test_an_rq_worker_executes_the_approved_replay_once(world, core_redis, settings):

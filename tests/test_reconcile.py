@@ -26,6 +26,7 @@ from recovery.services.reconcile import claim_due, reconcile_due
 from recovery.services.sweeper import sweep_sent
 from recovery.services.tokens import token_create
 from tests.conftest import missing_service
+from tests.isolation import extra_redis_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -376,7 +377,7 @@ def test_a_call_past_its_deadline_goes_to_human_review_whatever_the_provider_say
 
 @pytest.fixture
 def rq_queue(settings):
-    url = settings.REDIS_URL or "redis://127.0.0.1:6379/14"
+    url = settings.REDIS_URL or extra_redis_database("rq-queue")
     try:
         redis.Redis.from_url(url, socket_connect_timeout=1).ping()
     except redis.RedisError:

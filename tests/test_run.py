@@ -20,15 +20,15 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from recovery.management.commands.run import SANDBOX_PORT
 from tests.conftest import missing_service
+from tests.isolation import extra_redis_database
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _manage(*args: str, var_dir: Path) -> subprocess.CompletedProcess:
+def _manage(*args: str, var_dir: Path, **extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
-    env.update(DEBUG="1", RECOVERY_VAR_DIR=str(var_dir))
+    env.update(DEBUG="1", RECOVERY_VAR_DIR=str(var_dir), **extra)
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
@@ -54,6 +54,46 @@ def test_it_prepares_the_embedded_default_from_nothing(tmp_path):
     verified = _manage("verify_audit", var_dir=tmp_path)
     assert verified.returncode == 0, verified.stderr
     assert "audit trail OK" in verified.stdout
+
+
+def test_the_demo_registry_follows_the_sandbox_address_setting(tmp_path):
+    first = _manage("run", "--no-serve", var_dir=tmp_path, RECOVERY_SANDBOX_ADDR="127.0.0.1:18123")
+    assert first.returncode == 0, first.stderr
+    database = tmp_path / "recovery.sqlite3"
+
+    def base_url() -> str:
+        with sqlite3.connect(database) as db:
+            return db.execute("SELECT base_url FROM recovery_provider WHERE name = 'sandbox'").fetchone()[0]
+
+    assert base_url() == "http://127.0.0.1:18123"  # loaded at the address, not the shipped file's 8001
+
+    moved = _manage("run", "--no-serve", var_dir=tmp_path, RECOVERY_SANDBOX_ADDR="127.0.0.1:18124")
+    assert moved.returncode == 0, moved.stderr
+    assert "registry: provider 'sandbox' now at http://127.0.0.1:18124 (RECOVERY_SANDBOX_ADDR)" in moved.stdout
+    assert base_url() == "http://127.0.0.1:18124"
+    with sqlite3.connect(database) as db:
+        (evidence,) = db.execute(
+            "SELECT evidence FROM recovery_auditevent WHERE action = 'registry.loaded' ORDER BY id DESC LIMIT 1"
+        ).fetchone()
+    assert json.loads(evidence)["updated"] == {"providers": {"sandbox": ["base_url"]}}
+    same = _manage("run", "--no-serve", var_dir=tmp_path, RECOVERY_SANDBOX_ADDR="127.0.0.1:18124")
+    assert "now at" not in same.stdout  # nothing moved, nothing recorded
+
+    bad = _manage("run", "--no-serve", var_dir=tmp_path, RECOVERY_SANDBOX_ADDR="127.0.0.1:http")
+    assert bad.returncode != 0 and "RECOVERY_SANDBOX_ADDR='127.0.0.1:http': use host:port" in bad.stderr
+    assert _manage("verify_audit", var_dir=tmp_path).returncode == 0
+
+
+def test_make_run_refuses_a_sandbox_address_in_use_before_starting_anything(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _manage(
+            "run", "--addr", f"127.0.0.1:{_free_port()}", var_dir=tmp_path, RECOVERY_SANDBOX_ADDR=f"127.0.0.1:{port}"
+        )
+    assert result.returncode != 0
+    assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "set RECOVERY_SANDBOX_ADDR" in result.stderr
 
 
 def test_the_database_rules_hold_on_sqlite_too(db):
@@ -92,9 +132,12 @@ def _port_open(port: int) -> bool:
 
 
 def _serve_and_watch(env: dict[str, str]) -> tuple[list[str], float]:
-    """`manage.py run` until the demo reports, then Ctrl-C: (its output lines, seconds from start to the report)."""
-    if _port_open(SANDBOX_PORT):
-        pytest.fail(f"port {SANDBOX_PORT} is taken (a `make run` of yours?): `make run` serves the sandbox there")
+    """`manage.py run` until the demo reports, then Ctrl-C: (its output lines, seconds from start to the report).
+
+    Both its ports are free ones (the console's --addr, the sandbox's RECOVERY_SANDBOX_ADDR), so a developer's own
+    `make run` on 8000 and 8001 goes on undisturbed."""
+    sandbox_port = _free_port()
+    env = env | {"RECOVERY_SANDBOX_ADDR": f"127.0.0.1:{sandbox_port}"}
     addr = f"127.0.0.1:{_free_port()}"
     process = subprocess.Popen(
         [sys.executable, "manage.py", "run", "--addr", addr],
@@ -125,9 +168,9 @@ def _serve_and_watch(env: dict[str, str]) -> tuple[list[str], float]:
             process.kill()
             pytest.fail("`manage.py run` did not stop on Ctrl-C")
         deadline = time.monotonic() + 10
-        while _port_open(SANDBOX_PORT) and time.monotonic() < deadline:
+        while _port_open(sandbox_port) and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert not _port_open(SANDBOX_PORT), "the sandbox outlived `make run`"
+        assert not _port_open(sandbox_port), "the sandbox outlived `make run`"
 
 
 def _settled_by_receipts(rows: list[tuple]) -> int:
@@ -169,7 +212,7 @@ def test_make_run_does_the_same_on_postgresql_with_rq_workers(tmp_path):
             RECOVERY_VAR_DIR=str(tmp_path),
             PYTHONUNBUFFERED="1",
             DATABASE_URL=f"postgres://{admin['USER']}@{admin['HOST'] or 'localhost'}:{admin['PORT'] or 5432}/{name}",
-            REDIS_URL=settings.REDIS_URL.rsplit("/", 1)[0] + "/13",
+            REDIS_URL=extra_redis_database("make-run"),
         )
         output, seconds = _serve_and_watch(env)
         passed, total = map(int, DEMO_DONE.search(output[-1]).groups())

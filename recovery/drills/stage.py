@@ -87,6 +87,18 @@ def shipped_registry() -> dict:
     return json.loads(SANDBOX_REGISTRY.read_text())
 
 
+def demo_sandbox_url() -> str:
+    """Where `make run` serves the sandbox: RECOVERY_SANDBOX_ADDR."""
+    return f"http://{settings.RECOVERY_SANDBOX_ADDR}"
+
+
+def demo_registry() -> dict:
+    """The shipped sandbox registry as `make run` loads it: its provider at RECOVERY_SANDBOX_ADDR."""
+    registry = shipped_registry()
+    registry["providers"][0]["base_url"] = demo_sandbox_url()
+    return registry
+
+
 @dataclass(kw_only=True)
 class Stage:
     api_url: str
@@ -413,8 +425,8 @@ def drill_stage(
 def demo_stage(api_url: str, token: str) -> Stage:
     """The demo tenant on the shipped registry, against the console and the sandbox `make run` started."""
     sandbox_env_defaults()
-    registry = shipped_registry()
-    sandbox = SandboxClient(registry["providers"][0]["base_url"], api_key=os.environ["SANDBOX_API_KEY"])
+    registry = demo_registry()
+    sandbox = SandboxClient(demo_sandbox_url(), api_key=os.environ["SANDBOX_API_KEY"])
     return Stage(api_url=api_url, token=token, tenant=DEMO_TENANT, sandbox=sandbox, registry=registry)
 
 

@@ -10,7 +10,7 @@ The Django admin validates its edits with the same rules (recovery/admin.py).
 
 from recovery.registry.checks import RegistryError, RegistryInvalid
 from recovery.registry.format import validate_registry
-from recovery.registry.loader import KindReport, LoadReport, load_registry, registry_sha256
+from recovery.registry.loader import KindReport, LoadReport, load_registry, provider_move, registry_sha256
 from recovery.registry.policy import policy_tools, tool_policy, with_alternates
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "RegistryInvalid",
     "load_registry",
     "policy_tools",
+    "provider_move",
     "registry_sha256",
     "tool_policy",
     "validate_registry",

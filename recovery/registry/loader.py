@@ -240,6 +240,29 @@ def load_registry(data: dict, *, actor: Actor, source: str = "", sha256: str | N
     return replace(report, audit_event_id=event.pk)
 
 
+def provider_move(*, name: str, base_url: str, actor: Actor, source: str) -> bool:
+    """Point provider `name` at `base_url`, nothing else changed, audited as a load of that one field; whether it
+    moved (False when it is there already or there is no such provider). `make run` keeps the shipped sandbox
+    provider at RECOVERY_SANDBOX_ADDR with it."""
+    ledger = _Ledger()
+    with transaction.atomic():
+        existing = {p.name: p for p in Provider.objects.select_for_update().filter(name=name)}
+        if name not in existing:
+            return False
+        _, status, changed = _upsert(Provider, name, {"base_url": base_url}, existing)
+        if status == UNCHANGED:
+            return False
+        ledger.record("providers", name, status, changed)
+        report = LoadReport(
+            sha256=registry_sha256({"providers": [{"name": name, "base_url": base_url}]}),
+            tenants=ledger.report("tenants"),
+            providers=ledger.report("providers"),
+            tools=ledger.report("tools"),
+        )
+        append_event(action="registry.loaded", actor=actor, reason=_reason(report), evidence=_evidence(report, source))
+    return True
+
+
 def _reason(report: LoadReport) -> str:
     parts = []
     for kind, counts in report.counts().items():

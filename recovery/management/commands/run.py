@@ -1,14 +1,14 @@
 """`make run`: migrate, make sure the demo users exist, and serve the console with everything it needs.
 
 Next to runserver, for the server's lifetime: the background jobs (the in-process runner in this process without
-REDIS_URL; a `manage.py runjobs` subprocess with it) and the sandbox provider (`manage.py runsandbox` on port 8001,
-its own process and store). The subprocesses are stopped when the server stops, Ctrl-C included. On a first run
+REDIS_URL; a `manage.py runjobs` subprocess with it) and the sandbox provider (`manage.py runsandbox` at
+RECOVERY_SANDBOX_ADDR, 127.0.0.1:8001 unless set, its own process and store; the shipped registry's provider follows
+that address). The subprocesses are stopped when the server stops, Ctrl-C included. On a first run
 (no demo task yet) the demo agent plays its scenarios against the console and the sandbox once both answer.
 """
 
 from __future__ import annotations
 
-import io
 import logging
 import signal
 import socket
@@ -17,7 +17,6 @@ import sys
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import requests
 from django.conf import settings
@@ -28,9 +27,17 @@ from django.db import connections
 
 from recovery.audit import Actor
 from recovery.cron import describe
-from recovery.drills.stage import DEMO_TENANT, demo_stage, sandbox_env_defaults, shipped_registry
+from recovery.drills.stage import (
+    DEMO_TENANT,
+    SANDBOX_REGISTRY,
+    demo_registry,
+    demo_sandbox_url,
+    demo_stage,
+    sandbox_env_defaults,
+)
 from recovery.management.commands.runjobs import redacted
 from recovery.models import Provider, Task, Tenant
+from recovery.registry import load_registry, provider_move
 from recovery.roles import ROLES
 from recovery.services.tokens import token_create, token_revoke
 from recovery.services.users import user_save_with_roles
@@ -38,8 +45,6 @@ from recovery.services.users import user_save_with_roles
 logger = logging.getLogger("recovery.demo")
 
 DEMO_PASSWORD = "recovery-demo"
-SANDBOX_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "registry.example.json"
-SANDBOX_PORT = 8001
 
 
 class Command(BaseCommand):
@@ -60,8 +65,17 @@ class Command(BaseCommand):
 
     def handle(self, *args, addr, no_serve, demo, **options):
         call_command("migrate", interactive=False, verbosity=0)
+        registry = demo_registry()
+        sandbox = registry["providers"][0]
+        actor = Actor.system("run")
         if not Provider.objects.exists():  # a first run: the sandbox's registry (later edits are never overwritten)
-            call_command("load_tools", str(SANDBOX_REGISTRY), stdout=io.StringIO())
+            load_registry(registry, actor=actor, source=str(SANDBOX_REGISTRY))
+        elif provider_move(
+            name=sandbox["name"], base_url=sandbox["base_url"], actor=actor, source="RECOVERY_SANDBOX_ADDR"
+        ):
+            self.stdout.write(
+                f"registry: provider {sandbox['name']!r} now at {sandbox['base_url']} (RECOVERY_SANDBOX_ADDR)"
+            )
         existing = set(get_user_model().objects.filter(username__in=ROLES).values_list("username", flat=True))
         for role in ROLES:
             if role not in existing:
@@ -83,6 +97,7 @@ class Command(BaseCommand):
     def serve(self, addr: str, *, demo: bool = False) -> None:
         # runserver would find a busy port only after the subprocesses started, and leave them behind (os._exit).
         _check_free(addr)
+        _check_free(settings.RECOVERY_SANDBOX_ADDR, setting="RECOVERY_SANDBOX_ADDR")
         sandbox_env_defaults()
         # `kill` (SIGTERM) unwinds through the finally below like Ctrl-C does, instead of orphaning the children.
         signal.signal(signal.SIGTERM, _exit)
@@ -117,7 +132,7 @@ class Command(BaseCommand):
         from recovery.agent.scenarios import run_scenarios
 
         url = f"http://{addr}"
-        sandbox_url = shipped_registry()["providers"][0]["base_url"]
+        sandbox_url = demo_sandbox_url()
         if not (_answers(f"{url}/api/v1/openapi.json") and _answers(f"{sandbox_url}/_sandbox/health")):
             self.stdout.write(
                 "demo: the console or the sandbox did not come up; run `python manage.py demo_agent` later"
@@ -145,8 +160,11 @@ class Command(BaseCommand):
     def start_sandbox(self, addr: str) -> subprocess.Popen:
         callback_url = f"http://{addr}/api/v1/providers/sandbox/callbacks"
         store = settings.VAR_DIR / "sandbox.sqlite3"
-        child = _manage("runsandbox", "--port", str(SANDBOX_PORT), "--db", str(store), "--callback-url", callback_url)
-        self.stdout.write(f"sandbox: http://127.0.0.1:{SANDBOX_PORT}/ (store {store}; callbacks to {callback_url})")
+        host, _, port = settings.RECOVERY_SANDBOX_ADDR.rpartition(":")
+        child = _manage(
+            "runsandbox", "--host", host.strip("[]"), "--port", port, "--db", str(store), "--callback-url", callback_url
+        )
+        self.stdout.write(f"sandbox: {demo_sandbox_url()}/ (store {store}; callbacks to {callback_url})")
         return child
 
 
@@ -192,14 +210,15 @@ def _terminate(child: subprocess.Popen, timeout: float = 15) -> None:
             child.wait()
 
 
-def _check_free(addr: str) -> None:
+def _check_free(addr: str, *, setting: str = "") -> None:
     host, _, port = addr.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
+    fix = f"set {setting} to another host:port" if setting else "pass --addr"
     try:
         with socket.create_server((host, int(port)), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
     except OSError as error:
-        raise CommandError(f"cannot serve on {addr}: {error.strerror}; stop what uses it or pass --addr") from None
+        raise CommandError(f"cannot serve on {addr}: {error.strerror}; stop what uses it or {fix}") from None
     except ValueError:
         raise CommandError(f"--addr {addr!r}: use host:port, e.g. 127.0.0.1:8000") from None
 
