@@ -107,7 +107,7 @@ def test_a_signed_callback_with_text_no_database_stores_is_a_400_not_a_500(shop)
 @pytest.mark.parametrize("depth", [33, 900, 1000, 100_000])
 def test_a_signed_callback_nested_too_deep_is_a_400_never_a_500(shop, depth):
     # Nested 1,000 levels deep, json.loads raised RecursionError: a 500 (an HTML page), the callback lost.
-    body = ('{"event_id": "deep", "status": "ok", "idempotency_key": "k", "x": ' + "[" * depth + "]" * depth + "}")
+    body = '{"event_id": "deep", "status": "ok", "idempotency_key": "k", "x": ' + "[" * depth + "]" * depth + "}"
     raw = body.encode()
     response = shop.post(URL, raw, content_type="application/json", HTTP_RECOVERY_SIGNATURE=sign(SECRET, raw))
     assert response.status_code == 400, response.content[:300]
