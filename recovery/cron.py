@@ -2,8 +2,11 @@
 
 Without Redis the in-process runner (recovery/inprocess.py) runs PERIODIC itself. With Redis every `runjobs`
 process starts a Scheduler, and of those only the one holding a Redis lock enqueues: the others stand by and take
-over within LOCK_TTL_MS of its death. Each run is enqueued under the periodic job's name as its job id, so a
-backlog (workers busy or down) holds one pending run per name instead of piling up duplicates.
+over within RECOVERY_SCHEDULER_LEASE_S of its death. A periodic job has at most one run pending at a time
+(recovery.jobs.enqueue_periodic: a marker of ours that the run's end removes and that expires after the job's
+period plus the check lease), so a backlog holds one run per name instead of piling up duplicates, and a worker
+killed mid-run — its job left "started" in rq's registries, or its records gone with Redis — delays the next run by
+that much at most. One job failing to enqueue is logged with its name and never costs the others their run.
 
 rq 3's own `rq.cron.CronScheduler` is not used: every instance of it enqueues (no lock) under fresh job ids, so two
 `runjobs` processes would double every run and a stalled queue would collect one job per interval.
@@ -22,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
+from django.db import connections
 from rq.queue import Queue
 
 from recovery import jobs
@@ -31,10 +35,13 @@ logger = logging.getLogger("recovery.jobs")
 
 @dataclass(frozen=True, kw_only=True)
 class Periodic:
-    name: str  # also the job id: at most one run of it is pending at a time
+    name: str  # at most one run of it is pending at a time
     every_s: float
     func: Callable[..., Any]
     args: tuple = ()
+    # Run by the scheduler's holder itself, on a thread of its own, never by a worker: the audit checkpoint writes to
+    # the holder's disk (workers may run on machines without that directory).
+    in_scheduler: bool = False
 
 
 PERIODIC: list[Periodic] = [
@@ -42,6 +49,12 @@ PERIODIC: list[Periodic] = [
     Periodic(name="reconcile-due", every_s=settings.RECOVERY_RECONCILE_EVERY_S, func=jobs.reconcile_due),
     Periodic(name="sweep-sent", every_s=settings.RECOVERY_SWEEP_EVERY_S, func=jobs.sweep_sent),
     Periodic(name="flag-no-submission", every_s=settings.RECOVERY_NO_SUBMISSION_EVERY_S, func=jobs.flag_no_submission),
+    Periodic(
+        name="audit-checkpoint",
+        every_s=settings.RECOVERY_AUDIT_CHECKPOINT_S,
+        func=jobs.audit_checkpoint,
+        in_scheduler=True,
+    ),
 ]
 
 
@@ -72,7 +85,6 @@ class Scheduler:
     """Enqueues `periodic` on `queue` at their intervals while it holds the scheduler lock."""
 
     LOCK_KEY = "recovery:cron:scheduler"
-    LOCK_TTL_MS = 10_000
     TICK_S = 0.5
 
     def __init__(
@@ -81,13 +93,14 @@ class Scheduler:
         periodic: Sequence[Periodic] = PERIODIC,
         *,
         name: str | None = None,
-        lock_ttl_ms: int = LOCK_TTL_MS,
+        lock_ttl_ms: int | None = None,
     ) -> None:
         self.queue = queue
         self.periodic = list(periodic)
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lock_ttl_ms = lock_ttl_ms
+        self.lock_ttl_ms = lock_ttl_ms or settings.RECOVERY_SCHEDULER_LEASE_S * 1000
         self.is_leader = False
+        self._here: dict[str, threading.Thread] = {}  # the in_scheduler runs going on
         self.enqueued = 0  # runs this scheduler added (not counting ones deduplicated away)
         self._next_due = {p.name: 0.0 for p in self.periodic}
         self._acquire = queue.connection.register_script(_ACQUIRE)
@@ -107,10 +120,36 @@ class Scheduler:
             if now < self._next_due[periodic.name]:
                 continue
             self._next_due[periodic.name] = now + periodic.every_s
-            if jobs.rq_enqueue(self.queue, periodic.func, periodic.args, job_id=periodic.name):
-                enqueued.append(periodic.name)
+            if periodic.in_scheduler:
+                if self._run_here(periodic):
+                    enqueued.append(periodic.name)
+                continue
+            try:
+                if jobs.enqueue_periodic(
+                    self.queue, periodic.name, periodic.func, periodic.args, every_s=periodic.every_s
+                ):
+                    enqueued.append(periodic.name)
+            except Exception:
+                # One job that cannot be enqueued never costs the others their run: each is tried in its turn.
+                logger.exception("scheduler %s: could not enqueue periodic job %s", self.name, periodic.name)
         self.enqueued += len(enqueued)
         return enqueued
+
+    def _run_here(self, periodic: Periodic) -> bool:
+        """Start an in_scheduler run on a thread unless the last one is still going (the tick must keep renewing
+        the lock meanwhile); True when started."""
+        running = self._here.get(periodic.name)
+        if running is not None and running.is_alive():
+            return False
+        thread = threading.Thread(target=_here_main, args=(periodic,), name=f"scheduler-{periodic.name}")
+        self._here[periodic.name] = thread
+        thread.start()
+        return True
+
+    def wait_here(self, timeout: float | None = None) -> None:
+        """Wait for the in_scheduler runs started so far (`runjobs --burst`, a stopping scheduler)."""
+        for thread in list(self._here.values()):
+            thread.join(timeout)
 
     def run(self, stop: threading.Event) -> None:
         """Tick until `stop` is set; Redis errors are logged and retried, never fatal."""
@@ -127,6 +166,7 @@ class Scheduler:
                 stop.wait(self.TICK_S)
         finally:
             self.release()
+            self.wait_here(30)
 
     def release(self) -> None:
         """Give the lock up (if ours) so a standby takes over at once instead of after its expiry."""
@@ -135,3 +175,12 @@ class Scheduler:
         except Exception:
             logger.exception("scheduler %s: could not release the lock; it expires on its own", self.name)
         self.is_leader = False
+
+
+def _here_main(periodic: Periodic) -> None:
+    try:
+        periodic.func(*periodic.args)
+    except Exception:
+        logger.exception("periodic job %s failed (in the scheduler)", periodic.name)
+    finally:
+        connections.close_all()  # this thread's own connection, which nothing else would close

@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -25,7 +26,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
-from rq.job import JobStatus
+from rq.job import Callback, Job, JobStatus
 from rq.queue import Queue
 
 logger = logging.getLogger("recovery.jobs")
@@ -95,6 +96,18 @@ def actions_due() -> int:
     return changed
 
 
+def audit_checkpoint() -> str:
+    """Periodic, in the scheduler's holder: a signed checkpoint of the audit heads (recovery.audit_checkpoints)."""
+    from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
+
+    try:
+        path = checkpoint_write()
+    except CheckpointRefused as refused:
+        logger.error("audit checkpoint refused: %s", refused)
+        return ""
+    return str(path) if path else ""
+
+
 # Enqueueing --------------------------------------------------------------------------------------------------------
 
 
@@ -154,19 +167,84 @@ def _clear_if_done(queue: Queue, job_id: str) -> bool:
         status = job.get_status(refresh=False)
         if status == JobStatus.STARTED:
             # A worker killed mid-job leaves its job STARTED until a worker's maintenance (every few minutes) fails
-            # it; its heartbeat has lapsed long before. Failing such jobs here keeps a periodic id from being
-            # blocked by a dead worker. cleanup() only touches executions whose heartbeat expired.
+            # it; its heartbeat has lapsed long before. Failing such jobs here keeps an id from being blocked by a
+            # dead worker. cleanup() only touches executions whose heartbeat expired.
             queue.started_job_registry.cleanup()
             status = job.get_status()
     except (NoSuchJobError, InvalidJobOperation):
         return True  # finished and deleted in the meantime
+    except ValueError:
+        # rq's records of a dead worker's execution can vanish under it ("Execution ... not found in Redis"):
+        # nothing runs this job any more.
+        status = JobStatus.FAILED
     if status not in _DONE:
         return False
     if status == JobStatus.FAILED:
         logger.info("job %s failed last time; enqueueing it again", job_id)
     # Two enqueuers clearing the same finished job at once may each add one: at worst one extra idempotent run.
-    job.delete()
+    try:
+        job.delete()
+    except ValueError:  # the same vanished execution: drop the job's own record, which is what holds the id
+        queue.connection.delete(job.key)
     return True
+
+
+# Periodic runs ------------------------------------------------------------------------------------------------------
+
+# Whether a run of a periodic job is pending is a marker of ours, not rq's registries: rq learns that a worker died
+# only when another worker's maintenance notices (minutes), and a job record can vanish with Redis. The marker is
+# set (SET NX) when a run is enqueued, removed when the run ends (its success or failure callback), and expires on
+# its own after the job's period plus the check lease — the longest a dead worker's run can block the next one.
+_PENDING = "recovery:cron:pending:{name}"
+_RELEASE_MARKER = """
+if redis.call('get', KEYS[1]) == ARGV[1] then
+    return redis.call('del', KEYS[1])
+end
+return 0
+"""
+
+
+def periodic_marker_ttl_ms(every_s: float) -> int:
+    return int((every_s + settings.RECOVERY_CHECK_LEASE_S) * 1000)
+
+
+def enqueue_periodic(queue: Queue, name: str, func: Callable[..., Any], args: tuple, *, every_s: float) -> bool:
+    """Enqueue one run of the periodic job `name` unless one is pending (queued, or running on a live worker, or
+    less than its marker's lifetime ago on a dead one); True when a run was added. Each run has an id of its own
+    (`<name>-<token>`), so no record of an earlier run — finished, failed, or lost with a worker — stands in the way.
+    """
+    token = uuid.uuid4().hex[:12]
+    key = _PENDING.format(name=name)
+    if not queue.connection.set(key, token, nx=True, px=periodic_marker_ttl_ms(every_s)):
+        return False
+    try:
+        queue.enqueue_call(
+            func,
+            args=args,
+            job_id=f"{name}-{token}",
+            result_ttl=RESULT_TTL_S,
+            failure_ttl=FAILURE_TTL_S,
+            meta={"periodic": name, "marker": token},
+            on_success=Callback(_periodic_ended),
+            on_failure=Callback(_periodic_failed),
+        )
+    except Exception:
+        release_periodic_marker(queue.connection, name, token)
+        raise
+    return True
+
+
+def release_periodic_marker(connection: redis.Redis, name: str, token: str) -> None:
+    connection.eval(_RELEASE_MARKER, 1, _PENDING.format(name=name), token)
+
+
+def _periodic_ended(job: Job, connection: redis.Redis, result: Any, *args: Any, **kwargs: Any) -> None:
+    release_periodic_marker(connection, job.meta["periodic"], job.meta["marker"])
+
+
+def _periodic_failed(job: Job, connection: redis.Redis, *exc_info: Any, **kwargs: Any) -> None:
+    logger.error("periodic job %s failed (run %s)", job.meta.get("periodic"), job.id)
+    release_periodic_marker(connection, job.meta["periodic"], job.meta["marker"])
 
 
 _connections: dict[tuple[int, str], redis.Redis] = {}

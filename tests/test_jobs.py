@@ -1,8 +1,8 @@
 """Background jobs: enqueued on commit only, once per job id, run by a real RQ worker or the in-process runner; the
 periodic schedule runs at its intervals, survives failing jobs and is enqueued by one scheduler at a time.
 
-Tests needing Redis use database 15 of REDIS_TEST_URL (default redis://127.0.0.1:6379/15), flushed around each test,
-so real queues are never touched; without Redis they skip, unless REQUIRE_SERVICES=1 makes that a failure.
+Tests needing Redis use a database this run claimed for them (tests/isolation.py), emptied around each test, so
+real queues are never touched; without Redis they skip, unless REQUIRE_SERVICES=1 makes that a failure.
 """
 
 from __future__ import annotations
@@ -29,23 +29,24 @@ from recovery.cron import PERIODIC, Periodic, Scheduler
 from recovery.models import AuditEvent, Task, TaskStatus, Tenant
 from tests import jobs_for_tests
 from tests.conftest import missing_service
+from tests.isolation import extra_redis_database, flush
 
 ROOT = Path(__file__).resolve().parent.parent
-TEST_REDIS_URL = os.environ.get("REDIS_TEST_URL", "redis://127.0.0.1:6379/15")
 
 
 @pytest.fixture
 def redis_required(settings):
-    connection = redis.Redis.from_url(TEST_REDIS_URL, socket_connect_timeout=1)
+    url = extra_redis_database("jobs")
+    connection = redis.Redis.from_url(url, socket_connect_timeout=1)
     try:
         connection.ping()
     except redis.RedisError as error:
-        missing_service(f"needs Redis at {TEST_REDIS_URL} ({error}); set REDIS_TEST_URL to use another")
-    connection.flushdb()
-    settings.REDIS_URL = TEST_REDIS_URL
-    settings.RQ_QUEUES = {"default": {"URL": TEST_REDIS_URL, "DEFAULT_TIMEOUT": 60}}
+        missing_service(f"needs Redis at {url} ({error}): run with REDIS_URL=redis://host:6379/0")
+    flush(url)
+    settings.REDIS_URL = url
+    settings.RQ_QUEUES = {"default": {"URL": url, "DEFAULT_TIMEOUT": 60}}
     yield connection
-    connection.flushdb()
+    flush(url)
 
 
 @pytest.fixture
@@ -245,7 +246,8 @@ def test_it_lets_only_one_of_two_schedulers_enqueue(queue, work, tmp_path):
     assert (first.is_leader, second.is_leader) == (True, False)
     time.sleep(0.25)
     assert first.tick() == []  # due again, but the last run is still queued: no backlog of duplicates
-    assert queue.job_ids == ["tick"]
+    (queued,) = queue.job_ids
+    assert queued.startswith("tick-")  # each run has an id of its own; the marker keeps it to one pending
 
     first.release()  # the leader stops: the standby takes over at its next tick
     assert second.tick() == []  # still the same queued run
@@ -307,17 +309,88 @@ def test_it_runs_runjobs_burst_in_process(var_dir):
     result = _manage("runjobs", "--burst", var_dir=var_dir)
     assert result.returncode == 0, result.stderr
     assert "jobs: in-process (no REDIS_URL)" in result.stdout
-    assert "reconcile-due every 2 s, sweep-sent every 5 s, flag-no-submission every 5 s (once: burst)" in result.stdout
+    assert (
+        "reconcile-due every 2 s, sweep-sent every 5 s, flag-no-submission every 5 s, audit-checkpoint every 60 s "
+        "(once: burst)"
+    ) in result.stdout
     assert "failed" not in result.stderr
 
 
-def test_it_runs_runjobs_burst_on_rq(queue, var_dir, tmp_path):
+def test_it_runs_runjobs_burst_on_rq(queue, var_dir, tmp_path, settings):
     out = tmp_path / "out.txt"
     assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "queued before", job_id="t-before")
-    result = _manage("runjobs", "--burst", var_dir=var_dir, redis_url=TEST_REDIS_URL)
+    result = _manage("runjobs", "--burst", var_dir=var_dir, redis_url=settings.REDIS_URL)
     assert result.returncode == 0, result.stderr
-    assert f"jobs: RQ worker on queue 'default' at {TEST_REDIS_URL}" in result.stdout
+    assert f"jobs: RQ worker on queue 'default' at {settings.REDIS_URL}" in result.stdout
     assert lines(out) == ["queued before"]
     # The periodic jobs ran too, and successfully: nothing is left queued or failed.
     assert queue.count == 0
     assert queue.failed_job_registry.count == 0
+
+
+# Periodic runs that nothing can block ------------------------------------------------------------------------------
+
+
+def test_a_periodic_job_that_cannot_be_enqueued_never_costs_the_others_their_run(queue, work, tmp_path, caplog):
+    # One failing enqueue aborted the whole tick: sweep-sent and flag-no-submission stopped with reconcile-due.
+    out = tmp_path / "out.txt"
+    periodic = [
+        Periodic(name="broken", every_s=60, func=jobs_for_tests.append_line, args=(threading.Lock(), "x")),
+        Periodic(name="fine", every_s=60, func=jobs_for_tests.append_line, args=(str(out), "fine")),
+    ]
+    with caplog.at_level(logging.ERROR, logger="recovery.jobs"):
+        assert Scheduler(queue, periodic, name="s").tick() == ["fine"]
+    assert any("could not enqueue periodic job broken" in r.getMessage() for r in caplog.records)
+    work()
+    assert lines(out) == ["fine"]
+
+
+def test_a_periodic_run_lost_with_its_records_runs_again_within_its_period_and_the_lease(
+    queue, work, tmp_path, settings
+):
+    settings.RECOVERY_CHECK_LEASE_S = 1
+    out = tmp_path / "out.txt"
+    periodic = [Periodic(name="tick", every_s=0.2, func=jobs_for_tests.append_line, args=(str(out), "tick"))]
+    scheduler = Scheduler(queue, periodic, name="s")
+    assert scheduler.tick() == ["tick"]
+
+    queue.empty()  # the queued run vanished (a Redis that lost it, a job nobody will ever run)
+    time.sleep(0.25)
+    assert scheduler.tick() == []  # its marker still stands: a run may yet be going on somewhere
+    time.sleep(1.0)  # the period plus the lease (1 s here) have passed since it was enqueued
+    assert scheduler.tick() == ["tick"]
+    work()
+    assert lines(out) == ["tick"]
+
+    flush(settings.REDIS_URL)  # a Redis restarted empty: markers, jobs and registries gone
+    time.sleep(0.25)
+    assert scheduler.tick() == ["tick"]  # at once, no record stands in the way
+    work()
+    assert lines(out) == ["tick", "tick"]
+
+
+def test_a_periodic_run_that_ended_frees_its_name_at_once_even_when_it_failed(queue, work, tmp_path):
+    periodic = [Periodic(name="failing", every_s=0.1, func=jobs_for_tests.fail, args=("down",))]
+    scheduler = Scheduler(queue, periodic, name="s")
+    assert scheduler.tick() == ["failing"]
+    work()  # fails; its failure callback removes the marker
+    time.sleep(0.15)
+    assert scheduler.tick() == ["failing"]
+    assert queue.connection.exists("recovery:cron:pending:failing")
+
+
+def test_only_the_scheduler_holding_the_lock_writes_audit_checkpoints(queue, transactional_db, settings, tmp_path):
+    settings.RECOVERY_AUDIT_CHECKPOINT_DIR = tmp_path / "checkpoints"
+    Tenant.objects.create(name="acme", sandbox=True, all_tools=True)
+    with transaction.atomic():
+        from recovery.audit import Actor, append_event
+        from recovery.audit_checkpoints import trail_directory
+
+        append_event(action="test.event", actor=Actor.job("tests"), reason="one event to anchor")
+    (checkpoint,) = [p for p in PERIODIC if p.name == "audit-checkpoint"]
+    assert checkpoint.in_scheduler and checkpoint.every_s == 60  # RECOVERY_AUDIT_CHECKPOINT_S
+    holder, standby = Scheduler(queue, [checkpoint], name="holder"), Scheduler(queue, [checkpoint], name="standby")
+    assert holder.tick() == ["audit-checkpoint"] and standby.tick() == []
+    holder.wait_here(30)
+    assert len(list(trail_directory(tmp_path / "checkpoints").glob("checkpoint-*.json"))) == 1
+    assert queue.count == 0  # run by the holder itself, never handed to a worker on another machine

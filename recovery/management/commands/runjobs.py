@@ -55,6 +55,7 @@ class Command(BaseCommand):
             scheduler.tick()
             scheduler.release()
             worker.work(burst=True, with_scheduler=True)
+            scheduler.wait_here()
             return
         # The scheduler gets a process of its own, started before the worker: forking work horses from a process
         # that also runs a scheduler thread could copy a lock that thread holds (redis-py's, logging's).
