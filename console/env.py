@@ -8,6 +8,7 @@ turn DEBUG on or point the console at an empty database.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -71,6 +72,35 @@ def env_host_port(name: str, default: str) -> str:
     if ":" in host and not (host.startswith("[") and host.endswith("]")):
         raise ImproperlyConfigured(f"{name}={value!r}: write an IPv6 host in brackets, e.g. [::1]:8001")
     return value
+
+
+_KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,32}")
+
+
+def env_keyring(name: str, default: list[tuple[str, str]] | None) -> list[tuple[str, str]]:
+    """A keyring "id:secret,id:secret" — the first key signs, every one verifies (rotation adds a key in front and
+    keeps the old ones). Ids are 1-32 of [A-Za-z0-9_.-], each once; secrets at least 32 characters."""
+    value = os.environ.get(name)
+    if value is None:
+        if default is None:
+            raise ImproperlyConfigured(f"{name} must be set: id:secret[,id:secret...] (the first one signs)")
+        return list(default)
+    keys: list[tuple[str, str]] = []
+    for item in value.split(","):
+        key_id, sep, secret = item.strip().partition(":")
+        if not sep or not _KEY_ID.fullmatch(key_id):
+            raise ImproperlyConfigured(f"{name}: write id:secret pairs, ids of 1-32 letters, digits, '_', '.' or '-'")
+        if len(secret) < 32:
+            raise ImproperlyConfigured(f"{name}: the secret of key {key_id!r} must be at least 32 characters")
+        if any(key_id == known for known, _ in keys):
+            raise ImproperlyConfigured(f"{name}: key {key_id!r} is given twice")
+        keys.append((key_id, secret))
+    return keys
+
+
+def keyring_text(keys: list[tuple[str, str]]) -> str:
+    """The RECOVERY_AUDIT_KEYS value of a keyring (to hand this process's keys to a child process)."""
+    return ",".join(f"{key_id}:{secret}" for key_id, secret in keys)
 
 
 def database_from_env(name: str, *, sqlite_default: Path) -> dict:

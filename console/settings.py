@@ -16,6 +16,7 @@ from console.env import (
     env_bool,
     env_host_port,
     env_int,
+    env_keyring,
     env_list,
     env_seconds_by_key,
     env_str,
@@ -179,6 +180,19 @@ CONTENT_SECURITY_POLICY = {
 # API request bodies above this many bytes get 413 before anything reads them.
 RECOVERY_API_MAX_BODY = env_int("RECOVERY_API_MAX_BODY", 256 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RECOVERY_API_MAX_BODY
+
+# The audit trail's anchors outside the database (SPEC §15.6). Every event also carries an HMAC under the first key
+# of RECOVERY_AUDIT_KEYS ("id:secret,id:secret"; older keys stay listed to verify what they signed), so rewriting
+# events needs a secret the database does not hold; and the scheduler's holder writes a signed checkpoint of the
+# chain heads every RECOVERY_AUDIT_CHECKPOINT_S into RECOVERY_AUDIT_CHECKPOINT_DIR, so a removed tail or a chain
+# rewritten with the key is caught too, for everything older than the last checkpoint.
+RECOVERY_AUDIT_KEYS = env_keyring(
+    "RECOVERY_AUDIT_KEYS", [("dev", "dev-audit-key-" + SECRET_KEY)] if DEBUG else None
+)
+RECOVERY_AUDIT_CHECKPOINT_S = env_int("RECOVERY_AUDIT_CHECKPOINT_S", 60, minimum=1)
+RECOVERY_AUDIT_CHECKPOINT_DIR = Path(env_str("RECOVERY_AUDIT_CHECKPOINT_DIR", str(VAR_DIR / "audit-checkpoints")))
+# The periodic scheduler's lock (one active scheduler, a standby takes over when it lapses).
+RECOVERY_SCHEDULER_LEASE_S = env_int("RECOVERY_SCHEDULER_LEASE_S", 10, minimum=2)
 
 # API tokens are stored as HMAC-SHA256(pepper, token): a leaked table alone cannot be replayed or brute-forced offline.
 RECOVERY_TOKEN_PEPPER = env_str("RECOVERY_TOKEN_PEPPER", SECRET_KEY if DEBUG else None)

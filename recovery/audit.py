@@ -9,7 +9,9 @@ the sequence gap-free: a rolled-back append releases its number with everything 
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import hmac
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -17,6 +19,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connections
 from django.db.models import Exists, OuterRef, signals
 from django.utils import timezone
@@ -103,6 +106,36 @@ def event_hash(
         }
     )
     return hashlib.sha256(payload.encode()).hexdigest()
+
+
+# --- keys outside the database -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Keyring:
+    """RECOVERY_AUDIT_KEYS: the first key signs; every key verifies what it signed (rotation keeps old ones)."""
+
+    signing_id: str
+    keys: dict[str, bytes]
+
+    @classmethod
+    def from_settings(cls) -> Keyring:
+        return _keyring(tuple(settings.RECOVERY_AUDIT_KEYS))
+
+    def sign(self, text: str, key_id: str | None = None) -> str:
+        key_id = key_id or self.signing_id
+        return hmac.new(self.keys[key_id], f"{key_id}:{text}".encode(), hashlib.sha256).hexdigest()
+
+    def check(self, text: str, key_id: str, mac: str) -> bool | None:
+        """Whether `mac` signs `text` under `key_id`; None when the keyring does not hold that key."""
+        if key_id not in self.keys:
+            return None
+        return hmac.compare_digest(self.sign(text, key_id), mac)
+
+
+@functools.cache
+def _keyring(pairs: tuple[tuple[str, str], ...]) -> Keyring:
+    return Keyring(signing_id=pairs[0][0], keys={key_id: secret.encode() for key_id, secret in pairs})
 
 
 def _hash_of(event: AuditEvent) -> str:
@@ -197,7 +230,8 @@ def _append(using: str, fields: dict) -> AuditEvent:
         seq, _, _ = _advance(cursor, GLOBAL, now)  # global first: the one lock order
         chain_seq, prev_hash, prev_id = _advance(cursor, chain, now)
         fields = dict(fields, seq=seq, chain=chain, chain_seq=chain_seq, prev_hash=prev_hash)
-        event = AuditEvent(prev_id=prev_id, hash=event_hash(**fields), **fields)
+        digest, keyring = event_hash(**fields), Keyring.from_settings()
+        event = AuditEvent(prev_id=prev_id, hash=digest, key_id=keyring.signing_id, hmac=keyring.sign(digest), **fields)
         _insert(cursor, event, using)
         cursor.execute(
             "UPDATE recovery_auditchainhead SET head_hash = %s, head_event_id = %s, updated_at = %s "
@@ -311,11 +345,20 @@ def audit_purge_chains(*, chains: list[str], reason: str, actor: Actor, using: s
     return len(seqs)
 
 
-def _purged_ranges(using: str) -> list[tuple[int, int]]:
-    rows = AuditEvent.objects.using(using).filter(action="audit.maintenance", evidence__has_key="purged_seqs")
-    return sorted(
-        (start, end) for evidence in rows.values_list("evidence", flat=True) for start, end in evidence["purged_seqs"]
-    )
+def _purge_records(using: str):
+    return AuditEvent.objects.using(using).filter(action="audit.maintenance", evidence__has_key="purged_seqs")
+
+
+def purged_ranges(using: str = "default") -> list[tuple[int, int]]:
+    """The global sequence numbers recorded purges removed, as sorted (first, last) ranges."""
+    evidences = _purge_records(using).values_list("evidence", flat=True)
+    return sorted((start, end) for evidence in evidences for start, end in evidence["purged_seqs"])
+
+
+def purged_chains(using: str = "default") -> set[str]:
+    """The chains recorded purges removed whole."""
+    evidences = _purge_records(using).values_list("evidence", flat=True)
+    return {chain for evidence in evidences for chain in evidence.get("purged_chains", [])}
 
 
 def _covered(start: int, end: int, purged: list[tuple[int, int]]) -> bool:
@@ -334,6 +377,7 @@ class AuditReport:
     events: int
     chains: int
     problem: str | None
+    unkeyed: int = 0  # events written before RECOVERY_AUDIT_KEYS existed: hash-chained, not keyed
 
     @property
     def ok(self) -> bool:
@@ -342,14 +386,19 @@ class AuditReport:
 
 def _verify_global(using: str) -> tuple[int, str | None]:
     head = AuditChainHead.objects.using(using).filter(key=GLOBAL).first()
-    purged = _purged_ranges(using)
+    purged = purged_ranges(using)
     count = last_seq = 0
-    last_hash = ""
-    rows = AuditEvent.objects.using(using).order_by("seq").values_list("seq", "hash")
-    for seq, hash_ in rows.iterator(chunk_size=5000):
+    last_hash, first_keyed = "", None
+    rows = AuditEvent.objects.using(using).order_by("seq").values_list("seq", "hash", "hmac")
+    for seq, hash_, mac in rows.iterator(chunk_size=5000):
         count += 1
         if seq != last_seq + 1 and not _covered(last_seq + 1, seq - 1, purged):
             return count, f"global sequence gap: event #{last_seq + 1} is missing (next present is #{seq})"
+        if mac:
+            first_keyed = first_keyed or seq
+        elif first_keyed is not None:
+            # Keys, once configured, sign every event: an unkeyed one after a keyed one had its HMAC stripped.
+            return count, f"event #{seq} carries no HMAC although event #{first_keyed} before it does: stripped"
         last_seq, last_hash = seq, hash_
     length = head.length if head else 0
     if length != last_seq and not _covered(last_seq + 1, length, purged):
@@ -372,7 +421,7 @@ def _check_heads(batch: list[tuple[str, int, str, int]], using: str) -> str | No
     return None
 
 
-def _chain_problem(event: AuditEvent, expected_seq: int, prev: AuditEvent | None) -> str | None:
+def _chain_problem(event: AuditEvent, expected_seq: int, prev: AuditEvent | None, keyring: Keyring) -> str | None:
     where = f"chain {event.chain} event #{event.chain_seq} (seq {event.seq})"
     if event.chain_seq != expected_seq:
         return f"chain {event.chain}: event #{expected_seq} is missing (next present is #{event.chain_seq})"
@@ -380,41 +429,56 @@ def _chain_problem(event: AuditEvent, expected_seq: int, prev: AuditEvent | None
         return f"{where} does not link to the event before it"
     if _hash_of(event) != event.hash:
         return f"{where} does not match its hash: its content was edited"
+    if not event.hmac:
+        if prev is not None and prev.hmac:
+            return f"{where} carries no HMAC although the event before it does: its key was stripped"
+        return None
+    signed = keyring.check(event.hash, event.key_id, event.hmac)
+    if signed is None:
+        return f"{where} is signed with audit key {event.key_id!r}, which RECOVERY_AUDIT_KEYS does not hold"
+    if not signed:
+        return f"{where} does not match its HMAC (key {event.key_id!r}): rewritten by someone without the audit key"
     return None
 
 
-def verify_events(events, using: str = "default") -> tuple[int, int, str | None]:
-    """Walk events ordered by (chain, chain_seq); compare each finished chain with its head."""
-    count = chains = 0
+def verify_events(events, using: str = "default") -> tuple[int, int, str | None, int]:
+    """Walk events ordered by (chain, chain_seq); compare each finished chain with its head. Returns (events,
+    chains, the first problem or None, how many events were unkeyed)."""
+    count = chains = unkeyed = 0
+    keyring = Keyring.from_settings()
     prev: AuditEvent | None = None
     batch: list[tuple[str, int, str, int]] = []
     for event in events:
         count += 1
+        unkeyed += not event.hmac
         if prev is None or event.chain != prev.chain:
             if prev is not None:
                 batch.append((prev.chain, prev.chain_seq, prev.hash, prev.pk))
             chains += 1
             prev = None
-        problem = _chain_problem(event, (prev.chain_seq + 1) if prev else 1, prev)
+        problem = _chain_problem(event, (prev.chain_seq + 1) if prev else 1, prev, keyring)
         if problem:
-            return count, chains, problem
+            return count, chains, problem, unkeyed
         prev = event
         if len(batch) >= 500:
             problem = _check_heads(batch, using)
             if problem:
-                return count, chains, problem
+                return count, chains, problem, unkeyed
             batch = []
     if prev is not None:
         batch.append((prev.chain, prev.chain_seq, prev.hash, prev.pk))
-    return count, chains, _check_heads(batch, using) if batch else None
+    return count, chains, _check_heads(batch, using) if batch else None, unkeyed
 
 
-def verify_chain(key: str, using: str = "default") -> AuditReport:
-    events = AuditEvent.objects.using(using).filter(chain=key).order_by("chain_seq")
-    count, chains, problem = verify_events(events.iterator(chunk_size=2000), using)
+def verify_chain(key: str, using: str = "default", *, events: list[AuditEvent] | None = None) -> AuditReport:
+    """One chain; `events`: the chain's events already read in order (a page that shows them verifies what it
+    shows, with one more statement for the head instead of a second read)."""
+    if events is None:
+        events = AuditEvent.objects.using(using).filter(chain=key).order_by("chain_seq").iterator(chunk_size=2000)
+    count, chains, problem, unkeyed = verify_events(events, using)
     if problem is None and count == 0 and AuditChainHead.objects.using(using).filter(key=key, length__gt=0).exists():
         problem = f"chain {key} has a head but no events: they were removed"
-    return AuditReport(events=count, chains=chains, problem=problem)
+    return AuditReport(events=count, chains=chains, problem=problem, unkeyed=unkeyed)
 
 
 def verify_all(using: str = "default") -> AuditReport:
@@ -422,7 +486,7 @@ def verify_all(using: str = "default") -> AuditReport:
     if problem:
         return AuditReport(events=total, chains=0, problem=problem)
     events = AuditEvent.objects.using(using).order_by("chain", "chain_seq").iterator(chunk_size=5000)
-    count, chains, problem = verify_events(events, using)
+    count, chains, problem, unkeyed = verify_events(events, using)
     if problem is None:
         orphan = (
             AuditChainHead.objects.using(using)
@@ -433,4 +497,4 @@ def verify_all(using: str = "default") -> AuditReport:
         )
         if orphan:
             problem = f"chain {orphan.key} has a head but no events: they were removed"
-    return AuditReport(events=count, chains=chains, problem=problem)
+    return AuditReport(events=count, chains=chains, problem=problem, unkeyed=unkeyed)

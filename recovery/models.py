@@ -429,7 +429,8 @@ class AuditEvent(models.Model):
     """One append-only, hash-chained record of a state change or operator action (SPEC §15.6).
 
     `seq` is a gap-free global sequence; `chain`/`chain_seq` number the events of one task (or the system chain).
-    `hash` covers every field below plus `prev_hash`, so an edited payload or a removed event breaks the chain.
+    `hash` covers every field below plus `prev_hash`, so an edited payload or a removed event breaks the chain;
+    `hmac` keys that hash with a secret kept outside the database (recovery.audit).
     UPDATE, DELETE and TRUNCATE are refused by the database (recovery.dbguards); `prev` and the chain head's
     `head_event` are foreign keys, so even with the guard off a referenced event cannot be deleted.
     """
@@ -440,6 +441,10 @@ class AuditEvent(models.Model):
     prev = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
+    # HMAC-SHA256 of `hash` under the RECOVERY_AUDIT_KEYS key `key_id`: a secret the database does not hold, so a
+    # rewrite by someone with database access alone shows. Both empty for events written before keys existed.
+    key_id = models.CharField(max_length=32, blank=True)
+    hmac = models.CharField(max_length=64, blank=True)
     task = models.ForeignKey(Task, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events")
     call = models.ForeignKey(Call, null=True, blank=True, on_delete=models.PROTECT, related_name="audit_events")
     actor_kind = models.CharField(max_length=8, choices=ActorKind.choices)

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import requests
 
+from console.env import keyring_text
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -138,7 +140,10 @@ def _close(sock: socket.socket) -> None:
 
 
 def production_env(**extra: str) -> dict[str, str]:
-    """The environment of a production deployment (DEBUG off, a real secret, this host), for a child process."""
+    """The environment of a production deployment (DEBUG off, a real secret, this host), for a child process: it
+    signs audit events with this process's audit keys, so what it writes verifies here."""
+    from django.conf import settings
+
     env = {k: v for k, v in os.environ.items() if k not in {"DJANGO_SETTINGS_MODULE", "DEBUG"}}
     env.update(
         DEBUG="0",
@@ -146,6 +151,7 @@ def production_env(**extra: str) -> dict[str, str]:
         ALLOWED_HOSTS="127.0.0.1,localhost",
         SECURE_SSL_REDIRECT="0",
         PYTHONUNBUFFERED="1",
+        RECOVERY_AUDIT_KEYS=keyring_text(settings.RECOVERY_AUDIT_KEYS),
     )
     env.update(extra)
     return env

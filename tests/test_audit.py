@@ -408,7 +408,12 @@ def test_it_detects_an_edited_event_whose_hash_was_recomputed(trail, task):
     with guards_disabled():
         raw("UPDATE recovery_auditevent SET reason = 'nothing happened', hash = %s WHERE id = %s", [forged, middle.pk])
         report = verify_all()
-    assert report.problem == f"chain task:{task.pk} event #3 (seq 4) does not link to the event before it"
+    # Its hash matches its new content, but not the HMAC made with the audit key (kept outside the database); the
+    # next event's link to the old hash is broken too, further on.
+    assert report.problem == (
+        f"chain task:{task.pk} event #2 (seq 3) does not match its HMAC (key 'dev'): rewritten by someone without "
+        "the audit key"
+    )
 
 
 def test_it_detects_a_removed_tail(trail, task):

@@ -178,6 +178,7 @@ def _production_env(tmp_path: Path, **overrides: str | None) -> dict[str, str]:
         SECRET_KEY="".join(secrets.choice(alphabet) for _ in range(60)),
         ALLOWED_HOSTS="console.example.com",
         RECOVERY_TOKEN_PEPPER=secrets.token_urlsafe(32),
+        RECOVERY_AUDIT_KEYS=f"prod-1:{secrets.token_urlsafe(32)}",
         DJANGO_SETTINGS_MODULE="console.settings",
         RECOVERY_VAR_DIR=str(tmp_path / "var"),
     )
@@ -216,6 +217,7 @@ def test_it_passes_the_deployment_checks_in_production_mode(tmp_path):
         ("SECRET_KEY", "SECRET_KEY must be set"),
         ("ALLOWED_HOSTS", "ALLOWED_HOSTS must be set when DEBUG is off"),
         ("RECOVERY_TOKEN_PEPPER", "RECOVERY_TOKEN_PEPPER must be set"),
+        ("RECOVERY_AUDIT_KEYS", "RECOVERY_AUDIT_KEYS must be set: id:secret[,id:secret...] (the first one signs)"),
     ],
 )
 def test_it_refuses_to_start_in_production_without(tmp_path, missing, message):
@@ -230,6 +232,20 @@ def test_it_refuses_a_weak_secret_key_in_production(tmp_path, key):
     result = _manage(_production_env(tmp_path, SECRET_KEY=key), "check")
     assert result.returncode != 0
     assert "SECRET_KEY must be at least 50 characters with at least 5 distinct ones" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ("k1", "write id:secret pairs"),
+        ("k 1:" + "s" * 40, "write id:secret pairs"),
+        ("k1:short", "the secret of key 'k1' must be at least 32 characters"),
+        (f"k1:{'s' * 40},k1:{'t' * 40}", "key 'k1' is given twice"),
+    ],
+)
+def test_it_refuses_a_malformed_audit_keyring(tmp_path, keys, message):
+    result = _manage(_production_env(tmp_path, RECOVERY_AUDIT_KEYS=keys), "check")
+    assert result.returncode != 0 and message in result.stderr
 
 
 def test_it_refuses_a_malformed_debug_flag(tmp_path):

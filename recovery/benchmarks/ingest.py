@@ -46,6 +46,7 @@ from django.conf import settings
 from django.db import connection
 from django.test import Client
 
+from console.env import keyring_text
 from recovery.audit import Actor, chain_key
 from recovery.benchmarks import bare_wsgi
 from recovery.engine.canonical import canonical_json
@@ -267,6 +268,7 @@ def serve(app: str, database_url: str) -> Iterator[Server]:
         SECRET_KEY=secrets.token_urlsafe(48),
         ALLOWED_HOSTS="127.0.0.1,localhost",
         RECOVERY_TOKEN_PEPPER=_pepper(),
+        RECOVERY_AUDIT_KEYS=keyring_text(settings.RECOVERY_AUDIT_KEYS),
         SECURE_SSL_REDIRECT="0",
         LOG_LEVEL="WARNING",
     )

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from recovery.audit import AuditReport, chain_key, verify_events
-from recovery.models import AuditChainHead, AuditEvent, Task, TaskStatus
+from recovery.audit import AuditReport, chain_key, verify_chain
+from recovery.models import AuditEvent, Task, TaskStatus
 from recovery.selectors.tasks_calls import task_summary
 
 
@@ -121,16 +121,8 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
         budget=_budget(task, summary, now),
         events=events,
         chain=chain,
-        report=_verify(chain, events),
+        report=verify_chain(chain, events=events),
     )
-
-
-def _verify(chain: str, events: list[AuditEvent]) -> AuditReport:
-    """verify_chain() over the events already read: one more statement (the head), not a second read of the chain."""
-    count, chains, problem = verify_events(events)
-    if problem is None and count == 0 and AuditChainHead.objects.filter(key=chain, length__gt=0).exists():
-        problem = f"chain {chain} has a head but no events: they were removed"
-    return AuditReport(events=count, chains=chains, problem=problem)
 
 
 def _steps(summary: dict, calls: dict[int, dict]) -> list[dict]:
