@@ -186,9 +186,7 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RECOVERY_API_MAX_BODY
 # events needs a secret the database does not hold; and the scheduler's holder writes a signed checkpoint of the
 # chain heads every RECOVERY_AUDIT_CHECKPOINT_S into RECOVERY_AUDIT_CHECKPOINT_DIR, so a removed tail or a chain
 # rewritten with the key is caught too, for everything older than the last checkpoint.
-RECOVERY_AUDIT_KEYS = env_keyring(
-    "RECOVERY_AUDIT_KEYS", [("dev", "dev-audit-key-" + SECRET_KEY)] if DEBUG else None
-)
+RECOVERY_AUDIT_KEYS = env_keyring("RECOVERY_AUDIT_KEYS", [("dev", "dev-audit-key-" + SECRET_KEY)] if DEBUG else None)
 RECOVERY_AUDIT_CHECKPOINT_S = env_int("RECOVERY_AUDIT_CHECKPOINT_S", 60, minimum=1)
 RECOVERY_AUDIT_CHECKPOINT_DIR = Path(env_str("RECOVERY_AUDIT_CHECKPOINT_DIR", str(VAR_DIR / "audit-checkpoints")))
 # The periodic scheduler's lock (one active scheduler, a standby takes over when it lapses).
