@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import connections
+from django.db import connections, transaction
 from django.db.models import Exists, OuterRef, signals
 from django.utils import timezone
 
@@ -159,25 +159,42 @@ def _hash_of(event: AuditEvent) -> str:
     )
 
 
-_ADVANCE = (
-    "UPDATE recovery_auditchainhead SET length = length + 1 WHERE key = %s RETURNING length, head_hash, head_event_id"
-)
+# Raw SQL (STYLE.md's data layer: the audit head advance and the multi-row event insert): a head is locked and read
+# in one statement, and a transaction's events go in with one INSERT whose ids were taken with the global head's
+# lock — what the ORM cannot say, on the path of every write.
+_HEADS = AuditChainHead._meta.db_table
+_EVENTS = AuditEvent._meta.db_table
 _CREATE_HEAD = (
-    "INSERT INTO recovery_auditchainhead (key, length, head_hash, updated_at) VALUES (%s, 0, '', %s) "
-    "ON CONFLICT (key) DO NOTHING"
+    f"INSERT INTO {_HEADS} (key, length, head_hash, updated_at) VALUES (%s, 0, '', %s) ON CONFLICT (key) DO NOTHING"
 )
 
 
-def _advance(cursor, key: str, now: datetime) -> tuple[int, str, int | None]:
-    """Lock a head row and take its next number. A head is created on a chain's first event."""
-    cursor.execute(_ADVANCE, [key])
+def _lock_sql(vendor: str, ids: int) -> str:
+    """Lock one head row and read it; on PostgreSQL also take `ids` event ids from the table's sequence."""
+    if vendor != "postgresql":
+        # SQLite: the transaction already holds the database's write lock (BEGIN IMMEDIATE).
+        return f"SELECT length, head_hash, head_event_id FROM {_HEADS} WHERE key = %s"
+    taken = (
+        f", (SELECT array_agg(nextval(pg_get_serial_sequence('{_EVENTS}', 'id'))) FROM generate_series(1, {ids}))"
+        if ids
+        else ""
+    )
+    return f"SELECT length, head_hash, head_event_id{taken} FROM {_HEADS} WHERE key = %s FOR UPDATE"
+
+
+def _lock(cursor, key: str, now: datetime, *, ids: int = 0) -> tuple[int, str, int | None, list[int]]:
+    """Lock a head row: (length, head hash, head event id, the event ids taken). A head is created on a chain's
+    first event; the caller moves it forward once the events it counts exist (the trigger checks that)."""
+    sql = _lock_sql(cursor.db.vendor, ids)
+    cursor.execute(sql, [key])
     row = cursor.fetchone()
     if row is None:
         # A concurrent creator of the same head waits on the unique key and then finds the row.
         cursor.execute(_CREATE_HEAD, [key, now])
-        cursor.execute(_ADVANCE, [key])
+        cursor.execute(sql, [key])
         row = cursor.fetchone()
-    return int(row[0]), row[1], row[2]
+    taken = sorted(row[3]) if len(row) > 3 and row[3] else []
+    return int(row[0]), row[1], row[2], taken
 
 
 # Per database alias, the events an appends_at_commit() block has queued (None outside any such block).
@@ -225,44 +242,89 @@ def append_event(
 
 
 def _append(using: str, fields: dict) -> AuditEvent:
-    now, chain = fields["created_at"], chain_key(fields["task_id"])
-    with connections[using].cursor() as cursor:
-        seq, _, _ = _advance(cursor, GLOBAL, now)  # global first: the one lock order
-        chain_seq, prev_hash, prev_id = _advance(cursor, chain, now)
-        fields = dict(fields, seq=seq, chain=chain, chain_seq=chain_seq, prev_hash=prev_hash)
-        digest, keyring = event_hash(**fields), Keyring.from_settings()
-        event = AuditEvent(prev_id=prev_id, hash=digest, key_id=keyring.signing_id, hmac=keyring.sign(digest), **fields)
-        _insert(cursor, event, using)
-        cursor.execute(
-            "UPDATE recovery_auditchainhead SET head_hash = %s, head_event_id = %s, updated_at = %s "
-            "WHERE key IN (%s, %s)",
-            [event.hash, event.pk, now, chain, GLOBAL],
-        )
-    return event
+    return _append_all(using, [fields])[-1]
+
+
+def _append_all(using: str, queued: list[dict]) -> list[AuditEvent]:
+    """Append `queued` (append_event's fields, in order) in one go: the global head, then each chain's head, locked
+    once (the one lock order: global first), every event inserted, then every head moved to its last event in one
+    UPDATE. On PostgreSQL that is 4 statements for a transaction touching one chain, whatever the number of events
+    (the ids come with the global head's lock, so one INSERT carries them all, each linking to the one before)."""
+    connection = connections[using]
+    now, keyring = queued[-1]["created_at"], Keyring.from_settings()
+    chains = [chain_key(fields["task_id"]) for fields in queued]
+    many = len(queued) > 1 and connection.vendor == "postgresql"
+    with connection.cursor() as cursor:
+        length, _, _, ids = _lock(cursor, GLOBAL, now, ids=len(queued) if many else 0)
+        tails = {}
+        for chain in dict.fromkeys(chains):
+            number, prev_hash, prev_id, _ = _lock(cursor, chain, now)
+            tails[chain] = [number, prev_hash, prev_id]
+        events = []
+        for position, (fields, chain) in enumerate(zip(queued, chains, strict=True)):
+            tail = tails[chain]
+            fields = dict(fields, seq=length + position + 1, chain=chain, chain_seq=tail[0] + 1, prev_hash=tail[1])
+            digest = event_hash(**fields)
+            event = AuditEvent(
+                prev_id=tail[2], hash=digest, key_id=keyring.signing_id, hmac=keyring.sign(digest), **fields
+            )
+            if many:
+                event.pk = ids[position]
+            else:  # one at a time: the next event of the chain links to this one's id
+                _insert(cursor, [event], using)
+            tail[:] = [fields["chain_seq"], digest, event.pk]
+            events.append(event)
+        if many:
+            _insert(cursor, events, using)
+        moved = {chain: (number, digest, pk) for chain, (number, digest, pk) in tails.items()}
+        moved[GLOBAL] = (length + len(events), events[-1].hash, events[-1].pk)
+        cursor.execute(*_move_heads(moved, now))
+    return events
+
+
+def _move_heads(moved: dict[str, tuple[int, str, int]], now: datetime) -> tuple[str, list]:
+    """One UPDATE setting each head's length, hash and event (the trigger refuses a head past its events)."""
+    keys = list(moved)
+    cases = {column: " ".join(["WHEN %s THEN %s"] * len(keys)) for column in ("length", "head_hash", "head_event_id")}
+    sql = (
+        f"UPDATE {_HEADS} SET length = CASE key {cases['length']} END, head_hash = CASE key {cases['head_hash']} END, "
+        f"head_event_id = CASE key {cases['head_event_id']} END, updated_at = %s "
+        f"WHERE key IN ({', '.join(['%s'] * len(keys))})"
+    )
+    params: list = []
+    for column in range(3):
+        for key in keys:
+            params += [key, moved[key][column]]
+    return sql, [*params, now, *keys]
 
 
 _EVENT_FIELDS = [field for field in AuditEvent._meta.concrete_fields if not field.primary_key]
-_INSERT_EVENT = (
-    f"INSERT INTO {AuditEvent._meta.db_table} ({', '.join(field.column for field in _EVENT_FIELDS)}) "
-    f"VALUES ({', '.join(['%s'] * len(_EVENT_FIELDS))})"
-)
+_COLUMNS = ", ".join(field.column for field in _EVENT_FIELDS)
 
 
-def _insert(cursor, event: AuditEvent, using: str) -> None:
-    """event.save(force_insert=True)'s INSERT, each value prepared by its field as the ORM does, without building
-    the statement anew: every transition appends an event, so this is on the hot path of every write."""
+def _insert(cursor, events: list[AuditEvent], using: str) -> None:
+    """`events`' INSERT, each value prepared by its field as the ORM does: one statement for all of them when their
+    ids were taken already, else one event with its id returned. Through the ORM when someone listens to saves."""
     connection = connections[using]
     if signals.pre_save.has_listeners(AuditEvent) or signals.post_save.has_listeners(AuditEvent):
-        event.save(using=using, force_insert=True)  # someone listens: go through the ORM
+        for event in events:
+            event.save(using=using, force_insert=True)  # someone listens: go through the ORM
         return
-    values = [field.get_db_prep_save(getattr(event, field.attname), connection) for field in _EVENT_FIELDS]
-    if connection.features.can_return_columns_from_insert:
-        cursor.execute(_INSERT_EVENT + " RETURNING id", values)
-        (event.pk,) = cursor.fetchone()
+    with_ids = events[0].pk is not None
+    fields = ([AuditEvent._meta.pk] if with_ids else []) + _EVENT_FIELDS
+    row = f"({', '.join(['%s'] * len(fields))})"
+    sql = f"INSERT INTO {_EVENTS} ({'id, ' if with_ids else ''}{_COLUMNS}) VALUES {', '.join([row] * len(events))}"
+    values = [field.get_db_prep_save(getattr(event, field.attname), connection) for event in events for field in fields]
+    if with_ids:
+        cursor.execute(sql, values)
+    elif connection.features.can_return_columns_from_insert:
+        cursor.execute(sql + " RETURNING id", values)
+        (events[0].pk,) = cursor.fetchone()
     else:
-        cursor.execute(_INSERT_EVENT, values)
-        event.pk = connection.ops.last_insert_id(cursor, AuditEvent._meta.db_table, "id")
-    event._state.adding, event._state.db = False, using
+        cursor.execute(sql, values)
+        events[0].pk = connection.ops.last_insert_id(cursor, _EVENTS, "id")
+    for event in events:
+        event._state.adding, event._state.db = False, using
 
 
 @contextmanager
@@ -291,8 +353,8 @@ def appends_at_commit(using: str = "default") -> Iterator[None]:
         yield
     finally:
         _QUEUED.reset(reset)
-    for fields in queue:
-        _append(using, fields)
+    if queue:
+        _append_all(using, queue)
 
 
 @contextmanager
@@ -498,3 +560,21 @@ def verify_all(using: str = "default") -> AuditReport:
         if orphan:
             problem = f"chain {orphan.key} has a head but no events: they were removed"
     return AuditReport(events=count, chains=chains, problem=problem, unkeyed=unkeyed)
+
+
+def verify_in_one_snapshot(scope: str, using: str = "default") -> AuditReport:
+    """verify_all() (scope "all") or verify_chain(scope) on one snapshot of the database.
+
+    The check reads the events, then the chain heads, in separate statements. Under PostgreSQL's default READ
+    COMMITTED each statement sees the latest commits, so an event appended between the two reads would show as a
+    head ahead of its chain — "the tail was removed" on a healthy, busy trail. REPEATABLE READ (raw SQL: the ORM has
+    no word for it) makes every statement see the snapshot of the first one. Only at the outermost level: inside a
+    caller's transaction the isolation is already fixed, and the caller sees its own consistent state.
+    """
+    connection = connections[using]
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=using):
+        if outermost and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        return verify_all(using) if scope == "all" else verify_chain(scope, using)

@@ -4,10 +4,11 @@
    is not an edge of SPEC §8, any state change that does not bump `version` by exactly one, and any version change
    without a state change. Violations raise IntegrityError.
 2. Append-only audit: UPDATE, DELETE (and TRUNCATE on PostgreSQL) of `recovery_auditevent` are refused unless the
-   audit maintenance switch is on for the current session; chain heads only move forward by one and are never
-   deleted (a rewound head would let a removed tail pass unnoticed, or block every later append). The switch is a
-   session setting (`recovery.audit_maintenance` on PostgreSQL; a per-connection flag read through an SQL function
-   on SQLite), turned on only by `recovery.audit.audit_maintenance()`, which first records its use as an audit event.
+   audit maintenance switch is on for the current session; chain heads only move forward, never past the events
+   they count, and are never deleted (a rewound head would let a removed tail pass unnoticed; one moved ahead of its
+   events would break the next append). The switch is a session setting (`recovery.audit_maintenance` on
+   PostgreSQL; a per-connection flag read through an SQL function on SQLite), turned on only by
+   `recovery.audit.audit_maintenance()`, which first records its use as an audit event.
 
 Migrations: 0002 calls `install()`. Any later change here, in the state table, or to the guarded tables (SQLite
 rebuilds a table to alter it, which drops its triggers) needs a new migration that calls `install()` again;
@@ -22,6 +23,12 @@ from django.db.backends.signals import connection_created
 from recovery.states import ALLOWED_PAIRS
 
 SETTING = "recovery.audit_maintenance"
+# How far a head may count: the events its chain holds (recovery.audit.GLOBAL, "global", counts every event). A head
+# is moved once per transaction to cover the events just inserted (recovery.audit._append_all), never past them.
+_EVENTS_COUNTED = (
+    "(CASE WHEN NEW.key = 'global' THEN (SELECT coalesce(max(seq), 0) FROM recovery_auditevent) "
+    "ELSE (SELECT coalesce(max(chain_seq), 0) FROM recovery_auditevent WHERE chain = NEW.key) END)"
+)
 
 
 def _edge_list(pairs: tuple[tuple[str, str], ...]) -> str:
@@ -77,10 +84,12 @@ def postgres_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str
                 IF TG_OP = 'DELETE' THEN RETURN OLD; END IF;
                 RETURN NEW;
             END IF;
-            IF TG_OP = 'UPDATE' AND NEW.key = OLD.key AND NEW.length BETWEEN OLD.length AND OLD.length + 1 THEN
+            IF TG_OP = 'UPDATE' AND NEW.key = OLD.key AND (NEW.length = OLD.length OR (
+                NEW.length > OLD.length AND NEW.length <= {_EVENTS_COUNTED}
+            )) THEN
                 RETURN NEW;
             END IF;
-            RAISE EXCEPTION 'audit chain heads only move forward by one: % refused', TG_OP
+            RAISE EXCEPTION 'audit chain heads only move forward, and never past their events: % refused', TG_OP
                 USING ERRCODE = 'restrict_violation';
         END $$;
         """,
@@ -120,11 +129,12 @@ def sqlite_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
         BEGIN SELECT RAISE(ABORT, 'recovery_auditevent is append-only: UPDATE refused'); END
         """,
         "DROP TRIGGER IF EXISTS recovery_auditchainhead_forward_only",
-        """
+        f"""
         CREATE TRIGGER recovery_auditchainhead_forward_only BEFORE UPDATE ON recovery_auditchainhead
         FOR EACH ROW WHEN recovery_audit_maintenance() = 0
-            AND (NEW.key IS NOT OLD.key OR NEW.length < OLD.length OR NEW.length > OLD.length + 1)
-        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward by one'); END
+            AND (NEW.key IS NOT OLD.key OR NEW.length < OLD.length
+                 OR (NEW.length > OLD.length AND NEW.length > {_EVENTS_COUNTED}))
+        BEGIN SELECT RAISE(ABORT, 'audit chain heads only move forward, and never past their events'); END
         """,
         "DROP TRIGGER IF EXISTS recovery_auditchainhead_no_delete",
         """
@@ -152,6 +162,16 @@ def install(schema_editor, pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -
         raise RuntimeError(f"no database guards for {vendor}: only PostgreSQL and SQLite are supported")
     for statement in statements:
         schema_editor.execute(statement, params=None)  # None: '%' in PL/pgSQL is not a placeholder
+
+
+def uninstall_sqlite(schema_editor) -> None:
+    """Drop SQLite's guards before a migration rebuilds a guarded table (install() them again after it): SQLite
+    rebuilds a table by renaming a copy into its place, which fails while another table's trigger names it."""
+    if schema_editor.connection.vendor != "sqlite":
+        return
+    for statement in sqlite_sql():
+        if statement.startswith("DROP TRIGGER"):
+            schema_editor.execute(statement, params=None)
 
 
 def set_maintenance(connection: BaseDatabaseWrapper, on: bool, *, local: bool) -> None:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 
-from django.db import connections, transaction
+from django.db import transaction
 
-from recovery.audit import SYSTEM_CHAIN, Actor, AuditReport, append_event, verify_all, verify_chain
+from recovery.audit import SYSTEM_CHAIN, Actor, AuditReport, append_event, verify_in_one_snapshot
 
-ALL = "all"
+ALL = "all"  # recovery.audit.verify_in_one_snapshot's scope for the whole trail
 _TASK_CHAIN = re.compile(r"task:[1-9][0-9]{0,18}", re.ASCII)
 
 
@@ -26,7 +26,7 @@ def audit_verify(*, scope: str, actor: Actor, using: str = "default") -> AuditRe
     """
     if scope != ALL and scope != SYSTEM_CHAIN and not _TASK_CHAIN.fullmatch(scope):
         raise ValueError(f"scope must be {ALL!r}, {SYSTEM_CHAIN!r} or 'task:<id>', not {scope!r}")
-    report = _verify_in_one_snapshot(scope, using)
+    report = verify_in_one_snapshot(scope, using)
     outcome = "intact" if report.ok else f"BROKEN: {report.problem}"
     with transaction.atomic(using=using):
         append_event(
@@ -43,21 +43,3 @@ def audit_verify(*, scope: str, actor: Actor, using: str = "default") -> AuditRe
             using=using,
         )
     return report
-
-
-def _verify_in_one_snapshot(scope: str, using: str) -> AuditReport:
-    """Run the check on one snapshot of the database.
-
-    The check reads the events, then the chain heads, in separate statements. Under PostgreSQL's default READ
-    COMMITTED each statement sees the latest commits, so an event appended between the two reads would show as a
-    head ahead of its chain — "the tail was removed" on a healthy, busy trail. REPEATABLE READ makes every statement
-    see the snapshot of the first one. Only at the outermost level: inside a caller's transaction the isolation is
-    already fixed, and the caller (a test's transaction, a management command) sees its own consistent state.
-    """
-    connection = connections[using]
-    outermost = not connection.in_atomic_block
-    with transaction.atomic(using=using):
-        if outermost and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        return verify_all(using) if scope == ALL else verify_chain(scope, using)
