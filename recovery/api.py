@@ -22,7 +22,7 @@ from ninja.security import HttpBearer
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from recovery import jobs
+from recovery import hot_path, jobs
 from recovery.api_errors import exception_response
 from recovery.audit import Actor
 from recovery.engine import storable
@@ -243,9 +243,7 @@ class TokenAuth(HttpBearer):
         api_token = token_authenticate(token)
         if api_token is not None:
             request.api_token = api_token
-            request.tenant_ids = set(
-                getattr(api_token, "tenant_ids", None) or api_token.tenants.values_list("id", flat=True)
-            )
+            request.tenant_ids = api_token.tenant_ids
         return api_token
 
 
@@ -367,14 +365,19 @@ def _task(request, task_id: int) -> Task:
     return get_object_or_404(Task.objects.select_related("tenant"), pk=task_id, tenant_id__in=request.tenant_ids)
 
 
-def _call(request, call_id: int, *, policy: bool = False) -> Call:
-    """The call with what its endpoints read; `policy`: its tool's alternates too, read once for the several tool
-    policies the admission and outcome endpoints build (one query instead of one per policy)."""
+def _call(request, call_id: int) -> Call:
+    """The call with what its endpoints read."""
     call = call_in_tenants(call_id, request.tenant_ids)
     if call is None:
         raise Http404("no call with this id")
-    if policy:
-        with_alternates(call.tool)
+    return call
+
+
+def _call_to_admit(request, call_id: int, attempt_id: str) -> Call:
+    """The call with what admitting `attempt_id` reads, in one statement (recovery.hot_path.call_for_attempt)."""
+    call = hot_path.call_for_attempt(call_id, request.tenant_ids, attempt_id=attempt_id)
+    if call is None:
+        raise Http404("no call with this id")
     return call
 
 
@@ -520,7 +523,9 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
     return Status(
         200,
         ingest.gate_ask(
-            call=_call(request, call_id, policy=True), body=payload.model_dump(mode="json"), actor=_actor(request)
+            call=_call_to_admit(request, call_id, payload.attempt_id),
+            body=payload.model_dump(mode="json"),
+            actor=_actor(request),
         ),
     )
 
@@ -532,7 +537,8 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
         body.pop("outcome")
     else:
         body["outcome"] = payload.outcome.model_dump(mode="json", exclude_unset=True)
-    admission = ingest.attempt_admit(call=_call(request, call_id, policy=True), body=body, actor=_actor(request))
+    call = _call_to_admit(request, call_id, payload.attempt_id)
+    admission = ingest.attempt_admit(call=call, body=body, actor=_actor(request))
     if admission.status == 409:
         gate = admission.response["gate"]
         return _error(

@@ -11,12 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import transaction
-from django.db.models import F
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
-from recovery import rows
 from recovery.audit import Actor, append_event
+from recovery.hot_path import update_call_state
 from recovery.models import Call
 from recovery.states import CallState, is_allowed
 
@@ -44,7 +43,7 @@ def transition_call(
     """Move `call` from the state and version it was read with to `to`; update `call` in place and return it.
 
     `changes` are other columns written by the same UPDATE (e.g. next_check_at, provider_ref), so a state and the
-    facts that justify it can never be seen apart.
+    facts that justify it can never be seen apart: plain values (the facts as they were decided), not expressions.
     """
     src, dst = CallState(call.state), CallState(to)
     if not is_allowed(src, dst):
@@ -54,6 +53,8 @@ def transition_call(
     changes = dict(changes or {})
     if bad := sorted(_FORBIDDEN_CHANGES & set(changes)):
         raise ValueError(f"transition_call() cannot change {', '.join(bad)} through `changes`")
+    if expressions := sorted(name for name, value in changes.items() if isinstance(value, Combinable)):
+        raise ValueError(f"transition_call() writes plain values: {', '.join(expressions)} is an expression")
     now = timezone.now()
     # No savepoint: a refused UPDATE changes nothing, so there is nothing to roll back to, and the conflict is
     # raised after the block, which leaves a caller's transaction usable. Two statements fewer per transition.
@@ -75,22 +76,12 @@ def transition_call(
             f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
         )
     call.state, call.version, call.state_changed_at, call.updated_at = dst, call.version + 1, now, now
-    expressions = [name for name, value in changes.items() if isinstance(value, Combinable)]
     for name, value in changes.items():
-        if name not in expressions:
-            setattr(call, name, value)
-    if expressions:
-        call.refresh_from_db(fields=expressions)
+        setattr(call, name, value)
     return call
 
 
 def _update(call: Call, src: CallState, dst: CallState, now, changes: dict[str, Any]) -> int:
-    """The conditional UPDATE on (id, state, version); the number of rows it changed (1, or 0 on a conflict)."""
-    where = {"id": call.pk, "state": src, "version": call.version}
-    if any(isinstance(value, Combinable) for value in changes.values()):
-        return Call.objects.filter(**where).update(
-            state=dst, version=F("version") + 1, state_changed_at=now, updated_at=now, **changes
-        )
-    # On every attempt, twice: the statement is generated once per set of columns (recovery.rows), not per call.
-    values = {"state": dst, "state_changed_at": now, "updated_at": now, **changes}
-    return rows.update(Call, where, values, extra="version = version + 1")
+    """The conditional UPDATE on (id, state, version), the version bumped by one; the number of rows it changed (1,
+    or 0 on a conflict). Every attempt moves its call twice: the statement is the hot path's (recovery.hot_path)."""
+    return update_call_state(call, src, {"state": dst, "state_changed_at": now, "updated_at": now, **changes})

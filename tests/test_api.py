@@ -585,3 +585,22 @@ def test_an_agent_may_not_take_an_attempt_id_reserved_for_operator_replays(setup
     )
     assert _stored() == before
     assert client.admit(ready.call_id, "reaction-1").call_state == "SENT"  # the prefix only
+
+
+@pytest.mark.parametrize("sql", [True, False], ids=["sql", "orm"])
+def test_the_task_counters_move_alike_through_the_sql_and_its_orm_twin(client, settings, sql):
+    # The single shot moves and reads the task's counters in one UPDATE ... RETURNING (services/ingest.py); its ORM
+    # twin (RECOVERY_HOT_PATH_SQL off) in an UPDATE and a SELECT. Both must leave and read the same numbers.
+    settings.RECOVERY_HOT_PATH_SQL = sql
+    task = client.create_task("acme", f"counters-{sql}", agent="tests", goal="g", budget={"max_rounds": 10})
+    _, call = new_call(client, task=task)
+    busy = SENT | {"http_status": 503, "tokens_used": 40}
+    first = client.single_shot(call.call_id, "a1", busy)
+    assert first.call_state == "RETRYABLE"
+    assert (first.decision["budget"]["task_rounds"], first.decision["budget"]["tokens_used"]) == (1, 40)
+    time.sleep(0.12)  # the backoff (50-100 ms)
+    second = client.single_shot(call.call_id, "a2", busy | {"tokens_used": 2}, evidence=("time_elapsed",))
+    assert (second.decision["budget"]["task_rounds"], second.decision["budget"]["tokens_used"]) == (2, 42)
+    assert second.decision["budget"]["attempt"] == 2
+    stored = Task.objects.get(pk=task.id)
+    assert (stored.rounds_used, stored.tokens_used, stored.write_retries_used) == (2, 42, 1)

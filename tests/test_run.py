@@ -97,13 +97,18 @@ def test_make_run_refuses_a_sandbox_address_in_use_before_starting_anything(tmp_
 
 
 def test_the_database_rules_hold_on_sqlite_too(db):
-    """CI runs the suite on PostgreSQL; the embedded default must enforce the same state table and audit rules."""
+    """CI runs the suite on PostgreSQL; the embedded default must enforce the same state table and audit rules, and
+    read and write the same through the raw SQL of the hot paths."""
     if connection.vendor == "sqlite":
         pytest.skip("this run already executes every database test on SQLite")
     # PostgreSQL-only tests in these files already ran in this process: here they may skip.
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "REQUIRE_SERVICES"}}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_states.py", "tests/test_audit.py"],
+        [
+            *(sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"),
+            # The state table and the audit rules, and the raw SQL held equal to the ORM (it must be portable).
+            *("tests/test_states.py", "tests/test_audit.py", "tests/test_hot_path.py", "tests/test_queue_selector.py"),
+        ],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,8 +1,8 @@
 """The engine's view of a tool: `tool_policy(tool)` turns a Tool row into the frozen ToolPolicy the engine reads.
 
 It runs on every API request, so it does no work beyond building value objects: the provider and the alternates
-come from `policy_tools()`'s select_related / prefetch or `with_alternates()` when the caller used them (one query
-otherwise, each).
+come from `policy_tools()`'s select_related / prefetch or `with_alternates()` (the first policy of an instance
+reads its alternates once and keeps them on it).
 Settings absent from the registry take the engine's defaults (the dataclasses' own), so "not configured" means
 the same thing everywhere.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from django.db import connection
 from django.db.models import Prefetch, QuerySet
 
 from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant, ToolPolicy
@@ -43,25 +42,12 @@ def _invariant(data: dict) -> Invariant:
     )
 
 
-_ALTERNATES = Tool._meta.get_field("alternates")
-_ALTERNATES_SQL = (
-    f"SELECT t.name FROM {Tool._meta.db_table} t JOIN {_ALTERNATES.m2m_db_table()} a "
-    f"ON t.id = a.{_ALTERNATES.m2m_reverse_name()} WHERE a.{_ALTERNATES.m2m_column_name()} = %s"
-)
-
-
-def _query_alternates(tool: Tool) -> frozenset[str]:
-    # Raw SQL: the same statement as tool.alternates.values_list("name"), for a fraction of the ORM's work.
-    with connection.cursor() as cursor:
-        cursor.execute(_ALTERNATES_SQL, [tool.pk])
-        return frozenset(name for (name,) in cursor.fetchall())
-
-
-def with_alternates(tool: Tool) -> Tool:
+def with_alternates(tool: Tool, names: frozenset[str] | None = None) -> Tool:
     """Read `tool`'s alternates once for every policy built from this instance in the request that fetched it
-    (policy_tools() does the same for many tools): one query instead of one per tool_policy(). For instances that
-    live as long as a request: alternates changed later are not seen through this one."""
-    tool._policy_alternates = _query_alternates(tool)
+    (policy_tools() does the same for many tools): one query instead of one per tool_policy(), none when the caller
+    knows them already (`names`: a count read with the tool said there are none). For instances that live as long
+    as a request: alternates changed later are not seen through this one."""
+    tool._policy_alternates = names if names is not None else frozenset(tool.alternates.values_list("name", flat=True))
     return tool
 
 
@@ -72,7 +58,7 @@ def _alternate_names(tool: Tool) -> frozenset[str]:
     cached = getattr(tool, "_prefetched_objects_cache", {}).get("alternates")
     if cached is not None:
         return frozenset(other.name for other in cached)
-    return _query_alternates(tool)
+    return with_alternates(tool)._policy_alternates
 
 
 def breaker_policy(tool: Tool) -> BreakerPolicy:

@@ -3,54 +3,71 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from functools import cache
 
 from django.db import connection
+from django.db.models import Count, Exists, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from recovery import rows
-from recovery.models import Call, Provider, Step, Task, TaskStatus, Tenant, Tool
-from recovery.states import CallState
+from recovery.models import Attempt, Call, Receipt, Step, Task, TaskStatus, Tool
+from recovery.registry import with_alternates
+from recovery.states import UNSETTLED, CallState
 
 S = CallState
 
 
-_CALL_JOINED = ((Call, "c"), (Tool, "t"), (Provider, "p"), (Task, "k"), (Tenant, "n"), (Step, "s"))
-
-
-@cache
-def _call_in_tenants_sql(tenants: int) -> str:
-    columns = ", ".join(rows.select_list(model, alias) for model, alias in _CALL_JOINED)
-    return (
-        f"SELECT {columns} FROM {Call._meta.db_table} c "
-        f"JOIN {Tool._meta.db_table} t ON c.tool_id = t.id JOIN {Provider._meta.db_table} p ON t.provider_id = p.id "
-        f"JOIN {Task._meta.db_table} k ON c.task_id = k.id JOIN {Tenant._meta.db_table} n ON k.tenant_id = n.id "
-        f"JOIN {Step._meta.db_table} s ON c.step_id = s.id "
-        f"WHERE c.id = %s AND c.tenant_id IN ({', '.join(['%s'] * tenants)})"
+def _in_tenants(call_id: int, tenant_ids: Collection[int]):
+    low, high = connection.ops.integer_field_range("BigAutoField")
+    if not tenant_ids or not low <= call_id <= high:
+        return None  # what the ORM answers for an id no column can hold: nothing, not an error
+    return Call.objects.select_related("tool__provider", "task__tenant", "step").filter(
+        pk=call_id, tenant_id__in=tenant_ids
     )
 
 
 def call_in_tenants(call_id: int, tenant_ids: Collection[int]) -> Call | None:
-    """The call if it belongs to one of `tenant_ids`, with its tool (and provider), task (and tenant) and step
-    loaded as select_related() loads them: one statement, generated once (the API reads a call on every request)."""
-    low, high = connection.ops.integer_field_range("BigAutoField")
-    if not tenant_ids or not low <= call_id <= high:
-        return None  # what the ORM answers for an id no column can hold: nothing, not an error
-    with connection.cursor() as cursor:
-        cursor.execute(_call_in_tenants_sql(len(tenant_ids)), [call_id, *sorted(tenant_ids)])
-        row = cursor.fetchone()
-    if row is None:
+    """The call if it belongs to one of `tenant_ids`, with its tool (and provider), task (and tenant) and step."""
+    calls = _in_tenants(call_id, tenant_ids)
+    return calls.first() if calls is not None else None
+
+
+def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: str) -> Call | None:
+    """call_in_tenants() with what admitting `attempt_id` reads besides, in the same statement (SPEC §19: the
+    single-shot attempt in at most 15 statements): whether the call has that attempt already, its latest receipt,
+    whether its dependency steps have calls, how many calls of its task are unsettled, whether its tool has
+    alternates (its policy's, read later only if it does), and its tool's breaker row.
+    recovery.services.context.gate_context reads what is left only when these say there is something to read."""
+    calls = _in_tenants(call_id, tenant_ids)
+    if calls is None:
         return None
-    call, at = rows.load(Call, row)
-    tool, at = rows.load(Tool, row, at)
-    provider, at = rows.load(Provider, row, at)
-    task, at = rows.load(Task, row, at)
-    tenant, at = rows.load(Tenant, row, at)
-    step, _ = rows.load(Step, row, at)
-    rows.attach(tool, "provider", provider)
-    rows.attach(task, "tenant", tenant)
-    for name, related in (("tool", tool), ("task", task), ("step", step)):
-        rows.attach(call, name, related)
+    receipts = Receipt.objects.filter(call=OuterRef("pk")).order_by("-checked_at")
+    # Two levels down: the dependency steps of the call the outermost query reads.
+    dependency_steps = Step.depends_on.through.objects.filter(from_step_id=OuterRef(OuterRef("step_id")))
+    dependency_steps = dependency_steps.values("to_step_id")
+    unsettled = (
+        Call.objects.filter(task_id=OuterRef("task_id"), state__in=UNSETTLED)
+        .order_by()
+        .values("task_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    alternates = Tool.alternates.through.objects.filter(from_tool_id=OuterRef("tool_id"))
+    call = (
+        calls.select_related("tool__breaker_row")
+        .annotate(
+            stored_attempt_pk=Subquery(
+                Attempt.objects.filter(call=OuterRef("pk"), attempt_id=attempt_id).values("pk")[:1]
+            ),
+            latest_receipt_observed=Subquery(receipts.values("observed")[:1]),
+            latest_receipt_at=Subquery(receipts.values("checked_at")[:1]),
+            has_dependency_calls=Exists(Call.objects.filter(step_id__in=dependency_steps)),
+            unsettled_in_task=Coalesce(Subquery(unsettled), 0),
+            tool_has_alternates=Exists(alternates),
+        )
+        .first()
+    )
+    if call is not None and not call.tool_has_alternates:
+        with_alternates(call.tool, frozenset())  # nothing to read for its policy
     return call
 
 

@@ -28,7 +28,6 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from recovery import rows
 from recovery.audit import Actor, append_event
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, BreakerPolicy, BreakerView
@@ -36,7 +35,10 @@ from recovery.models import Breaker, BreakerBucket, Tool
 from recovery.registry.policy import breaker_policy
 
 _STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
-_STATE = f"SELECT {', '.join(_STATE_FIELDS)} FROM {Breaker._meta.db_table} WHERE tool_id = %s"  # tool_id is unique
+
+# Raw SQL (STYLE.md's data layer), on the path of every outcome: the bucket upsert adds to a counter, which the
+# ORM cannot say (its conflict update sets columns, it does not add to them); the state and the window's sums are
+# read with it in one statement; a first opening inserts the row unless a concurrent opener did.
 
 _BUCKET = BreakerBucket._meta.db_table
 _COUNT = (
@@ -68,13 +70,15 @@ def _view(row: tuple | None, policy: BreakerPolicy, now: datetime) -> BreakerVie
 
 def breaker_view(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> BreakerView:
     """The breaker as admission sees it at `now`: open past its cooldown reads half_open. One SELECT."""
-    policy = policy or breaker_policy(tool)
-    with connection.cursor() as cursor:
-        cursor.execute(_STATE, [tool.pk])
-        row = cursor.fetchone()
-    if row is not None:
-        row = rows.convert(Breaker, _STATE_FIELDS, row)
-    return _view(row, policy, now)
+    row = Breaker.objects.filter(tool_id=tool.pk).values_list(*_STATE_FIELDS).first()
+    return _view(row, policy or breaker_policy(tool), now)
+
+
+def breaker_view_of(tool: Tool, row: Breaker | None, *, now: datetime) -> BreakerView:
+    """breaker_view() of a Breaker row read already (with its tool: `select_related("tool__breaker_row")`); None
+    for a tool whose breaker never opened."""
+    state = None if row is None else tuple(getattr(row, name) for name in _STATE_FIELDS)
+    return _view(state, breaker_policy(tool), now)
 
 
 def breaker_reserve_probe(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> bool:

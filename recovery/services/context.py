@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import json
 from datetime import datetime
 
-from django.db import connection
-from django.db.models import Q
+from django.db.models import Count, Q
 
-from recovery import rows
 from recovery.engine.budgets import tighter
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Receipt, Step, Task, Tool
-from recovery.services.breakers import breaker_view
+from recovery.services.breakers import breaker_view, breaker_view_of
 from recovery.states import UNSETTLED
 
 
@@ -29,26 +26,21 @@ def task_budgets(task: Task) -> Budgets:
     )
 
 
-_UNSETTLED_STATES = sorted(UNSETTLED)
-# Raw SQL: the statement Call.objects.filter(task=..., state__in=UNSETTLED).values("tool__name", "tool__budgets")
-# .annotate(n=Count("id")) makes, without the ORM building it anew on every admission and outcome (the hot path).
-_UNSETTLED_BY_TOOL = (
-    f"SELECT t.name, t.budgets, COUNT(c.id) FROM {Call._meta.db_table} c "
-    f"JOIN {Tool._meta.db_table} t ON c.tool_id = t.id "
-    f"WHERE c.task_id = %s AND c.state IN ({', '.join(['%s'] * len(_UNSETTLED_STATES))}) GROUP BY t.name, t.budgets"
-)
-
-
-def task_view(task: Task) -> TaskView:
-    with connection.cursor() as cursor:
-        cursor.execute(_UNSETTLED_BY_TOOL, [task.pk, *_UNSETTLED_STATES])
-        rows = cursor.fetchall()
+def task_view(task: Task, *, unsettled: int | None = None) -> TaskView:
+    """The task as the gate sees it. `unsettled`: how many of its calls are unsettled, when the caller read it with
+    the call (selectors.tasks_calls.call_for_attempt); none means no per-tool count to read."""
     by_tool: dict[str, int] = {}
     limits: dict[str, int | None] = {}
-    for name, budgets, count in rows:
-        budgets = json.loads(budgets) if isinstance(budgets, str) else budgets  # JSONField's from_db_value
-        by_tool[name] = by_tool.get(name, 0) + count
-        limits[name] = (budgets or {}).get("unknown_budget")
+    if unsettled is None or unsettled > 0:
+        counted = (
+            Call.objects.filter(task=task, state__in=UNSETTLED)
+            .order_by()
+            .values_list("tool__name", "tool__budgets")
+            .annotate(n=Count("pk"))
+        )
+        for name, budgets, count in counted:
+            by_tool[name] = by_tool.get(name, 0) + count
+            limits[name] = (budgets or {}).get("unknown_budget")
     return TaskView(
         rounds_used=task.rounds_used,
         tokens_used=task.tokens_used,
@@ -56,6 +48,17 @@ def task_view(task: Task) -> TaskView:
         unsettled_unknowns=sum(by_tool.values()),
         unsettled_by_tool=by_tool,
         unknown_budget_by_tool=limits,
+        budgets=task_budgets(task),
+    )
+
+
+def task_view_for_decision(task: Task, counters) -> TaskView:
+    """The task as decide() reads it after an outcome: its counters as the outcome's transaction left them (and its
+    budgets). decide() never reads the unsettled counts, which are the gate's: none are read for it."""
+    return TaskView(
+        rounds_used=counters.rounds_used,
+        tokens_used=counters.tokens_used,
+        write_retries_used=counters.write_retries_used,
         budgets=task_budgets(task),
     )
 
@@ -93,18 +96,6 @@ def previous_attempt(attempt: Attempt | None) -> PreviousAttempt | None:
     )
 
 
-# Raw SQL generated once, like task_view's: gate_context runs on every admission.
-_DEPENDENCY_STATES = (
-    f"SELECT c.id, c.state FROM {Call._meta.db_table} c WHERE c.step_id IN "
-    f"(SELECT d.to_step_id FROM {Step.depends_on.through._meta.db_table} d WHERE d.from_step_id = %s)"
-)
-_RECEIPT_FIELDS = ("observed", "checked_at")
-_LATEST_RECEIPT = (
-    f"SELECT r.observed, r.checked_at FROM {Receipt._meta.db_table} r WHERE r.call_id = %s "
-    "ORDER BY r.checked_at DESC LIMIT 1"
-)
-
-
 def gate_context(
     call: Call,
     *,
@@ -115,18 +106,33 @@ def gate_context(
     now: datetime,
     approval: bool,
 ) -> tuple[GateContext, CallView]:
+    """What admission knows besides the candidate. A call read by selectors.tasks_calls.call_for_attempt brings
+    most of it along (its latest receipt, whether its dependencies have calls, its task's unsettled count, its
+    tool's breaker row), so a first attempt of a call without dependencies reads nothing more; any other call
+    is read here, a fixed number of queries."""
     # attempts_count is written with every attempt, in its transaction: a call read with none has none to read.
     last = call.attempts.select_related("tool", "decision").order_by("-number").first() if call.attempts_count else None
     first_sent_at = (
         call.attempts.filter(number=1).values_list("admitted_at", flat=True).first() if call.attempts_count else None
     )
-    with connection.cursor() as cursor:
-        cursor.execute(_DEPENDENCY_STATES, [call.step_id])
-        dependencies = {str(pk): state for pk, state in cursor.fetchall()}
-        cursor.execute(_LATEST_RECEIPT, [call.pk])
-        receipt = cursor.fetchone()
-    latest_receipt, latest_receipt_at = rows.convert(Receipt, _RECEIPT_FIELDS, receipt) if receipt else (None, None)
-    breaker = breaker_view(executing_tool, now=now)  # the breaker of the tool the attempt will call
+    read = hasattr(call, "latest_receipt_at")  # read with call_for_attempt's annotations
+    dependencies = {}
+    if not read or call.has_dependency_calls:
+        steps = Step.depends_on.through.objects.filter(from_step_id=call.step_id).values("to_step_id")
+        dependencies = {
+            str(pk): state for pk, state in Call.objects.filter(step_id__in=steps).values_list("pk", "state")
+        }
+    if read:
+        latest_receipt, latest_receipt_at = call.latest_receipt_observed, call.latest_receipt_at
+    else:
+        latest = Receipt.objects.filter(call=call).order_by("-checked_at").values_list("observed", "checked_at")
+        latest_receipt, latest_receipt_at = latest.first() or (None, None)
+    # The breaker of the tool the attempt will call: the call's own came with it (a reverse one-to-one, absent
+    # until the breaker first opens).
+    if read and executing_tool.pk == call.tool_id:
+        breaker = breaker_view_of(executing_tool, getattr(call.tool, "breaker_row", None), now=now)
+    else:
+        breaker = breaker_view(executing_tool, now=now)
     context = GateContext(
         now=now,
         tool=tool,
@@ -136,7 +142,7 @@ def gate_context(
         latest_receipt=latest_receipt,
         latest_receipt_at=latest_receipt_at,
         approval_available=approval,
-        task=task_view(task),
+        task=task_view(task, unsettled=call.unsettled_in_task if read else None),
         breaker=breaker,
     )
     return context, call_view(call, tool, task, first_sent_at)

@@ -15,10 +15,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 
-from recovery import rows
 from recovery.audit import Actor, append_event, appends_at_commit
 from recovery.engine import breaker as breaker_rules
 from recovery.engine.canonical import canonical_json
@@ -38,6 +36,7 @@ from recovery.engine.types import (
     Outcome,
 )
 from recovery.engine.validation import validate_args
+from recovery.hot_path import Counters, count_on_task, insert
 from recovery.models import (
     ActionRequest,
     Attempt,
@@ -57,7 +56,7 @@ from recovery.services.breakers import (
     breaker_release_probe,
     breaker_reserve_probe,
 )
-from recovery.services.context import approval_for, gate_context, task_view
+from recovery.services.context import approval_for, call_view, gate_context, task_view_for_decision
 from recovery.states import CallState, is_allowed
 from recovery.transitions import TransitionConflict, transition_call
 
@@ -410,7 +409,7 @@ def _store_gate(call, candidate, gate, actor, *, dry_run=False, attempt=None) ->
         actor_token_id=actor.token_id,
         actor_user_id=actor.user_id,
     )
-    return rows.insert(row)
+    return insert(row)
 
 
 def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
@@ -446,41 +445,37 @@ def attempt_admit(*, call: Call, body: dict, actor: Actor) -> Admission:
     try:
         # The audit events are appended last: the global audit head is locked for the appends and the commit only.
         with transaction.atomic(), appends_at_commit():
-            attempt = _admit_attempt(call, candidate, tool, gate, actor, now, digest, probe=probe)
-            response = {
-                "admitted": True,
-                "call_id": call.pk,
-                "attempt_id": attempt.attempt_id,
-                "attempt_number": attempt.number,
-                "call_state": call.state,
-                "gate": _gate_json(gate, attempt.gate_row),
-            }
             if judged is not None:
-                response = report_in_transaction(call, attempt, outcome_body, actor, now, judged, single_shot=True)
-                attempt.outcome_request_hash = body_hash(outcome_body)
-                attempt.outcome_response = response
-            attempt.response = response
-            rows.save_fields(attempt, ["response", "outcome_request_hash", "outcome_response"])
+                response = _single_shot(call, candidate, tool, gate, outcome_body, judged, digest, actor, now, probe)
+            else:
+                attempt = _admit_attempt(call, candidate, tool, gate, actor, now, digest, probe=probe)
+                attempt.response = {
+                    "admitted": True,
+                    "call_id": call.pk,
+                    "attempt_id": attempt.attempt_id,
+                    "attempt_number": attempt.number,
+                    "call_state": call.state,
+                    "gate": _gate_json(gate, attempt.gate_row),
+                }
+                attempt.save(update_fields=["response"])
+                response = attempt.response
     except (TransitionConflict, IntegrityError):
         if probe and judged is None:
             breaker_release_probe(tool, now=now)  # never sent: a lost race must not use up the half-open probe
-        raced = _stored_attempt(call, body["attempt_id"])
+        raced = _stored_attempt(call, body["attempt_id"], fresh=True)
         if raced is not None:
             return _replay(raced, digest)
         raise ServiceError(409, "conflict", "another attempt of this call was admitted at the same moment") from None
     return Admission(201, response)
 
 
-_STORED_ATTEMPT = (
-    f"SELECT {rows.select_list(Attempt, 'a')} FROM {Attempt._meta.db_table} a "
-    "WHERE a.call_id = %s AND a.attempt_id = %s"
-)
-
-
-def _stored_attempt(call: Call, attempt_id: str) -> Attempt | None:
-    """The attempt this call already has under `attempt_id` (unique per call), asked on every admission."""
-    found = rows.fetch(Attempt, _STORED_ATTEMPT, [call.pk, attempt_id])
-    return found[0] if found else None
+def _stored_attempt(call: Call, attempt_id: str, *, fresh: bool = False) -> Attempt | None:
+    """The attempt this call already has under `attempt_id` (unique per call), asked on every admission. The
+    call's admission read (selectors.tasks_calls.call_for_attempt) already says whether there is one, so the row
+    is read only when there is; `fresh`: ask the database now (after losing a race to a concurrent request)."""
+    if fresh or not hasattr(call, "stored_attempt_pk"):
+        return Attempt.objects.filter(call=call, attempt_id=attempt_id).first()
+    return Attempt.objects.filter(pk=call.stored_attempt_pk).first() if call.stored_attempt_pk else None
 
 
 def _replay(stored: Attempt, digest: str) -> Admission:
@@ -503,10 +498,8 @@ def _replay(stored: Attempt, digest: str) -> Admission:
     return Admission(200, stored.response)
 
 
-def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Attempt:
-    """The attempt row, its stored gate answer and the task's round, in the caller's transaction."""
-    number = call.attempts_count + 1
-    attempt = Attempt(
+def _new_attempt(call: Call, candidate: Candidate, tool: Tool, digest: str, number: int, **fields) -> Attempt:
+    return Attempt(
         call=call,
         attempt_id=candidate.attempt_id,
         number=number,
@@ -516,19 +509,22 @@ def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Atte
         credential_version=candidate.credential_version,
         evidence=list(candidate.evidence),
         request_hash=digest,
-        **flags,
+        **fields,
     )
-    rows.insert(attempt)
+
+
+def _record_attempt(call, candidate, tool, gate, actor, digest, **flags) -> Attempt:
+    """The attempt row, its stored gate answer and the task's round, in the caller's transaction."""
+    number = call.attempts_count + 1
+    attempt = _new_attempt(call, candidate, tool, digest, number, **flags)
+    insert(attempt)
     attempt.gate_row = _store_gate(call, candidate, gate, actor, attempt=attempt)
     _count_round(call, number)
     return attempt
 
 
-def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) -> Attempt:
-    attempt = _record_attempt(call, candidate, tool, gate, actor, digest, admitted_at=now, breaker_probe=probe)
-    if gate.evidence_used == APPROVAL_GRANTED:
-        _use_approval(call, attempt, now)
-    number = attempt.number
+def _admitted(call: Call, candidate: Candidate, gate, actor: Actor, now: datetime, number: int) -> None:
+    """READY/RETRYABLE (or an approved replay's state) -> SENT for attempt `number`."""
     transition_call(
         call,
         S.SENT,
@@ -537,14 +533,20 @@ def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) ->
         evidence={"attempt_id": candidate.attempt_id, "gate": gate.reason, "evidence": gate.evidence_used},
         changes={"attempts_count": number, "sent_at": now},
     )
+
+
+def _admit_attempt(call, candidate, tool, gate, actor, now, digest, *, probe) -> Attempt:
+    attempt = _record_attempt(call, candidate, tool, gate, actor, digest, admitted_at=now, breaker_probe=probe)
+    if gate.evidence_used == APPROVAL_GRANTED:
+        _use_approval(call, attempt, now)
+    _admitted(call, candidate, gate, actor, now, attempt.number)
     return attempt
 
 
-def _count_round(call: Call, number: int) -> None:
-    extra = "rounds_used = rounds_used + 1"
-    if call.side_effect == "write" and number > 1:
-        extra += ", write_retries_used = write_retries_used + 1"
-    rows.update(Task, {"id": call.task_id}, {}, extra=extra)
+def _count_round(call: Call, number: int, *, tokens: int = 0) -> Counters:
+    """Count one admitted attempt on the task (a round; a write's retry after its first attempt)."""
+    retry = 1 if call.side_effect == "write" and number > 1 else 0
+    return count_on_task(call.task_id, rounds=1, write_retries=retry, tokens=tokens)
 
 
 # --- outcomes ------------------------------------------------------------------------------------------------------
@@ -629,7 +631,8 @@ def _previous_scopes(call: Call, number: int) -> tuple[str, ...] | None:
     return tuple(scopes) if scopes is not None else None
 
 
-def _store_facts(attempt: Attempt, body: dict, outcome: Outcome, call: Call, now: datetime) -> None:
+def _set_facts(attempt: Attempt, body: dict, outcome: Outcome, call: Call, now: datetime) -> None:
+    """The reported facts and their classification on `attempt` (not saved); a Diagnostic row for error text."""
     facts = dict(body)
     diagnostic = None
     error = body.get("error") or {}
@@ -666,7 +669,11 @@ def _store_facts(attempt: Attempt, body: dict, outcome: Outcome, call: Call, now
     attempt.failure = failure or {"side_effect": outcome.side_effect, "row": outcome.row, "phase": outcome.phase}
     attempt.failure_class = outcome.failure.failure_class if outcome.failure else ""
     attempt.diagnostic = diagnostic
-    rows.save_fields(attempt, _FACT_FIELDS)
+
+
+def _store_facts(attempt: Attempt, body: dict, outcome: Outcome, call: Call, now: datetime) -> None:
+    _set_facts(attempt, body, outcome, call, now)
+    attempt.save(update_fields=_FACT_FIELDS)
 
 
 # What _store_facts writes: the reported facts and their classification, nothing the admission wrote.
@@ -689,34 +696,37 @@ _FACT_FIELDS = (
 )
 
 
-_TASK = f"SELECT {rows.select_list(Task, 'k')} FROM {Task._meta.db_table} k WHERE k.id = %s"
-
-
 def report_in_transaction(
     call: Call, attempt: Attempt, body: dict, actor: Actor, now: datetime, judged, *, single_shot: bool
 ) -> dict:
     """Store the facts and move the call; `judged` is (outcome, breaker view), computed before the transaction."""
     outcome, breaker = judged
-    policy = tool_policy(attempt.tool)
     _store_facts(attempt, body, outcome, call, now)
-    if body.get("tokens_used"):
-        Task.objects.filter(pk=call.task_id).update(tokens_used=F("tokens_used") + body["tokens_used"])
     late = call.state != S.SENT or attempt.number != call.attempts_count or breaker is None
     if late:
+        if body.get("tokens_used"):
+            count_on_task(call.task_id, tokens=body["tokens_used"])
         return _late_outcome(call, attempt, outcome, actor, now)
-    task = rows.fetch(Task, _TASK, [call.task_id])[0]  # its counters as this transaction left them
-    view_call = _call_view_after(call, policy, task)
+    counters = count_on_task(call.task_id, tokens=body.get("tokens_used") or 0)
+    decision = _settle(call, attempt, body, outcome, breaker, counters, actor, now, single_shot=single_shot)
+    row = _store_decision(call, attempt, decision) if decision else None
+    return _outcome_json(call, attempt, outcome, decision, row, breaker.state)
+
+
+def _settle(call, attempt, body, outcome, breaker, counters: Counters, actor, now, *, single_shot: bool):
+    """Decide on a current attempt's outcome (the task's counters as this transaction left them) and move the
+    call there; a committed write's own 2xx is recorded as a receipt. The decision, or None for COMMITTED."""
+    policy = tool_policy(call.tool)
     decision = decide(
         outcome,
-        call=view_call,
-        task=task_view(task),
+        call=call_view(call, policy, call.task, None),
+        task=task_view_for_decision(call.task, counters),
         tool=policy,
         breaker=breaker,
         now=now,
         rng=random.Random(f"{call.pk}:{attempt.number}"),
     )
     target = decision.call_state if decision else outcome.state
-    changes = _changes_for(target, outcome, policy, now, decision)
     transition_call(
         call,
         target,
@@ -728,18 +738,39 @@ def report_in_transaction(
             "error": outcome.error,
             "http_status": body.get("http_status"),
         },
-        changes=changes,
+        changes=_changes_for(target, outcome, policy, now, decision),
     )
     if target == S.COMMITTED and policy.is_write:
         _runtime_receipt(call, attempt, outcome, now, before=S.SENT)
+    return decision
+
+
+def _single_shot(call, candidate, tool, gate, outcome_body, judged, digest, actor, now, probe) -> dict:
+    """Admission and outcome in one transaction (SPEC §8.1), in the fewest statements: the task's counters are
+    moved once, the call moved twice, and the attempt inserted last, whole — facts, answer and all — unless the
+    answer needs the id of a row that needs the attempt's (a decision card), which then costs one UPDATE more."""
+    outcome, breaker = judged
+    number = call.attempts_count + 1
+    counters = _count_round(call, number, tokens=outcome_body.get("tokens_used") or 0)
+    _admitted(call, candidate, gate, actor, now, number)
+    attempt = _new_attempt(call, candidate, tool, digest, number, admitted_at=now, breaker_probe=probe)
+    _set_facts(attempt, outcome_body, outcome, call, now)
+    decision = _settle(call, attempt, outcome_body, outcome, breaker, counters, actor, now, single_shot=True)
+    attempt.outcome_request_hash = body_hash(outcome_body)
+    approved = gate.evidence_used == APPROVAL_GRANTED
+    if decision is None and not approved:
+        attempt.response = attempt.outcome_response = _outcome_json(call, attempt, outcome, None, None, breaker.state)
+        insert(attempt)
+        _store_gate(call, candidate, gate, actor, attempt=attempt)
+        return attempt.response
+    insert(attempt)
+    _store_gate(call, candidate, gate, actor, attempt=attempt)
+    if approved:
+        _use_approval(call, attempt, now)
     row = _store_decision(call, attempt, decision) if decision else None
-    return _outcome_json(call, attempt, outcome, decision, row, breaker.state)
-
-
-def _call_view_after(call: Call, policy, task: Task):
-    from recovery.services.context import call_view
-
-    return call_view(call, policy, task, None)
+    attempt.response = attempt.outcome_response = _outcome_json(call, attempt, outcome, decision, row, breaker.state)
+    attempt.save(update_fields=["response", "outcome_request_hash", "outcome_response"])
+    return attempt.response
 
 
 def _changes_for(target, outcome: Outcome, policy, now, decision: Decision | None) -> dict:
@@ -785,18 +816,20 @@ def decision_json(decision: Decision) -> dict:
 
 def _runtime_receipt(call: Call, attempt: Attempt, outcome: Outcome, now: datetime, *, before: str) -> None:
     """A runtime's own 2xx with a valid result and a provider reference is an idempotency record (SPEC §8)."""
-    Receipt.objects.create(
-        call=call,
-        provider_id=call.tool.provider_id,
-        source="runtime",
-        observed="committed",
-        provider_status=str(attempt.http_status or ""),
-        provider_ref=outcome.provider_ref[:255],
-        local_state_before=before,
-        local_state_after=S.COMMITTED,
-        applied=True,
-        evidence=[f"attempt:{attempt.attempt_id}"],
-        checked_at=now,
+    insert(
+        Receipt(
+            call=call,
+            provider_id=call.tool.provider_id,
+            source="runtime",
+            observed="committed",
+            provider_status=str(attempt.http_status or ""),
+            provider_ref=outcome.provider_ref[:255],
+            local_state_before=before,
+            local_state_after=S.COMMITTED,
+            applied=True,
+            evidence=[f"attempt:{attempt.attempt_id}"],
+            checked_at=now,
+        )
     )
 
 

@@ -25,8 +25,8 @@ from django.db import connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery import rows
 from recovery.audit import Actor, appends_at_commit
+from recovery.hot_path import insert
 from recovery.models import BreakerState, Call, Observation, Receipt, ReceiptSource, Tool
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
@@ -240,7 +240,13 @@ def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
 
 
 def _load(ids: list[int]) -> list[Call]:
-    return list(Call.objects.filter(pk__in=ids).select_related("tool__provider").order_by("next_check_at", "pk"))
+    """The claimed calls, each with its tool and provider: the few tools of a batch read once, not once per call
+    (a tool row is its whole registry entry, JSON decoded), so the calls of a tool share one instance."""
+    calls = list(Call.objects.filter(pk__in=ids).order_by("next_check_at", "pk"))
+    tools = Tool.objects.select_related("provider").in_bulk({call.tool_id for call in calls})
+    for call in calls:
+        call.tool = tools[call.tool_id]
+    return calls
 
 
 def _ask(call: Call, breakers: _BreakerGate) -> Reply | StatusAnswer:
@@ -356,7 +362,7 @@ def apply_answers(answers: list[tuple[Call, StatusAnswer]], *, worker: str) -> l
             locked = {call.pk: call for call in _lock([call.pk for call, _ in answers])}
             for loaded, answer in answers:
                 call = locked[loaded.pk]
-                rows.attach(call, "tool", loaded.tool)
+                call.tool = loaded.tool  # with its provider, as the check loaded it
                 _apply_to(call, answer, worker=worker)
         return []
     except Exception:
@@ -372,12 +378,7 @@ def apply_answers(answers: list[tuple[Call, StatusAnswer]], *, worker: str) -> l
 
 
 def _lock(ids: list[int]) -> list[Call]:
-    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
-    sql = (
-        f"SELECT {rows.select_list(Call, 'c')} FROM {Call._meta.db_table} c "
-        f"WHERE c.id IN ({', '.join(['%s'] * len(ids))}) ORDER BY c.id{lock}"
-    )
-    return rows.fetch(Call, sql, sorted(ids))
+    return list(Call.objects.select_for_update().filter(pk__in=ids).order_by("pk"))
 
 
 def _apply(call_id, answer: StatusAnswer, *, worker, source=ReceiptSource.POLL, actor=None, event_id="") -> Receipt:
@@ -404,7 +405,7 @@ def _apply_to(call: Call, answer, *, worker, source=ReceiptSource.POLL, actor=No
                 call, target, actor=actor, reason=reason, evidence=evidence, changes=changes if index == 0 else {}
             )
     else:
-        rows.update(Call, {"id": call.pk}, changes)
+        Call.objects.filter(pk=call.pk).update(**changes)
     return receipt
 
 
@@ -442,7 +443,7 @@ def _receipt(call, answer: StatusAnswer, source, before, final, applied, event_i
     response = dict(answer.response)
     if answer.error:
         response["error"] = answer.error
-    return rows.insert(
+    return insert(
         Receipt(
             call=call,
             provider=call.tool.provider,

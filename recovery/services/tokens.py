@@ -14,12 +14,12 @@ import secrets
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery import rows
 from recovery.audit import Actor, append_event
+from recovery.hot_path import token_links
 from recovery.models import ApiToken, Tenant
 
 TOKEN_SCHEME = "rc_"
@@ -95,28 +95,20 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | N
     return token
 
 
-_LIVE_TOKEN_WITH_TENANTS = (
-    f"SELECT {rows.select_list(ApiToken, 'k')}, {rows.select_list(Tenant, 'n')} FROM {ApiToken._meta.db_table} k "
-    f"LEFT JOIN {ApiToken.tenants.through._meta.db_table} a ON a.apitoken_id = k.id "
-    f"LEFT JOIN {Tenant._meta.db_table} n ON a.tenant_id = n.id "
-    "WHERE k.prefix = %s AND k.revoked_at IS NULL ORDER BY n.name"
-)
-
-
 def _live_token_with_tenants(prefix: str) -> ApiToken | None:
-    """The unrevoked token with this prefix and its tenants in one query (a LEFT JOIN: a row per tenant, or one
-    row without a tenant), its tenants set as if prefetched. Raw SQL generated once: every API request runs it."""
-    with connection.cursor() as cursor:
-        cursor.execute(_LIVE_TOKEN_WITH_TENANTS, [prefix])
-        found = cursor.fetchall()
-    if not found:
+    """The unrevoked token with this prefix, its tenants prefetched, in one statement: every API request runs it.
+
+    A token always has at least one tenant (token_create refuses none), so its tenant links, each read with its
+    token and tenant (recovery.hot_path.token_links), are the token: what prefetch_related("tenants") would leave on
+    it is set from them, so `token.tenants.all()` answers without the second statement prefetching would make.
+    """
+    links = token_links(prefix)
+    if not links:
         return None
-    token, split = rows.load(ApiToken, found[0])
-    tenants = [rows.load(Tenant, row, split)[0] for row in found if row[split] is not None]
-    # What prefetch_related_objects([token], "tenants") leaves: token.tenants.all() answers without a query.
-    prefetched = token.tenants.all()
-    prefetched._result_cache, prefetched._prefetch_done = tenants, True
-    token._prefetched_objects_cache = {"tenants": prefetched}
+    token = links[0][0]
+    tenants = token.tenants.all()
+    tenants._result_cache, tenants._prefetch_done = [tenant for _, tenant in links], True
+    token._prefetched_objects_cache = {"tenants": tenants}
     return token
 
 

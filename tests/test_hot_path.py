@@ -1,0 +1,156 @@
+"""recovery/hot_path.py is SQL written once from the models, for the single-shot attempt and reconciliation; each of
+its functions must read and write exactly what its ORM twin (RECOVERY_HOT_PATH_SQL off) does, on the backend the
+suite runs on (SQLite by default, PostgreSQL in CI)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from recovery import hot_path
+from recovery.audit import Actor
+from recovery.models import Attempt, Breaker, Call, GateDecision, Receipt, Step, Task
+from recovery.services.tokens import token_create
+
+
+def _both(settings, read):
+    """`read()` through the SQL, then through its ORM twin."""
+    settings.RECOVERY_HOT_PATH_SQL = True
+    sql = read()
+    settings.RECOVERY_HOT_PATH_SQL = False
+    orm = read()
+    settings.RECOVERY_HOT_PATH_SQL = True
+    return sql, orm
+
+
+def _fields(instance) -> dict:
+    return {field.attname: getattr(instance, field.attname) for field in type(instance)._meta.concrete_fields}
+
+
+ANNOTATIONS = hot_path._ANNOTATIONS
+
+
+@pytest.fixture
+def calls(registry, make_call, task):
+    """Calls of every kind the admission read tells apart: a plain one; one with an attempt, receipts and a
+    dependency with a call; one whose task has unsettled calls and whose tool has alternates and a breaker row."""
+    alone = Task.objects.create(tenant=registry["tenant"], external_id="alone", agent="demo", goal="g")
+    plain = make_call("READY", on_task=alone)
+    busy = make_call("UNKNOWN", on_task=task)
+    now = timezone.now()
+    Attempt.objects.create(call=busy, attempt_id="a1", number=1, tool=busy.tool, arguments={}, fingerprint="f")
+    for minutes in (5, 1):
+        Receipt.objects.create(
+            call=busy,
+            provider=busy.tool.provider,
+            source="poll",
+            observed="pending" if minutes == 1 else "ambiguous",
+            local_state_before="UNKNOWN",
+            local_state_after="UNKNOWN",
+            checked_at=now - timedelta(minutes=minutes),
+        )
+    later = Step.objects.create(task=task, index=5)
+    later.depends_on.add(busy.step)
+    dependent = make_call("READY", on_task=task)
+    Call.objects.filter(pk=dependent.pk).update(step=later)
+    lookup = registry["lookup"]
+    lookup.alternates.add(registry["refund"])
+    Breaker.objects.create(tool=lookup, state="open", opened_at=now)
+    switched = make_call("RETRYABLE", tool=lookup, on_task=task)
+    return {"plain": plain, "busy": busy, "dependent": dependent, "switched": switched, "tenant": registry["tenant"]}
+
+
+def test_the_admission_read_is_the_orms_reading(calls, settings):
+    tenants = {calls["tenant"].pk}
+    expected = {
+        "plain": (None, None, False, 1, False),  # stored, receipt, dependency calls, unsettled in task, alternates
+        "busy": ("a1", "pending", False, 1, False),
+        "dependent": (None, None, True, 1, False),
+        "switched": (None, None, False, 1, True),
+    }
+    for name, call in [(n, c) for n, c in calls.items() if n != "tenant"]:
+        attempt = "a1" if name == "busy" else "a9"
+        sql, orm = _both(settings, lambda c=call, a=attempt: hot_path.call_for_attempt(c.pk, tenants, attempt_id=a))
+        assert _fields(sql) == _fields(orm), name
+        for related in ("tool", "task"):
+            assert _fields(getattr(sql, related)) == _fields(getattr(orm, related)), (name, related)
+        assert _fields(sql.tool.provider) == _fields(orm.tool.provider)
+        sql_breaker, orm_breaker = getattr(sql.tool, "breaker_row", None), getattr(orm.tool, "breaker_row", None)
+        assert (sql_breaker and _fields(sql_breaker)) == (orm_breaker and _fields(orm_breaker)), name
+        assert {n: getattr(sql, n) for n in ANNOTATIONS} == {n: getattr(orm, n) for n in ANNOTATIONS}, name
+        stored = Attempt.objects.get(attempt_id="a1").pk if name == "busy" else None
+        assert (sql.stored_attempt_pk, sql.latest_receipt_observed) == (stored, expected[name][1])
+        assert (sql.has_dependency_calls, sql.tool_has_alternates) == (expected[name][2], expected[name][4])
+        assert sql.unsettled_in_task == (1 if name != "plain" else 0)
+        with CaptureQueriesContext(connection) as read:
+            assert (sql.tool.name, sql.tool.provider.name, sql.task.external_id) == (
+                orm.tool.name,
+                orm.tool.provider.name,
+                orm.task.external_id,
+            )
+        assert len(read) == 0  # loaded with the call, as select_related loads them
+    other = {calls["tenant"].pk + 1000}
+    assert _both(settings, lambda: hot_path.call_for_attempt(calls["plain"].pk, other, attempt_id="a1")) == (None, None)
+    assert _both(settings, lambda: hot_path.call_for_attempt(2**62, tenants, attempt_id="a1")) == (None, None)
+
+
+def test_a_state_update_writes_what_the_orm_writes(calls, settings):
+    now = timezone.now()
+    written = []
+    for sql in (True, False):
+        settings.RECOVERY_HOT_PATH_SQL = sql
+        call = Call.objects.get(pk=calls["plain"].pk if sql else calls["dependent"].pk)
+        stale = hot_path.update_call_state(
+            call, "SENT", {"state": "SENT", "state_changed_at": now, "updated_at": now}
+        )  # not in that state: nothing changes
+        moved = hot_path.update_call_state(
+            call, "READY", {"state": "SENT", "state_changed_at": now, "updated_at": now, "attempts_count": 1}
+        )
+        again = hot_path.update_call_state(call, "READY", {"state": "SENT", "updated_at": now})  # the old version
+        after = Call.objects.get(pk=call.pk)
+        written.append((stale, moved, again, after.state, after.version, after.attempts_count, after.state_changed_at))
+    assert written[0] == written[1] == (0, 1, 0, "SENT", 1, 1, now)
+
+
+def test_token_links_are_the_orms_reading(registry, settings):
+    other = registry["tenant"].__class__.objects.create(name="globex", sandbox=True, all_tools=True)
+    token, raw = token_create(name="runtime", tenants=["acme", "globex"], actor=Actor.system("t"))
+    sql, orm = _both(settings, lambda: hot_path.token_links(raw[:12]))
+    assert [(_fields(t), _fields(n)) for t, n in sql] == [(_fields(t), _fields(n)) for t, n in orm]
+    assert [n.name for _, n in sql] == ["acme", "globex"] and {t.pk for t, _ in sql} == {token.pk}
+    assert other.pk in {n.pk for _, n in sql}
+    assert _both(settings, lambda: hot_path.token_links("rc_unknown00")) == ([], [])
+
+
+def test_an_insert_writes_the_row_the_orm_writes(calls, settings):
+    call = calls["plain"]
+    rows = []
+    for sql in (True, False):
+        settings.RECOVERY_HOT_PATH_SQL = sql
+        gate = hot_path.insert(
+            GateDecision(
+                call=call,
+                candidate_attempt_id=f"a-{sql}",
+                candidate={"tool": call.tool.name, "fingerprint": "f", "evidence": []},
+                allowed=True,
+                reason="first_attempt",
+                checks=[{"name": "state", "passed": True, "detail": "READY"}],
+                required_next={},
+            )
+        )
+        assert gate.pk is not None and not gate._state.adding
+        stored = GateDecision.objects.get(pk=gate.pk)
+        rows.append({k: v for k, v in _fields(stored).items() if k not in ("id", "candidate_attempt_id", "created_at")})
+        assert stored.created_at is not None  # auto_now_add, as the ORM fills it
+    assert rows[0] == rows[1]
+
+
+def test_the_task_counters_move_and_read_alike(task, settings):
+    sql, orm = _both(settings, lambda: hot_path.count_on_task(task.pk, rounds=1, write_retries=1, tokens=5))
+    assert (sql.rounds_used, sql.write_retries_used, sql.tokens_used) == (1, 1, 5)
+    assert (orm.rounds_used, orm.write_retries_used, orm.tokens_used) == (2, 2, 10)
+    assert Task.objects.filter(pk=task.pk).values_list("rounds_used", "tokens_used").get() == (2, 10)
