@@ -1,7 +1,8 @@
 """The queue page's statement (recovery/selectors/queues.py) is SQL written once from the models, for speed; it must
 read exactly what the ORM reads for the same filters: each filter alone and combined, both orders, every page by
 keyset (with rows sharing a timestamp across page boundaries), and each row's values and names, on the backend the
-suite runs on (SQLite by default, PostgreSQL in CI)."""
+suite runs on (SQLite by default, PostgreSQL in CI). The selector's own ORM twin (RECOVERY_HOT_PATH_SQL off, what the
+benchmark times the SQL against) passes the same tests and gives the same rows."""
 
 from __future__ import annotations
 
@@ -18,6 +19,13 @@ from recovery.models import Call, Step, Task, Tenant
 from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_counts, queue_options, queue_page
 
 STATES = ("UNKNOWN", "STILL_UNKNOWN", "HUMAN_REVIEW", "COMMITTED")
+
+
+@pytest.fixture(params=["sql", "orm"])
+def reader(request, settings):
+    """The selector's SQL, or its ORM twin."""
+    settings.RECOVERY_HOT_PATH_SQL = request.param == "sql"
+    return request.param
 
 
 @pytest.fixture
@@ -121,7 +129,7 @@ def _filter_sets(backlog, registry) -> list[QueueFilters]:
     ]
 
 
-def test_every_filter_and_order_reads_what_the_orm_reads_page_by_page(backlog, registry):
+def test_every_filter_and_order_reads_what_the_orm_reads_page_by_page(backlog, registry, reader):
     now = backlog["now"]
     nonempty = 0
     for filters in [QueueFilters(states=QUEUES["unknown"].states), *_filter_sets(backlog, registry)]:
@@ -132,7 +140,7 @@ def test_every_filter_and_order_reads_what_the_orm_reads_page_by_page(backlog, r
     assert nonempty > 45  # the sample is not mostly empty pages (53 of 135 have rows)
 
 
-def test_each_row_carries_the_calls_values_and_names(backlog):
+def test_each_row_carries_the_calls_values_and_names(backlog, reader):
     now = backlog["now"]
     rows = _walk(QueueFilters(states=STATES), now, size=50)
     assert len(rows) == 60
@@ -156,7 +164,7 @@ def test_a_state_outside_the_state_table_is_refused_not_written_into_the_stateme
         queue_page(QueueFilters(states=("UNKNOWN', 'x') OR 1=1 --",)), now=backlog["now"])
 
 
-def test_the_counts_and_options_match_the_tables(backlog, registry):
+def test_the_counts_and_options_match_the_tables(backlog, registry, reader):
     assert queue_counts() == {
         "unknown": Call.objects.filter(state__in=QUEUES["unknown"].states).count(),
         "human_review": Call.objects.filter(state="HUMAN_REVIEW").count(),
@@ -165,3 +173,12 @@ def test_the_counts_and_options_match_the_tables(backlog, registry):
     tools, tenants = queue_options()
     assert tools == [(registry["lookup"].pk, "order.lookup"), (registry["refund"].pk, "refund.create")]
     assert tenants == [(registry["tenant"].pk, "acme"), (backlog["globex"].pk, "globex")]
+
+
+def test_the_sql_and_its_orm_twin_give_the_same_rows_and_cursors(backlog, registry, settings):
+    now = backlog["now"]
+    for filters in [QueueFilters(states=STATES), *_filter_sets(backlog, registry)[:40]]:
+        settings.RECOVERY_HOT_PATH_SQL = True
+        raw = _walk(filters, now, size=7)
+        settings.RECOVERY_HOT_PATH_SQL = False
+        assert _walk(filters, now, size=7) == raw, filters

@@ -1,4 +1,11 @@
-"""Reads of the review queues (SPEC §15.3): one page by keyset and the navigation's counts, each one statement."""
+"""Reads of the review queues (SPEC §15.3): one page by keyset and the navigation's counts, each one statement.
+
+Raw SQL, one of the two hot paths STYLE.md allows it on (SPEC §19: the UNKNOWN queue page within 2x a bare page):
+the statements are written once from the models' metadata instead of built by the ORM on every poll. Each public
+function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off — the reading
+tests/test_queue_selector.py holds the SQL equal to, and the one `manage.py bench queue` times against it in the
+same run (README, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +13,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import cache
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import F, Q
 
-from recovery import rows as rows_
 from recovery.models import Call, Step, Task, Tenant, Tool
 from recovery.states import CallState
 
@@ -74,7 +82,7 @@ def _c(name: str) -> str:
 
 @cache
 def _select() -> str:
-    """The row's columns and the related names, as SQL written once from the models (recovery/rows.py's approach).
+    """The row's columns and the related names, as SQL written once from the models.
 
     A page is one statement, and building it through a QuerySet cost more than running it: about 1.3 ms of ORM work
     (five querysets built and compiled, values() iterated) against 1.2 ms in PostgreSQL, for every page every reviewer
@@ -112,14 +120,34 @@ def _states(states: tuple[str, ...]) -> str:
     return f"{_c('state')} IN ({literals})"
 
 
+@cache
+def _converters(vendor: str) -> tuple[tuple[int, object, list], ...]:
+    """(position, column, converters) of the row's call columns that the backend reads back in another form (SQLite
+    gives timestamps as text): the conversions the ORM applies, applied to the raw rows the same way."""
+    found = []
+    for position, name in enumerate(_QUEUE_COLUMNS):
+        col = Call._meta.get_field(name).get_col(Call._meta.db_table)
+        if functions := connection.ops.get_db_converters(col) + col.get_db_converters(connection):
+            found.append((position, col, functions))
+    return tuple(found)
+
+
 def _rows(sql: str, params: list) -> list[dict]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        rows = rows_.read(Call, _QUEUE_COLUMNS, cursor.fetchall())
-    return [dict(zip(_ROW_KEYS, row, strict=True)) for row in rows]
+        fetched = cursor.fetchall()
+    converting = _converters(connection.vendor)
+    rows = []
+    for row in fetched:
+        values = list(row)
+        for position, col, functions in converting:
+            for function in functions:
+                values[position] = function(values[position], col, connection)
+        rows.append(dict(zip(_ROW_KEYS, values, strict=True)))
+    return rows
 
 
-def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
     """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
     one for the rows, plus one to resolve a search by task id or external id."""
     at = connection.ops.adapt_datetimefield_value
@@ -154,13 +182,13 @@ def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -
     return QueuePage(rows=rows, next_cursor=(rows[-1]["state_changed_at"], rows[-1]["id"]) if more else None)
 
 
-def call_row(call_id: int) -> dict | None:
+def _sql_call_row(call_id: int) -> dict | None:
     """One call as a queue row (after a claim, the row is drawn again as it now stands)."""
     rows = _rows(f"{_select()} WHERE {_c('id')} = %s", [call_id])
     return rows[0] if rows else None
 
 
-def queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+def _sql_queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     """Every tool and every tenant as (id, name), by name: the filters' choices, and the names of a page's tools and
     tenants. One statement (written once, as the page's)."""
     options: tuple[list, list] = ([], [])
@@ -194,7 +222,7 @@ def _search_tasks(q: str) -> list[int]:
 COUNT_CAP = 1000
 
 
-def queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+def _sql_queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
     """Open items per queue for the navigation, each counted up to `cap` + 1 (a value above `cap` means "more than
     `cap`"): every reviewer's page polls these every few seconds, and an exact count is a scan of the whole backlog
     each time (the overview counts exactly). One statement; each count reads at most `cap` + 1 index entries."""
@@ -210,3 +238,87 @@ def _counts_sql() -> str:
         return f"(SELECT COUNT(*) FROM (SELECT 1 FROM {Call._meta.db_table} c WHERE {_states(states)} LIMIT %s) q)"
 
     return f"SELECT {capped(QUEUES['unknown'].states)}, {capped(QUEUES['human-review'].states)}"
+
+
+# --- the ORM's reading of the same pages ---------------------------------------------------------------------------
+
+
+def _orm_rows(calls) -> list[dict]:
+    names = {"task_external_id": F("task__external_id"), "step_index": F("step__index")}
+    names["holder"] = F("claimed_by__username")
+    return [dict(row) for row in calls.values(*_QUEUE_COLUMNS, **names)]
+
+
+def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+    calls = Call.objects.filter(state__in=filters.states)
+    for name, value in (("tool_id", filters.tool_id), ("tenant_id", filters.tenant_id), ("risk", filters.risk)):
+        if value:
+            calls = calls.filter(**{name: value})
+    if filters.older_than:
+        calls = calls.filter(state_changed_at__lte=now - filters.older_than)
+    if filters.q:
+        found = Q(idempotency_key=filters.q) | Q(provider_ref=filters.q)
+        if task_ids := _search_tasks(filters.q):
+            found |= Q(task_id__in=task_ids)
+        calls = calls.filter(found)
+    if filters.after:
+        last_at, last_pk = filters.after
+        if filters.newest_first:
+            calls = calls.filter(Q(state_changed_at__lt=last_at) | Q(state_changed_at=last_at, id__lt=last_pk))
+        else:
+            calls = calls.filter(Q(state_changed_at__gt=last_at) | Q(state_changed_at=last_at, id__gt=last_pk))
+    order = ("-state_changed_at", "-id") if filters.newest_first else ("state_changed_at", "id")
+    rows = _orm_rows(calls.order_by(*order)[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+    return QueuePage(rows=rows, next_cursor=(rows[-1]["state_changed_at"], rows[-1]["id"]) if more else None)
+
+
+def _orm_call_row(call_id: int) -> dict | None:
+    rows = _orm_rows(Call.objects.filter(pk=call_id))
+    return rows[0] if rows else None
+
+
+def _orm_queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    return (
+        list(Tool.objects.order_by("name").values_list("id", "name")),
+        list(Tenant.objects.order_by("name").values_list("id", "name")),
+    )
+
+
+def _orm_queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+    def capped(states: tuple[str, ...]) -> int:
+        return Call.objects.filter(state__in=states).order_by()[: cap + 1].count()
+
+    return {"unknown": capped(QUEUES["unknown"].states), "human_review": capped(QUEUES["human-review"].states)}
+
+
+# --- what the console reads ----------------------------------------------------------------------------------------
+
+
+def _raw() -> bool:
+    return settings.RECOVERY_HOT_PATH_SQL
+
+
+def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+    """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
+    one for the rows, plus one to resolve a search by task id or external id."""
+    return (_sql_queue_page if _raw() else _orm_queue_page)(filters, now=now, size=size)
+
+
+def call_row(call_id: int) -> dict | None:
+    """One call as a queue row (after a claim, the row is drawn again as it now stands)."""
+    return (_sql_call_row if _raw() else _orm_call_row)(call_id)
+
+
+def queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
+    """Every tool and every tenant as (id, name), by name: the filters' choices, and the names of a page's tools and
+    tenants."""
+    return (_sql_queue_options if _raw() else _orm_queue_options)()
+
+
+def queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+    """Open items per queue for the navigation, each counted up to `cap` + 1 (a value above `cap` means "more than
+    `cap`"): every reviewer's page polls these every few seconds, and an exact count is a scan of the whole backlog
+    each time (the overview counts exactly)."""
+    return (_sql_queue_counts if _raw() else _orm_queue_counts)(cap)
