@@ -26,8 +26,12 @@ test: $(VENV)/.installed-dev
 	$(PY) -m pytest
 
 # Ratios against baselines measured in the same run; use DATABASE_URL=postgres://... for the SPEC §19 figures.
+# Production settings (DEBUG off), with secrets generated for this run unless the environment gives them.
 bench: $(VENV)/.installed-dev
-	DEBUG=$${DEBUG:-1} $(PY) manage.py bench
+	@secret=$$($(PY) -c "import secrets; print(secrets.token_urlsafe(48))"); \
+	DEBUG=$${DEBUG:-0} SECRET_KEY=$${SECRET_KEY:-$$secret} RECOVERY_TOKEN_PEPPER=$${RECOVERY_TOKEN_PEPPER:-$$secret} \
+	RECOVERY_AUDIT_KEYS=$${RECOVERY_AUDIT_KEYS:-bench:$$secret} ALLOWED_HOSTS=$${ALLOWED_HOSTS:-127.0.0.1,localhost} \
+	SECURE_SSL_REDIRECT=$${SECURE_SSL_REDIRECT:-0} $(PY) manage.py bench $(BENCH)
 
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .

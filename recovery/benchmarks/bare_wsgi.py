@@ -49,34 +49,47 @@ def _hash(value: dict) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
 
 
-def _audit(sql: _Statements, *, task_id: int, call_id: int, token_id: int, src: str, dst: str, now: datetime) -> None:
-    """recovery.audit's statements for one event: both heads advanced, the event, both heads pointed at it."""
-    chain = f"task:{task_id}"
-    advance = "UPDATE recovery_auditchainhead SET length = length + 1 WHERE key = %s RETURNING length, head_hash"
-    seq, _ = sql(advance, ["global"]).fetchone()
-    chain_seq, prev_hash = sql(advance, [chain]).fetchone()
-    fields = {
-        "seq": seq,
-        "chain": chain,
-        "chain_seq": chain_seq,
-        "prev_hash": prev_hash,
-        "task_id": task_id,
-        "call_id": call_id,
-        "from_state": src,
-        "to_state": dst,
-        "created_at": now.isoformat(),
-    }
-    digest = _hash(fields)
-    (event_id,) = sql(
-        "INSERT INTO recovery_auditevent (seq, chain, chain_seq, prev_hash, hash, task_id, call_id, actor_kind, "
-        "actor_label, actor_token_id, action, from_state, to_state, reason, evidence, created_at) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, 'token', 'token:bench', %s, 'call.transition', %s, %s, %s, %s, %s) "
-        "RETURNING id",
-        [seq, chain, chain_seq, prev_hash, digest, task_id, call_id, token_id, src, dst, "bench", Jsonb({}), now],
+def _audit(sql: _Statements, events: list[dict], now: datetime) -> None:
+    """recovery.audit's statements for one transaction's events (all of one task's chain): the global head locked
+    with the events' ids taken, the chain head locked, every event in one INSERT, both heads moved in one UPDATE."""
+    chain = f"task:{events[0]['task_id']}"
+    length, _, _, ids = sql(
+        "SELECT length, head_hash, head_event_id, (SELECT array_agg(nextval(pg_get_serial_sequence("
+        f"'recovery_auditevent', 'id'))) FROM generate_series(1, {len(events)})) FROM recovery_auditchainhead "
+        "WHERE key = %s FOR UPDATE",
+        ["global"],
     ).fetchone()
+    chain_seq, prev_hash, prev_id = sql(
+        "SELECT length, head_hash, head_event_id FROM recovery_auditchainhead WHERE key = %s FOR UPDATE", [chain]
+    ).fetchone()
+    rows, params = [], []
+    for position, (event, event_id) in enumerate(zip(events, sorted(ids), strict=True)):
+        fields = {
+            "seq": length + position + 1,
+            "chain": chain,
+            "chain_seq": chain_seq + position + 1,
+            "prev_hash": prev_hash,
+            **event,
+            "created_at": now.isoformat(),
+        }
+        digest = _hash(fields)
+        mac = hmac.new(b"bench-audit-key", f"bench:{digest}".encode(), hashlib.sha256).hexdigest()
+        rows.append("(%s, %s, %s, %s, %s, %s, %s, 'bench', %s, %s, %s, 'token', 'token:bench', %s, "
+                    "'call.transition', %s, %s, %s, %s, %s)")  # fmt: skip
+        params += [event_id, fields["seq"], chain, fields["chain_seq"], prev_id, prev_hash, digest, mac]
+        params += [event["task_id"], event["call_id"], event["token_id"], event["src"], event["dst"], "bench"]
+        params += [Jsonb({}), now]
+        prev_hash, prev_id = digest, event_id
     sql(
-        "UPDATE recovery_auditchainhead SET head_hash = %s, head_event_id = %s, updated_at = %s WHERE key IN (%s, %s)",
-        [digest, event_id, now, chain, "global"],
+        "INSERT INTO recovery_auditevent (id, seq, chain, chain_seq, prev_id, prev_hash, hash, key_id, hmac, task_id, "
+        "call_id, actor_kind, actor_label, actor_token_id, action, from_state, to_state, reason, evidence, "
+        f"created_at) VALUES {', '.join(rows)}",
+        params,
+    )
+    sql(
+        "UPDATE recovery_auditchainhead SET length = CASE key WHEN %s THEN %s WHEN %s THEN %s END, "
+        "head_hash = %s, head_event_id = %s, updated_at = %s WHERE key IN (%s, %s)",
+        [chain, chain_seq + len(events), "global", length + len(events), prev_hash, prev_id, now, chain, "global"],
     )
 
 
@@ -93,14 +106,6 @@ def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetim
     return {"task_id": call["task_id"], "call_id": call["id"], "token_id": token_id, "src": src, "dst": dst}
 
 
-ALTERNATES = (
-    "SELECT t.name FROM recovery_tool t JOIN recovery_tool_alternates a ON t.id = a.to_tool_id "
-    "WHERE a.from_tool_id = %s"
-)
-TASK_VIEW = (
-    "SELECT t.name, t.budgets, COUNT(c.id) AS n FROM recovery_call c JOIN recovery_tool t ON c.tool_id = t.id "
-    "WHERE c.state = ANY(%s) AND c.task_id = %s GROUP BY 1, 2"
-)
 WINDOW = (
     "SELECT SUM({}) FROM recovery_breakerbucket u WHERE u.tool_id = t.id AND u.bucket_start > %s "
     "AND u.bucket_start <= %s"
@@ -108,55 +113,45 @@ WINDOW = (
 
 
 def _authenticate(sql: _Statements, token: str, pepper: str) -> tuple[int, list[int]]:
-    """The token and its tenants in one query (a row per tenant)."""
+    """The token and its tenants in one query: its tenant links, each with its token and tenant."""
     rows = sql(
-        "SELECT k.id, k.digest, k.last_used_at, t.id, t.name FROM recovery_apitoken k "
-        "LEFT JOIN recovery_apitoken_tenants a ON k.id = a.apitoken_id "
-        "LEFT JOIN recovery_tenant t ON a.tenant_id = t.id "
+        "SELECT a.id, a.apitoken_id, a.tenant_id, k.id, k.digest, k.last_used_at, t.id, t.name "
+        "FROM recovery_apitoken_tenants a JOIN recovery_apitoken k ON a.apitoken_id = k.id "
+        "JOIN recovery_tenant t ON a.tenant_id = t.id "
         "WHERE k.prefix = %s AND k.revoked_at IS NULL ORDER BY t.name",
         [token[:12]],
     ).fetchall()
     digest = hmac.new(pepper.encode(), token.encode(), hashlib.sha256).hexdigest()
-    if not rows or not hmac.compare_digest(rows[0][1], digest):
+    if not rows or not hmac.compare_digest(rows[0][4], digest):
         raise NotFound("token")
-    return rows[0][0], [row[3] for row in rows if row[3] is not None]
+    return rows[0][3], [row[6] for row in rows]
 
 
-def _call(sql: _Statements, call_id: int, tenants: list[int]) -> dict:
+def _call(sql: _Statements, call_id: int, tenants: list[int], attempt_id: str) -> dict:
+    """The call with what admission reads besides (selectors.tasks_calls.call_for_attempt's one statement)."""
     found = sql(
         "SELECT c.id, c.task_id, c.step_id, c.tool_id, c.arguments, c.state, c.version, c.attempts_count, "
         "c.idempotency_key, c.fingerprint, k.rounds_used, k.budget, t.name AS tool, t.budgets, t.breaker, "
-        "t.required_result_fields, p.name AS provider, n.name AS tenant, s.index "
+        "t.required_result_fields, p.name AS provider, n.name AS tenant, s.index, b.state AS breaker_state, "
+        "(SELECT u.id FROM recovery_attempt u WHERE u.call_id = c.id AND u.attempt_id = %s LIMIT 1) AS stored, "
+        "(SELECT r.observed FROM recovery_receipt r WHERE r.call_id = c.id ORDER BY r.checked_at DESC LIMIT 1), "
+        "(SELECT r.checked_at FROM recovery_receipt r WHERE r.call_id = c.id ORDER BY r.checked_at DESC LIMIT 1), "
+        "EXISTS(SELECT 1 FROM recovery_call d WHERE d.step_id IN (SELECT e.to_step_id FROM recovery_step_depends_on e "
+        "WHERE e.from_step_id = c.step_id)), "
+        "COALESCE((SELECT COUNT(v.id) FROM recovery_call v WHERE v.task_id = c.task_id AND v.state = ANY(%s) "
+        "GROUP BY v.task_id), 0), "
+        "EXISTS(SELECT 1 FROM recovery_tool_alternates x WHERE x.from_tool_id = c.tool_id) "
         "FROM recovery_call c JOIN recovery_task k ON c.task_id = k.id "
         "JOIN recovery_tenant n ON k.tenant_id = n.id "
         "JOIN recovery_step s ON c.step_id = s.id JOIN recovery_tool t ON c.tool_id = t.id "
-        "JOIN recovery_provider p ON t.provider_id = p.id WHERE c.id = %s AND c.tenant_id = ANY(%s)",
-        [call_id, tenants],
+        "JOIN recovery_provider p ON t.provider_id = p.id LEFT JOIN recovery_breaker b ON b.tool_id = t.id "
+        "WHERE c.id = %s AND c.tenant_id = ANY(%s) ORDER BY c.id LIMIT 1",
+        [attempt_id, UNSETTLED, call_id, tenants],
     )
     row = found.fetchone()
     if row is None:
         raise NotFound("call")
     return dict(zip([column.name for column in found.description], row, strict=True))
-
-
-def _gate_reads(sql: _Statements, call: dict) -> None:
-    """gate_context's reads for a call without attempts: its dependencies, the latest receipt, the breaker, the
-    task view."""
-    sql(
-        "SELECT id, state FROM recovery_call WHERE step_id IN (SELECT u0.id FROM recovery_step u0 "
-        "JOIN recovery_step_depends_on u1 ON u0.id = u1.to_step_id WHERE u1.from_step_id = %s)",
-        [call["step_id"]],
-    ).fetchall()
-    sql(
-        "SELECT observed, checked_at FROM recovery_receipt WHERE call_id = %s ORDER BY checked_at DESC LIMIT 1",
-        [call["id"]],
-    ).fetchall()
-    sql(
-        "SELECT state, opened_at, probes_reserved, probe_lease_until FROM recovery_breaker WHERE tool_id = %s "
-        "ORDER BY id LIMIT 1",
-        [call["tool_id"]],
-    ).fetchall()
-    sql(TASK_VIEW, [UNSETTLED, call["task_id"]]).fetchall()
 
 
 def _count_breaker(sql: _Statements, call: dict, now: datetime) -> None:
@@ -180,35 +175,53 @@ def _count_breaker(sql: _Statements, call: dict, now: datetime) -> None:
 def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, pepper: str, trace=None) -> dict:
     """One single-shot attempt; returns the JSON answer. NotFound for an unknown token or call.
 
-    Like the product: reads and the breaker count in autocommit (each its own transaction), then the attempt, the
-    transitions and the stored answer in one transaction.
+    Like the product: reads and the breaker count in autocommit (each its own transaction), then the task's
+    counters, the transitions, the attempt (answer included), its gate answer and the audit events in one
+    transaction.
     """
     now = datetime.now(UTC)
     conn.autocommit = True
     with conn.cursor() as cursor:
         sql = _Statements(cursor, trace)
         token_id, tenants = _authenticate(sql, token, pepper)
-        call = _call(sql, call_id, tenants)
-        sql(ALTERNATES, [call["tool_id"]]).fetchall()  # the tool's policy: its alternates
         attempt_id, outcome = body["attempt_id"], body["outcome"]
-        stored = sql(
-            "SELECT id, request_hash, response FROM recovery_attempt WHERE attempt_id = %s AND call_id = %s "
-            "ORDER BY call_id, number LIMIT 1",
-            [attempt_id, call_id],
-        ).fetchone()
-        if stored is not None:
-            return stored[2]
-        _gate_reads(sql, call)
+        call = _call(sql, call_id, tenants, attempt_id)
+        if call["stored"] is not None:
+            stored = sql("SELECT response FROM recovery_attempt WHERE id = %s", [call["stored"]]).fetchone()
+            return stored[0]
         number = call["attempts_count"] + 1
         _count_breaker(sql, call, now)
         request_hash = _hash(body)
         print_ = _hash({"tool": call["tool"], "arguments": call["arguments"]})
         with conn.transaction():
+            sql(
+                "UPDATE recovery_task SET rounds_used = rounds_used + %s, write_retries_used = write_retries_used + "
+                "%s, tokens_used = tokens_used + %s WHERE id = %s RETURNING rounds_used, tokens_used, "
+                "write_retries_used",
+                [1, 0, 0, call["task_id"]],
+            ).fetchone()
+            extra, params = ", attempts_count = %s, sent_at = %s", [number, now]
+            events = [_transition(sql, call, call["state"], "SENT", token_id, now, extra, params)]
+            events.append(_transition(sql, call, "SENT", "COMMITTED", token_id, now))
+            response = {
+                "call_id": call_id,
+                "attempt_id": attempt_id,
+                "attempt_number": number,
+                "call_state": "COMMITTED",
+                "policy_bypassed": False,
+                "failure": None,
+                "decision": None,
+                "breaker_state": "closed",
+                "provider_ref": "",
+            }
+            failure = {"side_effect": "sent", "row": "9", "phase": "response"}
             (attempt_pk,) = sql(
                 "INSERT INTO recovery_attempt (call_id, attempt_id, number, tool_id, arguments, fingerprint, "
-                "evidence, policy_bypassed, breaker_probe, admitted_at, error_kind, error_code, provider_request_id, "
-                "failure_class, request_hash, outcome_request_hash, created_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, false, false, %s, '', '', '', '', %s, '', %s) RETURNING id",
+                "evidence, policy_bypassed, breaker_probe, admitted_at, facts, connection_opened, sent, http_status, "
+                "error_kind, error_code, provider_request_id, reported_at, failure, failure_class, request_hash, "
+                "response, outcome_request_hash, outcome_response, created_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, false, false, %s, %s, %s, %s, %s, '', '', '', %s, %s, '', %s, "
+                "%s, %s, %s, %s) RETURNING id",
                 [
                     call_id,
                     attempt_id,
@@ -218,7 +231,16 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
                     print_,
                     Jsonb([]),
                     now,
+                    Jsonb(outcome),
+                    outcome.get("connection_opened"),
+                    outcome.get("sent"),
+                    outcome.get("http_status"),
+                    now,
+                    Jsonb(failure),
                     request_hash,
+                    Jsonb(response),
+                    _hash(outcome),
+                    Jsonb(response),
                     now,
                 ],
             ).fetchone()
@@ -237,50 +259,7 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
                     now,
                 ],
             )
-            sql("UPDATE recovery_task SET rounds_used = rounds_used + 1 WHERE id = %s", [call["task_id"]])
-            extra, params = ", attempts_count = %s, sent_at = %s", [number, now]
-            events = [_transition(sql, call, call["state"], "SENT", token_id, now, extra, params)]
-            failure = {"side_effect": "sent", "row": "9", "phase": "response"}
-            sql(
-                "UPDATE recovery_attempt SET facts = %s, connection_opened = %s, sent = %s, http_status = %s, "
-                "error_kind = '', error_code = '', provider_request_id = '', retry_after_ms = NULL, "
-                "tokens_used = NULL, started_at = NULL, finished_at = NULL, reported_at = %s, failure = %s, "
-                "failure_class = '', diagnostic_id = NULL WHERE id = %s",
-                [
-                    Jsonb(outcome),
-                    outcome.get("connection_opened"),
-                    outcome.get("sent"),
-                    outcome.get("http_status"),
-                    now,
-                    Jsonb(failure),
-                    attempt_pk,
-                ],
-            )
-            sql(
-                "SELECT id, rounds_used, tokens_used, write_retries_used, budget, max_rounds, deadline, token_budget "
-                "FROM recovery_task WHERE id = %s",
-                [call["task_id"]],
-            ).fetchone()
-            sql(TASK_VIEW, [UNSETTLED, call["task_id"]]).fetchall()
-            events.append(_transition(sql, call, "SENT", "COMMITTED", token_id, now))
-            response = {
-                "call_id": call_id,
-                "attempt_id": attempt_id,
-                "attempt_number": number,
-                "call_state": "COMMITTED",
-                "policy_bypassed": False,
-                "failure": None,
-                "decision": None,
-                "breaker_state": "closed",
-                "provider_ref": "",
-            }
-            sql(
-                "UPDATE recovery_attempt SET response = %s, outcome_request_hash = %s, outcome_response = %s "
-                "WHERE id = %s",
-                [Jsonb(response), _hash(outcome), Jsonb(response), attempt_pk],
-            )
-            for event in events:
-                _audit(sql, now=now, **event)
+            _audit(sql, events, now)
     return response
 
 

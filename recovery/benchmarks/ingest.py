@@ -5,14 +5,17 @@ RecoveryClient.single_shot sends it) on a fresh READY call; the calls are spread
 task each, and created beforehand in bulk (not measured). Series:
 
 - product: the whole API (console.wsgi) served by gunicorn;
+- orm: the same, with RECOVERY_HOT_PATH_SQL off — the hot path's one raw statement (the task's counters moved and
+  read back by UPDATE ... RETURNING) replaced by its ORM twin (an UPDATE and a SELECT);
 - bare: recovery.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
   psycopg over one persistent connection per worker, served by gunicorn with the same settings;
 - raw psycopg: bare_wsgi.single_shot in a loop from this process, no HTTP.
 
-Both servers get the same clients: CLIENTS processes, each a requests.Session posting its share of the attempts
-one after another, started together after a warm-up, in ABBA rounds (product, bare, bare, product) so that a drift
-in what else the machine runs weighs on both alike. The servers run with DEBUG=0 (no query log) against the
-benchmark's throwaway database; the benchmark starts them on free ports, waits for them and stops them.
+The servers get the same clients: CLIENTS processes, each a requests.Session posting its share of the attempts
+one after another, started together after a warm-up, in ROUNDS rounds with the servers in a rotating order, so that
+a drift in what else the machine runs weighs on all alike; each rate is its rounds' median. The servers run with
+DEBUG=0 (no query log) against the benchmark's throwaway database; the benchmark starts them on free ports, waits
+for them and stops them.
 
 Statements per attempt are counted on one request served in-process by the whole Django stack with an
 execute_wrapper (the connection health check Django runs once per request, a `SELECT 1` on the raw connection,
@@ -44,7 +47,7 @@ import psycopg
 import requests
 from django.conf import settings
 from django.db import connection
-from django.test import Client
+from django.test import Client, override_settings
 
 from console.env import keyring_text
 from recovery.audit import Actor, chain_key
@@ -61,6 +64,8 @@ WORKERS, THREADS = 4, 1
 WARM_UP = 5  # attempts per client before each round's measured ones (imports, connections, statement caches)
 PRODUCT_APP, BARE_APP = "console.wsgi:application", "recovery.benchmarks.bare_wsgi:application"
 TARGET_RATIO = 0.5  # SPEC §19
+TARGET_STATEMENTS = 15  # SPEC §19: statements per single-shot attempt
+ROUNDS = 5  # measured rounds per server, interleaved
 TENANTS = [f"bench-{n}" for n in range(4)]
 TOOLS = [f"bench.lookup-{n}" for n in range(4)]
 ARGS_SCHEMA = {
@@ -197,8 +202,9 @@ def _host() -> str:
     return hosts[0] if hosts else "localhost"
 
 
-def product_statements(token: str, call_id: int) -> list[str]:
-    """The SQL of one single shot served in-process by the whole Django stack (middleware, ninja, services)."""
+def product_statements(token: str, call_id: int, *, sql: bool = True) -> list[str]:
+    """The SQL of one single shot served in-process by the whole Django stack (middleware, ninja, services);
+    `sql` False: with the hot path's ORM twin (RECOVERY_HOT_PATH_SQL off)."""
     seen: list[str] = []
 
     def wrapper(execute, sql, params, many, context):
@@ -206,7 +212,7 @@ def product_statements(token: str, call_id: int) -> list[str]:
         return execute(sql, params, many, context)
 
     client = Client(HTTP_AUTHORIZATION=f"Bearer {token}", HTTP_HOST=_host())
-    with connection.execute_wrapper(wrapper):
+    with connection.execute_wrapper(wrapper), override_settings(RECOVERY_HOT_PATH_SQL=sql):
         response = client.post(
             f"/api/v1/calls/{call_id}/attempts", attempt_body(call_id), content_type="application/json", secure=True
         )
@@ -257,10 +263,11 @@ class Server:
 
 
 @contextmanager
-def serve(app: str, database_url: str) -> Iterator[Server]:
+def serve(app: str, database_url: str, **extra_env: str) -> Iterator[Server]:
     """gunicorn serving `app` (module:callable) with DEBUG off against `database_url`, until the block ends."""
     port = _free_port()
     env = dict(os.environ)
+    env.update(**extra_env)
     env.update(
         DJANGO_SETTINGS_MODULE="console.settings",
         DATABASE_URL=database_url,
@@ -465,17 +472,28 @@ def bench_ingest(count: int = 1000) -> dict:
             f"{diff[:5]}\nproduct: {product_sig}\nbare: {bare_sig}"
         )
 
-    # ABBA rounds (product, bare, bare, product), each on fresh calls: a drift in what else the machine runs
-    # weighs on both alike. Each server's rate is over its two rounds together.
-    half = count // 2
-    runs: dict[str, list[dict]] = {"product": [], "bare": []}
-    all_calls: dict[str, list[int]] = {"product": [], "bare": []}
-    with serve(PRODUCT_APP, dsn) as product_server, serve(BARE_APP, dsn) as bare_server:
-        servers = {"product": product_server, "bare": bare_server}
-        for n, label in enumerate(("product", "bare", "bare", "product")):
-            calls = fixture.bulk_calls(warm + half, f"{label}-{n}")
-            all_calls[label] += calls
-            runs[label].append(measured_round(servers[label], fixture.token, calls[:warm], calls[warm:]))
+    orm = _steady(
+        lambda c: product_statements(fixture.token, c, sql=False), fixture.bulk_calls(3 * per_tool, "o")[::per_tool]
+    )
+
+    # ROUNDS rounds, each on fresh calls, the three servers in a rotating order (a drift in what else the machine runs
+    # weighs on all alike): the product, its ORM twin (RECOVERY_HOT_PATH_SQL off, STYLE.md: the raw statement stays
+    # only while the ORM misses a target) and the bare baseline. Each figure is the median of its rounds.
+    per_round = max(count // ROUNDS, 50)
+    labels = ("product", "orm", "bare")
+    runs: dict[str, list[dict]] = {label: [] for label in labels}
+    all_calls: dict[str, list[int]] = {label: [] for label in labels}
+    with (
+        serve(PRODUCT_APP, dsn) as product_server,
+        serve(PRODUCT_APP, dsn, RECOVERY_HOT_PATH_SQL="0") as orm_server,
+        serve(BARE_APP, dsn) as bare_server,
+    ):
+        servers = {"product": product_server, "orm": orm_server, "bare": bare_server}
+        for n in range(ROUNDS):
+            for label in labels[n % 3 :] + labels[: n % 3]:
+                calls = fixture.bulk_calls(warm + per_round, f"{label}-{n}")
+                all_calls[label] += calls
+                runs[label].append(measured_round(servers[label], fixture.token, calls[:warm], calls[warm:]))
     raw_calls = fixture.bulk_calls(warm + count, "raw")
     raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
     all_calls["raw"] = raw_calls
@@ -483,9 +501,7 @@ def bench_ingest(count: int = 1000) -> dict:
         if (done := committed(calls)) != len(calls):
             raise AssertionError(f"{label}: {len(calls) - done} of {len(calls)} calls did not end COMMITTED")
     _wait_disconnected(connection.settings_dict["NAME"])
-    rate = {
-        label: sum(r["attempts"] for r in rounds) / sum(r["seconds"] for r in rounds) for label, rounds in runs.items()
-    }
+    rate = {label: statistics.median(r["attempts_per_s"] for r in rounds) for label, rounds in runs.items()}
 
     kinds = Counter(sig.split()[0] for sig in product_sig)
     return {
@@ -493,13 +509,19 @@ def bench_ingest(count: int = 1000) -> dict:
         "database": connection.vendor,
         "server": f"gunicorn {version('gunicorn')} --workers {WORKERS} --threads {THREADS}",
         "clients": CLIENTS,
-        "attempts_per_server": 2 * half,
+        "rounds": ROUNDS,
+        "attempts_per_round": per_round,
         "product_attempts_per_s": round(rate["product"], 1),
         "bare_attempts_per_s": round(rate["bare"], 1),
         "ratio": round(rate["product"] / rate["bare"], 2),
         "target_ratio": TARGET_RATIO,
+        # The hot path's raw statement against its ORM twin: the twin's rate and statements, and its ratio.
+        "orm_twin_attempts_per_s": round(rate["orm"], 1),
+        "orm_twin_ratio": round(rate["orm"] / rate["bare"], 2),
+        "orm_twin_statements_per_attempt": len(orm),
         "raw_psycopg_attempts_per_s": raw_rate,
         "statements_per_attempt": len(product),
+        "target_statements_per_attempt": TARGET_STATEMENTS,
         "statements_by_kind": dict(sorted(kinds.items())),
         "rounds_attempts_per_s": {label: [r["attempts_per_s"] for r in rounds] for label, rounds in runs.items()},
         # CPU per attempt of the gunicorn processes (the app) and of the PostgreSQL backends, per server.
