@@ -16,8 +16,10 @@ from django.utils.html import format_html
 
 from recovery import models
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.registry import validate_registry
 from recovery.registry.loader import PROVIDER_FIELDS, TOOL_FIELDS
+from recovery.services.tokens import token_revoke
 
 _PATH_HEAD = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)(.*)")
 _EMPTY = (None, "", {}, [])
@@ -93,7 +95,7 @@ class RegistryAdmin(admin.ModelAdmin):
     def _record(self, request, obj, op: str, fields: list[str]) -> None:
         kind = self.model._meta.model_name
         append_event(
-            action="registry.edited",
+            action=AuditAction.REGISTRY_EDITED,
             actor=Actor.for_user(request.user),
             reason=f"{op} {kind} {obj.name} in the admin",
             evidence={"kind": kind, "name": obj.name, "op": op, "fields": sorted(fields)},
@@ -172,9 +174,6 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected API tokens", permissions=["change"])
     def revoke(self, request, queryset):
-        from recovery.audit import Actor
-        from recovery.services.tokens import token_revoke
-
         revoked = 0
         for token in queryset.filter(revoked_at__isnull=True):
             token_revoke(name=token.name, actor=Actor.for_user(request.user))

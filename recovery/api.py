@@ -22,7 +22,7 @@ from ninja.security import HttpBearer
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from recovery import hot_path, jobs
+from recovery import hot_path, jobs, queueing
 from recovery.api_errors import exception_response
 from recovery.audit import Actor
 from recovery.engine import storable
@@ -30,10 +30,12 @@ from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.models import Attempt, Call, Task, Tenant
 from recovery.registry import with_alternates
-from recovery.selectors.tasks_calls import call_detail, call_in_tenants, task_summary
-from recovery.services import callbacks, ingest, tasks
-from recovery.services.context import ACTION_ATTEMPT_PREFIX
-from recovery.services.ingest import ServiceError, allowed_tools, field_errors_json
+from recovery.selectors.context import ACTION_ATTEMPT_PREFIX
+from recovery.selectors.tasks_calls import allowed_tools, call_detail, call_in_tenants, task_summary
+from recovery.services import callbacks, calls, tasks
+from recovery.services.attempts import AttemptRequest, attempt_admit, gate_ask
+from recovery.services.errors import ServiceError, field_errors_json
+from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.tokens import token_authenticate
 from recovery.states import RECONCILABLE
 
@@ -373,6 +375,18 @@ def _call(request, call_id: int) -> Call:
     return call
 
 
+def _attempt_request(payload: CandidateIn) -> AttemptRequest:
+    outcome = payload.outcome
+    return AttemptRequest(
+        attempt_id=payload.attempt_id,
+        tool=payload.tool,
+        arguments=payload.arguments,
+        credential_version=payload.credential_version,
+        evidence=tuple(payload.evidence),
+        outcome=facts_of(outcome.model_dump(exclude_unset=True)) if outcome is not None else None,
+    )
+
+
 def _call_to_admit(request, call_id: int, attempt_id: str) -> Call:
     """The call with what admitting `attempt_id` reads, in one statement (recovery.hot_path.call_for_attempt)."""
     call = hot_path.call_for_attempt(call_id, request.tenant_ids, attempt_id=attempt_id)
@@ -424,7 +438,7 @@ def abandon_task(request, task_id: int, payload: AbandonIn):
 
 @api.post("/tasks/{id:task_id}/calls", response={200: dict, 201: dict, **ERRORS}, tags=["calls"])
 def add_call(request, task_id: int, payload: CallIn):
-    added = ingest.call_add(
+    added = calls.call_add(
         task=_task(request, task_id),
         step_index=payload.step,
         depends_on=payload.depends_on,
@@ -433,7 +447,7 @@ def add_call(request, task_id: int, payload: CallIn):
         idempotency_key=payload.idempotency_key,
         actor=_actor(request),
     )
-    failure, required_next = ingest.preflight_answer(added.call, added.preflight)
+    failure, required_next = calls.preflight_answer(added.call, added.preflight)
     body = {
         "call_id": added.call.pk,
         "created": added.created,
@@ -442,6 +456,7 @@ def add_call(request, task_id: int, payload: CallIn):
         "failure": failure,
         "required_next": required_next,
         "blocked_by": added.blocked_by,
+        "blocked_by_steps": added.blocked_by_steps,
         "poll": f"/api/v1/calls/{added.call.pk}",
     }
     return Status(201 if added.created else 200, body)
@@ -463,7 +478,7 @@ def reconcile_call(request, call_id: int):
             f"the call is {call.state}: only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are checked with the provider",
             detail={"call_state": call.state},
         )
-    jobs.enqueue(jobs.reconcile_call, call.pk, job_id=f"reconcile-call-{call.pk}")
+    queueing.enqueue(jobs.reconcile_call, call.pk, job_id=f"reconcile-call-{call.pk}")
     return Status(
         202,
         {
@@ -505,7 +520,7 @@ def provider_callback(request, name: str):
 
 @api.post("/calls/{id:call_id}/abandon", response={200: dict, **ERRORS}, tags=["calls"])
 def abandon_call(request, call_id: int, payload: AbandonIn):
-    call = ingest.call_abandon(call=_call(request, call_id), actor=_actor(request), reason=payload.reason)
+    call = calls.call_abandon(call=_call(request, call_id), actor=_actor(request), reason=payload.reason)
     return Status(200, call_detail(call))
 
 
@@ -522,9 +537,9 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
         )
     return Status(
         200,
-        ingest.gate_ask(
+        gate_ask(
             call=_call_to_admit(request, call_id, payload.attempt_id),
-            body=payload.model_dump(mode="json"),
+            request=_attempt_request(payload),
             actor=_actor(request),
         ),
     )
@@ -532,13 +547,8 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
 
 @api.post("/calls/{id:call_id}/attempts", response={200: dict, 201: dict, **ERRORS}, tags=["attempts"])
 def create_attempt(request, call_id: int, payload: CandidateIn):
-    body = payload.model_dump(mode="json", exclude_none=False)
-    if payload.outcome is None:
-        body.pop("outcome")
-    else:
-        body["outcome"] = payload.outcome.model_dump(mode="json", exclude_unset=True)
     call = _call_to_admit(request, call_id, payload.attempt_id)
-    admission = ingest.attempt_admit(call=call, body=body, actor=_actor(request))
+    admission = attempt_admit(call=call, request=_attempt_request(payload), actor=_actor(request))
     if admission.status == 409:
         gate = admission.response["gate"]
         return _error(
@@ -557,8 +567,8 @@ def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: Outcom
     call = _call(request, call_id)
     attempt = get_object_or_404(Attempt.objects.select_related("tool__provider"), call=call, attempt_id=attempt_id)
     with_alternates(attempt.tool)
-    body = payload.model_dump(mode="json", exclude_unset=True)
-    return Status(200, ingest.attempt_report(call=call, attempt=attempt, body=body, actor=_actor(request)))
+    facts = facts_of(payload.model_dump(exclude_unset=True))
+    return Status(200, attempt_report(call=call, attempt=attempt, facts=facts, actor=_actor(request)))
 
 
 @api.get("/capabilities", response={200: dict, **ERRORS}, tags=["tasks"])

@@ -25,6 +25,7 @@ from django.db.models import Exists, OuterRef, signals
 from django.utils import timezone
 
 from recovery import dbguards
+from recovery.audit_actions import AuditAction
 from recovery.engine.canonical import canonical_json, normalize
 from recovery.models import ActorKind, AuditChainHead, AuditEvent
 
@@ -372,7 +373,7 @@ def audit_maintenance(
         raise RuntimeError("audit_maintenance() must run inside transaction.atomic()")
     if not reason.strip():
         raise ValueError("audit_maintenance() needs a reason")
-    append_event(action="audit.maintenance", actor=actor, reason=reason, evidence=evidence, using=using)
+    append_event(action=AuditAction.AUDIT_MAINTENANCE, actor=actor, reason=reason, evidence=evidence, using=using)
     dbguards.set_maintenance(connection, True, local=True)
     try:
         yield
@@ -408,7 +409,7 @@ def audit_purge_chains(*, chains: list[str], reason: str, actor: Actor, using: s
 
 
 def _purge_records(using: str):
-    return AuditEvent.objects.using(using).filter(action="audit.maintenance", evidence__has_key="purged_seqs")
+    return AuditEvent.objects.using(using).filter(action=AuditAction.AUDIT_MAINTENANCE, evidence__has_key="purged_seqs")
 
 
 def purged_ranges(using: str = "default") -> list[tuple[int, int]]:

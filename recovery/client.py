@@ -67,7 +67,8 @@ class CallRef:
     created: bool
     state: str
     preflight: dict
-    blocked_by: list
+    blocked_by: list  # ids of the dependencies' calls not COMMITTED yet
+    blocked_by_steps: list  # indexes of the dependency steps waited for
     raw: dict = field(repr=False)
 
 
@@ -221,6 +222,7 @@ class RecoveryClient:
             state=body["state"],
             preflight=body["preflight"],
             blocked_by=body["blocked_by"],
+            blocked_by_steps=body["blocked_by_steps"],
             raw=body,
         )
 

@@ -3,7 +3,7 @@
 Without Redis the in-process runner (recovery/inprocess.py) runs PERIODIC itself. With Redis every `runjobs`
 process starts a Scheduler, and of those only the one holding a Redis lock enqueues: the others stand by and take
 over within RECOVERY_SCHEDULER_LEASE_S of its death. A periodic job has at most one run pending at a time
-(recovery.jobs.enqueue_periodic: a marker of ours that the run's end removes and that expires after the job's
+(recovery.queueing.enqueue_periodic: a marker of ours that the run's end removes and that expires after the job's
 period plus the check lease), so a backlog holds one run per name instead of piling up duplicates, and a worker
 killed mid-run — its job left "started" in rq's registries, or its records gone with Redis — delays the next run by
 that much at most. One job failing to enqueue is logged with its name and never costs the others their run.
@@ -20,28 +20,16 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
 
 from django.conf import settings
 from django.db import connections
 from rq.queue import Queue
 
-from recovery import jobs
+from recovery import jobs, queueing
+from recovery.schedule import Periodic
 
 logger = logging.getLogger("recovery.jobs")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Periodic:
-    name: str  # at most one run of it is pending at a time
-    every_s: float
-    func: Callable[..., Any]
-    args: tuple = ()
-    # Run by the scheduler's holder itself, on a thread of its own, never by a worker: the audit checkpoint writes to
-    # the holder's disk (workers may run on machines without that directory).
-    in_scheduler: bool = False
 
 
 PERIODIC: list[Periodic] = [
@@ -56,10 +44,6 @@ PERIODIC: list[Periodic] = [
         in_scheduler=True,
     ),
 ]
-
-
-def describe(periodic: Sequence[Periodic]) -> str:
-    return ", ".join(f"{p.name} every {p.every_s:g} s" for p in periodic) or "nothing"
 
 
 # Take the lock if it is free, or extend it if it is ours: one round trip, so a lease cannot lapse between the two.
@@ -125,7 +109,7 @@ class Scheduler:
                     enqueued.append(periodic.name)
                 continue
             try:
-                if jobs.enqueue_periodic(
+                if queueing.enqueue_periodic(
                     self.queue, periodic.name, periodic.func, periodic.args, every_s=periodic.every_s
                 ):
                     enqueued.append(periodic.name)

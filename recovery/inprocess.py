@@ -13,12 +13,11 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db import close_old_connections, connections
 
-if TYPE_CHECKING:
-    from recovery.cron import Periodic
+from recovery.schedule import Periodic
 
 logger = logging.getLogger("recovery.jobs")
 
@@ -126,12 +125,13 @@ _runner: Runner | None = None
 _runner_lock = threading.Lock()
 
 
-def get_runner() -> Runner:
-    """The process-wide runner with the project's schedule (recovery/cron.py)."""
+def get_runner(periodic: Sequence[Periodic] | None = None) -> Runner:
+    """The process-wide runner; `periodic` (recovery.cron.PERIODIC, from the commands that run the schedule) is the
+    schedule its start() and run_burst() run. A process that only enqueues gets the runner's pool alone."""
     global _runner
     with _runner_lock:
         if _runner is None:
-            from recovery.cron import PERIODIC
-
-            _runner = Runner(PERIODIC)
+            _runner = Runner()
+        if periodic is not None and not _runner.running:
+            _runner.periodic = list(periodic)
         return _runner

@@ -1,95 +1,52 @@
-"""Background jobs: thin functions (an id in, a service call) and the one way to enqueue them.
+"""Background jobs: thin functions (an id in, a service call), enqueued through recovery.queueing.
 
-`enqueue(func, *args, job_id=...)` sends a job when the surrounding transaction commits, never for a rolled-back
-one, and at most once per `job_id` while a job with that id is queued or running. With REDIS_URL set the job goes
-to django-rq's "default" queue for `manage.py runjobs` workers; without it, to the in-process runner
-(recovery/inprocess.py) of the same process.
-
-Job ids name the work, not the request: `reconcile-call-<id>` for an immediate check of one call,
-`action-execute-<id>` for an approved operator action, the periodic schedule's names (recovery/cron.py) for its
-runs. Jobs must be idempotent: a dedupe window is not a lock, and a job can run twice around a worker's death; the
-services' leases and conditional updates make that harmless.
+The periodic ones run on the schedule of recovery/cron.py; the others are enqueued on commit by the services and
+the API (`reconcile_call` for an immediate check, `execute_action` for an approved operator action).
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import socket
-import threading
-import uuid
-from collections.abc import Callable
-from typing import Any
 
-import django_rq
-import redis
-from django.conf import settings
-from django.db import transaction
-from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
-from rq.job import Callback, Job, JobStatus
-from rq.queue import Queue
+from django.utils import timezone
+
+from recovery.audit import Actor
+from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
+from recovery.queueing import enqueue_now, worker_name
+from recovery.services import actions, reconcile, sweeper, tasks
 
 logger = logging.getLogger("recovery.jobs")
-
-# Results of successful jobs are not kept (every job's effects are in the database), so a finished job frees its
-# id at once; a failed one stays in django-rq's failed registry for a week, until the same id is enqueued again.
-RESULT_TTL_S = 0
-FAILURE_TTL_S = 7 * 24 * 3600
-_DONE = {JobStatus.FINISHED, JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED}
-
-
-# Jobs --------------------------------------------------------------------------------------------------------------
-
-
-def worker_name() -> str:
-    """Who holds a check lease: host, process and thread, so a lease names the exact worker that took it."""
-    return f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
 
 
 def reconcile_due() -> int:
     """Periodic: check every UNKNOWN / STILL_UNKNOWN / ACCEPTED call whose next check is due."""
-    from recovery.services import reconcile
-
     return reconcile.reconcile_due(worker=worker_name())
 
 
 def reconcile_call(call_id: int) -> None:
     """An immediate check of one call (`POST .../calls/{id}/reconcile`, a provider's callback)."""
-    from recovery.services import reconcile
-
     reconcile.reconcile_call(call_id, worker=worker_name())
 
 
 def sweep_sent() -> int:
     """Periodic: SENT calls past their outcome timeout become UNKNOWN (or RETRYABLE)."""
-    from recovery.services import sweeper
-
     return sweeper.sweep_sent()
 
 
 def flag_no_submission() -> int:
     """Periodic: flag OPEN tasks past their deadline that were never submitted (SPEC §14 `no_submission`)."""
-    from django.utils import timezone
-
-    from recovery.audit import Actor
-    from recovery.services import tasks
-
     return tasks.task_flag_no_submission(now=timezone.now(), actor=Actor.job("no-submission"))
 
 
 def execute_action(request_id: int) -> None:
     """Execute an approved operator action once (enqueued on commit by its approval): the claim makes a second run
     of this job, or a second worker, a no-op."""
-    from recovery.services import actions
-
     actions.action_execute(request_id, worker=worker_name())
 
 
 def actions_due() -> int:
     """Periodic: expire undecided action requests, mark executions whose worker died interrupted (never re-run
     them), and enqueue again the approved ones whose enqueue was lost; how many requests changed."""
-    from recovery.services import actions
-
     changed = actions.actions_expire_due() + actions.actions_sweep_interrupted()
     for request_id in actions.actions_approved_waiting():
         enqueue_now(execute_action, request_id, job_id=f"action-execute-{request_id}")
@@ -98,168 +55,9 @@ def actions_due() -> int:
 
 def audit_checkpoint() -> str:
     """Periodic, in the scheduler's holder: a signed checkpoint of the audit heads (recovery.audit_checkpoints)."""
-    from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
-
     try:
         path = checkpoint_write()
     except CheckpointRefused as refused:
         logger.error("audit checkpoint refused: %s", refused)
         return ""
     return str(path) if path else ""
-
-
-# Enqueueing --------------------------------------------------------------------------------------------------------
-
-
-def enqueue(func: Callable[..., Any], *args: Any, job_id: str) -> None:
-    """Run `func(*args)` in the background once the current transaction commits (at once outside a transaction).
-
-    A second enqueue of the same `job_id` while the first is still queued or running adds nothing. An enqueue that
-    fails after the commit (Redis down) is logged, not raised: the data is committed and the request succeeded, and
-    the periodic schedule picks up due work on its next run anyway.
-    """
-
-    def send() -> None:
-        try:
-            enqueue_now(func, *args, job_id=job_id)
-        except Exception:
-            logger.exception("could not enqueue job %s (%s)", job_id, _func_name(func))
-
-    transaction.on_commit(send)
-
-
-def enqueue_now(func: Callable[..., Any], *args: Any, job_id: str) -> bool:
-    """Enqueue without waiting for a commit; True when a job was added, False when one with that id is pending."""
-    if settings.REDIS_URL:
-        return rq_enqueue(get_queue(), func, args, job_id=job_id)
-    from recovery import inprocess
-
-    return inprocess.get_runner().submit(func, args, job_id=job_id)
-
-
-def get_queue() -> Queue:
-    """django-rq's "default" queue on a connection kept per process (a new one per enqueue would be a new pool)."""
-    return django_rq.get_queue("default", connection=_redis(settings.REDIS_URL), commit_mode="auto")
-
-
-def rq_enqueue(queue: Queue, func: Callable[..., Any], args: tuple = (), *, job_id: str) -> bool:
-    """Add a job unless one with this id is queued, scheduled or running; True when added.
-
-    rq's `unique=True` checks and saves atomically (a Lua script), so two racing enqueuers add one job. A job that
-    is done but still stored (a failure kept for inspection) is deleted and the enqueue retried once.
-    """
-    for _ in range(2):
-        try:
-            queue.enqueue_call(
-                func, args=args, job_id=job_id, result_ttl=RESULT_TTL_S, failure_ttl=FAILURE_TTL_S, unique=True
-            )
-            return True
-        except DuplicateJobError:
-            if not _clear_if_done(queue, job_id):
-                return False
-    return False
-
-
-def _clear_if_done(queue: Queue, job_id: str) -> bool:
-    """Delete the stored job `job_id` if it is no longer pending; True when the id is free again."""
-    try:
-        job = queue.job_class.fetch(job_id, connection=queue.connection, serializer=queue.serializer)
-        status = job.get_status(refresh=False)
-        if status == JobStatus.STARTED:
-            # A worker killed mid-job leaves its job STARTED until a worker's maintenance (every few minutes) fails
-            # it; its heartbeat has lapsed long before. Failing such jobs here keeps an id from being blocked by a
-            # dead worker. cleanup() only touches executions whose heartbeat expired.
-            queue.started_job_registry.cleanup()
-            status = job.get_status()
-    except (NoSuchJobError, InvalidJobOperation):
-        return True  # finished and deleted in the meantime
-    except ValueError:
-        # rq's records of a dead worker's execution can vanish under it ("Execution ... not found in Redis"):
-        # nothing runs this job any more.
-        status = JobStatus.FAILED
-    if status not in _DONE:
-        return False
-    if status == JobStatus.FAILED:
-        logger.info("job %s failed last time; enqueueing it again", job_id)
-    # Two enqueuers clearing the same finished job at once may each add one: at worst one extra idempotent run.
-    try:
-        job.delete()
-    except ValueError:  # the same vanished execution: drop the job's own record, which is what holds the id
-        queue.connection.delete(job.key)
-    return True
-
-
-# Periodic runs ------------------------------------------------------------------------------------------------------
-
-# Whether a run of a periodic job is pending is a marker of ours, not rq's registries: rq learns that a worker died
-# only when another worker's maintenance notices (minutes), and a job record can vanish with Redis. The marker is
-# set (SET NX) when a run is enqueued, removed when the run ends (its success or failure callback), and expires on
-# its own after the job's period plus the check lease — the longest a dead worker's run can block the next one.
-_PENDING = "recovery:cron:pending:{name}"
-_RELEASE_MARKER = """
-if redis.call('get', KEYS[1]) == ARGV[1] then
-    return redis.call('del', KEYS[1])
-end
-return 0
-"""
-
-
-def periodic_marker_ttl_ms(every_s: float) -> int:
-    return int((every_s + settings.RECOVERY_CHECK_LEASE_S) * 1000)
-
-
-def enqueue_periodic(queue: Queue, name: str, func: Callable[..., Any], args: tuple, *, every_s: float) -> bool:
-    """Enqueue one run of the periodic job `name` unless one is pending (queued, or running on a live worker, or
-    less than its marker's lifetime ago on a dead one); True when a run was added. Each run has an id of its own
-    (`<name>-<token>`), so no record of an earlier run — finished, failed, or lost with a worker — stands in the way.
-    """
-    token = uuid.uuid4().hex[:12]
-    key = _PENDING.format(name=name)
-    if not queue.connection.set(key, token, nx=True, px=periodic_marker_ttl_ms(every_s)):
-        return False
-    try:
-        queue.enqueue_call(
-            func,
-            args=args,
-            job_id=f"{name}-{token}",
-            result_ttl=RESULT_TTL_S,
-            failure_ttl=FAILURE_TTL_S,
-            meta={"periodic": name, "marker": token},
-            on_success=Callback(_periodic_ended),
-            on_failure=Callback(_periodic_failed),
-        )
-    except Exception:
-        release_periodic_marker(queue.connection, name, token)
-        raise
-    return True
-
-
-def release_periodic_marker(connection: redis.Redis, name: str, token: str) -> None:
-    connection.eval(_RELEASE_MARKER, 1, _PENDING.format(name=name), token)
-
-
-def _periodic_ended(job: Job, connection: redis.Redis, result: Any, *args: Any, **kwargs: Any) -> None:
-    release_periodic_marker(connection, job.meta["periodic"], job.meta["marker"])
-
-
-def _periodic_failed(job: Job, connection: redis.Redis, *exc_info: Any, **kwargs: Any) -> None:
-    logger.error("periodic job %s failed (run %s)", job.meta.get("periodic"), job.id)
-    release_periodic_marker(connection, job.meta["periodic"], job.meta["marker"])
-
-
-_connections: dict[tuple[int, str], redis.Redis] = {}
-
-
-def _redis(url: str) -> redis.Redis:
-    # Keyed by pid too: a forked worker must not share its parent's sockets.
-    key = (os.getpid(), url)
-    connection = _connections.get(key)
-    if connection is None:
-        # Bounded timeouts: an enqueue runs after a request's commit, and an unreachable Redis must not hang it.
-        connection = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10, health_check_interval=30)
-        _connections[key] = connection
-    return connection
-
-
-def _func_name(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{func.__qualname__}"

@@ -8,15 +8,26 @@ database level (see `recovery.dbguards`).
 
 from __future__ import annotations
 
+from datetime import datetime
+from enum import StrEnum
+
 from django.conf import settings
 from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import F, Q
 from django.utils import timezone
 
+from recovery.engine.keys import key_expired, key_expires_at
+from recovery.engine.reconcile import Observation
 from recovery.states import RECONCILABLE, CallState
 
 name_validator = RegexValidator(r"^[a-z0-9][a-z0-9_.-]*$", "Use lowercase letters, digits, '.', '_' and '-'.")
+
+
+def _choices(values: type[StrEnum]) -> list[tuple[str, str]]:
+    """A plain enum's members as a field's choices, labelled as Django's TextChoices label them (the states and
+    the observations are plain Python, shared with the engine)."""
+    return [(member.value, member.name.replace("_", " ").title()) for member in values]
 
 
 class SideEffect(models.TextChoices):
@@ -196,11 +207,11 @@ class Call(models.Model):
     side_effect = models.CharField(max_length=8, choices=SideEffect.choices)  # the tool's, when the call was made
     risk = models.CharField(max_length=8, choices=Risk.choices)
     # Written only by recovery.transitions (and guarded by a trigger): version counts state changes, nothing else.
-    state = models.CharField(max_length=32, choices=CallState.choices, default=CallState.READY)
+    state = models.CharField(max_length=32, choices=_choices(CallState), default=CallState.READY)
     version = models.PositiveIntegerField(default=0)
     state_changed_at = models.DateTimeField(default=timezone.now)
     outcome = models.CharField(max_length=32, blank=True)  # retry_exhausted, human_review_required, ...
-    max_attempts = models.PositiveIntegerField(default=3)
+    max_attempts = models.PositiveIntegerField(null=True, blank=True, default=3)  # None: no limit
     attempts_count = models.PositiveIntegerField(default=0)
     sent_at = models.DateTimeField(null=True, blank=True)
     outcome_timeout_s = models.PositiveIntegerField(default=30)
@@ -256,6 +267,35 @@ class Call(models.Model):
 
     def __str__(self) -> str:
         return f"call {self.pk} {self.tool_id} {self.idempotency_key}"
+
+    def has_attempts_left(self) -> bool:
+        """Whether the call's own limit allows another attempt (None: no limit)."""
+        return self.max_attempts is None or self.attempts_count < self.max_attempts
+
+    @staticmethod
+    def claim_live(claimed_by_id: int | None, claim_until: datetime | None, now: datetime) -> bool:
+        """Whether a reviewer's claim still holds at `now`: someone holds it and the lease has not run out. For rows
+        read as values (the queue pages); a loaded call asks `claim_held`."""
+        return bool(claimed_by_id and claim_until and claim_until > now)
+
+    @staticmethod
+    def claim_free(user, now: datetime) -> Q:
+        """The calls `user` may claim at `now`: unclaimed, lapsed (the opposite of `claim_live`), or already theirs."""
+        return Q(claimed_by__isnull=True) | Q(claim_until__isnull=True) | Q(claim_until__lte=now) | Q(claimed_by=user)
+
+    def claim_held(self, now: datetime) -> bool:
+        return self.claim_live(self.claimed_by_id, self.claim_until, now)
+
+    def key_since(self, first_sent_at: datetime | None) -> datetime:
+        """When the provider first saw the call's key: its first attempt, or the call's creation before any."""
+        return first_sent_at or self.created_at
+
+    def key_expires_at(self, first_sent_at: datetime | None) -> datetime:
+        return key_expires_at(self.key_since(first_sent_at), self.tool.key_retention_s)
+
+    def key_expired(self, first_sent_at: datetime | None, now: datetime) -> bool:
+        """Whether the provider has forgotten the call's idempotency key (the engine's rule, SPEC §9)."""
+        return key_expired(self.key_since(first_sent_at), self.tool.key_retention_s, now)
 
 
 class Diagnostic(models.Model):
@@ -373,22 +413,13 @@ class ReceiptSource(models.TextChoices):
     OPERATOR = "operator"  # evidence entered by a person with an approved action
 
 
-class Observation(models.TextChoices):
-    COMMITTED = "committed"  # the provider has the effect
-    NOT_COMMITTED = "not_committed"  # the provider confirms it never executed (or gave up)
-    PENDING = "pending"  # the provider is still working on it
-    FAILED = "failed"  # the query failed (5xx, timeout): nothing learned
-    AMBIGUOUS = "ambiguous"  # an answer we cannot map: nothing learned
-    UNREACHABLE = "unreachable"  # skipped: the status endpoint's breaker is open
-
-
 class Receipt(models.Model):
     """A reconcile receipt (SPEC §10): what one status check observed, and what it still lacks."""
 
     call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="receipts")
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="receipts")
     source = models.CharField(max_length=16, choices=ReceiptSource.choices)
-    observed = models.CharField(max_length=16, choices=Observation.choices)
+    observed = models.CharField(max_length=16, choices=_choices(Observation))
     provider_status = models.CharField(max_length=64, blank=True)
     provider_ref = models.CharField(max_length=255, blank=True)
     effects_observed = models.PositiveIntegerField(null=True, blank=True)

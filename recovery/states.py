@@ -1,15 +1,17 @@
-"""The call states and the only edges between them (SPEC §8), as data.
+"""The call states and the only edges between them (SPEC §8), as data — plain Python, no Django, so the engine
+reads the same names the models and the database do.
 
-This table is the single source of truth: `transitions.py` checks it before its conditional UPDATE, and a
-migration generates the database trigger from it (`dbguards.call_state_trigger_sql`), so no code path — ORM,
-raw SQL or a shell — can move a call along an edge that is not here. Changing the table therefore needs a new
-migration that calls `dbguards.install()` again (as 0002_database_guards does); `tests/test_states.py` fails until then.
+This table is the single source of truth: `transitions.py` checks it before its conditional UPDATE, the model's
+choices come from it (`choices()`), and a migration generates the database trigger from it
+(`dbguards.call_state_trigger_sql`), so no code path — ORM, raw SQL or a shell — can move a call along an edge that
+is not here. Changing the table therefore needs a new migration that calls `dbguards.install()` again (as
+0002_database_guards does); `tests/test_states.py` fails until then.
 """
 
-from django.db import models
+from enum import StrEnum
 
 
-class CallState(models.TextChoices):
+class CallState(StrEnum):
     READY = "READY"  # registered, no attempt admitted yet
     SENT = "SENT"  # an attempt was admitted and is in flight
     RETRYABLE = "RETRYABLE"  # failed in a way that proves a new attempt may help (and is allowed)

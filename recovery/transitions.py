@@ -15,6 +15,7 @@ from django.db.models.expressions import Combinable
 from django.utils import timezone
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.hot_path import update_call_state
 from recovery.models import Call
 from recovery.states import CallState, is_allowed
@@ -38,7 +39,7 @@ def transition_call(
     reason: str,
     evidence: dict | None = None,
     changes: dict[str, Any] | None = None,
-    action: str = "call.transition",
+    action: AuditAction = AuditAction.CALL_TRANSITION,
 ) -> Call:
     """Move `call` from the state and version it was read with to `to`; update `call` in place and return it.
 

@@ -22,7 +22,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 from rq.worker import SimpleWorker
 
-from recovery import jobs
+from recovery import jobs, queueing
 from recovery.drills.stage import database_url
 from recovery.models import ActionRequest, ActionStatus, Attempt, AuditEvent, Call, Provider
 from recovery.services.actions import action_execute, actions_sweep_interrupted
@@ -240,7 +240,7 @@ def core_redis():
 def test_an_rq_worker_executes_the_approved_replay_once(world, core_redis, settings):
     call = world.review_call()
     settings.REDIS_URL = core_redis  # from here on, jobs go to RQ
-    core_queue = jobs.get_queue()
+    core_queue = queueing.get_queue()
     req = _approved_replay(world, call)
     assert world.jobs.jobs == [] and core_queue.count == 1
 
@@ -249,6 +249,6 @@ def test_an_rq_worker_executes_the_approved_replay_once(world, core_redis, setti
     req.refresh_from_db()
     assert req.status == A.EXECUTED and fresh(call).state == "COMMITTED"
     assert world.sandbox.ledger(call.idempotency_key)["effects"] == 1
-    jobs.enqueue_now(jobs.execute_action, req.pk, job_id=f"action-execute-{req.pk}")  # a duplicate job
+    queueing.enqueue_now(jobs.execute_action, req.pk, job_id=f"action-execute-{req.pk}")  # a duplicate job
     SimpleWorker([core_queue], connection=core_queue.connection).work(burst=True)
     assert len(world.posts(call.idempotency_key)) == 2

@@ -39,7 +39,7 @@ from recovery.models import (
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import load_registry
 from recovery.roles import APPROVER, REVIEWER
-from recovery.services import action_execution, ingest
+from recovery.services import action_execution
 from recovery.services.action_plans import CHECKS
 from recovery.services.actions import (
     ActionRefused,
@@ -50,7 +50,10 @@ from recovery.services.actions import (
     action_request,
     actions_expire_due,
 )
+from recovery.services.attempts import Admission, AttemptRequest, attempt_admit
+from recovery.services.calls import call_add
 from recovery.services.claims import call_claim
+from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import reconcile_due
 from recovery.services.tasks import task_create
 from recovery.services.users import user_save_with_roles
@@ -97,7 +100,7 @@ class World:
             tenant=tenant, external_id=f"task-{next(_n)}", agent="tests", goal="refund", budget={}, actor=RUNTIME
         )
         key = key or f"refund-{next(_n)}"
-        added = ingest.call_add(
+        added = call_add(
             task=task,
             step_index=1,
             depends_on=[],
@@ -108,9 +111,9 @@ class World:
         )
         return added.call
 
-    def admit(self, call: Call, *evidence: str) -> ingest.Admission:
-        body = {"attempt_id": f"a-{next(_n)}", "evidence": list(evidence)}
-        return ingest.attempt_admit(call=fresh(call), body=body, actor=RUNTIME)
+    def admit(self, call: Call, *evidence: str) -> Admission:
+        request = AttemptRequest(attempt_id=f"a-{next(_n)}", evidence=evidence)
+        return attempt_admit(call=fresh(call), request=request, actor=RUNTIME)
 
     def attempt(self, call: Call, *evidence: str) -> str:
         """Admit, send the refund to the sandbox as a runtime does, report what happened: the state after."""
@@ -123,7 +126,8 @@ class World:
         except requests.RequestException as exc:
             facts = facts_from_exception(exc)
         attempt = Attempt.objects.get(call=call, attempt_id=admission.response["attempt_id"])
-        return ingest.attempt_report(call=fresh(call), attempt=attempt, body=facts, actor=RUNTIME)["call_state"]
+        answer = attempt_report(call=fresh(call), attempt=attempt, facts=facts_of(facts), actor=RUNTIME)
+        return answer["call_state"]
 
     def unknown_call(self, *, kind: str = "commit_then_drop") -> Call:
         """A refund whose reply was lost (after the provider committed it, or before): UNKNOWN."""
@@ -727,7 +731,7 @@ def test_two_admissions_racing_for_one_approval_admit_one(world):
 
     results = _at_once(lambda: world.admit(call, "approval_granted"), lambda: world.admit(call, "approval_granted"))
 
-    admitted = [r for r in results if isinstance(r, ingest.Admission) and r.status == 201]
+    admitted = [r for r in results if isinstance(r, Admission) and r.status == 201]
     assert len(admitted) == 1, results
     assert Attempt.objects.filter(call=call, evidence=["approval_granted"]).count() == 1
     assert fresh(call).state == "SENT"
@@ -741,8 +745,8 @@ def test_a_replays_approval_admits_the_replays_own_attempt_and_no_other(world):
 
     runtime = world.admit(call, "approval_granted")  # the runtime tries to ride on it
     assert runtime.status == 409 and runtime.response["gate"]["reason"] == "human_review"
-    body = {"attempt_id": f"action-{req.pk}", "evidence": ["approval_granted"]}
-    own = ingest.attempt_admit(call=fresh(call), body=body, actor=RUNTIME)
+    request = AttemptRequest(attempt_id=f"action-{req.pk}", evidence=("approval_granted",))
+    own = attempt_admit(call=fresh(call), request=request, actor=RUNTIME)
     assert own.status == 201
 
     req.refresh_from_db()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 import pytest
@@ -367,6 +368,42 @@ def test_a_step_waits_for_its_dependency_to_commit(client):
     assert summary["blocked_steps"] == [2] and summary["unknown"][0]["call_id"] == payment.call_id
 
 
+def test_blocked_by_names_the_waited_for_calls_and_blocked_by_steps_the_steps(client):
+    task = client.create_task("acme", f"deps-{next(_n)}", agent="tests", goal="pay, then ship, then tell")
+
+    def add(step, depends_on, order):
+        return client.add_call(
+            task.id,
+            step=step,
+            depends_on=depends_on,
+            tool="order.lookup",
+            arguments={"order_id": order},
+            idempotency_key=f"{task.id}-{order}",
+        )
+
+    shipment = add(2, [1], "O-2")  # step 1 has no call yet: nothing to name but the step
+    assert (shipment.blocked_by, shipment.blocked_by_steps) == ([], [1])
+    payment = add(1, [], "O-1")
+    notice = add(3, [1, 2], "O-3")  # two calls to wait for, in two steps
+    assert (notice.blocked_by, notice.blocked_by_steps) == (sorted([payment.call_id, shipment.call_id]), [1, 2])
+    client.admit(payment.call_id, "a1")
+    client.report(payment.call_id, "a1", SENT | {"http_status": 200, "result": {"status": "shipped"}})
+    again = add(3, [1, 2], "O-3")  # the same call, asked again: step 1 committed, step 2 still waits
+    assert (again.call_id, again.blocked_by, again.blocked_by_steps) == (notice.call_id, [shipment.call_id], [2])
+
+
+def test_a_call_without_an_attempt_limit_says_null(client):
+    data = copy.deepcopy(REGISTRY)
+    next(tool for tool in data["tools"] if tool["name"] == "order.lookup")["budgets"] = {}  # no limit, nor the task's
+    load_registry(data, actor=Actor.system("tests"))
+    task = client.create_task("acme", f"nolimit-{next(_n)}", agent="tests", goal="look up an order")
+    call = client.add_call(
+        task.id, step=1, tool="order.lookup", arguments={"order_id": "O-1"}, idempotency_key=f"k-{next(_n)}"
+    )
+    assert client.get_call(call.call_id)["max_attempts"] is None
+    assert Call.objects.get(pk=call.call_id).max_attempts is None
+
+
 def test_abandoning_a_task_fails_its_pending_calls_and_keeps_unknown_ones(client):
     task, pending = new_call(client)
     _, unknown = new_call(client, task=task, args={"order_id": "O-9"}, step=2)
@@ -589,7 +626,7 @@ def test_an_agent_may_not_take_an_attempt_id_reserved_for_operator_replays(setup
 
 @pytest.mark.parametrize("sql", [True, False], ids=["sql", "orm"])
 def test_the_task_counters_move_alike_through_the_sql_and_its_orm_twin(client, settings, sql):
-    # The single shot moves and reads the task's counters in one UPDATE ... RETURNING (services/ingest.py); its ORM
+    # The single shot moves and reads the task's counters in one UPDATE ... RETURNING (services/attempts.py); its ORM
     # twin (RECOVERY_HOT_PATH_SQL off) in an UPDATE and a SELECT. Both must leave and read the same numbers.
     settings.RECOVERY_HOT_PATH_SQL = sql
     task = client.create_task("acme", f"counters-{sql}", agent="tests", goal="g", budget={"max_rounds": 10})

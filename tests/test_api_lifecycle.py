@@ -97,7 +97,7 @@ def test_a_task_past_its_deadline_without_a_submission_is_flagged(client):
 def test_an_admission_that_loses_the_half_open_probe_to_another_is_told_to_degrade(client, monkeypatch):
     """Two runtimes ask for the one probe at once: both gates see it free, only one reservation wins. The loser's
     409 must still say what to do (degrade, with the fallback), like any breaker denial — it said nothing before."""
-    from recovery.services import ingest
+    from recovery.services import attempts
 
     task = client.create_task("acme", "race", agent="tests", goal="look up orders")
     for n in (1, 2, 3):
@@ -106,13 +106,13 @@ def test_an_admission_that_loses_the_half_open_probe_to_another_is_told_to_degra
         client.report(call.call_id, "a1", SENT | {"http_status": 503})
     time.sleep(1.1)  # the cooldown: the breaker reads half_open with its one probe free
     loser = lookup(client, task, 4)
-    real_reserve = ingest.breaker_reserve_probe
+    real_reserve = attempts.breaker_reserve_probe
 
     def another_admission_reserves_first(tool, *, now):
         assert real_reserve(tool, now=now)  # the other runtime's admission, between our gate and our reservation
         return real_reserve(tool, now=now)
 
-    monkeypatch.setattr(ingest, "breaker_reserve_probe", another_admission_reserves_first)
+    monkeypatch.setattr(attempts, "breaker_reserve_probe", another_admission_reserves_first)
     with pytest.raises(NotAdmitted) as denied:
         client.admit(loser.call_id, "a1")
 

@@ -13,8 +13,9 @@ from django.test.utils import CaptureQueriesContext
 
 from recovery.audit import verify_all
 from recovery.models import AuditEvent, Breaker, BreakerBucket, Tool
+from recovery.selectors.breakers import breaker_view
 from recovery.services import breakers
-from recovery.services.breakers import breaker_record, breaker_reserve_probe, breaker_view
+from recovery.services.breakers import breaker_record, breaker_reserve_probe
 from tests.test_concurrency import run_workers
 
 POLICY = {

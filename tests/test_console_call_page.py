@@ -20,8 +20,10 @@ from recovery.models import Attempt, Call, Decision, Diagnostic, GateDecision, R
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
 from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
+from recovery.services.attempts import AttemptRequest, attempt_admit
+from recovery.services.calls import call_add
 from recovery.services.claims import call_claim
-from recovery.services.ingest import attempt_admit, attempt_report, call_add
+from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import apply_answer
 from recovery.services.tasks import task_create
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
@@ -91,7 +93,7 @@ def unknown_refund(
         actor=RUNTIME,
     )
     call = _fresh(added.call.pk)
-    admitted = attempt_admit(call=call, body={"attempt_id": f"att-{n}-1"}, actor=RUNTIME)
+    admitted = attempt_admit(call=call, request=AttemptRequest(attempt_id=f"att-{n}-1"), actor=RUNTIME)
     assert admitted.status == 201, admitted.response
     call = _fresh(call.pk)
     attempt = Attempt.objects.select_related("tool").get(call=call, number=1)
@@ -101,7 +103,7 @@ def unknown_refund(
     facts = {"connection_opened": True, "sent": True, "error": error}
     if provider_request_id:
         facts["provider_request_id"] = provider_request_id
-    answer = attempt_report(call=call, attempt=attempt, body=facts, actor=RUNTIME)
+    answer = attempt_report(call=call, attempt=attempt, facts=facts_of(facts), actor=RUNTIME)
     assert answer["call_state"] == "UNKNOWN", answer
     apply_answer(
         call.pk,

@@ -1,10 +1,11 @@
 """The overview (SPEC §15.2): open items per queue and the oldest, SLA breaches per risk, open breakers, failures by
 class over the last day and the UNKNOWN flow chart — every number checked against data the real services wrote.
 
-Calls are added, admitted and reported through recovery.services.ingest, settled by recovery.services.reconcile and
-breakers opened by recovery.services.breakers / status_breakers. To place a story in the past, the clock those
-services read (django.utils.timezone.now) is moved back while they run: what they store is what they would have
-stored then. Only the statement-count test inserts plain rows in bulk, because it needs many and not their story.
+Calls are added, admitted and reported through recovery.services.calls, .attempts and .outcomes, settled by
+recovery.services.reconcile and breakers opened by recovery.services.breakers / status_breakers. To place a story
+in the past, the clock those services read (django.utils.timezone.now) is moved back while they run: what they
+store is what they would have stored then. Only the statement-count test inserts plain rows in bulk, because it
+needs many and not their story.
 """
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
 from recovery.roles import ROLES, VIEWER
 from recovery.selectors.overview import HourFlow
+from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.breakers import breaker_record
-from recovery.services.ingest import attempt_admit, attempt_report, call_add
+from recovery.services.calls import call_add
+from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import apply_answer
 from recovery.services.status_breakers import status_breaker_record
 from recovery.services.tasks import task_create
@@ -130,11 +133,13 @@ def add_call(task: Task, tool: str) -> Call:
 def attempt(call: Call, facts: dict) -> str:
     """Admit the call's next attempt and report `facts` as its outcome; the call's state afterwards."""
     call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
-    admitted = attempt_admit(call=call, body={"attempt_id": f"att-{call.pk}-{call.attempts_count + 1}"}, actor=RUNTIME)
+    admitted = attempt_admit(
+        call=call, request=AttemptRequest(attempt_id=f"att-{call.pk}-{call.attempts_count + 1}"), actor=RUNTIME
+    )
     assert admitted.status == 201, admitted.response
     call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
     row = Attempt.objects.select_related("tool").get(call=call, number=call.attempts_count)
-    return attempt_report(call=call, attempt=row, body=facts, actor=RUNTIME)["call_state"]
+    return attempt_report(call=call, attempt=row, facts=facts_of(facts), actor=RUNTIME)["call_state"]
 
 
 def unknown(task: Task, tool: str, *, ago: timedelta) -> Call:

@@ -28,7 +28,7 @@ from django.urls import reverse
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from recovery import jobs
+from recovery import queueing
 from recovery.agent.scenarios import run_scenarios
 from recovery.audit import Actor
 from recovery.drills import runner
@@ -339,7 +339,7 @@ def rq_stage(live_server):
     # database numbers its action requests from 1 again: forget the dead job, so its id is free for that run.
     for request_id in ActionRequest.objects.filter(status=ActionStatus.INTERRUPTED).values_list("pk", flat=True):
         with suppress(NoSuchJobError):
-            Job.fetch(f"action-execute-{request_id}", connection=jobs.get_queue().connection).delete()
+            Job.fetch(f"action-execute-{request_id}", connection=queueing.get_queue().connection).delete()
 
 
 def test_a_worker_killed_mid_replay_leaves_the_request_interrupted_and_the_call_settled_by_a_receipt(rq_stage):

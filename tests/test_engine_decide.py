@@ -204,7 +204,7 @@ def test_an_accepted_write_waits_for_reconciliation():
         "ACCEPTED",
         "wait_for_reconcile",
     )
-    assert decision.required_next.after_ms == REFUND.reconcile_first_check_s * 1000
+    assert decision.required_next.after_ms == REFUND.reconcile.first_check_s * 1000
 
 
 def test_a_committed_call_needs_no_decision():

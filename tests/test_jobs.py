@@ -24,9 +24,10 @@ from django.db import transaction
 from django.utils import timezone
 from rq.job import Job
 
-from recovery import inprocess, jobs
-from recovery.cron import PERIODIC, Periodic, Scheduler
+from recovery import inprocess, queueing
+from recovery.cron import PERIODIC, Scheduler
 from recovery.models import AuditEvent, Task, TaskStatus, Tenant
+from recovery.schedule import Periodic
 from tests import jobs_for_tests
 from tests.conftest import missing_service
 from tests.isolation import extra_redis_database, flush
@@ -51,7 +52,7 @@ def redis_required(settings):
 
 @pytest.fixture
 def queue(redis_required):
-    return jobs.get_queue()
+    return queueing.get_queue()
 
 
 @pytest.fixture
@@ -91,7 +92,7 @@ def lines(path: Path) -> list[str]:
 def test_it_enqueues_nothing_for_a_rolled_back_transaction(transactional_db, run_pending, tmp_path):
     out = tmp_path / "out.txt"
     with pytest.raises(RuntimeError), transaction.atomic():
-        jobs.enqueue(jobs_for_tests.append_line, str(out), "rolled back", job_id="t-rollback")
+        queueing.enqueue(jobs_for_tests.append_line, str(out), "rolled back", job_id="t-rollback")
         raise RuntimeError("roll back")
     run_pending()
     assert lines(out) == []
@@ -101,9 +102,9 @@ def test_it_enqueues_once_when_the_transaction_commits(transactional_db, run_pen
     out = tmp_path / "out.txt"
     with transaction.atomic():
         # The first job is still queued (RQ) or running (in-process) when the second enqueue of its id arrives.
-        jobs.enqueue(jobs_for_tests.append_slowly, str(out), "first", 0.5, job_id="t-same")
-        jobs.enqueue(jobs_for_tests.append_slowly, str(out), "second", 0.5, job_id="t-same")
-        jobs.enqueue(jobs_for_tests.append_line, str(out), "other", job_id="t-other")
+        queueing.enqueue(jobs_for_tests.append_slowly, str(out), "first", 0.5, job_id="t-same")
+        queueing.enqueue(jobs_for_tests.append_slowly, str(out), "second", 0.5, job_id="t-same")
+        queueing.enqueue(jobs_for_tests.append_line, str(out), "other", job_id="t-other")
         assert lines(out) == []  # nothing before the commit
     run_pending()
     assert sorted(lines(out)) == ["first", "other"]
@@ -111,25 +112,25 @@ def test_it_enqueues_once_when_the_transaction_commits(transactional_db, run_pen
 
 def test_it_keeps_one_rq_job_per_job_id_until_it_runs(queue, work, tmp_path):
     out = tmp_path / "out.txt"
-    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "a", job_id="reconcile-call-7") is True
-    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "b", job_id="reconcile-call-7") is False
+    assert queueing.enqueue_now(jobs_for_tests.append_line, str(out), "a", job_id="reconcile-call-7") is True
+    assert queueing.enqueue_now(jobs_for_tests.append_line, str(out), "b", job_id="reconcile-call-7") is False
     assert queue.job_ids == ["reconcile-call-7"]
 
     work()
     assert lines(out) == ["a"]
     assert not Job.exists("reconcile-call-7", connection=queue.connection)  # no result kept: the id is free
-    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "c", job_id="reconcile-call-7") is True
+    assert queueing.enqueue_now(jobs_for_tests.append_line, str(out), "c", job_id="reconcile-call-7") is True
     work()
     assert lines(out) == ["a", "c"]
 
 
 def test_it_enqueues_a_job_id_again_after_its_last_run_failed(queue, work, tmp_path):
     out = tmp_path / "out.txt"
-    assert jobs.enqueue_now(jobs_for_tests.fail, "provider down", job_id="reconcile-call-8")
+    assert queueing.enqueue_now(jobs_for_tests.fail, "provider down", job_id="reconcile-call-8")
     work()
     assert queue.failed_job_registry.get_job_ids() == ["reconcile-call-8"]
 
-    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "retried", job_id="reconcile-call-8") is True
+    assert queueing.enqueue_now(jobs_for_tests.append_line, str(out), "retried", job_id="reconcile-call-8") is True
     work()
     assert lines(out) == ["retried"]
 
@@ -318,7 +319,7 @@ def test_it_runs_runjobs_burst_in_process(var_dir):
 
 def test_it_runs_runjobs_burst_on_rq(queue, var_dir, tmp_path, settings):
     out = tmp_path / "out.txt"
-    assert jobs.enqueue_now(jobs_for_tests.append_line, str(out), "queued before", job_id="t-before")
+    assert queueing.enqueue_now(jobs_for_tests.append_line, str(out), "queued before", job_id="t-before")
     result = _manage("runjobs", "--burst", var_dir=var_dir, redis_url=settings.REDIS_URL)
     assert result.returncode == 0, result.stderr
     assert f"jobs: RQ worker on queue 'default' at {settings.REDIS_URL}" in result.stdout

@@ -16,7 +16,7 @@ from django.db import connection
 from django.utils import timezone
 from rq.worker import SimpleWorker
 
-from recovery import jobs
+from recovery import jobs, queueing
 from recovery.audit import Actor
 from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import AuditEvent, Call, Receipt, StatusBreaker
@@ -383,7 +383,7 @@ def rq_queue(settings):
     except redis.RedisError:
         missing_service(f"needs Redis at {url}: run with REDIS_URL=redis://host:6379/0")
     settings.REDIS_URL = url
-    queue = jobs.get_queue()
+    queue = queueing.get_queue()
     queue.empty()
     yield queue
     queue.empty()
@@ -407,7 +407,7 @@ def test_the_periodic_reconcile_job_on_a_real_rq_worker_settles_what_is_due(worl
     call_id, key = _refund_call(world)
     _lose_reply(world, call_id, key, kind="drop_before_commit")
 
-    assert jobs.enqueue_now(jobs.reconcile_due, job_id="reconcile-due")
+    assert queueing.enqueue_now(jobs.reconcile_due, job_id="reconcile-due")
     SimpleWorker([rq_queue], connection=rq_queue.connection).work(burst=True)
 
     assert _state(call_id) == "RETRYABLE"

@@ -417,7 +417,7 @@ def test_tool_policy_returns_the_values_from_the_file(loaded, django_assert_num_
     )
     assert refund.idempotency_conflict_codes == frozenset({"idempotency_key_reused"})
     assert refund.approvable_codes == frozenset({"needs_approval"})
-    assert (refund.provider_ref_field, refund.reconcile_first_check_s) == ("refund_id", 5)
+    assert (refund.provider_ref_field, refund.reconcile.first_check_s) == ("refund_id", 5)
     assert (refund.exhausted_to_review, refund.fallback, refund.key_retention_s) == (True, "read_only_summary", 86400)
     assert refund.args_schema["required"] == ["amount_cents", "order_id"]
 
@@ -439,7 +439,7 @@ def test_tool_policy_takes_the_engines_defaults_for_absent_settings(loaded, acto
         policy = tool_policy(tool)
 
     assert (policy.budgets, policy.backoff, policy.breaker) == (Budgets(), BackoffPolicy(), BreakerPolicy())
-    assert (policy.invariants, policy.alternates, policy.reconcile_first_check_s) == ((), frozenset(), 5)
+    assert (policy.invariants, policy.alternates, policy.reconcile.first_check_s) == ((), frozenset(), 5)
     assert (policy.risk, policy.replay_safe, policy.exhausted_to_review) == ("low", False, False)
     assert policy.idempotency_conflict_codes == frozenset({"idempotency_key_reused"})
 

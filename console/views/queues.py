@@ -22,6 +22,7 @@ from django.views.decorators.http import require_GET, require_POST
 from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
 from recovery.audit import Actor
+from recovery.models import Call
 from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_options, queue_page
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 
@@ -124,7 +125,7 @@ def _decorate(rows: list, now, user, can_review: bool, *, tools: dict[int, str],
         row["age"] = age_text(now - row["state_changed_at"])
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
-        row["held"] = held = bool(row["claimed_by_id"] and row["claim_until"] and row["claim_until"] > now)
+        row["held"] = held = Call.claim_live(row["claimed_by_id"], row["claim_until"], now)
         row["button"] = row["button_url"] = row["button_label"] = ""
         if can_review and not held:
             row["button"], row["button_label"], row["button_url"] = "claim", "Claim", claim_url.format(pk)

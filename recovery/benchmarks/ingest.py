@@ -56,7 +56,8 @@ from recovery.engine.canonical import canonical_json
 from recovery.engine.fingerprint import fingerprint
 from recovery.models import AuditChainHead, Call, Step, Task, Tenant, Tool
 from recovery.registry import load_registry, tool_policy
-from recovery.services import ingest, tasks
+from recovery.services import tasks
+from recovery.services.calls import call_add
 from recovery.services.tokens import token_create
 
 CLIENTS = 8
@@ -123,7 +124,7 @@ class Fixture:
         task, _ = tasks.task_create(
             tenant=self.tenants[0], external_id=label, agent="bench", goal="bench", budget={}, actor=runtime
         )
-        added = ingest.call_add(
+        added = call_add(
             task=task,
             step_index=1,
             depends_on=[],

@@ -348,8 +348,9 @@ def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterato
     in-process runner without it."""
     if not settings.REDIS_URL:
         from recovery import inprocess
+        from recovery.cron import PERIODIC
 
-        runner = inprocess.get_runner()
+        runner = inprocess.get_runner(PERIODIC)
         started = not runner.running
         if started:
             runner.start()

@@ -26,9 +26,10 @@ from recovery.engine.types import (
     BreakerPolicy,
     BreakerView,
 )
+from recovery.states import CallState as S
 
 # An outcome that proves the dependency answered: COMMITTED (§3 row 10) or ACCEPTED (row 9).
-_SUCCESSES = frozenset({"COMMITTED", "ACCEPTED", "9", "10"})
+_SUCCESSES = frozenset({S.COMMITTED, S.ACCEPTED, "9", "10"})
 
 
 def counts_as_failure(outcome_row: str | None, failure_class: str | None, http_status: int | None) -> bool | None:

@@ -9,6 +9,7 @@ jsonb or SQLite's JSON text hashes exactly as it did when it was written.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -35,3 +36,8 @@ def normalize(value: Any) -> Any:
 
 def canonical_json(value: Any) -> str:
     return json.dumps(normalize(value), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def canonical_digest(value: Any) -> str:
+    """sha256 of the canonical JSON: the same value hashes the same whatever its key order or number spelling."""
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()

@@ -43,10 +43,10 @@ from recovery.engine.types import (
     ToolPolicy,
 )
 from recovery.engine.validation import provider_ref, validate_args, validate_result
+from recovery.states import CallState as S
 
-# Call states (recovery/states.py holds the same names, but importing it would import Django)
-RETRYABLE, UNKNOWN, ACCEPTED, COMMITTED = "RETRYABLE", "UNKNOWN", "ACCEPTED", "COMMITTED"
-FAILED_PERMANENT, HUMAN_REVIEW = "FAILED_PERMANENT", "HUMAN_REVIEW"
+RETRYABLE, UNKNOWN, ACCEPTED, COMMITTED = S.RETRYABLE, S.UNKNOWN, S.ACCEPTED, S.COMMITTED
+FAILED_PERMANENT, HUMAN_REVIEW = S.FAILED_PERMANENT, S.HUMAN_REVIEW
 
 # Outcome.side_effect
 NOT_SENT, NOT_EXECUTED, EFFECT_UNKNOWN, EXECUTED = "not_sent", "not_executed", "unknown", "executed"

@@ -37,8 +37,9 @@ from recovery.engine.types import (
     TaskView,
     ToolPolicy,
 )
+from recovery.states import CallState as S
 
-RETRYABLE, FAILED_PERMANENT, HUMAN_REVIEW = "RETRYABLE", "FAILED_PERMANENT", "HUMAN_REVIEW"
+RETRYABLE, FAILED_PERMANENT, HUMAN_REVIEW = S.RETRYABLE, S.FAILED_PERMANENT, S.HUMAN_REVIEW
 
 
 def _budget_view(call: CallView, task: TaskView, budgets: Budgets, now: datetime) -> BudgetView:
@@ -154,7 +155,7 @@ def decide(
             "reconcile",
             "ACCEPTED",
             "wait_for_reconcile",
-            delay=tool.reconcile_first_check_s * 1000,
+            delay=tool.reconcile.first_check_s * 1000,
             message=messages.accepted_message(tool),
             next_=("query_provider_status", "if_unknown:human_review"),
         )
@@ -163,7 +164,7 @@ def decide(
             "reconcile",
             "UNKNOWN",
             "wait_for_reconcile",
-            delay=tool.reconcile_first_check_s * 1000,
+            delay=tool.reconcile.first_check_s * 1000,
             next_=("query_provider_status", "if_unknown:human_review"),
         )
     if outcome.hard_stop:

@@ -22,6 +22,7 @@ from datetime import timedelta
 from recovery.engine.budgets import exhausted_limit, tighter
 from recovery.engine.canonical import canonical_json
 from recovery.engine.fingerprint import fingerprint
+from recovery.engine.keys import key_expired
 from recovery.engine.messages import public_message
 from recovery.engine.types import (
     APPROVAL_GRANTED,
@@ -54,12 +55,12 @@ from recovery.engine.types import (
     ToolPolicy,
 )
 from recovery.engine.validation import ARGUMENTS_ROOT, validate_args
+from recovery.states import UNSETTLED
+from recovery.states import CallState as S
 
-# Call states (plain strings: recovery/states.py imports Django).
-READY, SENT, RETRYABLE, ACCEPTED = "READY", "SENT", "RETRYABLE", "ACCEPTED"
-UNKNOWN, STILL_UNKNOWN, NOT_COMMITTED, COMMITTED = "UNKNOWN", "STILL_UNKNOWN", "NOT_COMMITTED", "COMMITTED"
-FAILED_PERMANENT, HUMAN_REVIEW = "FAILED_PERMANENT", "HUMAN_REVIEW"
-UNSETTLED = frozenset({UNKNOWN, STILL_UNKNOWN})
+READY, SENT, RETRYABLE, ACCEPTED = S.READY, S.SENT, S.RETRYABLE, S.ACCEPTED
+UNKNOWN, STILL_UNKNOWN, NOT_COMMITTED, COMMITTED = S.UNKNOWN, S.STILL_UNKNOWN, S.NOT_COMMITTED, S.COMMITTED
+FAILED_PERMANENT, HUMAN_REVIEW = S.FAILED_PERMANENT, S.HUMAN_REVIEW
 # A dependency in one of these may still commit by itself: wait instead of replanning.
 _SETTLING = frozenset({UNKNOWN, STILL_UNKNOWN, ACCEPTED, SENT})
 
@@ -423,7 +424,7 @@ def _check_key_retention(call: CallView, candidate: Candidate, context: GateCont
         return _pass("key_retention", "no idempotency key replayed")
     age_s = (context.now - call.first_sent_at).total_seconds()
     retention = context.tool.key_retention_s
-    if age_s >= retention:
+    if key_expired(call.first_sent_at, retention, context.now):
         info = {"key_age_s": int(age_s), "key_retention_s": retention}
         detail = f"key first sent {int(age_s)} s ago, provider keeps it {retention} s"
         return _deny("key_retention", "key_expired", detail, "request_approval", info=info)

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from recovery.engine.reconcile import ReconcilePolicy
+
 # --- names (SPEC §3, §4) -------------------------------------------------------------------------------------------
 
 READ, WRITE = "read", "write"
@@ -152,7 +154,7 @@ class ToolPolicy:
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     breaker: BreakerPolicy = field(default_factory=BreakerPolicy)
     fallback: str = ""
-    reconcile_first_check_s: int = 5  # when the first status check of an unknown write is due
+    reconcile: ReconcilePolicy = field(default_factory=ReconcilePolicy)  # its status checks' schedule
     exhausted_to_review: bool = False  # a RETRYABLE with no budget left goes to HUMAN_REVIEW instead of failing
 
     @property

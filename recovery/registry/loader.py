@@ -12,14 +12,14 @@ again writes nothing.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from django.db import models, transaction
 
 from recovery.audit import Actor, append_event
-from recovery.engine.canonical import canonical_json, normalize
+from recovery.audit_actions import AuditAction
+from recovery.engine.canonical import canonical_digest, canonical_json, normalize
 from recovery.models import Provider, Tenant, Tool
 from recovery.registry.checks import RegistryInvalid
 from recovery.registry.format import validate_registry
@@ -89,7 +89,7 @@ class LoadReport:
 
 def registry_sha256(data: Any) -> str:
     """The hash of a registry's content (canonical JSON): whitespace and key order do not change it."""
-    return hashlib.sha256(canonical_json(data).encode()).hexdigest()
+    return canonical_digest(data)
 
 
 def _default(model: type[models.Model], name: str) -> Any:
@@ -232,7 +232,7 @@ def load_registry(data: dict, *, actor: Actor, source: str = "", sha256: str | N
         if not report.changed:
             return report
         event = append_event(
-            action="registry.loaded",
+            action=AuditAction.REGISTRY_LOADED,
             actor=actor,
             reason=_reason(report),
             evidence=_evidence(report, source),
@@ -259,7 +259,9 @@ def provider_move(*, name: str, base_url: str, actor: Actor, source: str) -> boo
             providers=ledger.report("providers"),
             tools=ledger.report("tools"),
         )
-        append_event(action="registry.loaded", actor=actor, reason=_reason(report), evidence=_evidence(report, source))
+        append_event(
+            action=AuditAction.REGISTRY_LOADED, actor=actor, reason=_reason(report), evidence=_evidence(report, source)
+        )
     return True
 
 

@@ -14,10 +14,12 @@ from typing import Any
 
 from django.db.models import Prefetch, QuerySet
 
+from recovery.engine.reconcile import ReconcilePolicy, StatusBreakerPolicy
 from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant, ToolPolicy
-from recovery.models import Tool
+from recovery.models import Provider, Tool
 
 TOOL_BUDGETS = ("max_attempts", "write_retry", "unknown_budget", "max_business_effects")
+RECONCILE_KEYS = ("first_check_s", "backoff", "max_checks", "deadline_s")  # the registry's `reconcile`
 
 
 def policy_tools() -> QuerySet[Tool]:
@@ -61,15 +63,22 @@ def _alternate_names(tool: Tool) -> frozenset[str]:
     return with_alternates(tool)._policy_alternates
 
 
+def reconcile_policy(tool: Tool) -> ReconcilePolicy:
+    """The tool's reconciliation schedule (first check, backoff, poll budget, deadline): no query."""
+    return _build(ReconcilePolicy, tool.reconcile, RECONCILE_KEYS)
+
+
+def status_breaker_policy(provider: Provider) -> StatusBreakerPolicy:
+    """The breaker of the provider's status endpoint: no query."""
+    return _build(StatusBreakerPolicy, provider.status_breaker)
+
+
 def breaker_policy(tool: Tool) -> BreakerPolicy:
     """The tool's breaker policy alone: no query, for the breaker storage's hot paths (tool_policy reads more)."""
     return _build(BreakerPolicy, tool.breaker)
 
 
 def tool_policy(tool: Tool) -> ToolPolicy:
-    optional: dict[str, Any] = {}
-    if isinstance(tool.reconcile, dict) and "first_check_s" in tool.reconcile:
-        optional["reconcile_first_check_s"] = tool.reconcile["first_check_s"]
     return ToolPolicy(
         name=tool.name,
         side_effect=tool.side_effect,
@@ -93,5 +102,5 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         breaker=breaker_policy(tool),
         fallback=tool.fallback,
         exhausted_to_review=tool.exhausted_to_review,
-        **optional,
+        reconcile=reconcile_policy(tool),
     )

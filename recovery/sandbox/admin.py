@@ -6,14 +6,28 @@ ledger and inject faults without holding the business API key. Never expose the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from recovery.sandbox.faults import FaultSpecError
+from recovery.sandbox.callbacks import CallbackDispatcher
+from recovery.sandbox.faults import FaultBook, FaultSpecError
 from recovery.sandbox.kinds import Rejection
 from recovery.sandbox.messages import Request, Response, error, rejected
+from recovery.sandbox.store import Store
 
-if TYPE_CHECKING:
-    from recovery.sandbox.app import Sandbox
+
+class _Settings(Protocol):
+    api_key: str | None
+    latency_ms: int
+    status_latency_ms: int
+
+
+class Sandbox(Protocol):
+    """What the admin routes reach of the sandbox (recovery.sandbox.app.Sandbox, which routes to them)."""
+
+    config: _Settings
+    store: Store
+    faults: FaultBook
+    callbacks: CallbackDispatcher
 
 
 def handle(sandbox: Sandbox, request: Request) -> Response:

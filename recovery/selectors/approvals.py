@@ -12,6 +12,7 @@ from datetime import datetime
 
 from django.db.models import Q
 
+from recovery.audit_actions import REQUEST_EVENTS
 from recovery.models import ActionRequest, ActionStatus, AuditEvent
 
 # The queue shows the oldest requests first, at most this many (beyond it the page says how many more wait).
@@ -69,7 +70,7 @@ def action_request_page(request_id: int) -> ActionRequestPage | None:
         return None
     events = list(
         AuditEvent.objects.filter(call_id=found.call_id)
-        .filter(Q(action__startswith="action.", evidence__request=found.pk) | Q(evidence__action_request=found.pk))
+        .filter(Q(action__in=REQUEST_EVENTS, evidence__request=found.pk) | Q(evidence__action_request=found.pk))
         .only("seq", "action", "actor_label", "from_state", "to_state", "reason", "evidence", "created_at")
         .order_by("seq")
     )

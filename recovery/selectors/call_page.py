@@ -17,17 +17,15 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
 
+from recovery.audit_actions import REQUEST_EVENTS
 from recovery.engine.budgets import tighter
 from recovery.engine.types import BreakerView, Budgets
 from recovery.models import ActionRequest, Attempt, AuditEvent, Call, Diagnostic, GateDecision, Receipt, StatusBreaker
 from recovery.models import Decision as DecisionRow
 from recovery.registry.policy import TOOL_BUDGETS
 from recovery.selectors.approvals import call_action_requests
-from recovery.services.breakers import breaker_view
-from recovery.services.context import task_budgets
-
-# call_add stores this for "no limit" (max_attempts is a column, not nullable): shown as no limit.
-NO_ATTEMPT_LIMIT = 1_000_000
+from recovery.selectors.breakers import breaker_view
+from recovery.selectors.context import task_budgets
 
 # The API's own idempotency bookkeeping (whole answers, hashes) and the raw facts (their columns are shown): never
 # read here.
@@ -104,8 +102,7 @@ def _call(call_id: int) -> Call | None:
 
 def _status(call: Call, first_sent_at: datetime | None, now: datetime) -> CallStatus:
     tool = call.tool
-    since, since_what = (first_sent_at, "first sent") if first_sent_at else (call.created_at, "call created")
-    expires = since + timedelta(seconds=tool.key_retention_s)
+    since, since_what = call.key_since(first_sent_at), "first sent" if first_sent_at else "call created"
     try:
         status_breaker = tool.provider.status_breaker_row
     except ObjectDoesNotExist:
@@ -116,12 +113,12 @@ def _status(call: Call, first_sent_at: datetime | None, now: datetime) -> CallSt
             retention_s=tool.key_retention_s,
             since=since,
             since_what=since_what,
-            expires_at=expires,
-            expired=now >= expires,
+            expires_at=call.key_expires_at(first_sent_at),
+            expired=call.key_expired(first_sent_at, now),
         ),
         breaker=breaker_view(tool, now=now),
         status_breaker=status_breaker,
-        claim_live=bool(call.claimed_by_id and call.claim_until and call.claim_until > now),
+        claim_live=call.claim_held(now),
     )
 
 
@@ -186,11 +183,10 @@ def budget_lines(call: Call, now: datetime) -> list[BudgetLine]:
     """Budget left, the tighter of the tool's and the task's limits (SPEC §6), from rows already loaded."""
     task = call.task
     tool_budgets = call.tool.budgets if isinstance(call.tool.budgets, dict) else {}
-    max_attempts = call.max_attempts if call.max_attempts < NO_ATTEMPT_LIMIT else None
     limits = tighter(
         Budgets(**{k: tool_budgets[k] for k in TOOL_BUDGETS if k in tool_budgets}),
         task_budgets(task),
-        Budgets(max_attempts=max_attempts),
+        Budgets(max_attempts=call.max_attempts),
     )
     lines = [
         _line("call attempts", call.attempts_count, limits.max_attempts),
@@ -325,7 +321,7 @@ def _audit_entry(event: AuditEvent) -> TimelineEntry:
     moved = f" {event.from_state} → {event.to_state}" if event.from_state and event.to_state else ""
     if not event.from_state and event.to_state:
         moved = f" → {event.to_state}"
-    operator_action = event.action.startswith("action.")
+    operator_action = event.action in REQUEST_EVENTS
     parts = [
         *(_action_facts(event.evidence) if operator_action else []),
         f"by {event.actor_label}",

@@ -18,16 +18,14 @@ from django.db.models import F, Prefetch, Window
 from django.db.models.fields.json import KT
 from django.db.models.functions import RowNumber
 
+from recovery.audit_actions import STATUS_BREAKER_EVENTS, TOOL_BREAKER_EVENTS
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, WRITE, BreakerPolicy
 from recovery.models import AuditEvent, BreakerBucket, DrillRun, Provider, Tool
-from recovery.registry.policy import breaker_policy
-from recovery.services.status_breakers import DEFAULTS as STATUS_BREAKER_DEFAULTS
+from recovery.registry.policy import breaker_policy, status_breaker_policy
 
 HISTORY_DAYS = 7  # a breaker's history: its events of the last week ...
 HISTORY_PER_BREAKER = 10  # ... the newest ten of them
-TOOL_EVENTS = ("breaker.opened", "breaker.closed", "breaker.reopened")
-STATUS_EVENTS = ("status_breaker.opened", "status_breaker.closed")
 RUNS_PER_PAGE = 50
 
 
@@ -183,7 +181,7 @@ def _history(now: datetime) -> dict[tuple[str, str], tuple[BreakerEvent, ...]]:
     tool_name, provider_name = KT("evidence__tool"), KT("evidence__provider")
     since = now - timedelta(days=HISTORY_DAYS)
     rows = (
-        AuditEvent.objects.filter(action__in=TOOL_EVENTS + STATUS_EVENTS, created_at__gte=since)
+        AuditEvent.objects.filter(action__in=TOOL_BREAKER_EVENTS + STATUS_BREAKER_EVENTS, created_at__gte=since)
         .annotate(
             tool_name=tool_name,
             provider_name=provider_name,
@@ -195,7 +193,7 @@ def _history(now: datetime) -> dict[tuple[str, str], tuple[BreakerEvent, ...]]:
     )
     found: dict[tuple[str, str], list[BreakerEvent]] = defaultdict(list)
     for row in rows:
-        key = ("tool", row["tool_name"]) if row["action"] in TOOL_EVENTS else ("provider", row["provider_name"])
+        key = ("tool", row["tool_name"]) if row["action"] in TOOL_BREAKER_EVENTS else ("provider", row["provider_name"])
         found[key].append(
             BreakerEvent(
                 seq=row["seq"],
@@ -300,14 +298,14 @@ def retry_path(tool: Tool) -> RetryPath:
 
 
 def _status_breaker(provider: Provider, history: dict, now: datetime) -> StatusEndpointBreaker:
-    policy = STATUS_BREAKER_DEFAULTS | (provider.status_breaker if isinstance(provider.status_breaker, dict) else {})
+    policy = status_breaker_policy(provider)
     row = getattr(provider, "status_breaker_row", None)
     stored = row.state if row is not None else CLOSED
     opened_at = row.opened_at if row is not None else None
-    cooldown_ends_at = opened_at + timedelta(seconds=policy["cooldown_s"]) if opened_at and stored != CLOSED else None
+    cooldown_ends_at = opened_at + timedelta(seconds=policy.cooldown_s) if opened_at and stored != CLOSED else None
     state = HALF_OPEN if stored == OPEN and cooldown_ends_at is not None and now >= cooldown_ends_at else stored
     window_started_at = row.window_started_at if row is not None else None
-    current = window_started_at is not None and window_started_at > now - timedelta(seconds=policy["window_s"])
+    current = window_started_at is not None and window_started_at > now - timedelta(seconds=policy.window_s)
     return StatusEndpointBreaker(
         provider=provider.name,
         stored=stored,

@@ -20,9 +20,8 @@ from django.db.models.functions import TruncHour
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, FAILURE_CLASSES, HALF_OPEN, OPEN
 from recovery.models import Attempt, AuditEvent, Breaker, Call, StatusBreaker, Tool
-from recovery.registry.policy import breaker_policy
+from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.approvals import pending_approvals_count
-from recovery.services.status_breakers import DEFAULTS as STATUS_BREAKER_DEFAULTS
 from recovery.states import CallState
 
 S = CallState
@@ -157,8 +156,8 @@ def _open_breakers(now: datetime) -> list[OpenBreaker]:
         )
     endpoints = StatusBreaker.objects.exclude(state=CLOSED).select_related("provider").only(*_STATUS_FIELDS)
     for row in endpoints:
-        policy = STATUS_BREAKER_DEFAULTS | (row.provider.status_breaker or {})
-        cooled = row.opened_at is not None and now >= row.opened_at + timedelta(seconds=policy["cooldown_s"])
+        policy = status_breaker_policy(row.provider)
+        cooled = row.opened_at is not None and now >= row.opened_at + timedelta(seconds=policy.cooldown_s)
         state = HALF_OPEN if row.state == OPEN and cooled else row.state
         found.append(
             OpenBreaker(kind="status", name=row.provider.name, state=state, stored=row.state, since=row.opened_at)

@@ -34,7 +34,7 @@ class Queue:
 QUEUES = {
     "unknown": Queue(slug="unknown", title="Unknown outcome", states=(S.UNKNOWN, S.STILL_UNKNOWN)),
     "human-review": Queue(slug="human-review", title="Human review", states=(S.HUMAN_REVIEW,)),
-    "calls": Queue(slug="calls", title="All calls", states=tuple(S.values)),
+    "calls": Queue(slug="calls", title="All calls", states=tuple(S)),
 }
 AGES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(hours=24)}
 PAGE_SIZE = 50
@@ -113,7 +113,7 @@ def _states(states: tuple[str, ...]) -> str:
     """`c.state IN ('UNKNOWN', ...)` with the states as literals: they come from the state table, never from input
     (checked here), and written out they let PostgreSQL keep one generic plan for the prepared statement that uses
     the partial index of the UNKNOWN queue, where a parameter would have it plan the statement again on every run."""
-    unknown = set(states) - set(S.values)
+    unknown = set(states) - set(S)
     if unknown or not states:
         raise ValueError(f"not call states: {sorted(unknown) or 'none given'}")
     literals = ", ".join(f"'{state}'" for state in states)

@@ -9,7 +9,7 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from recovery.models import Attempt, Call, Receipt, Step, Task, TaskStatus, Tool
+from recovery.models import Attempt, Call, Receipt, Step, Task, TaskStatus, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.states import UNSETTLED, CallState
 
@@ -36,7 +36,7 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
     single-shot attempt in at most 15 statements): whether the call has that attempt already, its latest receipt,
     whether its dependency steps have calls, how many calls of its task are unsettled, whether its tool has
     alternates (its policy's, read later only if it does), and its tool's breaker row.
-    recovery.services.context.gate_context reads what is left only when these say there is something to read."""
+    recovery.selectors.context.gate_context reads what is left only when these say there is something to read."""
     calls = _in_tenants(call_id, tenant_ids)
     if calls is None:
         return None
@@ -69,6 +69,26 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
     if call is not None and not call.tool_has_alternates:
         with_alternates(call.tool, frozenset())  # nothing to read for its policy
     return call
+
+
+def allowed_tools(tenant: Tenant) -> list[Tool]:
+    """The tenant's capabilities, by name, with their providers."""
+    tools = Tool.objects.order_by("name") if tenant.all_tools else tenant.tools.order_by("name")
+    return list(tools.select_related("provider"))
+
+
+def blocking(call: Call) -> tuple[list[int], list[int]]:
+    """What admission waits for before it lets `call` go (the gate's dependency check): the calls of its step's
+    dependencies that are not COMMITTED, and the indexes of the dependency steps those calls are in or that have no
+    call yet. One query."""
+    rows = Step.objects.filter(dependents=call.step_id).values_list("index", "calls__pk", "calls__state")
+    calls, steps = set(), set()
+    for index, pk, state in rows:
+        if pk is None or state != S.COMMITTED:
+            steps.add(index)
+        if pk is not None and state != S.COMMITTED:
+            calls.add(pk)
+    return sorted(calls), sorted(steps)
 
 
 def _call_brief(call: Call) -> dict:

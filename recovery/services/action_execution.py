@@ -24,11 +24,13 @@ from django.utils import timezone
 
 from recovery.actions import REVIEW_PERMISSION
 from recovery.audit import Actor, appends_at_commit
+from recovery.audit_actions import AuditAction
 from recovery.engine.types import APPROVAL_GRANTED
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Observation, Receipt, ReceiptSource
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.registry import with_alternates
-from recovery.services import ingest, reconcile
+from recovery.selectors.context import action_attempt_id
+from recovery.services import reconcile
 from recovery.services.action_plans import (
     ACTION_BY_NAME,
     ActionRefused,
@@ -36,7 +38,10 @@ from recovery.services.action_plans import (
     call_facts,
     require_allowed,
 )
-from recovery.services.context import action_attempt_id
+from recovery.services.attempts import AttemptRequest, attempt_admit
+from recovery.services.calls import call_abandon
+from recovery.services.errors import ServiceError
+from recovery.services.outcomes import attempt_report, facts_of
 from recovery.states import CallState
 from recovery.transitions import TransitionConflict, transition_call
 
@@ -83,7 +88,7 @@ def _claim(request_id: int, worker: str, now: datetime) -> ActionRequest | None:
         )
         if claimed:
             action_event(
-                "executing",
+                AuditAction.ACTION_EXECUTING,
                 request,
                 request.call,
                 _job(),
@@ -127,8 +132,16 @@ def _finish(request: ActionRequest, call: Call, worker: str, status: str, result
     )
     if not done:
         raise _LeaseLost
-    name = "executed" if status == A.EXECUTED else "failed"
-    action_event(name, request, call, _job(), reason=result["what"], status=status, worker=worker, result=result)
+    action_event(
+        AuditAction.request_entered(status),
+        request,
+        call,
+        _job(),
+        reason=result["what"],
+        status=status,
+        worker=worker,
+        result=result,
+    )
 
 
 def _finish_alone(request: ActionRequest, worker: str, status: str, result: dict) -> None:
@@ -140,10 +153,17 @@ def _finish_alone(request: ActionRequest, worker: str, status: str, result: dict
     except _LeaseLost:
         # Interrupted by the sweep while it was still running: the story gets its end anyway, marked late.
         with transaction.atomic():
-            name = "executed" if status == A.EXECUTED else "failed"
             late = "finished after its lease ended (already marked interrupted): " + result["what"]
             action_event(
-                name, request, call, _job(), reason=late, status=A.INTERRUPTED, worker=worker, result=result, late=True
+                AuditAction.request_entered(status),
+                request,
+                call,
+                _job(),
+                reason=late,
+                status=A.INTERRUPTED,
+                worker=worker,
+                result=result,
+                late=True,
             )
 
 
@@ -184,10 +204,10 @@ def _execute_replay(request: ActionRequest, worker: str) -> None:
         outgoing = tool_request(call.tool, call)
     except TemplateError as exc:
         raise _Failed(f"the tool's request cannot be built: {exc}; nothing was sent", call_state=call.state) from None
-    body = {"attempt_id": action_attempt_id(request.pk), "evidence": [APPROVAL_GRANTED]}
+    replay = AttemptRequest(attempt_id=action_attempt_id(request.pk), evidence=(APPROVAL_GRANTED,))
     try:
-        admission = ingest.attempt_admit(call=call, body=body, actor=actor)
-    except ingest.ServiceError as exc:
+        admission = attempt_admit(call=call, request=replay, actor=actor)
+    except ServiceError as exc:
         raise _Failed(
             f"admission failed ({exc.code}: {exc.message}): nothing was sent", call_state=call.state
         ) from None
@@ -195,14 +215,14 @@ def _execute_replay(request: ActionRequest, worker: str) -> None:
         gate = admission.response.get("gate") or {}
         what = f"the gate denied the replay ({gate.get('reason', 'already admitted once')}): nothing was sent"
         raise _Failed(what, gate=gate.get("reason"), call_state=call.state)
-    attempt = Attempt.objects.select_related("tool__provider").get(call_id=call.pk, attempt_id=body["attempt_id"])
+    attempt = Attempt.objects.select_related("tool__provider").get(call_id=call.pk, attempt_id=replay.attempt_id)
     facts = send(outgoing)
     seen = f"HTTP {facts['http_status']}" if "http_status" in facts else (facts.get("error") or {}).get("kind", "?")
     common = {"attempt_id": attempt.attempt_id, "attempt_number": attempt.number, "sent": seen}
     try:
         call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
         with_alternates(call.tool)
-        answer = ingest.attempt_report(call=call, attempt=attempt, body=facts, actor=actor)
+        answer = attempt_report(call=call, attempt=attempt, facts=facts_of(facts), actor=actor)
     except Exception:
         logger.exception("action request %s: the replay's reply could not be recorded", request.pk)
         what = (
@@ -305,7 +325,7 @@ def _mark_committed(request: ActionRequest, call: Call) -> dict:
 
 
 def _mark_not_committed(request: ActionRequest, call: Call) -> dict:
-    then = S.RETRYABLE if call.attempts_count < call.max_attempts else S.FAILED_PERMANENT
+    then = S.RETRYABLE if call.has_attempts_left() else S.FAILED_PERMANENT
     receipt = _operator_receipt(request, call, Observation.NOT_COMMITTED, then)
     evidence = {"action_request": request.pk, "receipt": receipt.pk}
     changes = {"last_receipt_at": receipt.checked_at, "last_receipt_status": receipt.observed}
@@ -337,8 +357,8 @@ def _abandon(request: ActionRequest, call: Call) -> dict:
         )
     else:
         try:
-            ingest.call_abandon(call=call, actor=_job(), reason=_why(request))
-        except ingest.ServiceError as exc:
+            call_abandon(call=call, actor=_job(), reason=_why(request))
+        except ServiceError as exc:
             raise _Failed(f"not abandoned: {exc.message}", call_state=before) from None
     return {"what": f"abandoned: {before} → FAILED_PERMANENT"}
 
@@ -385,7 +405,7 @@ def actions_sweep_interrupted(*, now: datetime | None = None) -> int:
             ).update(status=A.INTERRUPTED, result=result, updated_at=now)
             if moved:
                 action_event(
-                    "interrupted",
+                    AuditAction.ACTION_INTERRUPTED,
                     request,
                     call,
                     Actor.job("actions-sweep"),

@@ -16,7 +16,6 @@ catalogue's refusal (`require_allowed`) and the audit event of a request's step 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -24,17 +23,18 @@ from django.conf import settings
 
 from recovery.actions import ACTIONS, REVIEW_PERMISSION, Action, ActionOption, actions_for
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.engine.budgets import tighter
-from recovery.engine.canonical import canonical_json
+from recovery.engine.canonical import canonical_digest
 from recovery.engine.gate import admit
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
 from recovery.models import ActionRequest, Attempt, BreakerState, Call, StatusBreaker
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.providers.status import outbound_headers, status_url
 from recovery.registry import tool_policy, with_alternates
-from recovery.services.breakers import breaker_view
-from recovery.services.context import gate_context, task_budgets, task_view
-from recovery.services.status_breakers import DEFAULTS as STATUS_BREAKER_DEFAULTS
+from recovery.registry.policy import status_breaker_policy
+from recovery.selectors.breakers import breaker_view
+from recovery.selectors.context import gate_context, task_budgets, task_view
 from recovery.states import UNSETTLED, CallState
 
 S = CallState
@@ -43,7 +43,6 @@ ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
 MAKES_ATTEMPT = frozenset({"replay_same_key"})
 LETS_ATTEMPT = frozenset({"grant_approval"})
 SETTLES = frozenset({"mark_committed", "mark_not_committed"})
-NO_ATTEMPT_LIMIT = 1_000_000  # call_add stores this for "no limit"
 PREVIEW_ATTEMPT = "preview"
 CHECKS = ("admission", "breaker", "call_budget", "task_budget", "side_effect_budget", "key_retention")
 SECOND_PERSON = "a second person with the approver role"
@@ -94,11 +93,9 @@ def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
     """The call's facts for the catalogue, as the call page computes them (one query: the first attempt)."""
     tool = call.tool
     first = Attempt.objects.filter(call_id=call.pk, number=1).values_list("admitted_at", "created_at").first()
-    since = (first[0] or first[1]) if first else call.created_at
-    expires = since + timedelta(seconds=tool.key_retention_s)
+    since = call.key_since((first[0] or first[1]) if first else None)
     held_by = ""
-    claim_live = bool(call.claimed_by_id and call.claim_until and call.claim_until > now)
-    if claim_live and (user is None or call.claimed_by_id != user.pk):
+    if call.claim_held(now) and (user is None or call.claimed_by_id != user.pk):
         held_by = call.claimed_by.get_username()
     return CallFacts(
         side_effect=call.side_effect,
@@ -108,8 +105,8 @@ def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
         held_by=held_by,
         key_retention_s=tool.key_retention_s,
         key_since=since,
-        key_expires_at=expires,
-        key_expired=now >= expires,
+        key_expires_at=call.key_expires_at(since),
+        key_expired=call.key_expired(since, now),
     )
 
 
@@ -139,10 +136,12 @@ def require_allowed(call: Call, facts: CallFacts, action: str, *, perms, held_by
         raise ActionRefused("forbidden", option.reason)  # the catalogue's words, as the call page shows them
 
 
-def action_event(name: str, request: ActionRequest, call: Call, actor: Actor, *, reason: str = "", **evidence) -> None:
+def action_event(
+    event: AuditAction, request: ActionRequest, call: Call, actor: Actor, *, reason: str = "", **evidence
+) -> None:
     """One step of the request's story, on the call's task chain, in the caller's transaction."""
     append_event(
-        action=f"action.{name}",
+        action=event,
         actor=actor,
         task_id=call.task_id,
         call_id=call.pk,
@@ -184,7 +183,7 @@ def plan_hash(data: dict) -> str:
     stable = {key: data.get(key) for key in _HASHED}
     stable["checks"] = [[check["check"], check["passed"]] for check in data.get("checks", [])]
     stable["forbidden"] = sorted(item["action"] for item in data.get("forbidden", []))
-    return hashlib.sha256(canonical_json(stable).encode()).hexdigest()
+    return canonical_digest(stable)
 
 
 def approval_needed(action: Action) -> str:
@@ -309,7 +308,7 @@ def _status_breaker(call: Call, now: datetime) -> dict:
     if row is None or row[0] == BreakerState.CLOSED:
         return _check("breaker", True, f"{provider.name}'s status endpoint breaker is closed")
     state, opened_at, probe_until = row
-    cooldown = (STATUS_BREAKER_DEFAULTS | (provider.status_breaker or {}))["cooldown_s"]
+    cooldown = status_breaker_policy(provider).cooldown_s
     if state == BreakerState.OPEN and opened_at is not None and now < opened_at + timedelta(seconds=cooldown):
         left = int((opened_at + timedelta(seconds=cooldown) - now).total_seconds())
         return _check("breaker", False, f"the status endpoint breaker is open: the check would be skipped ({left} s)")
@@ -319,8 +318,7 @@ def _status_breaker(call: Call, now: datetime) -> dict:
 
 
 def _limits(call: Call, policy: ToolPolicy) -> Budgets:
-    max_attempts = call.max_attempts if call.max_attempts < NO_ATTEMPT_LIMIT else None
-    return tighter(policy.budgets, task_budgets(call.task), Budgets(max_attempts=max_attempts))
+    return tighter(policy.budgets, task_budgets(call.task), Budgets(max_attempts=call.max_attempts))
 
 
 def _attempting(action: Action) -> bool:

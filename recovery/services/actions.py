@@ -32,9 +32,10 @@ from django.core.validators import URLValidator
 from django.db import transaction
 from django.utils import timezone
 
-from recovery import jobs
+from recovery import queueing
 from recovery.actions import REVIEW_PERMISSION
 from recovery.audit import Actor
+from recovery.audit_actions import AuditAction
 from recovery.engine.fingerprint import fingerprint
 from recovery.models import ActionRequest, ActionStatus, Call, GateDecision
 from recovery.services.action_execution import (  # noqa: F401  (the job's body and the sweep, re-exported)
@@ -66,6 +67,9 @@ REASON_MAX = 2000
 EVIDENCE_FIELDS = {"provider_ref": 255, "receipt_id": 255, "link": 2000}
 SWEEP_LIMIT = 500
 _LINK = URLValidator(schemes=["http", "https"])
+
+# The job that executes an approved request, by name: recovery.jobs calls this module, so it cannot be imported here.
+EXECUTE_JOB = "recovery.jobs.execute_action"
 
 
 def _ttl() -> timedelta:
@@ -185,7 +189,7 @@ def action_preview(*, call_id: int, action: str, user, actor: Actor, evidence: d
             _store_dry_gate(call, plan, request, user)
         failed = [check["check"] for check in plan.failed_checks]
         action_event(
-            "previewed",
+            AuditAction.ACTION_PREVIEWED,
             request,
             call,
             actor,
@@ -257,12 +261,14 @@ def _what_changed(before: dict, after: dict) -> str:
     return "; ".join(changed) or "its content changed"
 
 
-def _mark(request: ActionRequest, call: Call, actor: Actor, *, to: str, name: str, reason: str, now) -> bool:
+def _mark(request: ActionRequest, call: Call, actor: Actor, *, to: str, reason: str, now) -> bool:
     """request: its current status → `to` (STALE, EXPIRED), with its audit event; False when it moved first."""
     with transaction.atomic():
         moved = ActionRequest.objects.filter(pk=request.pk, status=request.status).update(status=to, updated_at=now)
         if moved:
-            action_event(name, request, call, actor, reason=reason, status=to, was=request.status)
+            action_event(
+                AuditAction.request_entered(to), request, call, actor, reason=reason, status=to, was=request.status
+            )
     if moved:
         request.status = to
     return bool(moved)
@@ -271,7 +277,7 @@ def _mark(request: ActionRequest, call: Call, actor: Actor, *, to: str, name: st
 def _expire_now(request: ActionRequest, actor: Actor, now: datetime) -> ActionRefused:
     """Mark a request found past its expiry EXPIRED; the refusal to raise."""
     why = f"not {'decided' if request.status == A.REQUESTED else 'requested'} before {request.expires_at.isoformat()}"
-    if not _mark(request, request.call, actor, to=A.EXPIRED, name="expired", reason=why, now=now):
+    if not _mark(request, request.call, actor, to=A.EXPIRED, reason=why, now=now):
         return _not_pending(_load(request.pk))
     return ActionRefused("expired", f"This request expired ({why}): preview the action again.")
 
@@ -297,7 +303,7 @@ def action_request(*, request_id: int, user, actor: Actor, reason: str, plan_has
     facts = call_facts(call, user=user, now=now)
     why, plan = _stale_why(request, call, facts, now)
     if why:
-        if not _mark(request, call, actor, to=A.STALE, name="stale", reason=f"{why}: preview again", now=now):
+        if not _mark(request, call, actor, to=A.STALE, reason=f"{why}: preview again", now=now):
             raise _not_pending(_load(request.pk))
         return _load(request.pk)
     require_allowed(call, facts, request.action, perms=user.get_all_permissions())
@@ -319,7 +325,13 @@ def action_request(*, request_id: int, user, actor: Actor, reason: str, plan_has
         if not moved:
             raise _not_pending(_load(request.pk))
         action_event(
-            "requested", request, call, actor, reason=reason, status=A.REQUESTED, requested_by=user.get_username()
+            AuditAction.ACTION_REQUESTED,
+            request,
+            call,
+            actor,
+            reason=reason,
+            status=A.REQUESTED,
+            requested_by=user.get_username(),
         )
         if one_confirmation:
             _approve_alone(request, call, actor, now)
@@ -333,12 +345,14 @@ def _approve_alone(request: ActionRequest, call: Call, actor: Actor, now: dateti
         status=A.APPROVED, decided_at=now, decision_reason="read-only: one confirmation", updated_at=now
     )
     why = "read-only action: the requester's confirmation is enough (RECOVERY_READ_ACTIONS_ONE_CONFIRMATION)"
-    action_event("approved", request, call, actor, reason=why, status=A.APPROVED, one_confirmation=True)
+    action_event(
+        AuditAction.ACTION_APPROVED, request, call, actor, reason=why, status=A.APPROVED, one_confirmation=True
+    )
     _enqueue_execution(request.pk)
 
 
 def _enqueue_execution(request_id: int) -> None:
-    jobs.enqueue(jobs.execute_action, request_id, job_id=f"action-execute-{request_id}")
+    queueing.enqueue(EXECUTE_JOB, request_id, job_id=f"action-execute-{request_id}")
 
 
 # --- approve and reject ----------------------------------------------------------------------------------------------
@@ -370,7 +384,7 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
     facts = call_facts(call, user=None, now=now)
     why, _ = _stale_why(request, call, facts, now)
     if why:
-        if not _mark(request, call, actor, to=A.STALE, name="stale", reason=f"{why}: preview again", now=now):
+        if not _mark(request, call, actor, to=A.STALE, reason=f"{why}: preview again", now=now):
             raise _not_pending(_load(request.pk))
         raise ActionRefused("stale", f"Not approved: {why}. Preview the action again.")
     with transaction.atomic():
@@ -379,7 +393,15 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
         )
         if not moved:
             raise _not_pending(_load(request.pk))
-        action_event("approved", request, call, actor, reason=reason, status=A.APPROVED, decided_by=user.get_username())
+        action_event(
+            AuditAction.ACTION_APPROVED,
+            request,
+            call,
+            actor,
+            reason=reason,
+            status=A.APPROVED,
+            decided_by=user.get_username(),
+        )
         _enqueue_execution(request.pk)
     return _load(request.pk)
 
@@ -397,7 +419,13 @@ def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> Action
         if not moved:
             raise _not_pending(_load(request.pk))
         action_event(
-            "rejected", request, request.call, actor, reason=reason, status=A.REJECTED, decided_by=user.get_username()
+            AuditAction.ACTION_REJECTED,
+            request,
+            request.call,
+            actor,
+            reason=reason,
+            status=A.REJECTED,
+            decided_by=user.get_username(),
         )
     return _load(request.pk)
 
@@ -414,7 +442,5 @@ def actions_expire_due(*, now: datetime | None = None) -> int:
         why = (
             f"not {'decided' if request.status == A.REQUESTED else 'requested'} before {request.expires_at.isoformat()}"
         )
-        expired += _mark(
-            request, request.call, Actor.job("actions-expire"), to=A.EXPIRED, name="expired", reason=why, now=now
-        )
+        expired += _mark(request, request.call, Actor.job("actions-expire"), to=A.EXPIRED, reason=why, now=now)
     return expired

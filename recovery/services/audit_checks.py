@@ -11,6 +11,7 @@ import re
 from django.db import transaction
 
 from recovery.audit import SYSTEM_CHAIN, Actor, AuditReport, append_event, verify_in_one_snapshot
+from recovery.audit_actions import AuditAction
 
 ALL = "all"  # recovery.audit.verify_in_one_snapshot's scope for the whole trail
 _TASK_CHAIN = re.compile(r"task:[1-9][0-9]{0,18}", re.ASCII)
@@ -30,7 +31,7 @@ def audit_verify(*, scope: str, actor: Actor, using: str = "default") -> AuditRe
     outcome = "intact" if report.ok else f"BROKEN: {report.problem}"
     with transaction.atomic(using=using):
         append_event(
-            action="audit.verified",
+            action=AuditAction.AUDIT_VERIFIED,
             actor=actor,
             reason=f"verified {'the whole trail' if scope == ALL else scope}: {outcome}"[:500],
             evidence={

@@ -8,7 +8,7 @@ state it leaves: of any number of processes that see the same failure rate, exac
 writes its audit event. No function holds a row lock beyond its own short transaction, let alone a provider call.
 
 Statements per function (each an upper bound, independent of traffic):
-- breaker_view: 1 SELECT.
+- breaker_view (recovery.selectors.breakers): 1 SELECT.
 - breaker_reserve_probe: 1 UPDATE.
 - breaker_record: 2 while nothing changes (the bucket upsert, one SELECT of the state with the window's sums),
   +1 DELETE of buckets that left the window on the first outcome of each new bucket; a state change adds its
@@ -29,12 +29,12 @@ from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, BreakerPolicy, BreakerView
 from recovery.models import Breaker, BreakerBucket, Tool
 from recovery.registry.policy import breaker_policy
-
-_STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
+from recovery.selectors.breakers import breaker_view, view_of_state
 
 # Raw SQL (STYLE.md's data layer), on the path of every outcome: the bucket upsert adds to a counter, which the
 # ORM cannot say (its conflict update sets columns, it does not add to them); the state and the window's sums are
@@ -52,33 +52,6 @@ _CREATE_OPEN = (
     f"INSERT INTO {_BREAKER} (tool_id, state, opened_at, probes_reserved, probe_lease_until, updated_at) "
     "VALUES (%s, %s, %s, 0, NULL, %s) ON CONFLICT (tool_id) DO NOTHING"
 )
-
-
-def _epoch(value: datetime | None) -> float | None:
-    return value.timestamp() if value is not None else None
-
-
-def _view(row: tuple | None, policy: BreakerPolicy, now: datetime) -> BreakerView:
-    """The effective state from (state, opened_at, probes_reserved, probe_lease_until); no row reads closed."""
-    if row is None or row[0] is None:
-        return BreakerView(state=CLOSED)
-    state, opened_at, probes_reserved, lease_until = row[:4]
-    now_s = now.timestamp()
-    live = 0 if rules.probe_lease_expired(_epoch(lease_until), now_s) else probes_reserved
-    return rules.effective_state(state, _epoch(opened_at), policy, now_s, live_probes=live)
-
-
-def breaker_view(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> BreakerView:
-    """The breaker as admission sees it at `now`: open past its cooldown reads half_open. One SELECT."""
-    row = Breaker.objects.filter(tool_id=tool.pk).values_list(*_STATE_FIELDS).first()
-    return _view(row, policy or breaker_policy(tool), now)
-
-
-def breaker_view_of(tool: Tool, row: Breaker | None, *, now: datetime) -> BreakerView:
-    """breaker_view() of a Breaker row read already (with its tool: `select_related("tool__breaker_row")`); None
-    for a tool whose breaker never opened."""
-    state = None if row is None else tuple(getattr(row, name) for name in _STATE_FIELDS)
-    return _view(state, breaker_policy(tool), now)
 
 
 def breaker_reserve_probe(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> bool:
@@ -140,9 +113,9 @@ def breaker_record(
     if state in (None, CLOSED) and rules.should_open(calls, failures, policy):
         exists = state is not None
         if _trip(tool, row_exists=exists, calls=calls, failures=failures, now=now, policy=policy, actor=actor):
-            return _view((OPEN, now, 0, None), policy, now)
+            return view_of_state((OPEN, now, 0, None), policy, now)
         return breaker_view(tool, now=now, policy=policy)  # another process opened it first: read what it wrote
-    return _view(row, policy, now)
+    return view_of_state(row, policy, now)
 
 
 def _count(tool: Tool, current: int, *, failed: bool, policy: BreakerPolicy) -> None:
@@ -210,7 +183,7 @@ def _trip(
             won = closed.update(state=OPEN, opened_at=now, probes_reserved=0, probe_lease_until=None, updated_at=now)
         if won:
             append_event(
-                action="breaker.opened",
+                action=AuditAction.BREAKER_OPENED,
                 actor=actor,
                 from_state=CLOSED,
                 to_state=OPEN,
@@ -243,14 +216,14 @@ def _finish_probe(
             # shorter than the window, and would reopen it on the next single failure.
             BreakerBucket.objects.filter(tool_id=tool.pk)._raw_delete(connection.alias)
         append_event(
-            action="breaker.closed" if target == CLOSED else "breaker.reopened",
+            action=AuditAction.BREAKER_CLOSED if target == CLOSED else AuditAction.BREAKER_REOPENED,
             actor=actor,
             from_state=HALF_OPEN,
             to_state=target,
             reason="the half-open probe succeeded" if success else "the half-open probe failed: a new cooldown starts",
             evidence={"tool": tool.name, "probe": "succeeded" if success else "failed"},
         )
-    return _view((target, now, 0, None), policy, now)
+    return view_of_state((target, now, 0, None), policy, now)
 
 
 def breaker_release_probe(tool: Tool, *, now: datetime) -> None:

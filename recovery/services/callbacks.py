@@ -26,7 +26,7 @@ from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Observation, Provider, Receipt, ReceiptSource
 from recovery.providers.status import StatusAnswer
-from recovery.services.ingest import ServiceError
+from recovery.services.errors import ServiceError
 from recovery.services.reconcile import apply_answer
 
 WINDOW_S = 300

@@ -13,10 +13,10 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
 from django.utils import timezone
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.models import Call
 
 
@@ -40,8 +40,7 @@ def call_claim(*, call_id: int, user, actor: Actor, now: datetime | None = None)
     now = now or timezone.now()
     until = now + timedelta(seconds=settings.RECOVERY_CLAIM_S)
     with transaction.atomic():
-        free = Q(claimed_by__isnull=True) | Q(claim_until__lt=now) | Q(claimed_by=user)
-        updated = Call.objects.filter(free, pk=call_id).update(claimed_by=user, claim_until=until)
+        updated = Call.objects.filter(Call.claim_free(user, now), pk=call_id).update(claimed_by=user, claim_until=until)
         if updated != 1:
             held = Call.objects.filter(pk=call_id).values("claimed_by__username", "claim_until").first()
             if held is None:
@@ -54,7 +53,11 @@ def call_claim(*, call_id: int, user, actor: Actor, now: datetime | None = None)
             )
         task_id = Call.objects.filter(pk=call_id).values_list("task_id", flat=True).get()
         append_event(
-            action="call.claimed", actor=actor, task_id=task_id, call_id=call_id, evidence={"until": until.isoformat()}
+            action=AuditAction.CALL_CLAIMED,
+            actor=actor,
+            task_id=task_id,
+            call_id=call_id,
+            evidence={"until": until.isoformat()},
         )
     return Claim(call_id=call_id, holder=user.get_username(), until=until)
 
@@ -67,5 +70,5 @@ def call_release(*, call_id: int, user, actor: Actor, now: datetime | None = Non
         if updated != 1:
             return False
         task_id = Call.objects.filter(pk=call_id).values_list("task_id", flat=True).get()
-        append_event(action="call.released", actor=actor, task_id=task_id, call_id=call_id)
+        append_event(action=AuditAction.CALL_RELEASED, actor=actor, task_id=task_id, call_id=call_id)
     return True

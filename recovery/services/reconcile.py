@@ -17,7 +17,6 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -26,9 +25,11 @@ from django.db.models import Q
 from django.utils import timezone
 
 from recovery.audit import Actor, appends_at_commit
+from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
 from recovery.hot_path import insert
-from recovery.models import BreakerState, Call, Observation, Receipt, ReceiptSource, Tool
+from recovery.models import BreakerState, Call, Receipt, ReceiptSource, Tool
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
+from recovery.registry.policy import reconcile_policy
 from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
 from recovery.states import RECONCILABLE, CallState
 from recovery.transitions import transition_call
@@ -36,10 +37,8 @@ from recovery.transitions import transition_call
 S = CallState
 O = Observation  # noqa: E741  (the receipt's observation, as SPEC §10 names it)
 _RECONCILABLE = sorted(RECONCILABLE)
-_LEARNED_NOTHING = (O.FAILED, O.AMBIGUOUS, O.UNREACHABLE)
 logger = logging.getLogger("recovery.reconcile")
 APPLY_BATCH = 20  # answers applied per transaction, at most
-MIN_RECHECK_S = 1  # never ask about one call more often, whatever the schedule says
 
 
 def _lease_s() -> int:
@@ -266,77 +265,23 @@ def _ask(call: Call, breakers: _BreakerGate) -> Reply | StatusAnswer:
 # --- applying ------------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Plan:
-    steps: list[str]
-    outcome: str = ""
-    why: str = ""
-
-
-def _max_effects(tool: Tool) -> int | None:
-    return (tool.budgets or {}).get("max_business_effects")
-
-
-def _deadline(call: Call, tool: Tool) -> datetime | None:
-    deadline_s = (tool.reconcile or {}).get("deadline_s")
-    start = call.sent_at or call.state_changed_at
-    return start + timedelta(seconds=deadline_s) if deadline_s and start else None
-
-
-def plan(call: Call, answer: StatusAnswer, *, checks: int, now: datetime, source: str = ReceiptSource.POLL) -> _Plan:
-    """Where SPEC §8/§10 send the call for this answer: the states to pass through, in order (maybe none)."""
-    tool, observed, state = call.tool, answer.observed, call.state
-    limit = _max_effects(tool)
-    excess = observed == O.COMMITTED and limit is not None and answer.effects is not None and answer.effects > limit
-    if excess and state in (*RECONCILABLE, S.COMMITTED):
-        why = f"the provider reports {answer.effects} business effects for this key (at most {limit} allowed)"
-        return _Plan([S.HUMAN_REVIEW], "duplicate_effect", why)
-    if state == S.SENT and observed == O.COMMITTED and source == ReceiptSource.CALLBACK:
-        return _Plan([S.COMMITTED])  # the provider's signed word can come before the runtime's report
-    if state not in RECONCILABLE:
-        return _Plan([])  # kept as evidence: the call was settled (or is still in flight) when this answer came
-    steps: list[str] = []
-    outcome = ""
-    if state == S.ACCEPTED:
-        if observed == O.COMMITTED:
-            steps = [S.COMMITTED]
-        elif observed == O.NOT_COMMITTED:
-            steps, outcome = [S.FAILED_PERMANENT], "provider_gave_up"
-        elif observed in _LEARNED_NOTHING:
-            steps = [S.UNKNOWN]
-    elif observed == O.COMMITTED:
-        steps = [S.COMMITTED]
-    elif observed == O.NOT_COMMITTED:
-        if call.attempts_count < call.max_attempts:
-            steps = [S.NOT_COMMITTED, S.RETRYABLE]  # a same-key retry may go, admitted with state_verified
-        else:
-            steps, outcome = [S.NOT_COMMITTED, S.FAILED_PERMANENT], "retry_exhausted"
-    elif observed in _LEARNED_NOTHING and state == S.UNKNOWN:
-        steps = [S.STILL_UNKNOWN]
-    if observed == O.AMBIGUOUS and not tool.status_query and state != S.ACCEPTED:
-        return _Plan([*steps, S.HUMAN_REVIEW], "no_status_api", "the tool has no status API")
-    final = steps[-1] if steps else state
-    if final in RECONCILABLE:
-        max_checks = (tool.reconcile or {}).get("max_checks")
-        deadline = _deadline(call, tool)
-        if max_checks is not None and checks >= max_checks:
-            return _Plan(_to_review(steps, final), "poll_budget_exhausted", f"{checks} of {max_checks} checks made")
-        if deadline is not None and now >= deadline:
-            return _Plan(_to_review(steps, final), "deadline_exceeded", f"the deadline {deadline.isoformat()} passed")
-    return _Plan(steps, outcome)
-
-
-def _to_review(steps: list[str], final: str) -> list[str]:
-    return [*steps, *([S.UNKNOWN] if final == S.ACCEPTED else []), S.HUMAN_REVIEW]
-
-
-def _next_check(call: Call, tool: Tool, checks: int, now: datetime) -> datetime:
-    schedule = tool.reconcile or {}
-    first, factor = schedule.get("first_check_s", 5), schedule.get("backoff", 2)
-    delay = min(first * factor ** max(checks - 1, 0), 3600)
-    deadline = _deadline(call, tool)
-    due = now + timedelta(seconds=max(delay, MIN_RECHECK_S))
-    return min(due, deadline) if deadline else due
+def _settlement(call: Call, answer: StatusAnswer, *, checks: int, now: datetime, source: str) -> Settlement:
+    """The engine's reading of this receipt for this call (recovery.engine.reconcile.settle)."""
+    tool = call.tool
+    receipt = ReceiptView(
+        state=S(call.state),
+        observed=Observation(answer.observed),
+        effects=answer.effects,
+        from_callback=source == ReceiptSource.CALLBACK,
+        checks=checks,
+        attempts_made=call.attempts_count,
+        max_attempts=call.max_attempts,
+        max_effects=(tool.budgets or {}).get("max_business_effects"),
+        has_status_api=bool(tool.status_query),
+        started_at=call.sent_at or call.state_changed_at,
+        now=now,
+    )
+    return settle(receipt, reconcile_policy(tool))
 
 
 def apply_answer(
@@ -393,7 +338,7 @@ def _apply_to(call: Call, answer, *, worker, source=ReceiptSource.POLL, actor=No
     before = call.state
     counted = source == ReceiptSource.POLL
     checks = call.checks_made + int(counted)
-    decided = plan(call, answer, checks=checks, now=now, source=source)
+    decided = _settlement(call, answer, checks=checks, now=now, source=source)
     final = decided.steps[-1] if decided.steps else before
     changes = _counters(call, answer, checks, final, now, decided, worker=worker)
     receipt = _receipt(call, answer, source, before, final, bool(decided.steps), event_id, now)
@@ -409,12 +354,14 @@ def _apply_to(call: Call, answer, *, worker, source=ReceiptSource.POLL, actor=No
     return receipt
 
 
-def _counters(call: Call, answer: StatusAnswer, checks: int, final: str, now, decided: _Plan, *, worker) -> dict:
+def _counters(call: Call, answer: StatusAnswer, checks: int, final: str, now, decided: Settlement, *, worker) -> dict:
+    started = call.sent_at or call.state_changed_at
+    due = next_check(reconcile_policy(call.tool), checks=checks, now=now, started_at=started)
     changes: dict = {
         "checks_made": checks,
         "last_receipt_at": now,
         "last_receipt_status": answer.observed,
-        "next_check_at": _next_check(call, call.tool, checks, now) if final in RECONCILABLE else None,
+        "next_check_at": due if final in RECONCILABLE else None,
     }
     if answer.provider_ref and not call.provider_ref:
         changes["provider_ref"] = answer.provider_ref
@@ -472,7 +419,7 @@ def _request_evidence(answer: StatusAnswer) -> list[str]:
     return [f"status_query:{request['method']} {request['url']}"] if request else []
 
 
-def _reason(answer: StatusAnswer, decided: _Plan, source: str) -> str:
+def _reason(answer: StatusAnswer, decided: Settlement, source: str) -> str:
     said = f"provider status {answer.provider_status!r}" if answer.provider_status else answer.error or "no answer"
     base = f"{source} receipt: {said} ({answer.observed})"
     return f"{base}; {decided.why}" if decided.why else base

@@ -17,15 +17,13 @@ from django.db import transaction
 from django.db.models import F
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
+from recovery.engine.reconcile import StatusBreakerPolicy
 from recovery.models import BreakerState, Provider, StatusBreaker
+from recovery.registry.policy import status_breaker_policy
 
-DEFAULTS = {"window_s": 60, "min_calls": 5, "failure_rate": 0.5, "cooldown_s": 30}
 CLOSED, OPEN, HALF_OPEN = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
 GO, PROBE, SKIP = "go", "probe", "skip"  # what status_breaker_allows() says a check may do
-
-
-def _policy(provider: Provider) -> dict:
-    return DEFAULTS | (provider.status_breaker or {})
 
 
 def status_breaker_allows(provider: Provider, *, now: datetime) -> str:
@@ -35,10 +33,10 @@ def status_breaker_allows(provider: Provider, *, now: datetime) -> str:
     if row is None or row[0] == CLOSED:
         return GO
     state, opened_at, probe_until = row
-    policy = _policy(provider)
-    lease = now + timedelta(seconds=max(policy["cooldown_s"], 5))
+    policy = status_breaker_policy(provider)
+    lease = now + timedelta(seconds=max(policy.cooldown_s, 5))
     if state == OPEN:
-        if opened_at is not None and now < opened_at + timedelta(seconds=policy["cooldown_s"]):
+        if opened_at is not None and now < opened_at + timedelta(seconds=policy.cooldown_s):
             return SKIP
         # The first caller past the cooldown takes the probe: the WHERE names the row it read.
         mine = StatusBreaker.objects.filter(provider=provider, state=OPEN, opened_at=opened_at)
@@ -52,8 +50,8 @@ def status_breaker_allows(provider: Provider, *, now: datetime) -> str:
 
 def status_breaker_record(provider: Provider, *, failed: bool, now: datetime, count: int = 1) -> str:
     """Count `count` status queries that all failed or all succeeded; returns the breaker's state after them."""
-    policy = _policy(provider)
-    window_start = now - timedelta(seconds=policy["window_s"])
+    policy = status_breaker_policy(provider)
+    window_start = now - timedelta(seconds=policy.window_s)
     if not failed:
         # The common case in one statement: a success on a closed breaker (its window rolled when expired).
         counted = StatusBreaker.objects.filter(
@@ -74,7 +72,7 @@ def status_breaker_record(provider: Provider, *, failed: bool, now: datetime, co
                 row.calls, row.failures, row.window_started_at = 0, 0, now
             row.calls += count
             row.failures += count if failed else 0
-            if row.calls >= policy["min_calls"] and row.failures >= policy["failure_rate"] * row.calls:
+            if row.calls >= policy.min_calls and row.failures >= policy.failure_rate * row.calls:
                 row.state, row.opened_at = OPEN, now
         row.updated_at = now
         row.save()
@@ -83,18 +81,18 @@ def status_breaker_record(provider: Provider, *, failed: bool, now: datetime, co
     return row.state
 
 
-def _audit(provider: Provider, before: str, row: StatusBreaker, policy: dict) -> None:
+def _audit(provider: Provider, before: str, row: StatusBreaker, policy: StatusBreakerPolicy) -> None:
     if row.state == OPEN and before == CLOSED:
         reason = (
-            f"{row.failures} of {row.calls} status queries failed in {policy['window_s']} s: checks are skipped "
-            f"for {policy['cooldown_s']} s"
+            f"{row.failures} of {row.calls} status queries failed in {policy.window_s} s: checks are skipped "
+            f"for {policy.cooldown_s} s"
         )
     elif row.state == OPEN:
         reason = "the probe status query failed: a new cooldown starts"
     else:
         reason = "the probe status query succeeded"
     append_event(
-        action=f"status_breaker.{'opened' if row.state == OPEN else 'closed'}",
+        action=AuditAction.STATUS_BREAKER_OPENED if row.state == OPEN else AuditAction.STATUS_BREAKER_CLOSED,
         actor=Actor.job("reconcile"),
         from_state=before,
         to_state=row.state,

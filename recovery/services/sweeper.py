@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from recovery.audit import Actor, appends_at_commit
 from recovery.models import Call
+from recovery.registry.policy import reconcile_policy
 from recovery.states import CallState
 from recovery.transitions import transition_call
 
@@ -51,10 +52,10 @@ def _sweep_one(pk: int, now: datetime) -> bool:
         reason = f"no outcome {call.outcome_timeout_s} s after the attempt was sent"
         evidence = {"sent_at": call.sent_at.isoformat(), "outcome_timeout_s": call.outcome_timeout_s}
         if call.side_effect == "write":
-            first = (call.tool.reconcile or {}).get("first_check_s", 5)
+            first = reconcile_policy(call.tool).first_check_s
             changes = {"next_check_at": now + timedelta(seconds=first)}
             transition_to(call, S.UNKNOWN, reason=f"{reason}: it may have executed", evidence=evidence, changes=changes)
-        elif call.attempts_count < call.max_attempts:
+        elif call.has_attempts_left():
             transition_to(call, S.RETRYABLE, reason=f"{reason}: a read has no effect", evidence=evidence)
         else:
             changes = {"outcome": "retry_exhausted"}

@@ -9,10 +9,11 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.engine.canonical import canonical_json
 from recovery.engine.types import FieldError
 from recovery.models import Call, Decision, GateDecision, Task, TaskOutcome, TaskStatus, Tenant
-from recovery.services.ingest import ServiceError
+from recovery.services.errors import ServiceError
 from recovery.states import CallState
 from recovery.transitions import TransitionConflict, transition_call
 
@@ -40,7 +41,7 @@ def task_create(
                     tenant=tenant, external_id=external_id, created_by_token_id=actor.token_id, **fields
                 )
                 append_event(
-                    action="task.created",
+                    action=AuditAction.TASK_CREATED,
                     actor=actor,
                     task_id=task.pk,
                     reason=goal[:200],
@@ -115,7 +116,11 @@ def task_complete(*, task: Task, summary: str, deliverable: dict | None, actor: 
         if updated != 1:
             raise ServiceError(409, "task_closed", "the task was closed by someone else")
         append_event(
-            action="task.submitted", actor=actor, task_id=task.pk, reason=summary[:500], evidence={"outcome": outcome}
+            action=AuditAction.TASK_SUBMITTED,
+            actor=actor,
+            task_id=task.pk,
+            reason=summary[:500],
+            evidence={"outcome": outcome},
         )
     task.refresh_from_db()
     return task
@@ -140,7 +145,9 @@ def task_abandon(*, task: Task, reason: str, actor: Actor) -> Task:
                 transition_call(
                     call, S.FAILED_PERMANENT, actor=actor, reason="task abandoned", changes={"outcome": "abandoned"}
                 )
-        append_event(action="task.abandoned", actor=actor, task_id=task.pk, reason=reason[:500] or "abandoned")
+        append_event(
+            action=AuditAction.TASK_ABANDONED, actor=actor, task_id=task.pk, reason=reason[:500] or "abandoned"
+        )
     task.refresh_from_db()
     return task
 
@@ -157,7 +164,7 @@ def task_flag_no_submission(*, now: datetime, actor: Actor) -> int:
                 no_submission=True, updated_at=now
             ):
                 append_event(
-                    action="task.no_submission",
+                    action=AuditAction.TASK_NO_SUBMISSION,
                     actor=actor,
                     task_id=task_id,
                     reason="past its deadline without a submission",

@@ -19,6 +19,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.hot_path import token_links
 from recovery.models import ApiToken, Tenant
 
@@ -65,7 +66,7 @@ def token_create(*, name: str, tenants: list[str], actor: Actor, created_by=None
             raise ValueError(f"an API token named {name!r} already exists: revoke it or choose another name") from None
         token.tenants.set(found)
         append_event(
-            action="api_token.created",
+            action=AuditAction.API_TOKEN_CREATED,
             actor=actor,
             reason=f"scoped to {', '.join(wanted)}",
             evidence={"name": name, "prefix": token.prefix, "tenants": wanted},
@@ -123,7 +124,7 @@ def token_revoke(*, name: str, actor: Actor) -> ApiToken:
             raise ValueError(f"the API token {name!r} was already revoked")
         token.revoked_at = now
         append_event(
-            action="api_token.revoked",
+            action=AuditAction.API_TOKEN_REVOKED,
             actor=actor,
             reason="revoked",
             evidence={"name": token.name, "prefix": token.prefix},

@@ -6,6 +6,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.db import transaction
 
 from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
 from recovery.roles import ADMIN, ROLES
 
 
@@ -23,7 +24,7 @@ def user_save_with_roles(*, username: str, roles: list[str], password: str, acto
         user.save()
         user.groups.set(Group.objects.filter(name__in=roles))
         append_event(
-            action="user.created" if created else "user.updated",
+            action=AuditAction.USER_CREATED if created else AuditAction.USER_UPDATED,
             actor=actor,
             reason=f"roles: {', '.join(sorted(roles))}",
             evidence={"username": username, "roles": sorted(roles)},

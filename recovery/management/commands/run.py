@@ -25,8 +25,9 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
+from recovery import inprocess
 from recovery.audit import Actor
-from recovery.cron import describe
+from recovery.cron import PERIODIC
 from recovery.drills.stage import (
     DEMO_TENANT,
     SANDBOX_REGISTRY,
@@ -39,6 +40,7 @@ from recovery.management.commands.runjobs import redacted
 from recovery.models import Provider, Task, Tenant
 from recovery.registry import load_registry, provider_move
 from recovery.roles import ROLES
+from recovery.schedule import describe
 from recovery.services.tokens import token_create, token_revoke
 from recovery.services.users import user_save_with_roles
 
@@ -112,9 +114,7 @@ class Command(BaseCommand):
                 children.append(_manage("runjobs"))
                 self.stdout.write(f"jobs: RQ worker and scheduler (runjobs) on {redacted(settings.REDIS_URL)}")
             else:
-                from recovery import inprocess
-
-                runner = inprocess.get_runner()
+                runner = inprocess.get_runner(PERIODIC)
                 runner.start()
                 self.stdout.write(f"jobs: in-process; periodic: {describe(runner.periodic)}")
             if demo:

@@ -21,8 +21,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.db import connections
 
-from recovery import inprocess, jobs
-from recovery.cron import PERIODIC, Scheduler, describe
+from recovery import inprocess, queueing
+from recovery.cron import PERIODIC, Scheduler
+from recovery.schedule import describe
 
 # A worker's maintenance (failing jobs whose worker died, freeing their ids) every minute instead of rq's ten.
 MAINTENANCE_INTERVAL_S = 60
@@ -43,7 +44,7 @@ class Command(BaseCommand):
             self._run_in_process(burst)
 
     def _run_rq(self, burst: bool) -> None:
-        queue = jobs.get_queue()
+        queue = queueing.get_queue()
         self.stdout.write(
             f"jobs: RQ worker on queue 'default' at {redacted(settings.REDIS_URL)}; "
             f"periodic: {describe(PERIODIC)}{' (once: burst)' if burst else ''}"
@@ -70,7 +71,7 @@ class Command(BaseCommand):
             scheduler_process.join(10)
 
     def _run_in_process(self, burst: bool) -> None:
-        runner = inprocess.get_runner()
+        runner = inprocess.get_runner(PERIODIC)
         self.stdout.write(
             f"jobs: in-process (no REDIS_URL), {runner.threads} threads; "
             f"periodic: {describe(runner.periodic)}{' (once: burst)' if burst else ''}"
@@ -100,7 +101,7 @@ def _scheduler_main() -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    Scheduler(jobs.get_queue()).run(stop)
+    Scheduler(queueing.get_queue()).run(stop)
 
 
 def redacted(url: str) -> str:

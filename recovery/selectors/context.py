@@ -9,7 +9,7 @@ from django.db.models import Count, Q
 from recovery.engine.budgets import tighter
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Receipt, Step, Task, Tool
-from recovery.services.breakers import breaker_view, breaker_view_of
+from recovery.selectors.breakers import breaker_view, breaker_view_of
 from recovery.states import UNSETTLED
 
 
@@ -165,7 +165,7 @@ def approval_for(call: Call, *, attempt_id: str) -> list[int]:
     ("action-<request id>"), that EXECUTING replay_same_key request, while the call is still at the version it was
     approved for. Binding to the version keeps an approval to one moment of the call: once anything else moved it
     (another admission, a receipt), the approval is void. The one admission that uses it marks it used
-    (ingest._use_approval), in its own transaction, by a conditional UPDATE.
+    (recovery.services.attempts._use_approval), in its own transaction, by a conditional UPDATE.
     """
     allowing = Q(action="grant_approval", status=ActionStatus.EXECUTED, call_version=call.version - 1)
     number = attempt_id.removeprefix(ACTION_ATTEMPT_PREFIX)

@@ -1,0 +1,60 @@
+"""Every action the audit trail records (SPEC §15.6), in one enum: `<subject>.<what happened>`.
+
+Product code appends events only under these names and reads them only through these members and the groups below,
+so a name is spelled once and a reader finds every event of a kind by searching for its member.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class AuditAction(StrEnum):
+    # a call: registered, moved by recovery.transitions (the only writer of its state), claimed by a reviewer
+    CALL_ADDED = "call.added"
+    CALL_TRANSITION = "call.transition"
+    CALL_CLAIMED = "call.claimed"
+    CALL_RELEASED = "call.released"
+    # a task
+    TASK_CREATED = "task.created"
+    TASK_SUBMITTED = "task.submitted"
+    TASK_ABANDONED = "task.abandoned"
+    TASK_NO_SUBMISSION = "task.no_submission"
+    # an operator's action request, one event per status it enters (recovery.models.ActionStatus)
+    ACTION_PREVIEWED = "action.previewed"
+    ACTION_REQUESTED = "action.requested"
+    ACTION_APPROVED = "action.approved"
+    ACTION_REJECTED = "action.rejected"
+    ACTION_STALE = "action.stale"
+    ACTION_EXPIRED = "action.expired"
+    ACTION_EXECUTING = "action.executing"
+    ACTION_EXECUTED = "action.executed"
+    ACTION_FAILED = "action.failed"
+    ACTION_INTERRUPTED = "action.interrupted"
+    # a tool's circuit breaker, and the breaker of a provider's status endpoint
+    BREAKER_OPENED = "breaker.opened"
+    BREAKER_CLOSED = "breaker.closed"
+    BREAKER_REOPENED = "breaker.reopened"
+    STATUS_BREAKER_OPENED = "status_breaker.opened"
+    STATUS_BREAKER_CLOSED = "status_breaker.closed"
+    # configuration and people
+    REGISTRY_LOADED = "registry.loaded"
+    REGISTRY_EDITED = "registry.edited"
+    API_TOKEN_CREATED = "api_token.created"
+    API_TOKEN_REVOKED = "api_token.revoked"
+    USER_CREATED = "user.created"
+    USER_UPDATED = "user.updated"
+    # the trail itself
+    AUDIT_VERIFIED = "audit.verified"
+    AUDIT_MAINTENANCE = "audit.maintenance"
+
+    @classmethod
+    def request_entered(cls, status: str) -> AuditAction:
+        """The event of an action request entering `status` (an ActionStatus value)."""
+        return cls(f"action.{status}")
+
+
+# The story of operator action requests, and the events of each kind of breaker.
+REQUEST_EVENTS = frozenset(a for a in AuditAction if a.name.startswith("ACTION_"))
+TOOL_BREAKER_EVENTS = (AuditAction.BREAKER_OPENED, AuditAction.BREAKER_CLOSED, AuditAction.BREAKER_REOPENED)
+STATUS_BREAKER_EVENTS = (AuditAction.STATUS_BREAKER_OPENED, AuditAction.STATUS_BREAKER_CLOSED)

@@ -1,0 +1,41 @@
+"""How each tool's circuit breaker reads now (SPEC §7): the effective state from its Breaker row and the pure rules
+of recovery.engine.breaker (open past its cooldown reads half_open; a probe whose lease ran out is free again).
+recovery.services.breakers writes the rows; everything that only shows or admits reads them here."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from recovery.engine import breaker as rules
+from recovery.engine.types import CLOSED, BreakerPolicy, BreakerView
+from recovery.models import Breaker, Tool
+from recovery.registry.policy import breaker_policy
+
+_STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def view_of_state(row: tuple | None, policy: BreakerPolicy, now: datetime) -> BreakerView:
+    """The effective state from (state, opened_at, probes_reserved, probe_lease_until); no row reads closed."""
+    if row is None or row[0] is None:
+        return BreakerView(state=CLOSED)
+    state, opened_at, probes_reserved, lease_until = row[:4]
+    now_s = now.timestamp()
+    live = 0 if rules.probe_lease_expired(_epoch(lease_until), now_s) else probes_reserved
+    return rules.effective_state(state, _epoch(opened_at), policy, now_s, live_probes=live)
+
+
+def breaker_view(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> BreakerView:
+    """The breaker as admission sees it at `now`: open past its cooldown reads half_open. One SELECT."""
+    row = Breaker.objects.filter(tool_id=tool.pk).values_list(*_STATE_FIELDS).first()
+    return view_of_state(row, policy or breaker_policy(tool), now)
+
+
+def breaker_view_of(tool: Tool, row: Breaker | None, *, now: datetime) -> BreakerView:
+    """breaker_view() of a Breaker row read already (with its tool: `select_related("tool__breaker_row")`); None
+    for a tool whose breaker never opened."""
+    state = None if row is None else tuple(getattr(row, name) for name in _STATE_FIELDS)
+    return view_of_state(state, breaker_policy(tool), now)

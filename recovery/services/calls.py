@@ -1,0 +1,208 @@
+"""Calls (SPEC §5): a runtime registers each tool call of a task before its first attempt, and may abandon one.
+
+A call is one intent: a tool, its arguments and an idempotency key, at a step of the task that may depend on earlier
+steps. The same key with the same arguments is the same call (a repeated request answers 200 with it); the same key
+with other arguments, or a write intent the task already carries under another key, is refused. Arguments that fail
+the tool's schema still register the call and come back as preflight field errors, with the failure an attempt
+would have carried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from django.db import IntegrityError, transaction
+
+from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
+from recovery.engine.classify import preflight_failure
+from recovery.engine.fingerprint import fingerprint
+from recovery.engine.gate import duplicate_intent
+from recovery.engine.types import FieldError
+from recovery.engine.validation import validate_args
+from recovery.models import Call, Step, Task, TaskStatus
+from recovery.registry import tool_policy
+from recovery.selectors.tasks_calls import allowed_tools, blocking
+from recovery.services.answers import public_failure
+from recovery.services.errors import ServiceError
+from recovery.states import CallState
+from recovery.transitions import TransitionConflict, transition_call
+
+S = CallState
+
+
+@dataclass
+class CallAdded:
+    call: Call
+    created: bool
+    preflight: tuple[FieldError, ...]
+    blocked_by: list[int] = field(default_factory=list)  # calls of the dependencies not COMMITTED yet
+    blocked_by_steps: list[int] = field(default_factory=list)  # the dependency steps waited for, by index
+
+
+def _added(call: Call, *, created: bool, preflight: tuple[FieldError, ...]) -> CallAdded:
+    calls, steps = blocking(call)
+    return CallAdded(call=call, created=created, preflight=preflight, blocked_by=calls, blocked_by_steps=steps)
+
+
+def call_add(
+    *,
+    task: Task,
+    step_index: int,
+    depends_on: list[int],
+    tool_name: str,
+    arguments: dict,
+    idempotency_key: str,
+    actor: Actor,
+) -> CallAdded:
+    tenant = task.tenant
+    tools = {t.name: t for t in allowed_tools(tenant)}
+    tool = tools.get(tool_name)
+    if tool is None:
+        raise ServiceError(
+            422,
+            "capability_missing",
+            f"{tool_name!r} is not a capability of this tenant: replan with one of the listed tools.",
+            field_errors=[
+                FieldError(
+                    field="tool",
+                    expected="an authorized tool",
+                    received=tool_name,
+                    suggestion="Choose one of the tenant's capabilities.",
+                )
+            ],
+            detail={"capabilities": sorted(tools)},
+        )
+    if task.status != TaskStatus.OPEN:
+        raise ServiceError(409, "task_closed", f"the task is {task.status}: no new calls")
+    bad_deps = [d for d in depends_on if d >= step_index]
+    if bad_deps:
+        raise ServiceError(
+            422,
+            "invalid_dependency",
+            "a step may depend only on earlier steps",
+            field_errors=[
+                FieldError(
+                    field="depends_on",
+                    expected=f"step indexes below {step_index}",
+                    received=bad_deps,
+                    suggestion="Order the steps so dependencies come first.",
+                )
+            ],
+        )
+    policy = tool_policy(tool)
+    print_ = fingerprint(tool.name, arguments)
+    existing = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return _same_key(existing, task, print_)
+    if policy.is_write:
+        others = Call.objects.filter(task=task, fingerprint=print_).values_list("pk", "fingerprint", "state")
+        duplicate = duplicate_intent(
+            side_effect=policy.side_effect, fingerprint=print_, existing=[(str(pk), fp, st) for pk, fp, st in others]
+        )
+        if duplicate:
+            raise ServiceError(
+                409,
+                "duplicate_intent",
+                f"call {duplicate} already carries this write intent: a new idempotency key must not launder a "
+                "replay. Retry that call under its own key.",
+                detail={"existing_call": int(duplicate)},
+            )
+    preflight = validate_args(policy.args_schema, arguments)
+    max_attempts = policy.budgets.max_attempts
+    task_max = (task.budget or {}).get("max_attempts")
+    if task_max is not None:
+        max_attempts = min(max_attempts, task_max) if max_attempts is not None else task_max
+    try:
+        with transaction.atomic():
+            step, _ = Step.objects.get_or_create(task=task, index=step_index)
+            if depends_on:
+                deps = []
+                for index in depends_on:
+                    dep, _ = Step.objects.get_or_create(task=task, index=index)
+                    deps.append(dep)
+                step.depends_on.add(*deps)
+            call = Call.objects.create(
+                tenant=tenant,
+                task=task,
+                step=step,
+                tool=tool,
+                idempotency_key=idempotency_key,
+                arguments=arguments,
+                fingerprint=print_,
+                side_effect=tool.side_effect,
+                risk=tool.risk,
+                max_attempts=max_attempts,  # None: no limit
+                outcome_timeout_s=tool.outcome_timeout_s,
+            )
+            append_event(
+                action=AuditAction.CALL_ADDED,
+                actor=actor,
+                task_id=task.pk,
+                call_id=call.pk,
+                to_state=call.state,
+                reason=f"{tool.name} step {step_index}",
+                evidence={
+                    "idempotency_key": idempotency_key,
+                    "fingerprint": print_,
+                    "preflight_errors": len(preflight),
+                },
+            )
+    except IntegrityError:
+        # A concurrent add of the same key won: answer as for a repeated request.
+        existing = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_key(existing, task, print_)
+    return _added(call, created=True, preflight=preflight)
+
+
+def preflight_answer(call: Call, preflight: tuple[FieldError, ...]) -> tuple[dict | None, dict | None]:
+    """The add-call answer's `failure` and `required_next` (both None when the arguments passed): the failure an
+    attempt would have carried, so a runtime reads one shape whether the arguments failed early or late."""
+    if not preflight:
+        return None, None
+    failure = preflight_failure(tool_policy(call.tool), call_id=str(call.pk), field_errors=preflight)
+    public = public_failure(asdict(failure) | {"side_effect": "not_sent"})
+    errors = [{"field": e.field, "expected": e.expected, "suggestion": e.suggestion} for e in preflight]
+    return public, {"action": "repair_args", "after_ms": 0, "detail": {"field_errors": errors}}
+
+
+def _same_key(existing: Call, task: Task, print_: str) -> CallAdded:
+    if existing.fingerprint != print_ or existing.task_id != task.pk:
+        raise ServiceError(
+            422,
+            "idempotency_conflict",
+            "this idempotency key was already used with other arguments (or by another task): use a new key for a "
+            "new intent, or the same arguments for this one",
+            field_errors=[
+                FieldError(
+                    field="idempotency_key",
+                    expected="a key not used for another intent",
+                    received=existing.idempotency_key,
+                    suggestion="Generate a new key.",
+                )
+            ],
+            detail={"existing_call": existing.pk},
+        )
+    policy = tool_policy(existing.tool)
+    return _added(existing, created=False, preflight=validate_args(policy.args_schema, existing.arguments))
+
+
+def call_abandon(*, call: Call, actor: Actor, reason: str) -> Call:
+    if call.state == S.FAILED_PERMANENT and call.outcome == "abandoned":
+        return call  # a repeated abandon (a reply lost on the way back): the call as it stands
+    if call.state not in (S.READY, S.RETRYABLE, S.NOT_COMMITTED):
+        raise ServiceError(
+            409, "not_abandonable", f"a {call.state} call cannot be abandoned: only READY, RETRYABLE or NOT_COMMITTED"
+        )
+    try:
+        return transition_call(
+            call,
+            S.FAILED_PERMANENT,
+            actor=actor,
+            reason=reason.strip() or "abandoned",
+            changes={"outcome": "abandoned"},
+        )
+    except TransitionConflict as exc:
+        raise ServiceError(409, "conflict", str(exc)) from None

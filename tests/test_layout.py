@@ -1,0 +1,149 @@
+"""The house rules of STYLE.md that a reader relies on, checked on the source itself: no import circle, reads never
+import writes, the engine imports no Django, and no product module grows past 600 lines (models.py aside)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("recovery", "console")
+MAX_LINES = 600
+LONG_ALLOWED = {"recovery/models.py"}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts:
+                continue
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The product modules `name` imports, anywhere in it (a function's own import, a TYPE_CHECKING one)."""
+    targets = set()
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for imported in names:
+            while imported and imported not in MODULES:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                targets.add(imported)
+    return targets
+
+
+GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
+
+
+def _circles() -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles = []
+    for start in GRAPH:
+        if start in index:
+            continue
+        work = [(start, iter(sorted(GRAPH[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, edges = work[-1]
+            for target in edges:
+                if target not in index:
+                    index[target] = low[target] = len(index)
+                    stack.append(target)
+                    on_stack.add(target)
+                    work.append((target, iter(sorted(GRAPH[target]))))
+                    break
+                if target in on_stack:
+                    low[node] = min(low[node], index[target])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        circles.append(sorted(component))
+    return circles
+
+
+def test_the_layout_finds_the_modules_and_their_imports():
+    # The checks below mean something only if the graph is the real one.
+    assert len(MODULES) > 100
+    assert "recovery.services.attempts" in GRAPH["recovery.api"]
+    assert "recovery.engine.gate" in GRAPH["recovery.services.attempts"]
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert _circles() == []
+
+
+def test_reads_never_import_writes():
+    crossing = sorted(
+        (name, target)
+        for name, targets in GRAPH.items()
+        if name.startswith("recovery.selectors")
+        for target in targets
+        if target.startswith("recovery.services")
+    )
+    assert crossing == []
+
+
+def test_the_engine_imports_neither_django_nor_the_rest_of_the_product():
+    allowed = ("recovery.engine", "recovery.states")
+    outside = sorted(
+        (name, target)
+        for name, targets in GRAPH.items()
+        if name.startswith("recovery.engine")
+        for target in targets
+        if not target.startswith(allowed)
+    )
+    assert outside == []
+    django = sorted(
+        name
+        for name, path in MODULES.items()
+        if name.startswith("recovery.engine") or name == "recovery.states"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Import | ast.ImportFrom)
+        and any(
+            (alias.name if isinstance(node, ast.Import) else node.module or "").startswith("django")
+            for alias in node.names
+        )
+    )
+    assert django == []
+
+
+def test_no_product_module_is_longer_than_600_lines():
+    long = {
+        str(path.relative_to(ROOT)): lines
+        for path in MODULES.values()
+        if (lines := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert {path: lines for path, lines in long.items() if path not in LONG_ALLOWED} == {}
