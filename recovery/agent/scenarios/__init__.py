@@ -24,12 +24,13 @@ after 5 s, a payment's after 3 s, a grant's after 2 s).
 
 One module per scenario: its Scenario declared (`@scenario(name=..., title=..., pinned_end=...)`, or
 `@exclusive_scenario` for one that runs alone) over the function that plays it. `play` is what every scenario is
-given (Play: its agent, its result, its checks), `shared` what several of them use, `catalogue` their order and
-`running` how they are run.
+given (Play: its agent, its result, its checks), `checks` how a check compares what was expected with what was
+observed, `shared` what several scenarios use, `catalogue` their order and `running` how they are run.
 """
 
 from recovery.agent.scenarios.catalogue import SCENARIOS
-from recovery.agent.scenarios.play import Check, Scenario, ScenarioResult
+from recovery.agent.scenarios.checks import Check
+from recovery.agent.scenarios.play import Scenario, ScenarioResult
 from recovery.agent.scenarios.running import run_scenario, run_scenarios
 
 __all__ = ["SCENARIOS", "Check", "Scenario", "ScenarioResult", "run_scenario", "run_scenarios"]

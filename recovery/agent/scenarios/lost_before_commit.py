@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from recovery.agent.scenarios import shared
+from recovery.agent.scenarios.checks import contains
 from recovery.agent.scenarios.play import Play, scenario
 
 
@@ -21,12 +22,8 @@ def lost_before_commit(play: Play) -> None:
     call = play.call(refund.call_id)
     sent = refund.sent
     play.check("the lost request", "UNKNOWN", sent[0].call_state if sent else "")
-    not_committed = shared.settling_receipt(call, "not_committed")
-    play.check(
-        "the status query found",
-        "not_committed",
-        not_committed["observed"] if not_committed else "no receipt",
-    )
+    found = [receipt["observed"] for receipt in shared.provider_receipts(call)]
+    play.check("the status query found", contains("not_committed"), found)
     retries = [g for g in call["gate_decisions"] if g["allowed"] and g["evidence_used"]]
     play.check("the retry admitted on", "state_verified", retries[0]["evidence_used"] if retries else "no retry")
     outcomes = [r["outcome"] for r in play.writes(key)]

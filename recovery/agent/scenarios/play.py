@@ -7,19 +7,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from recovery.agent.runtime import CallResult
+from recovery.agent.scenarios.checks import Check
 
 if TYPE_CHECKING:
     from recovery.drills.stage import Stage
 
 Log = Callable[[str], None]
-
-
-@dataclass(frozen=True, kw_only=True)
-class Check:
-    name: str
-    expected: Any
-    observed: Any
-    passed: bool
 
 
 @dataclass(kw_only=True)
@@ -119,11 +112,13 @@ class Play:
 
     # What it checks.
 
-    def check(self, name: str, expected: Any, observed: Any, passed: bool | None = None) -> bool:
-        ok = expected == observed if passed is None else passed
-        self.result.checks.append(Check(name=name, expected=expected, observed=observed, passed=ok))
-        self.log(f"  {'ok  ' if ok else 'FAIL'} {name}: expected {expected}, observed {observed}")
-        return ok
+    def check(self, name: str, expected: Any, observed: Any) -> bool:
+        """Record and log whether `observed` is what was `expected`: a value it must equal, or a Comparison
+        (recovery/agent/scenarios/checks.py)."""
+        check = Check(name=name, expected=expected, observed=observed)
+        self.result.checks.append(check)
+        self.log(f"  {check.line}")
+        return check.passed
 
     def call(self, call_id: int | None) -> dict:
         return self.client.get_call(call_id) if call_id is not None else {}

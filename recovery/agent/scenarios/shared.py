@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from recovery.agent.runtime import CallResult
+from recovery.agent.scenarios.checks import after, one_of
 from recovery.agent.scenarios.play import Play
 
 # A provider's callback can settle a call before the runtime has even reported the lost reply (the signed word of
@@ -48,12 +49,14 @@ def lookup_task(play: Play, **fault: Any) -> tuple[str, CallResult, str]:
     return route, lookup, outcome
 
 
-def settling_receipt(call: dict, observed: str = "committed") -> dict | None:
-    """The provider receipt (a status query or a signed callback) that moved the call on `observed`."""
-    for receipt in call.get("receipts", []):
-        if receipt["source"] in PROVIDER_RECEIPTS and receipt["applied"] and receipt["observed"] == observed:
-            return receipt
-    return None
+def provider_receipts(call: dict) -> list[dict]:
+    """The receipts that moved the call on the provider's own word (a status query or a signed callback)."""
+    return [r for r in call.get("receipts", []) if r["source"] in PROVIDER_RECEIPTS and r["applied"]]
+
+
+def settling_receipt(call: dict) -> dict | None:
+    """The provider receipt that moved the call on "committed"."""
+    return next((receipt for receipt in provider_receipts(call) if receipt["observed"] == "committed"), None)
 
 
 def settled_by(call: dict) -> str:
@@ -81,17 +84,14 @@ def _settled_at(call: dict) -> datetime | None:
     return datetime.fromisoformat(receipt["checked_at"]) if receipt else None
 
 
-def _after(later: datetime | None, earlier: datetime | None) -> bool:
-    return later is not None and earlier is not None and later > earlier
-
-
 def gaps(requests: list[dict]) -> list[float]:
     times = [datetime.fromisoformat(r["at"]) for r in requests]
     return [round((b - a).total_seconds(), 3) for a, b in itertools.pairwise(times)]
 
 
 def check_settled_by_receipt(play: Play, name: str, call: dict) -> None:
-    play.check(name, "a provider receipt", "a provider receipt" if settling_receipt(call) else "none")
+    receipt = settling_receipt(call)
+    play.check(name, one_of(*PROVIDER_RECEIPTS), receipt["source"] if receipt else None)
 
 
 def check_held_until_settled(
@@ -104,7 +104,7 @@ def check_held_until_settled(
     play.check(f"the {then} at admission", reason, _first_denial(held)[0])
     check_settled_by_receipt(play, f"{first} settled by", blocker_call)
     play.check(f"{first} state", "COMMITTED", blocker_call["state"])
-    after = _after(_first_admitted_at(held_call), _settled_at(blocker_call))
-    play.check(f"{then} first admitted", f"after the {first}'s receipt", "after" if after else "before or never", after)
+    settled = after(_settled_at(blocker_call), f"the {first}'s receipt")
+    play.check(f"{then} first admitted", settled, _first_admitted_at(held_call))
     play.check(f"{then} state", "COMMITTED", held_call["state"])
     return blocker_call, held_call
