@@ -110,9 +110,7 @@ class Command(BaseCommand):
         for result in results:
             for check in result.checks:
                 if not check.passed:
-                    self.stdout.write(
-                        f"{result.name}: {check.name}: expected {check.expected}, observed {check.observed}"
-                    )
+                    self.stdout.write(f"{result.name}: {check}")
 
 
 def _reachable(url: str, what: str) -> None:
