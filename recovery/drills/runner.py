@@ -26,7 +26,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from itertools import count, pairwise
 
@@ -36,6 +36,7 @@ from django.utils import timezone
 from recovery.agent.runtime import HUMAN_REVIEW, Agent, CallResult
 from recovery.audit import Actor
 from recovery.client import RecoveryError
+from recovery.drills.results import CheckRow, DrillResult, KeyRow
 from recovery.drills.stage import Stage, callback_url, drill_people, parent_pid
 from recovery.drills.table import ARROW, DRILLS, Drill
 from recovery.models import (
@@ -76,46 +77,6 @@ EXECUTION_WAIT_S = 120  # how long a drill waits for approved replays to be exec
 HOLD_REPLY_MS = 8000
 KILL_AFTER_S = 0.3  # after the admission: the request leaves at once and is at the sandbox well before this
 SETTLE_WAIT_S = 90
-
-
-# Results ------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(kw_only=True)
-class KeyRow:
-    key: str
-    call_id: int | None
-    expected_end: str
-    observed_end: str
-    expected_effects: int
-    observed_effects: int
-    passed: bool
-
-
-@dataclass(kw_only=True)
-class CheckRow:
-    name: str
-    expected: str
-    observed: str
-    passed: bool
-
-
-@dataclass(kw_only=True)
-class DrillResult:
-    slug: str
-    name: str
-    injected: str
-    expected: str  # one line for the result table
-    observed: str
-    passed: bool
-    seconds: float
-    keys: list[KeyRow] = field(default_factory=list)
-    checks: list[CheckRow] = field(default_factory=list)
-    error: str = ""
-    skipped: str = ""  # why the drill did not run (a service it needs is missing); never counts as passed
-
-    def as_json(self) -> dict:
-        return asdict(self)
 
 
 # Running ------------------------------------------------------------------------------------------------------------
