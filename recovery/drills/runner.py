@@ -38,7 +38,7 @@ from recovery.audit import Actor
 from recovery.client import RecoveryError
 from recovery.drills.results import CheckRow, DrillResult, KeyRow
 from recovery.drills.stage import Stage, callback_url, drill_people, parent_pid
-from recovery.drills.table import ARROW, DRILLS, Drill
+from recovery.drills.table import ARROW, BACKLOG_DEFAULT, DRILLS, ROUNDS_DEFAULT, Drill
 from recovery.models import (
     ActionRequest,
     ActionStatus,
@@ -61,14 +61,12 @@ Log = Callable[[str], None]
 
 PATIENCE_S = 60.0  # how long the drill agent waits for reconciliation before it calls a call unsettled
 BACKLOG_THREADS = 16  # refunds made at once by the backlog drill
-BACKLOG_DEFAULT = 1000
 # One backlog runtime in this many asks for an immediate check of its call (POST .../reconcile): a job of its own,
 # racing the periodic reconciliation on another worker for the same calls. (Not every one: on RQ each such job is a
 # forked work horse, which would double the drill's cost.)
 IMMEDIATE_EVERY = 10
 ROWS_LOGGED = 12  # per-key rows printed one by one; beyond, only the ones that failed
 UNSETTLED_STATES = (S.SENT, *sorted(RECONCILABLE), S.NOT_COMMITTED)
-ROUNDS_DEFAULT = 50  # rounds of the two-approvers drill
 SETUP_THREADS = 8  # refunds made at once while the two-approvers drill sets its rounds up
 EXECUTION_WAIT_S = 120  # how long a drill waits for approved replays to be executed
 # The worker-killed drill: how long the sandbox holds the replay's reply (the worker is killed well inside it, and
