@@ -2,10 +2,10 @@
 
 Each drill names what is injected, how every call it makes must end — the exact states it passes through after
 READY, as the audit trail records them — how many business effects the sandbox's ledger must hold for each key,
-and the extra checks its runner must report. A drill passes only when every key's observed effects and every call's
-end equal these, and every check named here was made and held (recovery/drills/runner.py compares). The drills
-read their numbers from here: what they inject (below) and what each call's path implies (how many times it is
-sent, its last step).
+and the extra checks its module in recovery/drills/cases/ must report. A drill passes only when every key's observed
+effects and every call's end equal these, and every check named here was made and held (recovery/drills/judge.py
+compares). The drills read their numbers from here: what they inject (below) and what each call's path implies
+(how many times it is sent, its last step).
 
 The two drills of §18 that need an approved operator action play it through the action services (preview, request,
 approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
@@ -61,7 +61,7 @@ class Drill:
     expected_end: str  # the table's words
     ends: tuple[End, ...]  # how each call may end (any one of them)
     effects: int  # business effects per key in the sandbox ledger
-    checks: tuple[str, ...]  # the extra checks the runner must report, all holding
+    checks: tuple[str, ...]  # the extra checks its module must report, all holding
     needs: str = ""  # a service the drill cannot run without ("redis"): skipped with the reason when it is missing
 
     def describe_end(self) -> str:
