@@ -266,7 +266,7 @@ class DrillRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="results")
     def result_table(self, obj):
-        from recovery.drills.runner import result_table
+        from recovery.drills.report import result_table
 
         return format_html('<pre style="white-space: pre-wrap">{}</pre>', result_table(obj.results))
 

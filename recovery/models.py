@@ -665,7 +665,7 @@ class ActionRequest(models.Model):
 
 class DrillRun(models.Model):
     """One run of `manage.py drill` (SPEC §18): the drills it ran and, per drill, each key's expected and observed
-    end and effects and each check, as recovery/drills/runner.py judged them. Written when the run starts (so an
+    end and effects and each check, as recovery/drills/judge.py judged them. Written when the run starts (so an
     interrupted run shows, unfinished) and completed when it ends; never changed afterwards.
     """
 

@@ -2,7 +2,7 @@
 safety, each provider's status-endpoint breaker, and the fault drills' stored runs with their results and logs.
 
 Breakers are moved by the real storage (recovery.services.breakers, status_breakers) at explicit times; drill runs
-are stored in the shape `manage.py drill` stores them (recovery.drills.runner's DrillResult.as_json()).
+are stored in the shape `manage.py drill` stores them (recovery.drills.results' DrillResult.as_json()).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery.drills.runner import CheckRow, DrillResult, KeyRow
+from recovery.drills.results import CheckRow, DrillResult, KeyRow
 from recovery.models import BreakerBucket, DrillRun, Provider, Tool
 from recovery.roles import ROLES, VIEWER
 from recovery.services.breakers import breaker_record, breaker_reserve_probe

@@ -31,8 +31,12 @@ from rq.job import Job
 from recovery import queueing
 from recovery.agent.scenarios import run_scenarios
 from recovery.audit import Actor
-from recovery.drills import runner
-from recovery.drills.runner import rejudge, run_drill
+from recovery.drills.evidence import at
+from recovery.drills.framework import wait
+from recovery.drills.judge import rejudge
+from recovery.drills.report import result_table
+from recovery.drills.results import DrillResult
+from recovery.drills.runner import run_drill
 from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_stage
 from recovery.drills.table import DRILLS, End
 from recovery.management.commands import drill as drill_command
@@ -64,7 +68,7 @@ def stage(live_server):
         yield stage
 
 
-def passed(stage, slug: str, **options) -> runner.DrillResult:
+def passed(stage, slug: str, **options) -> DrillResult:
     lines: list[str] = []
     result = run_drill(stage, slug, log=lines.append, **options)
     assert result.passed, "\n".join(lines)
@@ -134,7 +138,7 @@ def test_a_rate_limited_lookup_never_comes_back_before_its_retry_after(stage):
     assert transitions(call.pk) == [S.SENT, S.RETRYABLE, S.SENT, S.RETRYABLE, S.SENT, S.COMMITTED]
     seen = stage.sandbox.requests(path_prefix=f"/replica/orders/{call.arguments['order_id']}")
     assert [r["status"] for r in seen] == [429, 429, 200]
-    times = [runner._at(r) for r in seen]
+    times = [at(r) for r in seen]
     assert all((later - earlier).total_seconds() >= 2.0 for earlier, later in pairwise(times))
     assert stage.sandbox.ledger(row.key)["effects"] == 0
 
@@ -287,7 +291,7 @@ def test_two_approvers_at_once_in_fifty_rounds_execute_each_replay_once_with_one
 
     assert len(result.keys) == ROUNDS
     together = next(check for check in result.checks if check.name == "two approvers at once in every round")
-    assert f"{ROUNDS} with both approvals in flight together" in together.observed
+    assert together.observed == f"{ROUNDS} of {ROUNDS} rounds" and "in flight together: yes" in together.expected
     refusals = next(check for check in result.checks if check.name == "one approval and one refusal per round")
     assert refusals.observed.startswith(f"{ROUNDS} of {ROUNDS} rounds")
     for row in result.keys:
@@ -384,7 +388,7 @@ def test_the_worker_killed_drill_is_skipped_with_the_reason_on_a_stage_without_r
     assert (result.passed, result.keys, result.checks) == (False, [], [])
     assert result.skipped.startswith("needs REDIS_URL: RQ worker processes to kill -9")
     assert lines[-1] == f"  skipped: {result.skipped}"
-    assert runner.result_table([result]).splitlines()[-1].endswith("| skipped")
+    assert result_table([result]).splitlines()[-1].endswith("| skipped")
 
 
 def test_the_command_skips_the_worker_killed_drill_without_redis_and_fails_it_under_require_services(
@@ -441,7 +445,7 @@ def test_the_demo_leaves_a_refund_reconciliation_could_not_settle_and_its_same_k
     action_approve(
         request_id=preview.pk, user=approver, actor=Actor.for_user(approver), reason="same key: at most one refund"
     )
-    assert runner._wait(lambda: Call.objects.get(pk=call_id).state == S.COMMITTED, 60)
+    assert wait(lambda: Call.objects.get(pk=call_id).state == S.COMMITTED, 60)
 
     assert ActionRequest.objects.get(pk=preview.pk).status == ActionStatus.EXECUTED
     assert transitions(call_id)[-2:] == [S.SENT, S.COMMITTED]

@@ -117,7 +117,7 @@ def _text(value) -> str:
 
 
 def _result(item, call_url: str) -> dict:
-    """One drill's stored result (recovery.drills.runner.DrillResult.as_json) as the page draws it. The stored JSON
+    """One drill's stored result (recovery.drills.results.DrillResult.as_json) as the page draws it. The stored JSON
     is read defensively: a run written by an older version may lack a field."""
     item = item if isinstance(item, dict) else {}
     keys = [key for key in item.get("keys") or [] if isinstance(key, dict)]

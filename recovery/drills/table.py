@@ -2,8 +2,10 @@
 
 Each drill names what is injected, how every call it makes must end — the exact states it passes through after
 READY, as the audit trail records them — how many business effects the sandbox's ledger must hold for each key,
-and the extra checks its runner must report. A drill passes only when every key's observed effects and every call's
-end equal these, and every check named here was made and held (recovery/drills/runner.py compares).
+and the extra checks its module in recovery/drills/cases/ must report. A drill passes only when every key's observed
+effects and every call's end equal these, and every check named here was made and held (recovery/drills/judge.py
+compares). The drills read their numbers from here: what they inject (below) and what each call's path implies
+(how many times it is sent, its last step).
 
 The two drills of §18 that need an approved operator action play it through the action services (preview, request,
 approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
@@ -19,6 +21,12 @@ from recovery.states import CallState
 
 S = CallState
 ARROW = " → "
+
+# What the drills inject, as the table's words say it.
+RETRY_AFTER_S = 2  # the rate-limit drill's Retry-After
+CALLBACK_COPIES = 3  # deliveries of one signed callback
+BACKLOG_DEFAULT = 1000  # refunds the queue-backlog drill makes
+ROUNDS_DEFAULT = 50  # rounds of the two-approvers drill
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,11 +61,24 @@ class Drill:
     expected_end: str  # the table's words
     ends: tuple[End, ...]  # how each call may end (any one of them)
     effects: int  # business effects per key in the sandbox ledger
-    checks: tuple[str, ...]  # the extra checks the runner must report, all holding
+    checks: tuple[str, ...]  # the extra checks its module must report, all holding
     needs: str = ""  # a service the drill cannot run without ("redis"): skipped with the reason when it is missing
 
     def describe_end(self) -> str:
         return " | ".join(end.describe() for end in self.ends)
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The one path every call takes (ValueError for a drill whose calls may end more than one way)."""
+        (end,) = self.ends
+        if end.path is None:
+            raise ValueError(f"{self.slug}: its calls end in {end.state} by any path")
+        return end.path
+
+    @property
+    def sends(self) -> int:
+        """How many times each call is sent: the SENTs of its path."""
+        return self.path.count(S.SENT)
 
     def expected_summary(self) -> str:
         effects = f"{self.effects} effect{'s' if self.effects != 1 else ''} per key"
@@ -106,16 +127,16 @@ DRILLS: dict[str, Drill] = {
         Drill(
             slug="duplicate-callbacks",
             name="duplicate callbacks",
-            injected="the same signed callback delivered 3 times for an UNKNOWN refund",
+            injected=f"the same signed callback delivered {CALLBACK_COPIES} times for an UNKNOWN refund",
             expected_end="COMMITTED; one receipt applied, one transition",
             ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
             effects=1,
-            checks=("the provider delivered one event 3 times", "one receipt applied, one transition"),
+            checks=(f"the provider delivered one event {CALLBACK_COPIES} times", "one receipt applied, one transition"),
         ),
         Drill(
             slug="rate-limit",
             name="rate limit",
-            injected="429 with Retry-After 2 s, twice, on a lookup",
+            injected=f"429 with Retry-After {RETRY_AFTER_S} s, twice, on a lookup",
             expected_end="COMMITTED; the sandbox's request times show no attempt before its Retry-After",
             ends=(End(path=(S.SENT, S.RETRYABLE, S.SENT, S.RETRYABLE, S.SENT, S.COMMITTED)),),
             effects=0,
@@ -154,7 +175,7 @@ DRILLS: dict[str, Drill] = {
         Drill(
             slug="queue-backlog",
             name="queue backlog",
-            injected="1,000 refunds committed with replies dropped",
+            injected=f"{BACKLOG_DEFAULT:,} refunds committed with replies dropped",
             expected_end="all COMMITTED by receipts before their deadline; no call checked by two workers at once",
             ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
             effects=1,
@@ -192,7 +213,8 @@ DRILLS: dict[str, Drill] = {
         Drill(
             slug="two-approvers",
             name="two approvers",
-            injected="50 rounds of two approvals at once (two approvers, a barrier) of one same-key replay each",
+            injected=f"{ROUNDS_DEFAULT} rounds of two approvals at once (two approvers, a barrier) of one same-key"
+            " replay each",
             expected_end="one execution per round",
             # Each refund is refused 403 `needs_approval` (nothing executed: HUMAN_REVIEW), then replayed once.
             ends=(End(path=(S.SENT, S.HUMAN_REVIEW, S.SENT, S.COMMITTED)),),

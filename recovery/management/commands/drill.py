@@ -28,9 +28,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from recovery.drills.runner import BACKLOG_DEFAULT, ROUNDS_DEFAULT, DrillResult, result_table, run_drill
+from recovery.drills.report import result_table
+from recovery.drills.results import DrillResult
+from recovery.drills.runner import run_drill
 from recovery.drills.stage import drill_stage
-from recovery.drills.table import DRILLS, NOT_HERE, find
+from recovery.drills.table import BACKLOG_DEFAULT, DRILLS, NOT_HERE, ROUNDS_DEFAULT, find
 from recovery.models import DrillRun
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"

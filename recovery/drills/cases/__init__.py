@@ -1,0 +1,35 @@
+"""The drills, one module each, named after its slug; each has `play(run)`, which drives the demo agent through
+the drill and reports the table's checks (recovery/drills/table.py). CASES maps each slug to its `play`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from recovery.drills.cases import (
+    dependency_5xx,
+    duplicate_callbacks,
+    lost_before_commit,
+    queue_backlog,
+    rate_limit,
+    refused_before_send,
+    status_api_down,
+    timeout_after_send,
+    two_approvers,
+    worker_killed_mid_replay,
+)
+from recovery.drills.framework import Run
+from recovery.drills.table import DRILLS
+
+CASES: dict[str, Callable[[Run], None]] = {
+    "refused-before-send": refused_before_send.play,
+    "timeout-after-send": timeout_after_send.play,
+    "lost-before-commit": lost_before_commit.play,
+    "duplicate-callbacks": duplicate_callbacks.play,
+    "rate-limit": rate_limit.play,
+    "dependency-5xx": dependency_5xx.play,
+    "status-api-down": status_api_down.play,
+    "queue-backlog": queue_backlog.play,
+    "worker-killed-mid-replay": worker_killed_mid_replay.play,
+    "two-approvers": two_approvers.play,
+}
+assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"

@@ -1,0 +1,48 @@
+"""How drill results read: each drill's lines in the log, and the result table of a run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from recovery.drills.results import DrillResult
+
+ROWS_LOGGED = 12  # per-key rows printed one by one; beyond, only the ones that failed
+
+
+def log_result(result: DrillResult, log: Callable[[str], None]) -> None:
+    """One line per key (only the failed ones beyond ROWS_LOGGED) and per check, then the verdict."""
+    shown = result.keys if len(result.keys) <= ROWS_LOGGED else [row for row in result.keys if not row.passed]
+    if len(result.keys) > ROWS_LOGGED:
+        good, first = sum(row.passed for row in result.keys), result.keys[0]
+        log(
+            f"  keys: {good} of {len(result.keys)} as expected"
+            f" ({first.expected_end}; {first.expected_effects} effect(s) each)"
+        )
+    for row in shown[:ROWS_LOGGED]:
+        seen = f"  key {row.key} (call {row.call_id}): {row.observed_end}, {row.observed_effects} effect(s)"
+        log(f"{seen} ok" if row.passed else f"{seen} MISMATCH: expected {row.expected_end}, {row.expected_effects}")
+    for check in result.checks:
+        seen = f"  check: {check.name}: {check.observed}"
+        log(f"{seen} ok" if check.passed else f"{seen} FAIL: expected {check.expected}")
+    log(f"  {'PASS' if result.passed else 'FAIL'} in {result.seconds:.1f} s")
+
+
+def _verdict(result: dict) -> str:
+    if result.get("skipped"):
+        return "skipped"
+    return "pass" if result["passed"] else "FAIL"
+
+
+def result_table(results: list[DrillResult] | list[dict]) -> str:
+    """drill | expected | observed | result, one line per drill, columns aligned; from results or their stored JSON
+    (DrillRun.results)."""
+    stored = [r.as_json() if isinstance(r, DrillResult) else r for r in results]
+    rows = [("drill", "expected", "observed", "result")]
+    rows += [(r["name"], r["expected"], r["observed"], _verdict(r)) for r in stored]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = []
+    for n, row in enumerate(rows):
+        lines.append(" | ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)))
+        if n == 0:
+            lines.append("-+-".join("-" * width for width in [*widths, len("result")]))
+    return "\n".join(lines)
