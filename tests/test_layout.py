@@ -38,7 +38,8 @@ def _imports(name: str, path: Path) -> set[str]:
             if node.level:
                 parts = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([node.module] if node.module else []))
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            # `from package import module` imports the module; `from module import name`, the module.
+            names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
         else:
             continue
         for imported in names:

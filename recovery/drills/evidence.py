@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from datetime import datetime
 
+from recovery.audit_actions import REQUEST_EVENTS
 from recovery.models import Attempt, AuditEvent, Decision, GateDecision
 
 
@@ -65,7 +66,7 @@ def action_events(call_ids: list[int]) -> dict[int, list[str]]:
     """Each call's action events (action.previewed, action.approved, ...), in order, from the audit trail."""
     events: dict[int, list[str]] = {call_id: [] for call_id in call_ids}
     for chunk in chunks(call_ids):
-        rows = AuditEvent.objects.filter(call_id__in=chunk, action__startswith="action.").order_by("seq")
+        rows = AuditEvent.objects.filter(call_id__in=chunk, action__in=REQUEST_EVENTS).order_by("seq")
         for call_id, action in rows.values_list("call_id", "action"):
             events[call_id].append(action)
     return events

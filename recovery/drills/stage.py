@@ -46,9 +46,11 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import connection
 
+from recovery import inprocess
 from recovery.agent.runtime import Agent, ToolBook
 from recovery.audit import Actor
 from recovery.client import RecoveryClient
+from recovery.cron import PERIODIC
 from recovery.registry import load_registry
 from recovery.roles import APPROVER, REVIEWER, sync_roles
 from recovery.sandbox.process import SandboxClient, SandboxProcess
@@ -347,9 +349,6 @@ def background_jobs(*, workers: int = 1, log_dir: Path | None = None) -> Iterato
     """Background jobs for the duration: `workers` RQ worker processes (`manage.py runjobs`) with REDIS_URL, the
     in-process runner without it."""
     if not settings.REDIS_URL:
-        from recovery import inprocess
-        from recovery.cron import PERIODIC
-
         runner = inprocess.get_runner(PERIODIC)
         started = not runner.running
         if started:

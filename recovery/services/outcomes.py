@@ -81,7 +81,7 @@ class Judgement:
     breaker: BreakerView | None
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclass(frozen=True)
 class Sent:
     """What an attempt sent, as judging its outcome reads it: the tool it called with which arguments, its id and
     number within the call, and whether it was the half-open breaker's probe."""
@@ -94,13 +94,7 @@ class Sent:
 
     @classmethod
     def of(cls, attempt: Attempt) -> Sent:
-        return cls(
-            tool=attempt.tool,
-            arguments=attempt.arguments,
-            attempt_id=attempt.attempt_id,
-            number=attempt.number,
-            probe=attempt.breaker_probe,
-        )
+        return cls(attempt.tool, attempt.arguments, attempt.attempt_id, attempt.number, attempt.breaker_probe)
 
 
 def judge(call: Call, facts: Facts, sent: Sent, *, now: datetime, count: bool = True) -> Judgement:

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from recovery.agent.runtime import Agent, CallResult
+from recovery.audit_actions import AuditAction
 from recovery.drills.checks import at_least, render
 from recovery.drills.evidence import at
 from recovery.drills.framework import Run, sleep_until
@@ -36,7 +37,9 @@ def play(run: Run) -> None:
 
     denied = _until_denied(lookup, agent)
     opened = list(
-        AuditEvent.objects.filter(action="breaker.opened", created_at__gte=run.started, evidence__tool=tool.name)
+        AuditEvent.objects.filter(
+            action=AuditAction.BREAKER_OPENED, created_at__gte=run.started, evidence__tool=tool.name
+        )
     )
     for event in opened:
         run.log(f"  the breaker opened: {event.reason}")

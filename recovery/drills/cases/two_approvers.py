@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from recovery.agent.runtime import HUMAN_REVIEW, CallResult
 from recovery.audit import Actor
+from recovery.audit_actions import AuditAction
 from recovery.drills.cases.shared import request_replay
 from recovery.drills.checks import each
 from recovery.drills.evidence import action_events, at
@@ -202,8 +203,8 @@ def _check_one_execution(run: Run, requests: dict[int, int]) -> None:
         observed={
             f"call {i}": {
                 "request": statuses.get(requests[i]),
-                "approved": events[i].count("action.approved"),
-                "executing": events[i].count("action.executing"),
+                "approved": events[i].count(AuditAction.ACTION_APPROVED),
+                "executing": events[i].count(AuditAction.ACTION_EXECUTING),
                 "attempts": replays[i],
             }
             for i in ids

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from recovery.agent.runtime import HUMAN_REVIEW
 from recovery.audit import Actor
+from recovery.audit_actions import AuditAction
 from recovery.drills.cases.shared import check_settled_by_one_receipt, request_replay, unconfirmed_refund
 from recovery.drills.checks import in_order
 from recovery.drills.evidence import action_events, at
@@ -152,13 +153,18 @@ def _wait_settled(run: Run, request: ActionRequest, call_id: int, killed_at: dat
 def _check_interrupted(run: Run, request: ActionRequest, call_id: int, left: str) -> None:
     """The request was EXECUTING right after the kill and is INTERRUPTED now, never executed again."""
     actions = action_events([call_id])[call_id]
-    since = actions[actions.index("action.approved") :] if "action.approved" in actions else actions
+    approved = AuditAction.ACTION_APPROVED
+    since = actions[actions.index(approved) :] if approved in actions else actions
     run.check(
         "the request was left EXECUTING, then INTERRUPTED, never re-run",
         expected={
             "after the kill": ActionStatus.EXECUTING,
             "now": ActionStatus.INTERRUPTED,
-            "action events since the approval": ["action.approved", "action.executing", "action.interrupted"],
+            "action events since the approval": [
+                approved,
+                AuditAction.ACTION_EXECUTING,
+                AuditAction.ACTION_INTERRUPTED,
+            ],
             "attempts": run.drill.sends,
         },
         observed={
