@@ -23,7 +23,20 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from pydantic import Strict as StrictType
 
 from recovery import hot_path, jobs, queueing
-from recovery.api_errors import exception_response
+from recovery.api_answers import (
+    AdmittedOut,
+    CallAddedOut,
+    CallbackOut,
+    CallOut,
+    CapabilitiesOut,
+    ErrorOut,
+    GateOut,
+    NotAdmittedOut,
+    OutcomeOut,
+    ReconcileAcceptedOut,
+    TaskOut,
+)
+from recovery.api_errors import envelope, exception_response
 from recovery.audit import Actor
 from recovery.engine import storable
 from recovery.engine.storable import check_storable
@@ -189,24 +202,6 @@ class CandidateIn(Strict):
     outcome: OutcomeIn | None = None
 
 
-class FieldErrorOut(Schema):
-    field: str
-    expected: str
-    received: Any = None
-    suggestion: str
-
-
-class ErrorBody(Schema):
-    code: str
-    message: str
-    field_errors: list[FieldErrorOut] = []
-    detail: dict[str, Any] = {}
-
-
-class ErrorOut(Schema):
-    error: ErrorBody
-
-
 # --- the API -------------------------------------------------------------------------------------------------------
 
 
@@ -261,7 +256,7 @@ api = NinjaAPI(
 
 
 def _error(request, status: int, code: str, message: str, field_errors=(), detail=None):
-    body = {"error": {"code": code, "message": message, "field_errors": list(field_errors), "detail": detail or {}}}
+    body = envelope(code, message, field_errors=field_errors, detail=detail)
     return api.create_response(request, body, status=status)
 
 
@@ -338,6 +333,10 @@ def _unhandled(request, exc: Exception):
 
 # Every route may answer these, each with the one error envelope (500 and 503 included: recovery/api_errors.py).
 ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 422, 500, 503)}
+# Answers are written with their wire names (the failure's `class`).
+TYPED = {"by_alias": True}
+# An attempt's answer: admitted (send it now), or — with an outcome in the request — the outcome's answer.
+AttemptAnswer = AdmittedOut | OutcomeOut
 
 
 def _actor(request) -> Actor:
@@ -395,7 +394,7 @@ def _call_to_admit(request, call_id: int, attempt_id: str) -> Call:
     return call
 
 
-@api.post("/tasks", response={200: dict, 201: dict, **ERRORS}, tags=["tasks"])
+@api.post("/tasks", response={200: TaskOut, 201: TaskOut, **ERRORS}, tags=["tasks"], **TYPED)
 def create_task(request, payload: TaskIn):
     tenant = _tenant(request, payload.tenant)
     budget = payload.budget.model_dump() if payload.budget else {}
@@ -410,19 +409,19 @@ def create_task(request, payload: TaskIn):
     return Status(201 if created else 200, task_summary(task))
 
 
-@api.get("/tasks", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.get("/tasks", response={200: TaskOut, **ERRORS}, tags=["tasks"], **TYPED)
 def find_task(request, tenant: Text, external_id: Text):
     owner = _tenant(request, tenant)
     task = get_object_or_404(Task.objects.select_related("tenant"), tenant=owner, external_id=external_id)
     return Status(200, task_summary(task))
 
 
-@api.get("/tasks/{id:task_id}", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.get("/tasks/{id:task_id}", response={200: TaskOut, **ERRORS}, tags=["tasks"], **TYPED)
 def get_task(request, task_id: int):
     return Status(200, task_summary(_task(request, task_id)))
 
 
-@api.post("/tasks/{id:task_id}/complete", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.post("/tasks/{id:task_id}/complete", response={200: TaskOut, **ERRORS}, tags=["tasks"], **TYPED)
 def complete_task(request, task_id: int, payload: CompleteIn):
     task = tasks.task_complete(
         task=_task(request, task_id), summary=payload.summary, deliverable=payload.deliverable, actor=_actor(request)
@@ -430,13 +429,15 @@ def complete_task(request, task_id: int, payload: CompleteIn):
     return Status(200, task_summary(task))
 
 
-@api.post("/tasks/{id:task_id}/abandon", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.post("/tasks/{id:task_id}/abandon", response={200: TaskOut, **ERRORS}, tags=["tasks"], **TYPED)
 def abandon_task(request, task_id: int, payload: AbandonIn):
     task = tasks.task_abandon(task=_task(request, task_id), reason=payload.reason, actor=_actor(request))
     return Status(200, task_summary(task))
 
 
-@api.post("/tasks/{id:task_id}/calls", response={200: dict, 201: dict, **ERRORS}, tags=["calls"])
+@api.post(
+    "/tasks/{id:task_id}/calls", response={200: CallAddedOut, 201: CallAddedOut, **ERRORS}, tags=["calls"], **TYPED
+)
 def add_call(request, task_id: int, payload: CallIn):
     added = calls.call_add(
         task=_task(request, task_id),
@@ -462,12 +463,14 @@ def add_call(request, task_id: int, payload: CallIn):
     return Status(201 if added.created else 200, body)
 
 
-@api.get("/calls/{id:call_id}", response={200: dict, **ERRORS}, tags=["calls"])
+@api.get("/calls/{id:call_id}", response={200: CallOut, **ERRORS}, tags=["calls"], **TYPED)
 def get_call(request, call_id: int):
     return Status(200, call_detail(_call(request, call_id)))
 
 
-@api.post("/calls/{id:call_id}/reconcile", response={202: dict, **ERRORS}, tags=["reconciliation"])
+@api.post(
+    "/calls/{id:call_id}/reconcile", response={202: ReconcileAcceptedOut, **ERRORS}, tags=["reconciliation"], **TYPED
+)
 def reconcile_call(request, call_id: int):
     """Ask for an immediate status check of an UNKNOWN, STILL_UNKNOWN or ACCEPTED call: 202, and where to poll."""
     call = _call(request, call_id)
@@ -495,9 +498,10 @@ def reconcile_call(request, call_id: int):
 @api.post(
     "/providers/{name}/callbacks",
     auth=None,
-    response={200: dict, **ERRORS},
+    response={200: CallbackOut, **ERRORS},
     tags=["reconciliation"],
     include_in_schema=False,
+    **TYPED,
 )
 def provider_callback(request, name: str):
     """A provider's signed callback (SPEC §10): `Recovery-Signature: t=<unix>,v1=<HMAC-SHA256 of "t.body">`."""
@@ -518,13 +522,13 @@ def provider_callback(request, name: str):
     )
 
 
-@api.post("/calls/{id:call_id}/abandon", response={200: dict, **ERRORS}, tags=["calls"])
+@api.post("/calls/{id:call_id}/abandon", response={200: CallOut, **ERRORS}, tags=["calls"], **TYPED)
 def abandon_call(request, call_id: int, payload: AbandonIn):
     call = calls.call_abandon(call=_call(request, call_id), actor=_actor(request), reason=payload.reason)
     return Status(200, call_detail(call))
 
 
-@api.post("/calls/{id:call_id}/gate", response={200: dict, **ERRORS}, tags=["attempts"])
+@api.post("/calls/{id:call_id}/gate", response={200: GateOut, **ERRORS}, tags=["attempts"], **TYPED)
 def ask_gate(request, call_id: int, payload: CandidateIn):
     if payload.outcome is not None:
         raise ServiceError(
@@ -545,7 +549,12 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
     )
 
 
-@api.post("/calls/{id:call_id}/attempts", response={200: dict, 201: dict, **ERRORS}, tags=["attempts"])
+@api.post(
+    "/calls/{id:call_id}/attempts",
+    response={200: AttemptAnswer, 201: AttemptAnswer, **ERRORS, 409: NotAdmittedOut | ErrorOut},
+    tags=["attempts"],
+    **TYPED,
+)
 def create_attempt(request, call_id: int, payload: CandidateIn):
     call = _call_to_admit(request, call_id, payload.attempt_id)
     admission = attempt_admit(call=call, request=_attempt_request(payload), actor=_actor(request))
@@ -562,7 +571,12 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
     return Status(admission.status, admission.response)
 
 
-@api.post("/calls/{id:call_id}/attempts/{attempt_id}/outcome", response={200: dict, **ERRORS}, tags=["attempts"])
+@api.post(
+    "/calls/{id:call_id}/attempts/{attempt_id}/outcome",
+    response={200: OutcomeOut, **ERRORS},
+    tags=["attempts"],
+    **TYPED,
+)
 def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: OutcomeIn):
     call = _call(request, call_id)
     attempt = get_object_or_404(Attempt.objects.select_related("tool__provider"), call=call, attempt_id=attempt_id)
@@ -571,7 +585,7 @@ def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: Outcom
     return Status(200, attempt_report(call=call, attempt=attempt, facts=facts, actor=_actor(request)))
 
 
-@api.get("/capabilities", response={200: dict, **ERRORS}, tags=["tasks"])
+@api.get("/capabilities", response={200: CapabilitiesOut, **ERRORS}, tags=["tasks"], **TYPED)
 def capabilities(request, tenant: Text):
     owner = _tenant(request, tenant)
     return Status(

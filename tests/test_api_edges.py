@@ -217,6 +217,7 @@ def test_an_added_call_whose_arguments_fail_preflight_carries_the_failure_object
     assert added.raw["required_next"] == {
         "action": "repair_args",
         "after_ms": 0,
+        "poll": "",
         "detail": {"field_errors": [{k: failure["field_errors"][0][k] for k in ("field", "expected", "suggestion")}]},
     }
     clean = world["client"].add_call(task.id, step=2, tool="order.lookup", arguments=ORDER, idempotency_key="seed-2")

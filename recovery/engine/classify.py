@@ -51,6 +51,7 @@ FAILED_PERMANENT, HUMAN_REVIEW = S.FAILED_PERMANENT, S.HUMAN_REVIEW
 # Outcome.side_effect
 NOT_SENT, NOT_EXECUTED, EFFECT_UNKNOWN, EXECUTED = "not_sent", "not_executed", "unknown", "executed"
 NONE, NONE_CONFIRMED = "none", "none_confirmed"
+EFFECTS = (NOT_SENT, NOT_EXECUTED, EFFECT_UNKNOWN, EXECUTED, NONE, NONE_CONFIRMED)
 
 # Hard stops (writes only, before the table)
 MISSING_PROVIDER_REF = "missing_provider_ref"

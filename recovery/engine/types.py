@@ -40,6 +40,8 @@ FAILURE_CLASSES = (
 # Phases and side-effect stages
 PREFLIGHT, DISPATCH, COMMIT_UNKNOWN, POSTCHECK = "preflight", "dispatch", "commit_unknown", "postcheck"
 BEFORE_SEND, DURING_SEND, AFTER_RESPONSE = "before_send", "during_send", "after_response"
+PHASES = (PREFLIGHT, DISPATCH, COMMIT_UNKNOWN, POSTCHECK)
+STAGES = (BEFORE_SEND, DURING_SEND, AFTER_RESPONSE)
 
 # Transport error kinds a runtime may report (absent when a response arrived)
 ERROR_KINDS = (

@@ -66,10 +66,18 @@ def public_failure(failure: dict | None) -> dict | None:
 
 
 def outcome_json(
-    call: Call, attempt: Attempt, outcome: Outcome, *, decision: Decision | None, card_id: int | None, breaker: str
+    call: Call,
+    attempt: Attempt,
+    outcome: Outcome,
+    *,
+    decision: Decision | None,
+    card_id: int | None,
+    breaker: str,
+    late: bool = False,
 ) -> dict:
     """The answer to an outcome: the call's state after it, the public failure, the decision card (`card_id`: its
-    stored row) and the tool's breaker state ("" when the outcome was not counted)."""
+    stored row), the tool's breaker state ("" when the outcome was not counted) and whether it came `late` (after
+    the call had moved past the attempt). Its schema is recovery.api_answers.OutcomeOut."""
     failure = attempt.failure if outcome.failure else None
     return {
         "call_id": call.pk,
@@ -81,4 +89,5 @@ def outcome_json(
         "decision": (decision_json(decision) | {"id": card_id}) if decision else None,
         "breaker_state": breaker,
         "provider_ref": call.provider_ref,
+        "late": late,
     }

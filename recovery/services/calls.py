@@ -18,7 +18,7 @@ from recovery.audit_actions import AuditAction
 from recovery.engine.classify import preflight_failure
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import duplicate_intent
-from recovery.engine.types import FieldError
+from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
 from recovery.models import Call, Step, Task, TaskStatus
 from recovery.registry import tool_policy
@@ -165,7 +165,7 @@ def preflight_answer(call: Call, preflight: tuple[FieldError, ...]) -> tuple[dic
     failure = preflight_failure(tool_policy(call.tool), call_id=str(call.pk), field_errors=preflight)
     public = public_failure(asdict(failure) | {"side_effect": "not_sent"})
     errors = [{"field": e.field, "expected": e.expected, "suggestion": e.suggestion} for e in preflight]
-    return public, {"action": "repair_args", "after_ms": 0, "detail": {"field_errors": errors}}
+    return public, asdict(RequiredNext(action="repair_args", detail={"field_errors": errors}))
 
 
 def _same_key(existing: Call, task: Task, print_: str) -> CallAdded:

@@ -350,4 +350,4 @@ def _late_outcome(call: Call, attempt: Attempt, outcome: Outcome, *, actor: Acto
             changes={"provider_ref": outcome.provider_ref[:255]},
         )
         _runtime_receipt(call, attempt, outcome, now=now, before=before)
-    return outcome_json(call, attempt, outcome, decision=None, card_id=None, breaker="") | {"late": True}
+    return outcome_json(call, attempt, outcome, decision=None, card_id=None, breaker="", late=True)
