@@ -15,6 +15,10 @@ class AuditAction(StrEnum):
     CALL_TRANSITION = "call.transition"
     CALL_CLAIMED = "call.claimed"
     CALL_RELEASED = "call.released"
+    # a compensation ledger entry (SPEC §12): made, moved by recovery.transitions.transition_entry, checked
+    COMPENSATION_STARTED = "compensation.started"
+    COMPENSATION_TRANSITION = "compensation.transition"
+    COMPENSATION_CHECKED = "compensation.checked"
     # a task
     TASK_CREATED = "task.created"
     TASK_SUBMITTED = "task.submitted"

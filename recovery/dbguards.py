@@ -2,7 +2,8 @@
 
 1. The call state machine: a trigger generated from `recovery.states.ALLOWED_PAIRS` refuses any state change that
    is not an edge of SPEC §8, any state change that does not bump `version` by exactly one, and any version change
-   without a state change. Violations raise IntegrityError.
+   without a state change. Violations raise IntegrityError. A compensation ledger entry's states (SPEC §12) are
+   guarded the same way, from `recovery.compensation_states.ALLOWED_PAIRS`.
 2. Append-only audit: UPDATE, DELETE (and TRUNCATE on PostgreSQL) of `recovery_auditevent` are refused unless the
    audit maintenance switch is on for the current session; chain heads only move forward, never past the events
    they count, and are never deleted (a rewound head would let a removed tail pass unnoticed; one moved ahead of its
@@ -20,6 +21,7 @@ from __future__ import annotations
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
+from recovery.compensation_states import ALLOWED_PAIRS as ENTRY_PAIRS
 from recovery.states import ALLOWED_PAIRS
 
 SETTING = "recovery.audit_maintenance"
@@ -33,6 +35,53 @@ _EVENTS_COUNTED = (
 
 def _edge_list(pairs: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f"'{src}>{dst}'" for src, dst in pairs)
+
+
+def _postgres_entry_guard(pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    return [
+        f"""
+        CREATE OR REPLACE FUNCTION recovery_entry_state_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.state IS DISTINCT FROM OLD.state THEN
+                IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
+                    RAISE EXCEPTION 'compensation %: state change % -> % must bump version by one (% -> %)',
+                        OLD.id, OLD.state, NEW.state, OLD.version, NEW.version USING ERRCODE = 'check_violation';
+                END IF;
+                IF NOT (OLD.state || '>' || NEW.state = ANY (ARRAY[{_edge_list(pairs)}])) THEN
+                    RAISE EXCEPTION 'compensation %: illegal state change % -> %', OLD.id, OLD.state, NEW.state
+                        USING ERRCODE = 'check_violation';
+                END IF;
+            ELSIF NEW.version IS DISTINCT FROM OLD.version THEN
+                RAISE EXCEPTION 'compensation %: version changes only with the state', OLD.id
+                    USING ERRCODE = 'check_violation';
+            END IF;
+            RETURN NEW;
+        END $$;
+        """,
+        "DROP TRIGGER IF EXISTS recovery_entry_state_guard ON recovery_compensationentry",
+        """
+        CREATE TRIGGER recovery_entry_state_guard BEFORE UPDATE OF state, version ON recovery_compensationentry
+        FOR EACH ROW EXECUTE FUNCTION recovery_entry_state_guard()
+        """,
+    ]
+
+
+def _sqlite_entry_guard(pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    return [
+        "DROP TRIGGER IF EXISTS recovery_entry_state_edge",
+        f"""
+        CREATE TRIGGER recovery_entry_state_edge BEFORE UPDATE OF state ON recovery_compensationentry
+        FOR EACH ROW WHEN NEW.state IS NOT OLD.state AND (OLD.state || '>' || NEW.state) NOT IN ({_edge_list(pairs)})
+        BEGIN SELECT RAISE(ABORT, 'illegal compensation state change: not an edge of the state table'); END
+        """,
+        "DROP TRIGGER IF EXISTS recovery_entry_state_version",
+        """
+        CREATE TRIGGER recovery_entry_state_version BEFORE UPDATE OF state, version ON recovery_compensationentry
+        FOR EACH ROW WHEN (NEW.state IS NOT OLD.state AND NEW.version IS NOT OLD.version + 1)
+                       OR (NEW.state IS OLD.state AND NEW.version IS NOT OLD.version)
+        BEGIN SELECT RAISE(ABORT, 'compensation version must rise by exactly one with each state change'); END
+        """,
+    ]
 
 
 def postgres_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
@@ -162,6 +211,22 @@ def install(schema_editor, pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -
         raise RuntimeError(f"no database guards for {vendor}: only PostgreSQL and SQLite are supported")
     for statement in statements:
         schema_editor.execute(statement, params=None)  # None: '%' in PL/pgSQL is not a placeholder
+
+
+def entry_guard_sql(vendor: str, pairs: tuple[tuple[str, str], ...] = ENTRY_PAIRS) -> list[str]:
+    """The compensation entries' state guard (SPEC §12), generated from recovery.compensation_states."""
+    if vendor == "postgresql":
+        return _postgres_entry_guard(pairs)
+    if vendor == "sqlite":
+        return _sqlite_entry_guard(pairs)
+    raise RuntimeError(f"no database guards for {vendor}: only PostgreSQL and SQLite are supported")
+
+
+def install_entry_guard(schema_editor, pairs: tuple[tuple[str, str], ...] = ENTRY_PAIRS) -> None:
+    """Install (or replace) the entries' guard: migrations from 0015 on, after the table exists (install() serves
+    the migrations before it, so it leaves this table alone)."""
+    for statement in entry_guard_sql(schema_editor.connection.vendor, pairs):
+        schema_editor.execute(statement, params=None)
 
 
 def uninstall_sqlite(schema_editor) -> None:

@@ -31,7 +31,7 @@ from django.db.models import F, Model, signals
 from recovery.models import ApiToken, Attempt, Breaker, Call, Provider, Receipt, Step, Task, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
-from recovery.states import UNSETTLED
+from recovery.states import UNSETTLED, CallState
 
 
 def _sql() -> bool:
@@ -95,6 +95,8 @@ def _call_sql(tenants: int) -> str:
         f"(SELECT e.to_step_id FROM {through} e WHERE e.from_step_id = c.step_id))",
         f"(SELECT COUNT(*) FROM {Call._meta.db_table} u WHERE u.task_id = c.task_id AND u.state IN ({unsettled}))",
         f"EXISTS(SELECT 1 FROM {alternates} x WHERE x.from_tool_id = c.tool_id)",
+        f"(SELECT COUNT(*) FROM {Call._meta.db_table} v WHERE v.task_id = c.task_id "
+        f"AND v.state = '{CallState.COMPENSATING}')",
     ]
     columns = ", ".join(
         [_columns(Call, "c"), _columns(Tool, "t"), _columns(Provider, "p"), _columns(Task, "k"), _columns(Breaker, "b")]
@@ -114,6 +116,7 @@ _ANNOTATIONS = (
     "has_dependency_calls",
     "unsettled_in_task",
     "tool_has_alternates",
+    "compensating_in_task",
 )
 
 

@@ -13,14 +13,27 @@ from django.utils import timezone
 from recovery.audit import Actor
 from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
 from recovery.queueing import enqueue_now, worker_name
-from recovery.services import actions, reconcile, sweeper, tasks
+from recovery.services import actions, compensations, reconcile, sweeper, tasks
 
 logger = logging.getLogger("recovery.jobs")
 
 
 def reconcile_due() -> int:
-    """Periodic: check every UNKNOWN / STILL_UNKNOWN / ACCEPTED call whose next check is due."""
-    return reconcile.reconcile_due(worker=worker_name())
+    """Periodic: check every UNKNOWN / STILL_UNKNOWN / ACCEPTED call whose next check is due, then the compensation
+    entries whose check or resend is due (SPEC §12: the same schedule as any unknown write)."""
+    worker = worker_name()
+    return reconcile.reconcile_due(worker=worker) + compensations.compensations_run_due(worker=worker)
+
+
+def send_compensation(entry_id: int) -> None:
+    """Send a compensation entry's request (enqueued on commit when it starts, and when it may be sent again);
+    the entry's lease makes a second run of this job a no-op."""
+    compensations.compensation_send(entry_id, worker=worker_name())
+
+
+def check_compensation(entry_id: int) -> None:
+    """An immediate status check of an unknown compensation entry."""
+    compensations.compensation_check(entry_id, worker=worker_name(), force=True)
 
 
 def reconcile_call(call_id: int) -> None:

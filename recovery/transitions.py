@@ -1,4 +1,4 @@
-"""The one function that moves a call between states (SPEC §8).
+"""The one function that moves a call between states (SPEC §8), and its twin for compensation entries (SPEC §12).
 
 A conditional UPDATE on (id, state, version) bumps the version and sets the new state; the AuditEvent is written in
 the same transaction. "rowcount != 1" means someone else moved the call first: nothing is changed and the caller
@@ -16,8 +16,10 @@ from django.utils import timezone
 
 from recovery.audit import Actor, append_event
 from recovery.audit_actions import AuditAction
+from recovery.compensation_states import EntryState
+from recovery.compensation_states import is_allowed as entry_edge_allowed
 from recovery.hot_path import update_call_state
-from recovery.models import Call
+from recovery.models import Call, CompensationEntry
 from recovery.states import CallState, is_allowed
 
 _FORBIDDEN_CHANGES = {"id", "state", "version", "state_changed_at", "task", "task_id", "tenant", "tenant_id"}
@@ -86,3 +88,54 @@ def _update(call: Call, src: CallState, dst: CallState, now, changes: dict[str, 
     """The conditional UPDATE on (id, state, version), the version bumped by one; the number of rows it changed (1,
     or 0 on a conflict). Every attempt moves its call twice: the statement is the hot path's (recovery.hot_path)."""
     return update_call_state(call, src, {"state": dst, "state_changed_at": now, "updated_at": now, **changes})
+
+
+_ENTRY_FORBIDDEN_CHANGES = {"id", "state", "version", "state_changed_at", "call", "call_id", "number"}
+
+
+def transition_entry(
+    entry: CompensationEntry,
+    to: EntryState | str,
+    *,
+    actor: Actor,
+    reason: str,
+    evidence: dict | None = None,
+    changes: dict[str, Any] | None = None,
+) -> CompensationEntry:
+    """Move a compensation ledger entry as transition_call moves a call: an edge of recovery.compensation_states,
+    a conditional UPDATE on (id, state, version) with the version bumped, and the audit event on the original call's
+    task chain in the same transaction; TransitionConflict when someone else moved it first."""
+    src, dst = EntryState(entry.state), EntryState(to)
+    if not entry_edge_allowed(src, dst):
+        raise IllegalTransition(f"compensation {entry.pk}: {src} -> {dst} is not an edge of the entry state table")
+    if not reason.strip():
+        raise ValueError("a transition needs a reason")
+    changes = dict(changes or {})
+    if bad := sorted(_ENTRY_FORBIDDEN_CHANGES & set(changes)):
+        raise ValueError(f"transition_entry() cannot change {', '.join(bad)} through `changes`")
+    if expressions := sorted(name for name, value in changes.items() if isinstance(value, Combinable)):
+        raise ValueError(f"transition_entry() writes plain values: {', '.join(expressions)} is an expression")
+    now = timezone.now()
+    with transaction.atomic(savepoint=False):
+        updated = CompensationEntry.objects.filter(pk=entry.pk, state=src, version=entry.version).update(
+            state=dst, version=entry.version + 1, state_changed_at=now, updated_at=now, **changes
+        )
+        if updated == 1:
+            append_event(
+                action=AuditAction.COMPENSATION_TRANSITION,
+                actor=actor,
+                task_id=entry.task_id_for_audit(),
+                call_id=entry.call_id,
+                from_state=src,
+                to_state=dst,
+                reason=reason,
+                evidence={"compensation": entry.pk, "entry": entry.number, **(evidence or {})},
+            )
+    if updated != 1:
+        raise TransitionConflict(
+            f"compensation {entry.pk} is no longer {src} at version {entry.version}: someone else changed it first"
+        )
+    entry.state, entry.version, entry.state_changed_at, entry.updated_at = dst, entry.version + 1, now, now
+    for name, value in changes.items():
+        setattr(entry, name, value)
+    return entry

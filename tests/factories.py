@@ -57,3 +57,25 @@ def make_call(registry, task):
         )
 
     return make
+
+
+@pytest.fixture
+def rq_queue(settings):
+    """django-rq's queue on a real Redis (a database of this run's own), emptied before and after: jobs enqueued
+    by the code under test wait in it until the test runs a real RQ worker on it."""
+    import redis
+
+    from recovery import queueing
+    from tests.conftest import missing_service
+    from tests.isolation import extra_redis_database
+
+    url = settings.REDIS_URL or extra_redis_database("rq-queue")
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
+    except redis.RedisError:
+        missing_service(f"needs Redis at {url}: run with REDIS_URL=redis://host:6379/0")
+    settings.REDIS_URL = url
+    queue = queueing.get_queue()
+    queue.empty()
+    yield queue
+    queue.empty()

@@ -10,7 +10,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import redis
 import requests
 from django.db import connection
 from django.utils import timezone
@@ -25,8 +24,6 @@ from recovery.services.callbacks import sign
 from recovery.services.reconcile import claim_due, reconcile_due
 from recovery.services.sweeper import sweep_sent
 from recovery.services.tokens import token_create
-from tests.conftest import missing_service
-from tests.isolation import extra_redis_database
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -373,20 +370,6 @@ def test_a_call_past_its_deadline_goes_to_human_review_whatever_the_provider_say
     call = Call.objects.get(pk=call_id)
     assert (call.state, call.outcome) == ("HUMAN_REVIEW", "deadline_exceeded")
     assert Receipt.objects.get(call_id=call_id).observed == "pending"
-
-
-@pytest.fixture
-def rq_queue(settings):
-    url = settings.REDIS_URL or extra_redis_database("rq-queue")
-    try:
-        redis.Redis.from_url(url, socket_connect_timeout=1).ping()
-    except redis.RedisError:
-        missing_service(f"needs Redis at {url}: run with REDIS_URL=redis://host:6379/0")
-    settings.REDIS_URL = url
-    queue = queueing.get_queue()
-    queue.empty()
-    yield queue
-    queue.empty()
 
 
 def test_a_real_rq_worker_settles_an_unknown_refund_asked_for_through_the_api(world, rq_queue):

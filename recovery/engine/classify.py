@@ -93,7 +93,7 @@ def _stage(facts: Facts, not_sent: bool) -> str:
 class _Row:
     """What the matching row says, before the Failure is assembled."""
 
-    row: str  # "1".."11", "4b", "hard_stop"
+    row: str  # "1".."11", "4b", "refusal", "hard_stop"
     state: str
     phase: str
     side_effect: str
@@ -175,6 +175,9 @@ def _table(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext, not_sent: bool,
     if status in (429, 503):
         label = "rate_limited" if status == 429 else "unavailable"
         return _Row("3", RETRYABLE, DISPATCH, NOT_EXECUTED, label, TRANSIENT, retry_after_ms=facts.retry_after_ms)
+    code = facts.error.code if facts.error else None
+    if status is not None and 400 <= status <= 499 and code and code in tool.refusal_codes:
+        return _Row("refusal", FAILED_PERMANENT, DISPATCH, NOT_EXECUTED, "refused", UNRECOVERABLE)
     if status in (400, 404, 422):
         errors = validate_args(tool.args_schema, ctx.arguments)
         return _Row("4", RETRYABLE, DISPATCH, NOT_EXECUTED, "invalid_arguments", INVALID_ARGUMENTS, field_errors=errors)

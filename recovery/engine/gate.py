@@ -89,6 +89,7 @@ MESSAGES = {
     "budget_exhausted:deadline": "The task's deadline leaves no time for another attempt; stop and report.",
     "budget_exhausted:token_budget": "This task has used its token budget; stop and report what is done.",
     "budget_exhausted:write_retry": "This task has used all its write retries; do not repeat the write.",
+    "compensation_in_progress": "A step of this task is being undone; its other writes wait until that is settled.",
     "unknown_budget": "Too many of this task's outcomes are still unknown; writes wait until they are settled.",
     "args_locked": "The previous attempt may have taken effect, so this call's arguments cannot change; "
     "plan a new call instead.",
@@ -277,6 +278,11 @@ def _check_budgets(call: CallView, candidate: Candidate, context: GateContext) -
     if limit:
         info = {"limit": limit}
         return _deny("budgets", f"budget_exhausted:{limit}", f"{limit} exhausted", "stop", info=info)
+    if is_write and task.compensating:
+        detail = f"{task.compensating} call(s) of the task are being compensated: its other writes wait"
+        return _deny(
+            "budgets", "compensation_in_progress", detail, "wait_for_reconcile", info={"limit": "compensation"}
+        )
     if is_write:
         blocked = _unknown_budget_exceeded(call, context)
         if blocked:

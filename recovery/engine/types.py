@@ -148,6 +148,9 @@ class ToolPolicy:
     result_time_field: str = ""  # result field (ISO 8601) that max_result_age_s applies to
     invariants: tuple[Invariant, ...] = ()
     approvable_codes: frozenset[str] = frozenset()
+    # Provider error codes that mean "refused, nothing executed" (a 409 not_cancellable): FAILED_PERMANENT, never
+    # UNKNOWN, never retried (SPEC §12), checked before the table's rows 4 and 4b.
+    refusal_codes: frozenset[str] = frozenset()
     idempotency_conflict_codes: frozenset[str] = frozenset()  # the provider's
     alternates: frozenset[str] = frozenset()
     outcome_timeout_s: int = 30
@@ -241,7 +244,7 @@ class Outcome:
     FAILED_PERMANENT (or HUMAN_REVIEW). `failure` is None for COMMITTED and ACCEPTED.
     """
 
-    row: str  # "1".."11", "4b", or "hard_stop"
+    row: str  # "1".."11", "4b", "refusal" (a listed refusal code) or "hard_stop"
     state: str
     phase: str
     stage: str
@@ -319,6 +322,7 @@ class TaskView:
     # The registry's unknown_budget of each tool in unsettled_by_tool: a tool's 0 means one unsettled UNKNOWN of
     # that tool holds back every write of the task (a permission grant or a payment in doubt).
     unknown_budget_by_tool: dict[str, int | None] = field(default_factory=dict)
+    compensating: int = 0  # calls of the task being compensated (SPEC §12): the task's other writes wait
     budgets: Budgets = field(default_factory=Budgets)
 
 

@@ -267,6 +267,7 @@ TOOL = {
     "result_time_field": Key(dotted),
     "invariants": Key(_invariants),
     "approvable_codes": Key(CODES),
+    "refusal_codes": Key(CODES),
     "alternates": Key(string_list(name(100))),
     "outcome_timeout_s": Key(integer(1, 86_400)),
     "key_retention_s": Key(integer(1)),

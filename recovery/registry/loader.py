@@ -48,6 +48,7 @@ TOOL_FIELDS = (
     "result_time_field",
     "invariants",
     "approvable_codes",
+    "refusal_codes",
     "outcome_timeout_s",
     "key_retention_s",
     "status_query",

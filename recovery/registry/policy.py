@@ -93,6 +93,7 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         result_time_field=tool.result_time_field,
         invariants=tuple(_invariant(item) for item in tool.invariants),
         approvable_codes=frozenset(tool.approvable_codes),
+        refusal_codes=frozenset(tool.refusal_codes),
         idempotency_conflict_codes=frozenset(tool.provider.idempotency_conflict_codes),
         alternates=_alternate_names(tool),
         outcome_timeout_s=tool.outcome_timeout_s,

@@ -10,7 +10,7 @@ from recovery.engine.budgets import tighter
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Receipt, Step, Task, Tool
 from recovery.selectors.breakers import breaker_view, breaker_view_of
-from recovery.states import UNSETTLED
+from recovery.states import UNSETTLED, CallState
 
 
 def task_budgets(task: Task) -> Budgets:
@@ -26,7 +26,7 @@ def task_budgets(task: Task) -> Budgets:
     )
 
 
-def task_view(task: Task, *, unsettled: int | None = None) -> TaskView:
+def task_view(task: Task, *, unsettled: int | None = None, compensating: int | None = None) -> TaskView:
     """The task as the gate sees it. `unsettled`: how many of its calls are unsettled, when the caller read it with
     the call (selectors.tasks_calls.call_for_attempt); none means no per-tool count to read."""
     by_tool: dict[str, int] = {}
@@ -48,6 +48,11 @@ def task_view(task: Task, *, unsettled: int | None = None) -> TaskView:
         unsettled_unknowns=sum(by_tool.values()),
         unsettled_by_tool=by_tool,
         unknown_budget_by_tool=limits,
+        compensating=(
+            Call.objects.filter(task=task, state=CallState.COMPENSATING).count()
+            if compensating is None
+            else compensating
+        ),
         budgets=task_budgets(task),
     )
 
@@ -142,7 +147,11 @@ def gate_context(
         latest_receipt=latest_receipt,
         latest_receipt_at=latest_receipt_at,
         approval_available=approval,
-        task=task_view(task, unsettled=call.unsettled_in_task if read else None),
+        task=task_view(
+            task,
+            unsettled=call.unsettled_in_task if read else None,
+            compensating=call.compensating_in_task if read else None,
+        ),
         breaker=breaker,
     )
     return context, call_view(call, tool, task, first_sent_at)

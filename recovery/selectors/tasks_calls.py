@@ -52,6 +52,13 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
         .values("n")
     )
     alternates = Tool.alternates.through.objects.filter(from_tool_id=OuterRef("tool_id"))
+    compensating = (
+        Call.objects.filter(task_id=OuterRef("task_id"), state=S.COMPENSATING)
+        .order_by()
+        .values("task_id")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
     call = (
         calls.select_related("tool__breaker_row")
         .annotate(
@@ -63,6 +70,7 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
             has_dependency_calls=Exists(Call.objects.filter(step_id__in=dependency_steps)),
             unsettled_in_task=Coalesce(Subquery(unsettled), 0),
             tool_has_alternates=Exists(alternates),
+            compensating_in_task=Coalesce(Subquery(compensating), 0),
         )
         .first()
     )

@@ -1,0 +1,572 @@
+"""Compensation ledgers (SPEC §12): undo a committed effect as its own reconciled side effect.
+
+An entry is made from the forward tool's registry template (`compensation: {tool, args}`) filled with the original
+call's arguments, its result (`{result.<field>}`) and its provider reference; its key is derived from the original
+key and the entry number, once. Starting the first entry moves the call COMMITTED → COMPENSATING; a worker sends the
+entry's request (`compensation_send`), and what comes back is read by the same §3 table as any write, the tool's
+`refusal_codes` first: committed, unknown (reconciled by its own tool's status query, `compensation_check`), not
+committed (sent again with its own key while its tool's attempts last), failed (refused: nothing executed) or review.
+When the entry ends, so does the call's compensation: COMPENSATED, PARTIAL_COMPENSATED (a receipt shows less than the
+expected effect) or COMPENSATION_FAILED. While any entry of a task is open the task's other writes are refused
+(`open_compensations`, read by admission). Budgets: its own tool's max_attempts; never the task's deadline, rounds or
+tokens — an undo must stay possible.
+
+Every state change goes through recovery.transitions (transition_entry, transition_call): conditional UPDATEs with
+their audit events, in one transaction with the entry's attempt or receipt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from recovery.audit import Actor, append_event
+from recovery.audit_actions import AuditAction
+from recovery.compensation_states import FINAL, OPEN, SENDABLE, EntryState
+from recovery.engine.classify import classify
+from recovery.engine.reconcile import LEARNED_NOTHING, Observation, next_check
+from recovery.engine.redact import redact_data
+from recovery.engine.types import ClassifyContext, FieldError
+from recovery.engine.validation import MISSING, resolve
+from recovery.models import (
+    Attempt,
+    Call,
+    CompensationAttempt,
+    CompensationEntry,
+    CompensationReceipt,
+    Receipt,
+    ReceiptSource,
+    Task,
+    Tool,
+)
+from recovery.providers.requests import TemplateError, send, tool_request
+from recovery.providers.status import query_status
+from recovery.queueing import enqueue
+from recovery.registry import tool_policy
+from recovery.services.errors import ServiceError
+from recovery.services.outcomes import facts_of
+from recovery.states import CallState
+from recovery.transitions import TransitionConflict, transition_call, transition_entry
+
+logger = logging.getLogger("recovery.compensations")
+
+S, E = CallState, EntryState
+# The call states a compensation may start from: the first entry of a committed effect, or a new entry after one
+# that undid less than expected or nothing.
+STARTABLE = frozenset({S.COMMITTED, S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED})
+LEASE_S = 120  # a worker's hold on an entry while it sends or checks it
+RETRY_S = 2  # a not-committed entry is sent again this long after (its own key: the provider deduplicates)
+# The §3 table's call states, read for an entry.
+_ENTRY_OF = {
+    S.COMMITTED: E.COMMITTED,
+    S.RETRYABLE: E.NOT_COMMITTED,
+    S.UNKNOWN: E.UNKNOWN,
+    S.ACCEPTED: E.UNKNOWN,
+    S.FAILED_PERMANENT: E.FAILED,
+    S.HUMAN_REVIEW: E.REVIEW,
+}
+
+
+def _job(name: str) -> Actor:
+    return Actor.job(name)
+
+
+# --- the entry's plan -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryPlan:
+    """What an entry will be: its tool and filled arguments, key, target and expected effect."""
+
+    tool: Tool
+    arguments: dict
+    idempotency_key: str
+    target: str
+    expected_effect: str
+    max_attempts: int | None
+
+
+def derive_key(original_key: str, number: int) -> str:
+    """The entry's own key: stable for (original key, entry number), never regenerated, at most 255 characters."""
+    key = f"{original_key}.compensation-{number}"
+    if len(key) <= 255:
+        return key
+    return f"compensation-{hashlib.sha256(original_key.encode()).hexdigest()}-{number}"
+
+
+def call_result(call: Call) -> Any:
+    """The forward effect's result as the provider gave it: the committed attempt's reply, else the body of the
+    receipt that confirmed it (a call settled by reconciliation has no reply of its own)."""
+    attempt = (
+        Attempt.objects.filter(call=call, http_status__gte=200, http_status__lt=300)
+        .exclude(facts__isnull=True)
+        .order_by("-number")
+        .values_list("facts", flat=True)
+        .first()
+    )
+    if isinstance(attempt, dict) and isinstance(attempt.get("result"), dict):
+        return attempt["result"]
+    response = (
+        Receipt.objects.filter(call=call, observed=Observation.COMMITTED)
+        .order_by("-checked_at", "-pk")
+        .values_list("response", flat=True)
+        .first()
+    )
+    if isinstance(response, dict) and isinstance(response.get("body"), dict):
+        return response["body"]
+    return None
+
+
+def _fill(template: Any, values: dict, path: str, missing: list[FieldError]) -> Any:
+    if isinstance(template, dict):
+        return {key: _fill(value, values, f"{path}.{key}", missing) for key, value in template.items()}
+    if isinstance(template, list):
+        return [_fill(value, values, f"{path}[{i}]", missing) for i, value in enumerate(template)]
+    if not isinstance(template, str) or "{" not in template:
+        return template
+    names = [part.split("}", 1)[0] for part in template.split("{")[1:]]
+    found = {name: resolve(values, name.strip()) for name in names}
+    for name, value in found.items():
+        if value is MISSING or value is None or value == "":
+            missing.append(
+                FieldError(
+                    field=path.removeprefix("args."),
+                    expected=f"{{{name}}} from the committed call",
+                    received=None,
+                    suggestion=(
+                        f"the call has no {name}: settle it with a result or a provider reference first"
+                        if name.startswith(("result", "provider_ref"))
+                        else f"the call's arguments lack {name}"
+                    ),
+                )
+            )
+    if missing:
+        return None
+    if template.startswith("{") and template.endswith("}") and len(names) == 1 and template == f"{{{names[0]}}}":
+        return found[names[0]]  # one whole placeholder keeps its JSON type ("{amount_cents}" stays a number)
+    text = template
+    for name, value in found.items():
+        text = text.replace(f"{{{name}}}", str(value))
+    return text
+
+
+def entry_plan(call: Call, number: int) -> EntryPlan:
+    """The entry `number` of `call` would be; ServiceError 422 `compensation_unavailable` (field errors) when the
+    tool has no compensation or its template needs a value the call does not have — then no entry is made."""
+    template = call.tool.compensation if isinstance(call.tool.compensation, dict) else {}
+    if not template.get("tool"):
+        raise ServiceError(
+            422,
+            "compensation_unavailable",
+            f"{call.tool.name} declares no compensation in the registry",
+            field_errors=[
+                FieldError(
+                    field="compensation",
+                    expected="a registry compensation {tool, args} for this tool",
+                    received=None,
+                    suggestion="Add one to the tool's registry entry, or settle the effect by hand.",
+                )
+            ],
+        )
+    tool = Tool.objects.select_related("provider").filter(name=template["tool"]).first()
+    if tool is None:
+        raise ServiceError(
+            422, "compensation_unavailable", f"the compensation tool {template['tool']} is not registered"
+        )
+    result = call_result(call)
+    values = {
+        **(call.arguments if isinstance(call.arguments, dict) else {}),
+        "result": result if isinstance(result, dict) else {},
+        "provider_ref": call.provider_ref,
+        "idempotency_key": call.idempotency_key,
+    }
+    missing: list[FieldError] = []
+    arguments = _fill(template.get("args") or {}, values, "args", missing)
+    if missing:
+        raise ServiceError(
+            422,
+            "compensation_unavailable",
+            f"the compensation of {call.tool.name} needs values this call does not have",
+            field_errors=missing,
+        )
+    ref = call.provider_ref or call.idempotency_key
+    noun = tool.name.split(".")[-1]
+    policy = tool_policy(tool)
+    return EntryPlan(
+        tool=tool,
+        arguments=arguments,
+        idempotency_key=derive_key(call.idempotency_key, number),
+        target=f"{call.tool.name} {ref}"[:300],
+        expected_effect=f"{tool.name} undoes {call.tool.name} {ref}: one {noun}"[:300],
+        max_attempts=policy.budgets.max_attempts,
+    )
+
+
+# --- starting -------------------------------------------------------------------------------------------------
+
+
+def compensation_start(call: Call, *, actor: Actor, requested_by=None, send: bool = True) -> CompensationEntry:
+    """Make the next entry of `call` and move the call to COMPENSATING, in one transaction; a worker sends it.
+
+    Refused (ServiceError 409, nothing changed) unless the call is COMMITTED (the first entry) or
+    PARTIAL_COMPENSATED / COMPENSATION_FAILED with every earlier entry final; two starts at once make one entry
+    (the call's row is locked, and the partial unique index allows one open entry per call).
+    """
+    try:
+        with transaction.atomic():
+            call = Call.objects.select_for_update().select_related("tool__provider", "task").get(pk=call.pk)
+            if call.state not in STARTABLE:
+                raise ServiceError(
+                    409,
+                    "not_compensable",
+                    f"a {call.state} call cannot start a compensation: only COMMITTED, PARTIAL_COMPENSATED or "
+                    "COMPENSATION_FAILED",
+                    detail={"call_state": call.state},
+                )
+            earlier = list(call.compensations.values_list("number", "state"))
+            if any(state not in FINAL for _, state in earlier):
+                raise ServiceError(409, "compensation_in_progress", "an earlier entry of this call is not final")
+            if any(state == E.COMMITTED for _, state in earlier) and call.state != S.PARTIAL_COMPENSATED:
+                raise ServiceError(409, "not_compensable", "an earlier entry already undid this effect")
+            number = len(earlier) + 1
+            plan = entry_plan(call, number)
+            entry = CompensationEntry.objects.create(
+                call=call,
+                number=number,
+                tool=plan.tool,
+                idempotency_key=plan.idempotency_key,
+                arguments=plan.arguments,
+                target=plan.target,
+                target_version=call.version,
+                expected_effect=plan.expected_effect,
+                max_attempts=plan.max_attempts,
+                requested_by=requested_by,
+            )
+            append_event(
+                action=AuditAction.COMPENSATION_STARTED,
+                actor=actor,
+                task_id=call.task_id,
+                call_id=call.pk,
+                reason=f"compensation {number} of {call.tool.name}: {plan.expected_effect}",
+                evidence={
+                    "compensation": entry.pk,
+                    "entry": number,
+                    "tool": plan.tool.name,
+                    "idempotency_key": plan.idempotency_key,
+                    "target_version": call.version,
+                },
+            )
+            why = "saga compensation started" if number == 1 else "approved new compensation"
+            transition_call(call, S.COMPENSATING, actor=actor, reason=why, evidence={"compensation": entry.pk})
+            if send:
+                _enqueue_send(entry)
+    except IntegrityError:
+        raise ServiceError(
+            409, "compensation_in_progress", "another compensation of this call was just started"
+        ) from None
+    entry.call = call
+    return entry
+
+
+# The jobs, by name: recovery.jobs calls this module, so it cannot be imported here.
+SEND_JOB = "recovery.jobs.send_compensation"
+CHECK_JOB = "recovery.jobs.check_compensation"
+
+
+def _enqueue_send(entry: CompensationEntry) -> None:
+    """Send the entry's next attempt once this transaction commits (one job per attempt number)."""
+    enqueue(SEND_JOB, entry.pk, job_id=f"compensation-send-{entry.pk}-{entry.attempts_count + 1}")
+
+
+def enqueue_check(entry: CompensationEntry) -> None:
+    """An immediate status check of an unknown entry, once this transaction commits."""
+    enqueue(CHECK_JOB, entry.pk, job_id=f"compensation-check-{entry.pk}-{entry.checks_made + 1}")
+
+
+def open_compensations(task: Task) -> list[int]:
+    """The ids of the task's calls with an open entry (or COMPENSATING): while there is one, the task's other writes
+    are refused (`compensation_in_progress`)."""
+    return sorted(
+        set(
+            Call.objects.filter(task=task)
+            .filter(Q(state=S.COMPENSATING) | Q(compensations__state__in=sorted(OPEN)))
+            .values_list("pk", flat=True)
+        )
+    )
+
+
+# --- leases -----------------------------------------------------------------------------------------------------
+
+
+def _claim(entry_id: int, *, worker: str, states, now: datetime, due: Q) -> bool:
+    """Take the worker lease on an entry in `states` whose time has come (one worker at a time)."""
+    free = Q(lease_until__isnull=True) | Q(lease_until__lte=now) | Q(lease_owner=worker)
+    claimed = CompensationEntry.objects.filter(free, due, pk=entry_id, state__in=sorted(states)).update(
+        lease_owner=worker, lease_until=now + timedelta(seconds=LEASE_S)
+    )
+    return claimed == 1
+
+
+def _load(entry_id: int) -> CompensationEntry:
+    return CompensationEntry.objects.select_related("tool__provider", "call__tool", "call__task").get(pk=entry_id)
+
+
+# --- sending ----------------------------------------------------------------------------------------------------
+
+
+def compensation_send(entry_id: int, *, worker: str, now: datetime | None = None) -> CompensationEntry | None:
+    """Send a pending (or provably not committed) entry's request once, with its own key, and read the reply.
+    None when another worker holds it or there is nothing to send."""
+    now = now or timezone.now()
+    due = Q(send_at__isnull=True) | Q(send_at__lte=now)
+    if not _claim(entry_id, worker=worker, states=SENDABLE, now=now, due=due):
+        return None
+    entry = _load(entry_id)
+    actor = _job("compensation")
+    if not entry.has_attempts_left():
+        with transaction.atomic():
+            _move(entry, E.FAILED, actor=actor, reason=f"all {entry.max_attempts} attempts of the entry are used",
+                  changes={"outcome": "retry_exhausted", "lease_owner": "", "lease_until": None})  # fmt: skip
+        return entry
+    try:
+        request = tool_request(entry.tool, entry)
+    except TemplateError as exc:
+        with transaction.atomic():
+            _move(entry, E.FAILED, actor=actor, reason=f"its request cannot be built: {exc}",
+                  changes={"outcome": "request_template", "lease_owner": "", "lease_until": None})  # fmt: skip
+        return entry
+    number = entry.attempts_count + 1
+    with transaction.atomic():
+        transition_entry(
+            entry,
+            E.SENT,
+            actor=actor,
+            reason=f"attempt {number} sent with the entry's own key",
+            evidence={"attempt": number, "idempotency_key": entry.idempotency_key},
+            changes={"attempts_count": number, "send_at": None},
+        )
+        attempt = CompensationAttempt.objects.create(entry=entry, number=number, request=request.shown(), sent_at=now)
+    wire = send(request)
+    _read_reply(entry, attempt, wire, actor=actor)
+    return entry
+
+
+def _read_reply(entry: CompensationEntry, attempt: CompensationAttempt, wire: dict, *, actor: Actor) -> None:
+    facts = facts_of(wire)
+    policy = tool_policy(entry.tool)
+    outcome = classify(
+        facts,
+        policy,
+        ClassifyContext(
+            call_id=entry.compensation_id,
+            attempt_id=f"{entry.compensation_id}-{attempt.number}",
+            idempotency_key=entry.idempotency_key,
+            attempt_number=attempt.number,
+            arguments=entry.arguments,
+        ),
+    )
+    state = _ENTRY_OF.get(S(outcome.state), E.REVIEW)
+    now = timezone.now()
+    changes: dict[str, Any] = {"lease_owner": "", "lease_until": None}
+    if outcome.provider_ref:
+        changes["provider_ref"] = outcome.provider_ref[:255]
+    if state == E.UNKNOWN:
+        changes["next_check_at"] = now + timedelta(seconds=policy.reconcile.first_check_s)
+    if state == E.NOT_COMMITTED:  # sent again by the periodic tick once this is due (a Retry-After is honoured)
+        wait_s = max(RETRY_S, (facts.retry_after_ms or 0) / 1000)
+        changes["send_at"] = now + timedelta(seconds=wait_s)
+    if state in (E.FAILED, E.REVIEW):
+        changes["outcome"] = outcome.error
+    effect = _effect(entry, wire.get("result"))
+    if effect is not None and state == E.COMMITTED:
+        changes["effects_observed"] = effect
+    with transaction.atomic():
+        error = wire.get("error") if isinstance(wire.get("error"), dict) else {}
+        attempt.facts = redact_data({k: v for k, v in wire.items() if k != "error"} | {"error": error})
+        attempt.http_status = wire.get("http_status")
+        attempt.error_kind = (error.get("kind") or "")[:32]
+        attempt.error_code = (error.get("code") or "")[:100]
+        attempt.provider_ref = (outcome.provider_ref or "")[:255]
+        attempt.row, attempt.label, attempt.state_after, attempt.finished_at = outcome.row, outcome.error, state, now
+        attempt.save()
+        _move(
+            entry,
+            state,
+            actor=actor,
+            reason=f"reply of attempt {attempt.number}: {outcome.error} (row {outcome.row})",
+            evidence={"attempt": attempt.number, "row": outcome.row, "http_status": attempt.http_status},
+            changes=changes,
+        )
+
+
+def _effect(entry: CompensationEntry, result: Any) -> int | None:
+    """How much of the expected effect a committed reply shows: None when it does not say (one whole undo).
+
+    An entry whose arguments carry an amount (`amount_cents`) undoes that amount; a result carrying a smaller one
+    undid part of it (PARTIAL_COMPENSATED)."""
+    expected = entry.arguments.get("amount_cents") if isinstance(entry.arguments, dict) else None
+    if not isinstance(result, dict) or not isinstance(expected, int):
+        return None
+    got = result.get("amount_cents")
+    return 1 if isinstance(got, int) and got >= expected else (0 if isinstance(got, int) else None)
+
+
+# --- moving an entry, and the call with it ----------------------------------------------------------------------
+
+
+def _move(entry: CompensationEntry, to: EntryState, *, actor: Actor, reason: str, evidence=None, changes=None) -> None:
+    """transition_entry, then the call's end when the entry is final (in the caller's transaction)."""
+    transition_entry(entry, to, actor=actor, reason=reason, evidence=evidence, changes=changes)
+    if to in FINAL:
+        _settle_call(entry, actor=actor)
+
+
+def _settle_call(entry: CompensationEntry, *, actor: Actor) -> None:
+    call = Call.objects.select_for_update().get(pk=entry.call_id)
+    if call.state != S.COMPENSATING:
+        return
+    if entry.state == E.COMMITTED:
+        partial = entry.effects_observed is not None and entry.effects_observed < entry.expected_effects
+        to = S.PARTIAL_COMPENSATED if partial else S.COMPENSATED
+        why = "compensation partly committed: " if partial else "compensation committed: "
+    else:
+        to, why = S.COMPENSATION_FAILED, "compensation failed, nothing undone: "
+    transition_call(
+        call,
+        to,
+        actor=actor,
+        reason=why + entry.expected_effect,
+        evidence={"compensation": entry.pk, "entry": entry.number, "outcome": entry.outcome},
+    )
+
+
+# --- reconciling an unknown entry -------------------------------------------------------------------------------
+
+
+def compensation_check(entry_id: int, *, worker: str, now: datetime | None = None, force: bool = False):
+    """Ask the compensation tool's status query about an unknown entry, by its own key; record a receipt and move
+    the entry as SPEC §10 moves an unknown write. None when another worker holds it or it is not due."""
+    now = now or timezone.now()
+    due = Q() if force else Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
+    if not _claim(entry_id, worker=worker, states={E.UNKNOWN}, now=now, due=due):
+        return None
+    entry = _load(entry_id)
+    actor = _job("compensation-reconcile")
+    policy = tool_policy(entry.tool).reconcile
+    if not entry.tool.status_query:
+        with transaction.atomic():
+            _move(entry, E.REVIEW, actor=actor, reason="its tool has no status API: a person decides",
+                  changes={"outcome": "no_status_api", "lease_owner": "", "lease_until": None})  # fmt: skip
+        return None
+    answer = query_status(entry.tool, entry)
+    checks = entry.checks_made + 1
+    with transaction.atomic():
+        before = entry.state
+        changes: dict[str, Any] = {
+            "checks_made": checks,
+            "last_receipt_at": now,
+            "lease_owner": "",
+            "lease_until": None,
+        }
+        if answer.provider_ref:
+            changes["provider_ref"] = answer.provider_ref[:255]
+        if answer.provider_status:
+            changes["provider_status"] = answer.provider_status[:64]
+        to, why = _after_receipt(entry, answer.observed, checks=checks, policy=policy, now=now)
+        if to is None:
+            changes["next_check_at"] = next_check(policy, checks=checks, now=now, started_at=entry.created_at)
+            CompensationEntry.objects.filter(pk=entry.pk).update(**changes)
+            for name, value in changes.items():
+                setattr(entry, name, value)
+        else:
+            if to == E.NOT_COMMITTED:
+                changes["send_at"] = now  # the periodic tick sends it again with its own key
+            if to in (E.REVIEW, E.FAILED):
+                changes["outcome"] = why.split(":")[0]
+            if to == E.COMMITTED and answer.effects is not None:
+                changes["effects_observed"] = min(answer.effects, entry.expected_effects)
+            _move(entry, to, actor=actor, reason=f"receipt: {why}", changes=changes,
+                  evidence={"observed": answer.observed, "provider_status": answer.provider_status})  # fmt: skip
+        receipt = CompensationReceipt.objects.create(
+            entry=entry,
+            source=ReceiptSource.POLL,
+            observed=answer.observed,
+            provider_status=answer.provider_status[:64],
+            provider_ref=answer.provider_ref[:255],
+            effects_observed=answer.effects,
+            request=answer.request,
+            response=answer.response,
+            http_status=answer.http_status,
+            state_before=before,
+            state_after=entry.state,
+            applied=to is not None,
+            checked_at=now,
+        )
+        append_event(
+            action=AuditAction.COMPENSATION_CHECKED,
+            actor=actor,
+            task_id=entry.call.task_id,
+            call_id=entry.call_id,
+            reason=f"status check {checks} of compensation {entry.number}: {answer.observed}",
+            evidence={"compensation": entry.pk, "receipt": receipt.pk, "observed": answer.observed},
+        )
+    return receipt
+
+
+def _after_receipt(entry, observed: str, *, checks: int, policy, now: datetime) -> tuple[EntryState | None, str]:
+    if observed == Observation.COMMITTED:
+        return E.COMMITTED, "the provider has the undo"
+    if observed == Observation.NOT_COMMITTED:
+        if entry.has_attempts_left():
+            return E.NOT_COMMITTED, "the provider never executed it: it is sent again with its own key"
+        return E.FAILED, "retry_exhausted: the provider never executed it and no attempt is left"
+    if observed in LEARNED_NOTHING or observed == Observation.PENDING:
+        deadline = policy.deadline(entry.created_at)
+        if policy.max_checks is not None and checks >= policy.max_checks:
+            return E.REVIEW, f"poll_budget_exhausted: {checks} of {policy.max_checks} checks made"
+        if deadline is not None and now >= deadline:
+            return E.REVIEW, f"deadline_exceeded: the deadline {deadline.isoformat()} passed"
+    return None, ""
+
+
+# --- the schedule -----------------------------------------------------------------------------------------------
+
+# A pending entry whose send job was lost (a worker died before taking it) is sent by the periodic tick after this.
+LOST_SEND_S = 30
+
+
+def compensations_due(*, now: datetime | None = None) -> tuple[list[int], list[int]]:
+    """(entries to send, entries to check) now: not-committed entries whose retry is due and pending ones whose
+    job was lost; unknown entries whose next check is due. Leases held by a live worker are skipped."""
+    now = now or timezone.now()
+    free = Q(lease_until__isnull=True) | Q(lease_until__lte=now)
+    sends = CompensationEntry.objects.filter(free).filter(
+        Q(state=E.NOT_COMMITTED) & (Q(send_at__isnull=True) | Q(send_at__lte=now))
+        | Q(state=E.PENDING, created_at__lte=now - timedelta(seconds=LOST_SEND_S))
+    )
+    checks = CompensationEntry.objects.filter(free, state=E.UNKNOWN, next_check_at__lte=now)
+    return list(sends.values_list("pk", flat=True)[:500]), list(checks.values_list("pk", flat=True)[:500])
+
+
+def compensations_run_due(*, worker: str, now: datetime | None = None) -> int:
+    """Periodic: send and check what is due, here (the tick's own worker); how many entries were acted on."""
+    sends, checks = compensations_due(now=now)
+    acted = 0
+    for entry_id in sends:
+        try:
+            acted += compensation_send(entry_id, worker=worker) is not None
+        except TransitionConflict:
+            continue
+    for entry_id in checks:
+        try:
+            acted += compensation_check(entry_id, worker=worker) is not None
+        except TransitionConflict:
+            continue
+    return acted
