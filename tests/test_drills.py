@@ -4,11 +4,12 @@ checks the drill's key facts again on its own, from the database and the sandbox
 verdict; one test proves that a drill whose expectation is not met fails, and the command prints its table, stores
 the run and exits non-zero on a mismatch.
 
-The two drills of operator actions act as drill users (a reviewer, two approvers): "two approvers" releases both
+The drills of operator actions act as drill users (a reviewer, two approvers): "two approvers" releases both
 approvers of each round at once on PostgreSQL (one after the other on SQLite), "worker killed mid-replay" kill -9s a
-real RQ worker process (skipped without Redis, a failure under REQUIRE_SERVICES=1). The demo path of `make run` — a
-refund reconciliation could not settle, replayed with its key by the demo reviewer and approver — is played here on
-the drill stage with the console's own users.
+real RQ worker process (skipped without Redis, a failure under REQUIRE_SERVICES=1), and the two compensation drills
+undo an order the agent created with an approved start_compensation, its entry judged under its own key. The demo
+path of `make run` — a refund reconciliation could not settle, replayed with its key by the demo reviewer and
+approver — is played here on the drill stage with the console's own users.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from rq.job import Job
 from recovery import queueing
 from recovery.agent.scenarios import run_scenarios
 from recovery.audit import Actor
+from recovery.compensation_states import EntryState as E
 from recovery.drills.evidence import at
 from recovery.drills.framework import wait
 from recovery.drills.judge import rejudge
@@ -38,7 +40,7 @@ from recovery.drills.report import result_table
 from recovery.drills.results import DrillResult
 from recovery.drills.runner import run_drill
 from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_stage
-from recovery.drills.table import DRILLS, End
+from recovery.drills.table import DRILLS, CompensationEnd, End
 from recovery.management.commands import drill as drill_command
 from recovery.models import (
     ActionRequest,
@@ -78,7 +80,13 @@ def passed(stage, slug: str, **options) -> DrillResult:
 
 
 def transitions(call_id: int) -> list[str]:
-    events = AuditEvent.objects.filter(call_id=call_id).exclude(from_state="").order_by("seq")
+    """The call's own states after READY (its compensation entries' transitions are on the call too: not these)."""
+    events = AuditEvent.objects.filter(call_id=call_id, action="call.transition").exclude(from_state="")
+    return list(events.order_by("seq").values_list("to_state", flat=True))
+
+
+def entry_transitions(call_id: int) -> list[str]:
+    events = AuditEvent.objects.filter(call_id=call_id, action="compensation.transition").order_by("seq")
     return list(events.values_list("to_state", flat=True))
 
 
@@ -208,6 +216,18 @@ def test_a_drill_whose_expectation_is_not_met_fails_with_the_mismatch(stage):
     assert all(check.passed for check in result.checks)  # only the effects differ, and that is enough
     assert "1 effect(s) MISMATCH: expected SENT → UNKNOWN → COMMITTED, 2" in "\n".join(lines)
     assert result.observed.startswith("SENT → UNKNOWN → COMMITTED; 1 effect;") and lines[-1].startswith("  FAIL")
+
+    # A table that says the refund was also undone: the call has no compensation entry, and that row fails.
+    undone = CompensationEnd(path=(E.SENT, E.COMMITTED), effects=1, what="cancellation")
+    judged = rejudge(stage, result, replace(DRILLS["timeout-after-send"], compensation=undone))
+    call_row, missing = judged.keys
+    assert call_row.passed and not judged.passed
+    assert (missing.entry, missing.observed_end, missing.expected_end, missing.passed) == (
+        1,
+        "no entry was made",
+        "entry 1: sent → committed",
+        False,
+    )
 
 
 def test_the_command_prints_the_result_table_and_stores_the_run_for_the_console(transactional_db, client):

@@ -1,12 +1,14 @@
-"""Reading what a drill left behind: the sandbox's request log times and the database's attempts and audit trail."""
+"""Reading what a drill left behind: the sandbox's request log times and the database's attempts, compensation
+entries and audit trail."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import datetime
 
-from recovery.audit_actions import REQUEST_EVENTS
-from recovery.models import Attempt, AuditEvent, Decision, GateDecision
+from recovery.audit_actions import REQUEST_EVENTS, AuditAction
+from recovery.models import Attempt, AuditEvent, CompensationEntry, Decision, GateDecision
 
 
 def at(entry: dict) -> datetime:
@@ -24,11 +26,12 @@ def chunks(ids: list[int], size: int = 500) -> Iterator[list[int]]:
 
 
 def call_paths(ids: list[int]) -> dict[int, tuple[str, ...]]:
-    """Each call's states after READY, in order, from its audit trail (the transitions, not the call row)."""
+    """Each call's states after READY, in order, from its audit trail (the transitions, not the call row; its
+    compensation entries' transitions, on the same call, are not the call's)."""
     paths: dict[int, list[str]] = {}
     for chunk in chunks(ids):
         events = (
-            AuditEvent.objects.filter(call_id__in=chunk)
+            AuditEvent.objects.filter(call_id__in=chunk, action=AuditAction.CALL_TRANSITION)
             .exclude(from_state="")
             .exclude(to_state="")
             .order_by("seq")
@@ -37,6 +40,34 @@ def call_paths(ids: list[int]) -> dict[int, tuple[str, ...]]:
         for call_id, state in events:
             paths.setdefault(call_id, []).append(state)
     return {call_id: tuple(path) for call_id, path in paths.items()}
+
+
+@dataclass(frozen=True, kw_only=True)
+class EntryPath:
+    """One compensation entry of a call: its number, its own key, and its states after pending, from the audit
+    trail (the transitions, not the entry row)."""
+
+    call_id: int
+    number: int
+    key: str
+    path: tuple[str, ...]
+
+
+def entry_paths(ids: list[int]) -> dict[int, list[EntryPath]]:
+    """Each call's compensation entries, by number (an empty list for a call that has none)."""
+    found: dict[int, list[EntryPath]] = {call_id: [] for call_id in ids}
+    for chunk in chunks(ids):
+        entries = CompensationEntry.objects.filter(call_id__in=chunk).order_by("call_id", "number")
+        rows = list(entries.values_list("pk", "call_id", "number", "idempotency_key"))
+        states: dict[int, list[str]] = {pk: [] for pk, *_ in rows}
+        events = AuditEvent.objects.filter(call_id__in=chunk, action=AuditAction.COMPENSATION_TRANSITION)
+        for evidence, state in events.order_by("seq").values_list("evidence", "to_state"):
+            entry = evidence.get("compensation") if isinstance(evidence, dict) else None
+            if entry in states:
+                states[entry].append(state)
+        for pk, call_id, number, key in rows:
+            found[call_id].append(EntryPath(call_id=call_id, number=number, key=key, path=tuple(states[pk])))
+    return found
 
 
 def last_word(ids: list[int]) -> dict[int, str]:

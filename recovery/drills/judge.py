@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from recovery.drills.evidence import call_paths, last_word
+from recovery.drills.evidence import EntryPath, call_paths, entry_paths, last_word
 from recovery.drills.framework import Run
 from recovery.drills.results import CheckRow, DrillResult, KeyRow
 from recovery.drills.stage import Stage
@@ -15,7 +15,8 @@ from recovery.states import CallState as S
 
 def judge(run: Run, slug: str, error: str, seconds: float) -> DrillResult:
     """Every call's end (from its audit trail) and its key's effects (from the sandbox's ledger) against the
-    table's, and the checks the table names; a check the drill did not make fails."""
+    table's — and, for a drill that undoes its calls, every compensation entry's end and the effects under its own
+    key — and the checks the table names; a check the drill did not make fails."""
     drill = run.drill
     try:
         effects = run.sandbox.ledger()["by_key"]
@@ -46,7 +47,7 @@ def rejudge(stage: Stage, result: DrillResult, expect: Drill) -> DrillResult:
     """Judge a finished drill's calls and checks again against another expectation, from the audit trail and the
     sandbox's ledger as they are now: the same evidence, another table (tests prove a wrong one fails)."""
     run = Run(stage, expect, lambda line: None)
-    run.calls = [(row.key, row.call_id) for row in result.keys]
+    run.calls = [(row.key, row.call_id) for row in result.keys if row.entry is None]  # entries are found again
     run.checks = list(result.checks)
     return judge(run, result.slug, result.error, result.seconds)
 
@@ -55,6 +56,7 @@ def _key_rows(run: Run, effects: dict[str, int]) -> list[KeyRow]:
     drill = run.drill
     ids = [call_id for _, call_id in run.calls if call_id is not None]
     paths, told = call_paths(ids), last_word(ids)
+    entries = entry_paths(ids) if drill.compensation is not None else {}
     rows = []
     for key, call_id in run.calls:
         path, said = paths.get(call_id, ()), told.get(call_id, "")
@@ -70,6 +72,44 @@ def _key_rows(run: Run, effects: dict[str, int]) -> list[KeyRow]:
                 passed=any(end.matches(path, said) for end in drill.ends) and observed_effects == drill.effects,
             )
         )
+        if drill.compensation is not None:
+            rows += _entry_rows(drill, key, call_id, entries.get(call_id, []), effects)
+    return rows
+
+
+def _entry_rows(drill: Drill, key: str, call_id: int | None, made: list[EntryPath], effects: dict) -> list[KeyRow]:
+    """The call's compensation entries, one row each under its own key: the first must end as the table says,
+    and there must be no other (a missing entry is a failing row of its own)."""
+    undo = drill.compensation
+    if not made:
+        return [
+            KeyRow(
+                key=f"{key} (no compensation entry)",
+                call_id=call_id,
+                expected_end=undo.describe(),
+                observed_end="no entry was made",
+                expected_effects=undo.effects,
+                observed_effects=0,
+                passed=False,
+                entry=1,
+            )
+        ]
+    rows = []
+    for entry in made:
+        observed_effects = effects.get(entry.key, 0)
+        first = entry.number == 1
+        rows.append(
+            KeyRow(
+                key=entry.key,
+                call_id=call_id,
+                expected_end=undo.describe() if first else f"entry {entry.number}: none (one entry per call)",
+                observed_end=f"entry {entry.number}: {ARROW.join(entry.path) or 'pending'}",
+                expected_effects=undo.effects if first else 0,
+                observed_effects=observed_effects,
+                passed=first and entry.path == undo.path and observed_effects == undo.effects,
+                entry=entry.number,
+            )
+        )
     return rows
 
 
@@ -82,17 +122,29 @@ def describe_path(path: tuple[str, ...], told: str) -> str:
 def observed_summary(rows: list[KeyRow], checks: list[CheckRow], error: str) -> str:
     if error:
         return f"error: {error}"
+    entries = [row for row in rows if row.entry is not None]
+    rows = [row for row in rows if row.entry is None]
     if not rows:
         return "no call was made"
-    if len(rows) == 1:
-        effect = rows[0].observed_effects
-        text = f"{rows[0].observed_end}; {effect} effect{'s' if effect != 1 else ''}"
-    else:
-        ends = Counter(row.observed_end for row in rows)
-        effects = Counter(row.observed_effects for row in rows)
-        text = " | ".join(f"{n} x {end}" for end, n in ends.items())
-        text += "; effects " + ", ".join(f"{n} x {e}" for e, n in sorted(effects.items()))
+    text = _calls_summary(rows)
+    if entries:
+        text += "; " + "; ".join(f"{row.observed_end}, {_effects(row.observed_effects)}" for row in entries[:3])
+        if len(entries) > 3:
+            text += f"; {len(entries) - 3} more entries"
     failed = [check for check in checks if not check.passed]
     if failed:
         return f"{text}; check failed: {failed[0].name}: {failed[0].observed}"
     return f"{text}; checks {len(checks)}/{len(checks)}"
+
+
+def _effects(n: int) -> str:
+    return f"{n} effect{'s' if n != 1 else ''}"
+
+
+def _calls_summary(rows: list[KeyRow]) -> str:
+    if len(rows) == 1:
+        return f"{rows[0].observed_end}; {_effects(rows[0].observed_effects)}"
+    ends = Counter(row.observed_end for row in rows)
+    effects = Counter(row.observed_effects for row in rows)
+    text = " | ".join(f"{n} x {end}" for end, n in ends.items())
+    return text + "; effects " + ", ".join(f"{n} x {e}" for e, n in sorted(effects.items()))

@@ -19,7 +19,8 @@ def log_result(result: DrillResult, log: Callable[[str], None]) -> None:
             f" ({first.expected_end}; {first.expected_effects} effect(s) each)"
         )
     for row in shown[:ROWS_LOGGED]:
-        seen = f"  key {row.key} (call {row.call_id}): {row.observed_end}, {row.observed_effects} effect(s)"
+        whose = f"call {row.call_id}" + (f", its compensation {row.entry}" if row.entry is not None else "")
+        seen = f"  key {row.key} ({whose}): {row.observed_end}, {row.observed_effects} effect(s)"
         log(f"{seen} ok" if row.passed else f"{seen} MISMATCH: expected {row.expected_end}, {row.expected_effects}")
     for check in result.checks:
         seen = f"  check: {check.name}: {check.observed}"

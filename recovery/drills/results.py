@@ -14,6 +14,7 @@ class KeyRow:
     expected_effects: int
     observed_effects: int
     passed: bool
+    entry: int | None = None  # the compensation entry's number when the key is an entry's own (SPEC §12)
 
 
 @dataclass(kw_only=True)

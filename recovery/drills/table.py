@@ -7,19 +7,22 @@ effects and every call's end equal these, and every check named here was made an
 compares). The drills read their numbers from here: what they inject (below) and what each call's path implies
 (how many times it is sent, its last step).
 
-The two drills of §18 that need an approved operator action play it through the action services (preview, request,
+The drills of §18 that need an approved operator action play it through the action services (preview, request,
 approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
-kill (`needs`), and is skipped with the reason without REDIS_URL. The duplicate probe ("provider ignores keys") is
-listed in NOT_HERE: it is not run by `manage.py drill`.
+kill (`needs`), and is skipped with the reason without REDIS_URL. The two compensation drills also pin how each
+call's compensation ledger entry ends (`compensation`: the entry's states after pending, and the effects under its
+own key), judged like a call's row. The duplicate probe ("provider ignores keys") is listed in NOT_HERE: it is not
+run by `manage.py drill`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from recovery.compensation_states import EntryState
 from recovery.states import CallState
 
-S = CallState
+S, E = CallState, EntryState
 ARROW = " → "
 
 # What the drills inject, as the table's words say it.
@@ -54,6 +57,23 @@ class End:
 
 
 @dataclass(frozen=True, kw_only=True)
+class CompensationEnd:
+    """How each call's compensation must end (SPEC §12): one ledger entry, whose states after pending are exactly
+    `path` (as its audit trail records them), with `effects` business effects under its own key — `what` names them
+    (a cancellation)."""
+
+    path: tuple[str, ...]
+    effects: int
+    what: str
+
+    def describe(self) -> str:
+        return f"entry 1: {ARROW.join(self.path)}"
+
+    def describe_effects(self) -> str:
+        return f"{self.effects} {self.what}{'s' if self.effects != 1 else ''}"
+
+
+@dataclass(frozen=True, kw_only=True)
 class Drill:
     slug: str  # what `manage.py drill` takes
     name: str  # the row of SPEC §18
@@ -63,6 +83,7 @@ class Drill:
     effects: int  # business effects per key in the sandbox ledger
     checks: tuple[str, ...]  # the extra checks its module must report, all holding
     needs: str = ""  # a service the drill cannot run without ("redis"): skipped with the reason when it is missing
+    compensation: CompensationEnd | None = None  # each call's compensation entry, for the drills that undo a call
 
     def describe_end(self) -> str:
         return " | ".join(end.describe() for end in self.ends)
@@ -82,6 +103,9 @@ class Drill:
 
     def expected_summary(self) -> str:
         effects = f"{self.effects} effect{'s' if self.effects != 1 else ''} per key"
+        if self.compensation is not None:
+            undo = self.compensation
+            effects += f"; {undo.describe()}, {undo.describe_effects()} under its key"
         return f"{self.describe_end()}; {effects}; {len(self.checks)} check{'s' if len(self.checks) != 1 else ''}"
 
 

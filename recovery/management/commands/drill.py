@@ -157,6 +157,11 @@ class Command(BaseCommand):
             self.stdout.write(f"{drill.slug:<20} {drill.name}: {drill.injected}")
             self.stdout.write(f"{'':<20} expected: {drill.expected_end}")
             self.stdout.write(f"{'':<20} each call: {drill.describe_end()}; {drill.effects} effect(s) per key")
+            if drill.compensation is not None:
+                undo = drill.compensation
+                self.stdout.write(
+                    f"{'':<20} its compensation: {undo.describe()}; {undo.describe_effects()} under its own key"
+                )
             if drill.needs:
                 self.stdout.write(f"{'':<20} needs: {drill.needs.upper()}_URL (skipped with the reason without it)")
         for name, why in NOT_HERE.items():
