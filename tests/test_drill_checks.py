@@ -1,5 +1,8 @@
 """The drills' check API (recovery/drills/checks.py): a check holds when the observed value matches the expected one,
-and both of its texts are rendered from the values, for plain equality and for each comparison. Pure Python."""
+and both of its texts are rendered from the values, for plain equality and for each comparison. Then the checks of
+the compensation drills, fed the sandbox's evidence (its request log and ledger, as its admin API returns them) as
+it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no database, no
+sandbox."""
 
 from __future__ import annotations
 
@@ -7,6 +10,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from recovery.agent.runtime import CallResult
+from recovery.drills.cases.compensation import Order, ledger_effects
+from recovery.drills.cases.compensation_refused import not_retried
+from recovery.drills.cases.compensation_reply_lost import no_second_cancel
 from recovery.drills.checks import at_least, at_most, check, each, in_order, including, one_of, render
 from recovery.drills.results import CheckRow
 
@@ -134,3 +141,85 @@ def test_values_render_as_plain_text():
     assert render([]) == "none"
     assert render(10.0) == "10"
     assert render(NOON) == "12:00:00.250"
+
+
+# The compensation drills' checks, from the sandbox's evidence ------------------------------------------------------
+
+ORDER = Order(
+    task_id=7,
+    result=CallResult(tool="drill.order.create", key="order-k", call_id=9, outcome="committed", state="COMMITTED"),
+    order_id="O-42",
+)
+OWN_KEY = "order-k.compensation-1"
+
+
+def cancel(outcome: str, *, key: str = OWN_KEY, status: int | None = None) -> dict:
+    """One entry of the sandbox's request log, as GET /_sandbox/requests returns it."""
+    return {"at": "2026-12-01T12:00:00Z", "method": "POST", "path": "/orders/O-42/cancel", "key": key,
+            "status": status, "outcome": outcome}  # fmt: skip
+
+
+def effect(kind: str, key: str, route: str) -> dict:
+    """One entry of the sandbox's ledger, as GET /_sandbox/ledger returns it."""
+    return {"key": key, "kind": kind, "route": route, "provider_ref": "ca_1", "at": "2026-12-01T12:00:00Z", "body": {}}
+
+
+def test_the_compensation_key_is_derived_from_the_orders_key_and_the_entry_number():
+    assert (ORDER.compensation_key, ORDER.cancel_route) == (OWN_KEY, "/orders/O-42/cancel")
+
+
+def test_no_second_cancel_holds_for_one_lost_reply_and_fails_for_a_resend_or_a_new_key():
+    assert no_second_cancel(ORDER, [cancel("dropped_after_commit")]).passed
+
+    resent = no_second_cancel(ORDER, [cancel("dropped_after_commit"), cancel("replayed", status=200)])
+    assert not resent.passed
+    assert resent.observed == (
+        "cancel requests: (key: order-k.compensation-1, outcome: dropped_after_commit),"
+        " (key: order-k.compensation-1, outcome: replayed)"
+    )
+    assert resent.expected == "cancel requests: (key: order-k.compensation-1, outcome: dropped_after_commit)"
+    regenerated = no_second_cancel(ORDER, [cancel("dropped_after_commit", key="order-k.compensation-x")])
+    assert not regenerated.passed  # the undo must carry the entry's own derived key, never a new one
+    assert not no_second_cancel(ORDER, []).passed  # never sent: nothing was undone
+
+
+def test_the_ledger_check_counts_the_sandboxs_effects_under_each_key():
+    order = [effect("orders", "order-k", "/orders")]
+    cancelled = [effect("cancellations", OWN_KEY, "/orders/O-42/cancel")]
+
+    row = ledger_effects(ORDER, cancellations=1, under_order=order, under_undo=cancelled)
+    assert row == CheckRow(
+        name="1 order, 1 cancellation in the sandbox ledger",
+        expected="under the order's key: (orders: 1); under its compensation's key: (cancellations: 1);"
+        " routes of the cancellations: /orders/O-42/cancel",
+        observed="under the order's key: (orders: 1); under its compensation's key: (cancellations: 1);"
+        " routes of the cancellations: /orders/O-42/cancel",
+        passed=True,
+    )
+    twice = ledger_effects(ORDER, cancellations=1, under_order=order, under_undo=cancelled * 2)
+    assert not twice.passed and "under its compensation's key: (cancellations: 2)" in twice.observed
+    refused = ledger_effects(ORDER, cancellations=0, under_order=order, under_undo=[])
+    assert refused.passed and refused.name == "1 order, 0 cancellations in the sandbox ledger"
+    undone_anyway = ledger_effects(ORDER, cancellations=0, under_order=order, under_undo=cancelled)
+    assert not undone_anyway.passed and undone_anyway.expected.startswith(
+        "under the order's key: (orders: 1); under its compensation's key: none"
+    )
+    other_order = [effect("cancellations", OWN_KEY, "/orders/O-43/cancel")]
+    assert not ledger_effects(ORDER, cancellations=1, under_order=order, under_undo=other_order).passed
+
+
+def test_not_retried_fails_when_the_refused_cancel_was_sent_again_or_checked():
+    failed = {"state": "failed", "attempts": 1, "receipts": 0}
+    refused = [cancel("error_injected", status=409)]
+
+    assert not_retried(refused, [], entry=failed, due=False).passed
+    again = not_retried(refused * 2, [], entry={**failed, "attempts": 2}, due=False)
+    assert not again.passed
+    assert again.observed == (
+        "cancel requests: 2; status queries by its key: 0; entry: (state: failed, attempts: 2, receipts: 0);"
+        " due to be sent or checked: no"
+    )
+    checked = not_retried(refused, [{"method": "GET", "status": 200}], entry={**failed, "receipts": 1}, due=False)
+    assert not checked.passed
+    assert not not_retried(refused, [], entry={**failed, "state": "not_committed"}, due=True).passed
+    assert not not_retried(refused, [], entry=None, due=None).passed  # no entry: nothing to judge, it fails

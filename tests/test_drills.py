@@ -49,6 +49,8 @@ from recovery.models import (
     AuditEvent,
     Breaker,
     Call,
+    CompensationEntry,
+    CompensationReceipt,
     DrillRun,
     GateDecision,
     Receipt,
@@ -280,8 +282,16 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
     assert "(not run here)       provider ignores keys: needs an approved duplicate probe" in listed
     assert "two-approvers        two approvers: 50 rounds of two approvals at once" in listed
     assert "needs: REDIS_URL (skipped with the reason without it)" in listed
-    with pytest.raises(CommandError, match="no drill 'nope'; the drills are: refused-before-send, timeout-after-send"):
+    assert "its compensation: entry 1: sent → unknown → committed; 1 cancellation under its own key" in listed
+    assert "its compensation: entry 1: sent → failed; 0 cancellations under its own key" in listed
+    every = (
+        "refused-before-send, timeout-after-send, lost-before-commit, duplicate-callbacks, rate-limit, dependency-5xx, "
+        "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, compensation-reply-lost, "
+        "compensation-refused"
+    )
+    with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")
+    assert str(refused.value) == f"no drill 'nope'; the drills are: {every}"
     assert not DrillRun.objects.exists()  # nothing ran, nothing stored
 
 
@@ -430,6 +440,77 @@ def test_the_command_skips_the_worker_killed_drill_without_redis_and_fails_it_un
     with pytest.raises(CommandError, match="REQUIRE_SERVICES=1 but needs REDIS_URL"):
         call_command("drill", "worker-killed-mid-replay", "--api-workers", "0", stdout=StringIO())
     assert DrillRun.objects.latest("started_at").passed is False
+
+
+# The compensation drills ----------------------------------------------------------------------------------------
+
+
+def test_a_cancellation_whose_reply_is_lost_is_settled_on_its_entry_by_a_receipt_and_never_sent_twice(stage):
+    result = passed(stage, "compensation-reply-lost")
+    order_row, entry_row = result.keys
+
+    call = Call.objects.get(pk=order_row.call_id)
+    assert (entry_row.entry, entry_row.call_id) == (1, call.pk)
+    assert transitions(call.pk) == [S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATED]
+    (entry,) = CompensationEntry.objects.filter(call=call)
+    assert (entry.state, entry.attempts_count, entry.idempotency_key) == ("committed", 1, entry_row.key)
+    assert entry.idempotency_key == f"{call.idempotency_key}.compensation-1"  # its own key, derived once
+    assert entry_transitions(call.pk) == ["sent", "unknown", "committed"]
+    (request,) = ActionRequest.objects.filter(call=call)
+    assert (request.action, request.status, entry.requested_by_id) == ("start_compensation", "executed", request.pk)
+    assert request.requested_by.username == DRILL_REVIEWER and request.decided_by.username == DRILL_APPROVERS[0]
+    (receipt,) = CompensationReceipt.objects.filter(entry=entry)
+    assert (receipt.observed, receipt.applied, receipt.state_before, receipt.state_after) == (
+        "committed",
+        True,
+        "unknown",
+        "committed",
+    )
+    # The sandbox's side: the order; one cancel under the entry's key, its reply lost; one cancellation, whose
+    # reference the receipt found by that key.
+    assert writes(stage, call.idempotency_key) == [("POST", 200, "answered")]
+    assert writes(stage, entry.idempotency_key) == [("POST", None, "dropped_after_commit")]
+    cancels = stage.sandbox.requests(path_prefix=f"/orders/{call.provider_ref}/cancel")
+    assert [(r["method"], r["key"]) for r in cancels] == [("POST", entry.idempotency_key)]
+    assert [e["kind"] for e in stage.sandbox.ledger(call.idempotency_key)["entries"]] == ["orders"]
+    (cancellation,) = stage.sandbox.ledger(entry.idempotency_key)["entries"]
+    assert cancellation["kind"] == "cancellations" and cancellation["provider_ref"] == receipt.provider_ref
+
+    # The same evidence against a table that says the cancel was answered at once, or that it undid nothing, fails.
+    drill = DRILLS["compensation-reply-lost"]
+    answered = rejudge(
+        stage, result, replace(drill, compensation=replace(drill.compensation, path=(E.SENT, E.COMMITTED)))
+    )
+    assert not answered.passed and [row.passed for row in answered.keys] == [True, False]
+    assert answered.keys[1].observed_end == "entry 1: sent → unknown → committed"
+    nothing = rejudge(stage, result, replace(drill, compensation=replace(drill.compensation, effects=0)))
+    assert not nothing.passed
+    assert (nothing.keys[1].expected_effects, nothing.keys[1].observed_effects) == (0, 1)
+    assert all(check.passed for check in nothing.checks)  # only the effects differ, and that is enough
+
+
+def test_a_refused_cancellation_fails_its_entry_and_is_never_sent_again(stage):
+    result = passed(stage, "compensation-refused")
+    order_row, entry_row = result.keys
+
+    call = Call.objects.get(pk=order_row.call_id)
+    assert transitions(call.pk) == [S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATION_FAILED]
+    (entry,) = CompensationEntry.objects.filter(call=call)
+    assert (entry.state, entry.outcome, entry.attempts_count, entry.checks_made) == ("failed", "refused", 1, 0)
+    assert entry_transitions(call.pk) == ["sent", "failed"] and entry_row.key == entry.idempotency_key
+    attempt = entry.attempts.get()
+    assert (attempt.row, attempt.http_status, attempt.error_code) == ("refusal", 409, "not_cancellable")
+    assert not CompensationReceipt.objects.filter(entry=entry).exists()
+    (request,) = ActionRequest.objects.filter(call=call)
+    assert (request.action, entry.requested_by_id) == ("start_compensation", request.pk)
+    # The sandbox's side, after the reconcile schedule ran: one refused cancel, never a status query or a second
+    # cancel; the order stands, nothing was cancelled.
+    assert writes(stage, entry.idempotency_key) == [("POST", 409, "error_injected")]
+    cancels = stage.sandbox.requests(path_prefix=f"/orders/{call.provider_ref}/cancel")
+    assert [(r["method"], r["key"], r["status"]) for r in cancels] == [("POST", entry.idempotency_key, 409)]
+    assert stage.sandbox.requests(path_prefix=f"/cancellations/by-key/{entry.idempotency_key}") == []
+    assert stage.sandbox.ledger(entry.idempotency_key)["effects"] == 0
+    assert [e["kind"] for e in stage.sandbox.ledger(call.idempotency_key)["entries"]] == ["orders"]
 
 
 # The `make run` demo path ------------------------------------------------------------------------------------------

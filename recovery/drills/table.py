@@ -250,6 +250,38 @@ DRILLS: dict[str, Drill] = {
                 "one replay request per key",
             ),
         ),
+        Drill(
+            slug="compensation-reply-lost",
+            name="compensation reply lost",
+            injected="an order created for real, undone by an approved start_compensation; the cancellation commits,"
+            " its reply dropped",
+            expected_end="original COMPENSATING → COMPENSATED by a receipt on the entry; no second cancel request",
+            ends=(End(path=(S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATED)),),
+            effects=1,
+            compensation=CompensationEnd(path=(E.SENT, E.UNKNOWN, E.COMMITTED), effects=1, what="cancellation"),
+            checks=(
+                "started by an approved start_compensation",
+                "no second cancel request",
+                "settled by a receipt on the entry",
+                "1 order, 1 cancellation in the sandbox ledger",
+            ),
+        ),
+        Drill(
+            slug="compensation-refused",
+            name="compensation refused",
+            injected="an order created for real, undone by an approved start_compensation; the provider answers the"
+            " cancel 409 `not_cancellable` (already shipped)",
+            expected_end="entry failed → original COMPENSATION_FAILED; the cancel not retried",
+            ends=(End(path=(S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATION_FAILED)),),
+            effects=1,
+            compensation=CompensationEnd(path=(E.SENT, E.FAILED), effects=0, what="cancellation"),
+            checks=(
+                "started by an approved start_compensation",
+                "the provider refused the cancel: nothing executed",
+                "the cancel not retried",
+                "1 order, 0 cancellations in the sandbox ledger",
+            ),
+        ),
     )
 }
 

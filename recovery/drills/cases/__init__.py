@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from recovery.drills.cases import (
+    compensation_refused,
+    compensation_reply_lost,
     dependency_5xx,
     duplicate_callbacks,
     lost_before_commit,
@@ -31,5 +33,7 @@ CASES: dict[str, Callable[[Run], None]] = {
     "queue-backlog": queue_backlog.play,
     "worker-killed-mid-replay": worker_killed_mid_replay.play,
     "two-approvers": two_approvers.play,
+    "compensation-reply-lost": compensation_reply_lost.play,
+    "compensation-refused": compensation_refused.play,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"
