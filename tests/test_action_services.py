@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ from recovery.models import (
     GateDecision,
     Provider,
     Receipt,
+    Task,
     Tenant,
     Tool,
 )
@@ -55,6 +57,7 @@ from recovery.services.attempts import Admission, AttemptRequest, attempt_admit
 from recovery.services.calls import call_add
 from recovery.services.claims import call_claim
 from recovery.services.compensation_plans import derive_key
+from recovery.services.compensations import compensation_check, compensations_run_due
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import reconcile_due
 from recovery.services.tasks import task_create
@@ -525,6 +528,8 @@ def test_a_dry_run_lists_the_exact_request_and_its_checks_and_sends_nothing(worl
         "escalate",
         "start_compensation",
         "approve_new_compensation",
+        "mark_compensation_committed",
+        "mark_compensation_failed",
     }
     gate = GateDecision.objects.get(call_id=call.pk, dry_run=True)
     assert (gate.allowed, gate.candidate_attempt_id, gate.actor_user_id) == (
@@ -804,11 +809,11 @@ def test_a_template_that_needs_a_missing_argument_is_refused():
 ORDER = {"customer_id": "C-1042", "items": [{"sku": "SKU-1", "quantity": 1}]}
 
 
-def committed_order(world: World) -> Call:
+def committed_order(world: World, budget: dict | None = None) -> Call:
     """An order created the way a runtime creates it: admitted, POST /orders to the sandbox, its reply reported."""
     tenant = Tenant.objects.get(name="demo")
     task, _ = task_create(
-        tenant=tenant, external_id=f"order-{next(_n)}", agent="tests", goal="order", budget={}, actor=RUNTIME
+        tenant=tenant, external_id=f"order-{next(_n)}", agent="tests", goal="order", budget=budget or {}, actor=RUNTIME
     )
     key = f"order-{next(_n)}"
     added = call_add(
@@ -922,3 +927,58 @@ def test_a_tool_without_a_registered_compensation_offers_none(world):
     message = refused("forbidden", world.preview, Call.objects.get(pk=call.pk), "start_compensation").message
 
     assert "declares no compensation" in message
+
+
+def test_a_compensation_in_review_is_settled_by_a_person_with_evidence(world):
+    call = committed_order(world)
+    world.sandbox.fault(route=f"/orders/{call.provider_ref}/cancel", kind="pending", checks=100, times=1)
+    world.run_action(call, "start_compensation")
+    entry = CompensationEntry.objects.get(call=call)
+    assert entry.state == "unknown"  # 202: the provider is working on it
+    for _ in range(3):  # the world's poll budget: 3 checks
+        compensation_check(entry.pk, worker="w1", force=True)
+    entry.refresh_from_db()
+    assert (entry.state, entry.outcome) == ("review", "poll_budget_exhausted")
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATING"  # never HUMAN_REVIEW from here
+    refused("evidence", world.preview, Call.objects.get(pk=call.pk), "mark_compensation_committed")
+
+    done = world.run_action(Call.objects.get(pk=call.pk), "mark_compensation_committed", provider_ref="ca_seen_by_ops")
+
+    entry.refresh_from_db()
+    receipt = entry.receipts.get(source="operator")
+    assert (entry.state, receipt.provider_ref, receipt.state_before, receipt.state_after) == (
+        "committed",
+        "ca_seen_by_ops",
+        "review",
+        "committed",
+    )
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATED" and "committed" in done.result["what"]
+    assert len(cancels(world, entry.idempotency_key)) == 1  # settling sent nothing
+
+
+def test_a_compensation_entry_is_bounded_by_its_own_tools_attempts(world):
+    call = committed_order(world)
+    world.sandbox.fault(route=f"/orders/{call.provider_ref}/cancel", kind="error", status=503, code="busy")
+    world.run_action(call, "start_compensation")
+    entry = CompensationEntry.objects.get(call=call)
+    assert entry.state == "not_committed" and entry.max_attempts == 3
+    for _ in range(3):
+        CompensationEntry.objects.filter(pk=entry.pk).update(send_at=None)  # its retry is due
+        compensations_run_due(worker="w1")
+
+    entry.refresh_from_db()
+    assert (entry.state, entry.attempts_count, entry.outcome) == ("failed", 3, "retry_exhausted")
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATION_FAILED"
+    assert len(cancels(world, entry.idempotency_key)) == 3  # the task's budgets never held the undo back
+
+
+def test_a_compensation_ignores_the_tasks_spent_rounds_and_past_deadline(world):
+    call = committed_order(world, budget={"max_rounds": 1})
+    Task.objects.filter(pk=call.task_id).update(deadline=timezone.now() - timedelta(hours=1))  # it passed
+    assert Task.objects.get(pk=call.task_id).rounds_used == 1  # the order used the task's only round
+
+    done = world.run_action(call, "start_compensation")
+
+    assert done.result["entry_state"] == "committed" and Call.objects.get(pk=call.pk).state == "COMPENSATED"
+    budget = next(c for c in done.plan["checks"] if c["check"] == "task_budget")
+    assert budget["passed"] and "not counted" in budget["detail"]

@@ -25,6 +25,8 @@ NAMES = [
     "abandon",
     "start_compensation",
     "approve_new_compensation",
+    "mark_compensation_committed",
+    "mark_compensation_failed",
 ]
 
 # What a reviewer may do on a write call, state by state (SPEC §8's edges, narrowed by §15.4).

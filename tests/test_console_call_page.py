@@ -311,6 +311,8 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
         "abandon",
         "start_compensation",
         "approve_new_compensation",
+        "mark_compensation_committed",
+        "mark_compensation_failed",
     ]
     assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in text
     assert "escalate it to human review first" in text

@@ -40,7 +40,7 @@ from recovery.services.action_plans import (
 )
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.calls import call_abandon
-from recovery.services.compensations import compensation_send, compensation_start
+from recovery.services.compensations import compensation_send, compensation_settle, compensation_start
 from recovery.services.errors import ServiceError
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.states import CallState
@@ -396,6 +396,22 @@ def _execute_compensation(request: ActionRequest, worker: str) -> None:
     )
 
 
+def _settle_entry(committed: bool):
+    def settle(request: ActionRequest, call: Call) -> dict:
+        try:
+            entry = compensation_settle(
+                call, committed=committed, evidence=request.evidence or {}, reason=_why(request), actor=_job()
+            )
+        except ServiceError as exc:
+            raise _Failed(f"nothing was settled: {exc.message}", call_state=call.state) from None
+        call.refresh_from_db(fields=["state", "version"])
+        return {
+            "what": f"compensation {entry.number} marked {entry.state} on the evidence given: the call is {call.state}"
+        }
+
+    return settle
+
+
 _EXECUTORS = {
     "reconcile_now": _execute_reconcile,
     "escalate": _in_transaction(_escalate),
@@ -406,6 +422,8 @@ _EXECUTORS = {
     "abandon": _in_transaction(_abandon),
     "start_compensation": _execute_compensation,
     "approve_new_compensation": _execute_compensation,
+    "mark_compensation_committed": _in_transaction(_settle_entry(committed=True)),
+    "mark_compensation_failed": _in_transaction(_settle_entry(committed=False)),
 }
 
 

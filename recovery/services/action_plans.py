@@ -46,7 +46,7 @@ MAKES_ATTEMPT = frozenset({"replay_same_key"})
 # The entry of the compensation ledger these make (SPEC §12): a new side effect, not an attempt of the call.
 COMPENSATES = frozenset({"start_compensation", "approve_new_compensation"})
 LETS_ATTEMPT = frozenset({"grant_approval"})
-SETTLES = frozenset({"mark_committed", "mark_not_committed"})
+SETTLES = frozenset({"mark_committed", "mark_not_committed", "mark_compensation_committed", "mark_compensation_failed"})
 PREVIEW_ATTEMPT = "preview"
 CHECKS = ("admission", "breaker", "call_budget", "task_budget", "side_effect_budget", "key_retention")
 SECOND_PERSON = "a second person with the approver role"
@@ -86,6 +86,7 @@ class CallFacts:
     key_expires_at: datetime
     key_expired: bool
     has_compensation: bool = False  # its tool declares a compensation in the registry
+    compensation_in_review: bool = False  # its open compensation entry waits for a person
 
 
 def call_for_action(call_id: int) -> Call | None:
@@ -113,6 +114,7 @@ def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
         key_expires_at=call.key_expires_at(since),
         key_expired=call.key_expired(since, now),
         has_compensation=isinstance(tool.compensation, dict) and bool(tool.compensation.get("tool")),
+        compensation_in_review=call.state == S.COMPENSATING and call.compensations.filter(state="review").exists(),
     )
 
 
@@ -127,6 +129,7 @@ def options_for(call: Call, facts: CallFacts, *, perms, held_by: str | None = No
         retry_path_safe=facts.retry_path_safe,
         duplicate_effect=facts.duplicate_effect,
         has_compensation=facts.has_compensation,
+        compensation_in_review=facts.compensation_in_review,
         held_by=facts.held_by if held_by is None else held_by,
     )
 
@@ -441,6 +444,16 @@ def _expected_effects(call: Call, policy: ToolPolicy, action: Action) -> str:
         return (
             "no request to the provider: an operator receipt with the evidence; the call becomes NOT_COMMITTED, then "
             "RETRYABLE (a same-key retry is admitted on state_verified) or FAILED_PERMANENT when no attempt is left"
+        )
+    if name == "mark_compensation_committed":
+        return (
+            "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
+            "becomes committed and the call COMPENSATED"
+        )
+    if name == "mark_compensation_failed":
+        return (
+            "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
+            "becomes failed and the call COMPENSATION_FAILED (a new compensation may then be approved)"
         )
     if name == "grant_approval":
         return (

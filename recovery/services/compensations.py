@@ -400,6 +400,42 @@ def _after_receipt(entry, observed: str, *, checks: int, policy, now: datetime) 
     return None, ""
 
 
+# --- a person settles an entry in review ------------------------------------------------------------------------
+
+
+def compensation_settle(call: Call, *, committed: bool, evidence: dict, reason: str, actor: Actor) -> CompensationEntry:
+    """The call's entry in review, settled by an operator's evidence (an approved action, in the caller's
+    transaction): an operator receipt, the entry committed or failed, and the call's end with it."""
+    entry = (
+        CompensationEntry.objects.select_for_update(of=("self",))
+        .select_related("tool__provider", "call__task")
+        .filter(call=call, state=E.REVIEW)
+        .first()
+    )
+    if entry is None:
+        raise ServiceError(409, "not_in_review", "the call has no compensation entry in review")
+    to = E.COMMITTED if committed else E.FAILED
+    now = timezone.now()
+    receipt = CompensationReceipt.objects.create(
+        entry=entry,
+        source=ReceiptSource.OPERATOR,
+        observed=Observation.COMMITTED if committed else Observation.NOT_COMMITTED,
+        provider_status="operator",
+        provider_ref=str(evidence.get("provider_ref", ""))[:255],
+        response={"evidence": evidence, "reason": reason},
+        state_before=entry.state,
+        state_after=to,
+        applied=True,
+        evidence=evidence,
+        checked_at=now,
+    )
+    changes: dict[str, Any] = {"last_receipt_at": now, "outcome": "" if committed else "operator_not_executed"}
+    if committed and receipt.provider_ref and not entry.provider_ref:
+        changes["provider_ref"] = receipt.provider_ref
+    _move(entry, to, actor=actor, reason=reason, evidence={"receipt": receipt.pk}, changes=changes)
+    return entry
+
+
 # --- the schedule -----------------------------------------------------------------------------------------------
 
 # A pending entry whose send job was lost (a worker died before taking it) is sent by the periodic tick after this.
