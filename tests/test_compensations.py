@@ -403,3 +403,24 @@ def test_one_call_holds_at_most_one_open_entry(make_entry, registry):
             target_version=0,
             expected_effect="e",
         )
+
+
+def test_the_api_shows_the_calls_ledger_and_the_task_lists_it_as_compensated(world):
+    client = world["client"]
+    call, task_id = _committed_order(world)
+    entry = compensation_start(call, actor=ACTOR, send=False)
+    compensation_send(entry.pk, worker="w1")
+
+    detail = client.get_call(call.pk)
+
+    assert detail["state"] == "COMPENSATED"
+    (shown,) = detail["compensations"]
+    assert {k: shown[k] for k in ("compensation_id", "number", "tool", "state", "attempts_made")} == {
+        "compensation_id": f"comp-{call.pk}-1",
+        "number": 1,
+        "tool": "order.cancel",
+        "state": "committed",
+        "attempts_made": 1,
+    }
+    assert shown["idempotency_key"] == entry.idempotency_key and shown["provider_ref"].startswith("ca_")
+    assert [c["call_id"] for c in client.get_task(task_id).compensated] == [call.pk]
