@@ -117,6 +117,47 @@ ABANDON = Action(
     permission=REVIEW_PERMISSION,
     does="gives the call up (FAILED_PERMANENT): it will not be attempted again",
 )
+START_COMPENSATION = Action(
+    name="start_compensation",
+    label="Start compensation",
+    target=S.COMPENSATING,
+    sources=frozenset({S.COMMITTED}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does=(
+        "undoes the committed effect with the tool's registered compensation, as its own side effect with its own "
+        "key (COMPENSATING until its entry settles)"
+    ),
+)
+APPROVE_NEW_COMPENSATION = Action(
+    name="approve_new_compensation",
+    label="Approve new compensation",
+    target=S.COMPENSATING,
+    sources=frozenset({S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="makes the next compensation entry, with the next key of the ledger, after one that undid less or nothing",
+)
+MARK_COMPENSATION_COMMITTED = Action(
+    name="mark_compensation_committed",
+    label="Mark compensation committed",
+    target=None,  # moves the entry (review → committed); the call then ends COMPENSATED
+    sources=frozenset({S.COMPENSATING}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="records, with evidence, that the compensation in review took effect (the call ends COMPENSATED)",
+)
+MARK_COMPENSATION_FAILED = Action(
+    name="mark_compensation_failed",
+    label="Mark compensation not executed",
+    target=None,  # moves the entry (review → failed); the call then ends COMPENSATION_FAILED
+    sources=frozenset({S.COMPENSATING}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does="records, with evidence, that the compensation in review never executed (the call ends COMPENSATION_FAILED)",
+)
+_COMPENSATIONS = (START_COMPENSATION, APPROVE_NEW_COMPENSATION)
+_ENTRY_SETTLES = (MARK_COMPENSATION_COMMITTED, MARK_COMPENSATION_FAILED)
 
 ACTIONS: tuple[Action, ...] = (
     RECONCILE_NOW,
@@ -126,6 +167,10 @@ ACTIONS: tuple[Action, ...] = (
     MARK_NOT_COMMITTED,
     GRANT_APPROVAL,
     ABANDON,
+    START_COMPENSATION,
+    APPROVE_NEW_COMPENSATION,
+    MARK_COMPENSATION_COMMITTED,
+    MARK_COMPENSATION_FAILED,
 )
 
 
@@ -145,6 +190,18 @@ def _state_reason(action: Action, state: CallState) -> str:
     """Why the state table (and SPEC §8) keeps `action` from `state`; "" when it does not."""
     if state in action.sources:
         return ""
+    if state == S.COMPENSATING:
+        return "a compensation is under way: its entry settles it (sent, reconciled by its own key, or reviewed)"
+    if action in _ENTRY_SETTLES:
+        return f"only a compensation in review is settled by hand; this call is {state}"
+    if action in _COMPENSATIONS:
+        if state == S.COMPENSATED:
+            return "the effect was already undone (COMPENSATED): created, then compensated"
+        if action is START_COMPENSATION and state in (S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED):
+            return f"the call is {state}: an earlier compensation ended; approve a new compensation instead"
+        if action is APPROVE_NEW_COMPENSATION and state == S.COMMITTED:
+            return "no compensation has been tried yet: start one"
+        return f"only a committed effect is compensated; this call is {state}"
     if state == S.COMMITTED and action is not RECONCILE_NOW:
         return "the call is COMMITTED: the effect exists and the call is never admitted or settled again"
     if state in _UNSETTLED:
@@ -185,8 +242,14 @@ def _policy_reason(
     key_expired: bool,
     retry_path_safe: bool,
     duplicate_effect: bool,
+    has_compensation: bool = True,
+    compensation_in_review: bool = False,
 ) -> str:
     """Why the call's own facts forbid an action its state allows; "" when nothing does."""
+    if action in _COMPENSATIONS and not has_compensation:
+        return "the tool declares no compensation in the registry: settle the effect by hand"
+    if action in _ENTRY_SETTLES and not compensation_in_review:
+        return "its compensation entry is not in review: it is being sent or reconciled by its own key"
     if action is RECONCILE_NOW and not has_status_api:
         return "the tool has no status API to ask: escalate it, a person settles it"
     if action is REPLAY_SAME_KEY and side_effect == "write":
@@ -208,13 +271,17 @@ def actions_for(
     key_expired: bool = False,
     retry_path_safe: bool = True,
     duplicate_effect: bool = False,
+    has_compensation: bool = True,
+    compensation_in_review: bool = False,
     held_by: str = "",
 ) -> list[ActionOption]:
     """Every action for a call in `state`, as `perms` (the person's permissions) may take it now.
 
     The call's facts: `side_effect` (read/write), `has_status_api` (its tool can be asked), `key_expired` (the
     provider's key retention has passed), `retry_path_safe` (no duplicate probe saw a second effect),
-    `duplicate_effect` (a receipt saw more effects than allowed), `held_by` (another person's live claim on it).
+    `duplicate_effect` (a receipt saw more effects than allowed), `has_compensation` (its tool declares one),
+    `compensation_in_review` (its open compensation entry waits for a person), `held_by` (another person's live
+    claim on it).
     The first reason that applies is given: the state table, then the call's facts, then the claim, then the role.
     """
     current = CallState(state)
@@ -227,6 +294,8 @@ def actions_for(
             key_expired=key_expired,
             retry_path_safe=retry_path_safe,
             duplicate_effect=duplicate_effect,
+            has_compensation=has_compensation,
+            compensation_in_review=compensation_in_review,
         )
         if not reason and held_by:
             reason = f"{held_by} holds the claim on this call: they work it until the claim ends"

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recovery.compensation_states import EntryState
 from recovery.engine.classify import EFFECTS
 from recovery.engine.reconcile import Observation
 from recovery.engine.types import (
@@ -46,6 +47,7 @@ RiskName = Literal[tuple(Risk.values)]  # type: ignore[valid-type]
 TaskStatusName = Literal[tuple(TaskStatus.values)]  # type: ignore[valid-type]
 TaskOutcomeName = Literal[tuple(TaskOutcome.values)]  # type: ignore[valid-type]
 ReceiptSourceName = Literal[tuple(ReceiptSource.values)]  # type: ignore[valid-type]
+EntryStateName = Literal[tuple(e.value for e in EntryState)]  # type: ignore[valid-type]
 ObservationName = Literal[tuple(o.value for o in Observation)]  # type: ignore[valid-type]
 BreakerStateName = Literal[tuple(BreakerState.values)]  # type: ignore[valid-type]
 Phase = Literal[PHASES]  # type: ignore[valid-type]
@@ -399,6 +401,24 @@ class ReceiptOut(Answer):
     local_state_after: str = _("The call's state after it.")
 
 
+class CompensationOut(Answer):
+    """One entry of the call's compensation ledger (SPEC §12): the undo of its effect, as its own side effect."""
+
+    compensation_id: str = _("The entry's id: comp-<call id>-<number>.")
+    number: int = _("Its number in the call's ledger (from 1).")
+    tool: str = _("The compensation tool (order.cancel, access.revoke, ...).")
+    idempotency_key: str = _("Its own key, derived from the call's key and the number; never regenerated.")
+    state: EntryStateName = _("pending, sent, unknown, not_committed, committed, failed or review.")
+    target: str = _("What it undoes: the forward tool and its provider reference.")
+    expected_effect: str = _("What undoing it means: one cancellation, one revocation, ...")
+    attempts_made: int = _("Sends made.")
+    max_attempts: int | None = _("Its tool's attempt limit (null: none).")
+    checks_made: int = _("Status checks made by its own key.")
+    provider_ref: str | None = _("The provider's reference for the undo, if known.")
+    outcome: str | None = _("Why it ended, when it failed or went to review (refused, retry_exhausted, ...).")
+    state_changed_at: str = _("When it entered its state, ISO 8601.")
+
+
 class CallOut(Answer):
     """A call with its attempts, decision cards, gate answers and reconcile receipts."""
 
@@ -422,6 +442,7 @@ class CallOut(Answer):
     latest_decision: DecisionOut | None = _("The latest attempt's decision card.")
     gate_decisions: list[GateRecordOut] = _("Every gate answer about it, in order.")
     receipts: list[ReceiptOut] = _("Every reconcile receipt, in order.")
+    compensations: list[CompensationOut] = _("Its compensation ledger: every entry, in order (empty: none).")
 
 
 class ReconcileAcceptedOut(Answer):

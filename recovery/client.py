@@ -213,6 +213,24 @@ class ReceiptRecord(TypedDict):
     local_state_after: str
 
 
+class CompensationRecord(TypedDict):
+    """One entry of the call's compensation ledger."""
+
+    compensation_id: str
+    number: int
+    tool: str
+    idempotency_key: str
+    state: str  # pending, sent, unknown, not_committed, committed, failed, review
+    target: str
+    expected_effect: str
+    attempts_made: int
+    max_attempts: int | None
+    checks_made: int
+    provider_ref: str | None
+    outcome: str | None
+    state_changed_at: str
+
+
 class CallDetail(TypedDict):
     """GET /calls/{id}: the call with its attempts, decision cards, gate answers and receipts."""
 
@@ -236,6 +254,7 @@ class CallDetail(TypedDict):
     latest_decision: DecisionCard | None
     gate_decisions: list[GateRecord]
     receipts: list[ReceiptRecord]
+    compensations: list[CompensationRecord]
 
 
 class ReconcileAccepted(TypedDict):

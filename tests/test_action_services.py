@@ -14,6 +14,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -30,9 +31,11 @@ from recovery.models import (
     Attempt,
     AuditEvent,
     Call,
+    CompensationEntry,
     GateDecision,
     Provider,
     Receipt,
+    Task,
     Tenant,
     Tool,
 )
@@ -53,6 +56,8 @@ from recovery.services.actions import (
 from recovery.services.attempts import Admission, AttemptRequest, attempt_admit
 from recovery.services.calls import call_add
 from recovery.services.claims import call_claim
+from recovery.services.compensation_plans import derive_key
+from recovery.services.compensations import compensation_check, compensations_run_due
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import reconcile_due
 from recovery.services.tasks import task_create
@@ -518,7 +523,14 @@ def test_a_dry_run_lists_the_exact_request_and_its_checks_and_sends_nothing(worl
     assert [c["check"] for c in plan["checks"]] == list(CHECKS)
     assert all(c["passed"] for c in plan["checks"]), plan["checks"]
     assert "one refund at most" in plan["expected_effects"]
-    assert {f["action"] for f in plan["forbidden"]} == {"reconcile_now", "escalate"}
+    assert {f["action"] for f in plan["forbidden"]} == {
+        "reconcile_now",
+        "escalate",
+        "start_compensation",
+        "approve_new_compensation",
+        "mark_compensation_committed",
+        "mark_compensation_failed",
+    }
     gate = GateDecision.objects.get(call_id=call.pk, dry_run=True)
     assert (gate.allowed, gate.candidate_attempt_id, gate.actor_user_id) == (
         True,
@@ -789,3 +801,184 @@ def test_a_write_without_a_body_template_sends_its_arguments_and_a_read_sends_no
 def test_a_template_that_needs_a_missing_argument_is_refused():
     with pytest.raises(TemplateError, match=r"\{order_id\}"):
         _request_for({"method": "POST", "path": "/orders/{order_id}/cancel"}, {})
+
+
+# --- compensation (SPEC §12): "Start compensation" and "Approve new compensation" ---------------------------------
+# Dry run (the exact cancel with the entry's own key, credentials masked, nothing sent), four eyes, executed once.
+
+ORDER = {"customer_id": "C-1042", "items": [{"sku": "SKU-1", "quantity": 1}]}
+
+
+def committed_order(world: World, budget: dict | None = None) -> Call:
+    """An order created the way a runtime creates it: admitted, POST /orders to the sandbox, its reply reported."""
+    tenant = Tenant.objects.get(name="demo")
+    task, _ = task_create(
+        tenant=tenant, external_id=f"order-{next(_n)}", agent="tests", goal="order", budget=budget or {}, actor=RUNTIME
+    )
+    key = f"order-{next(_n)}"
+    added = call_add(
+        task=task,
+        step_index=1,
+        depends_on=[],
+        tool_name="order.create",
+        arguments=ORDER,
+        idempotency_key=key,
+        actor=RUNTIME,
+    )
+    call = Call.objects.select_related("tool__provider", "task").get(pk=added.call.pk)
+    attempt_admit(call=call, request=AttemptRequest(attempt_id="a1"), actor=RUNTIME)
+    headers = {"Authorization": f"Bearer {API_KEY}", "Idempotency-Key": key}
+    try:
+        facts = facts_from_response(
+            requests.post(f"{world.sandbox.url}/orders", json=ORDER, headers=headers, timeout=3)
+        )
+    except requests.RequestException as exc:
+        facts = facts_from_exception(exc)
+    call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
+    attempt = call.attempts.select_related("tool__provider").get(attempt_id="a1")
+    assert attempt_report(call=call, attempt=attempt, facts=facts_of(facts), actor=RUNTIME)["call_state"] == "COMMITTED"
+    return Call.objects.get(pk=call.pk)
+
+
+def cancels(world: World, key: str) -> list[dict]:
+    return [r for r in world.sandbox.requests(key=key) if r["method"] == "POST"]
+
+
+def test_the_dry_run_shows_the_exact_cancel_with_its_own_key_and_sends_nothing(world):
+    call = committed_order(world)
+    before = len(world.sandbox.requests())
+
+    preview = world.preview(call, "start_compensation")
+
+    plan = preview.plan
+    key = derive_key(call.idempotency_key, 1)
+    (request,) = plan["requests"]
+    assert request["method"] == "POST" and request["url"].endswith(f"/orders/{call.provider_ref}/cancel")
+    assert request["headers"]["Idempotency-Key"] == key == plan["idempotency_key"]
+    assert request["headers"]["Authorization"] != f"Bearer {API_KEY}" and API_KEY not in str(plan)  # masked
+    assert request["body"] == {"reason": "compensation"}
+    assert {c["check"] for c in plan["checks"]} == {
+        "admission",
+        "breaker",
+        "call_budget",
+        "task_budget",
+        "side_effect_budget",
+        "key_retention",
+    } and all(c["passed"] for c in plan["checks"])
+    assert f"order.create {call.provider_ref}: one cancellation expected" in plan["expected_effects"]
+    assert plan["approval"] == "a second person with the approver role"
+    assert len(world.sandbox.requests()) == before  # the dry run sent nothing
+    assert (
+        not CompensationEntry.objects.filter(call=call).exists() and Call.objects.get(pk=call.pk).state == "COMMITTED"
+    )
+
+
+def test_a_requested_compensation_needs_a_second_person_and_runs_once(world):
+    call = committed_order(world)
+    requested = world.requested(call, "start_compensation")
+    assert requested.status == A.REQUESTED and world.jobs.run() == 0  # nothing runs before the approval
+
+    approved = world.approve(requested)
+    assert approved.status == A.APPROVED
+    assert world.jobs.run() == 1
+    action_execute(approved.pk, worker="second-worker")  # a duplicate job: the claim makes it a no-op
+
+    approved.refresh_from_db()
+    entry = CompensationEntry.objects.get(call=call)
+    assert approved.status == A.EXECUTED and approved.result["entry_state"] == "committed"
+    assert (entry.number, entry.state, entry.requested_by_id) == (1, "committed", approved.pk)
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATED"
+    assert len(cancels(world, entry.idempotency_key)) == 1
+    assert world.sandbox.ledger(entry.idempotency_key)["effects"] == 1
+
+
+def test_the_requester_cannot_approve_their_own_compensation(world):
+    call = committed_order(world)
+    requested = world.request(world.preview(call, "start_compensation", who="both"), who="both")
+
+    refused("four_eyes", world.approve, requested, who="both")
+
+    assert not CompensationEntry.objects.filter(call=call).exists()
+
+
+def test_after_a_refused_cancel_a_new_compensation_is_approved_with_the_next_key(world):
+    call = committed_order(world)
+    world.sandbox.fault(
+        route=f"/orders/{call.provider_ref}/cancel", kind="error", status=409, code="not_cancellable", times=1
+    )
+    first = world.run_action(call, "start_compensation")
+    assert first.result["entry_state"] == "failed" and Call.objects.get(pk=call.pk).state == "COMPENSATION_FAILED"
+    refused("forbidden", world.preview, Call.objects.get(pk=call.pk), "start_compensation")
+
+    second = world.run_action(Call.objects.get(pk=call.pk), "approve_new_compensation")
+
+    entries = list(CompensationEntry.objects.filter(call=call).order_by("number").values_list("number", "state"))
+    assert entries == [(1, "failed"), (2, "committed")]
+    assert second.plan["idempotency_key"] == derive_key(call.idempotency_key, 2)
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATED"
+
+
+def test_a_tool_without_a_registered_compensation_offers_none(world):
+    call = committed_order(world)
+    tool = call.tool
+    tool.compensation = {}
+    tool.save(update_fields=["compensation"])
+
+    message = refused("forbidden", world.preview, Call.objects.get(pk=call.pk), "start_compensation").message
+
+    assert "declares no compensation" in message
+
+
+def test_a_compensation_in_review_is_settled_by_a_person_with_evidence(world):
+    call = committed_order(world)
+    world.sandbox.fault(route=f"/orders/{call.provider_ref}/cancel", kind="pending", checks=100, times=1)
+    world.run_action(call, "start_compensation")
+    entry = CompensationEntry.objects.get(call=call)
+    assert entry.state == "unknown"  # 202: the provider is working on it
+    for _ in range(3):  # the world's poll budget: 3 checks
+        compensation_check(entry.pk, worker="w1", force=True)
+    entry.refresh_from_db()
+    assert (entry.state, entry.outcome) == ("review", "poll_budget_exhausted")
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATING"  # never HUMAN_REVIEW from here
+    refused("evidence", world.preview, Call.objects.get(pk=call.pk), "mark_compensation_committed")
+
+    done = world.run_action(Call.objects.get(pk=call.pk), "mark_compensation_committed", provider_ref="ca_seen_by_ops")
+
+    entry.refresh_from_db()
+    receipt = entry.receipts.get(source="operator")
+    assert (entry.state, receipt.provider_ref, receipt.state_before, receipt.state_after) == (
+        "committed",
+        "ca_seen_by_ops",
+        "review",
+        "committed",
+    )
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATED" and "committed" in done.result["what"]
+    assert len(cancels(world, entry.idempotency_key)) == 1  # settling sent nothing
+
+
+def test_a_compensation_entry_is_bounded_by_its_own_tools_attempts(world):
+    call = committed_order(world)
+    world.sandbox.fault(route=f"/orders/{call.provider_ref}/cancel", kind="error", status=503, code="busy")
+    world.run_action(call, "start_compensation")
+    entry = CompensationEntry.objects.get(call=call)
+    assert entry.state == "not_committed" and entry.max_attempts == 3
+    for _ in range(3):
+        CompensationEntry.objects.filter(pk=entry.pk).update(send_at=None)  # its retry is due
+        compensations_run_due(worker="w1")
+
+    entry.refresh_from_db()
+    assert (entry.state, entry.attempts_count, entry.outcome) == ("failed", 3, "retry_exhausted")
+    assert Call.objects.get(pk=call.pk).state == "COMPENSATION_FAILED"
+    assert len(cancels(world, entry.idempotency_key)) == 3  # the task's budgets never held the undo back
+
+
+def test_a_compensation_ignores_the_tasks_spent_rounds_and_past_deadline(world):
+    call = committed_order(world, budget={"max_rounds": 1})
+    Task.objects.filter(pk=call.task_id).update(deadline=timezone.now() - timedelta(hours=1))  # it passed
+    assert Task.objects.get(pk=call.task_id).rounds_used == 1  # the order used the task's only round
+
+    done = world.run_action(call, "start_compensation")
+
+    assert done.result["entry_state"] == "committed" and Call.objects.get(pk=call.pk).state == "COMPENSATED"
+    budget = next(c for c in done.plan["checks"] if c["check"] == "task_budget")
+    assert budget["passed"] and "not counted" in budget["detail"]

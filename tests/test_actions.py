@@ -23,6 +23,10 @@ NAMES = [
     "mark_not_committed",
     "grant_approval",
     "abandon",
+    "start_compensation",
+    "approve_new_compensation",
+    "mark_compensation_committed",
+    "mark_compensation_failed",
 ]
 
 # What a reviewer may do on a write call, state by state (SPEC §8's edges, narrowed by §15.4).
@@ -34,13 +38,13 @@ ALLOWED_FOR_REVIEWER: dict[CallState, set[str]] = {
     S.UNKNOWN: {"reconcile_now", "escalate"},
     S.STILL_UNKNOWN: {"reconcile_now", "escalate"},
     S.NOT_COMMITTED: {"abandon"},
-    S.COMMITTED: set(),
+    S.COMMITTED: {"start_compensation"},
     S.FAILED_PERMANENT: set(),
     S.HUMAN_REVIEW: {"replay_same_key", "mark_committed", "mark_not_committed", "grant_approval", "abandon"},
     S.COMPENSATING: set(),
     S.COMPENSATED: set(),
-    S.PARTIAL_COMPENSATED: set(),
-    S.COMPENSATION_FAILED: set(),
+    S.PARTIAL_COMPENSATED: {"approve_new_compensation"},
+    S.COMPENSATION_FAILED: {"approve_new_compensation"},
 }
 
 

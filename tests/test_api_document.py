@@ -46,6 +46,7 @@ MIRRORS: dict[Any, str] = {
     c.GateRecord: "GateRecordOut",
     c.ReceiptRecord: "ReceiptOut",
     c.CallDetail: "CallOut",
+    c.CompensationRecord: "CompensationOut",
     c.ReconcileAccepted: "ReconcileAcceptedOut",
     c.Capability: "CapabilityOut",
     c.Task: "TaskOut",

@@ -20,12 +20,12 @@ from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, f
 from recovery.compensation_states import ALLOWED_PAIRS, EDGES, EntryState
 from recovery.models import AuditEvent, Call, CompensationEntry, CompensationReceipt
 from recovery.registry import load_registry
+from recovery.services.compensation_plans import derive_key
 from recovery.services.compensations import (
     compensation_check,
     compensation_send,
     compensation_start,
     compensations_run_due,
-    derive_key,
 )
 from recovery.services.errors import ServiceError
 from recovery.services.tokens import token_create
@@ -91,7 +91,9 @@ def test_a_committed_order_is_cancelled_by_its_own_entry_and_the_call_ends_compe
     assert (entry.number, entry.state, entry.tool.name) == (1, "pending", "order.cancel")
     assert entry.idempotency_key == derive_key(call.idempotency_key, 1) != call.idempotency_key
     assert entry.arguments == {"order_id": call.provider_ref, "reason": "compensation"}
-    assert entry.target_version == call.version and "one cancel" in entry.expected_effect  # as read before
+    assert (
+        entry.target_version == call.version and "one cancellation expected" in entry.expected_effect
+    )  # as read before
     assert _state(Call, call.pk) == "COMPENSATING"
 
     compensation_send(entry.pk, worker="w1")
@@ -401,3 +403,24 @@ def test_one_call_holds_at_most_one_open_entry(make_entry, registry):
             target_version=0,
             expected_effect="e",
         )
+
+
+def test_the_api_shows_the_calls_ledger_and_the_task_lists_it_as_compensated(world):
+    client = world["client"]
+    call, task_id = _committed_order(world)
+    entry = compensation_start(call, actor=ACTOR, send=False)
+    compensation_send(entry.pk, worker="w1")
+
+    detail = client.get_call(call.pk)
+
+    assert detail["state"] == "COMPENSATED"
+    (shown,) = detail["compensations"]
+    assert {k: shown[k] for k in ("compensation_id", "number", "tool", "state", "attempts_made")} == {
+        "compensation_id": f"comp-{call.pk}-1",
+        "number": 1,
+        "tool": "order.cancel",
+        "state": "committed",
+        "attempts_made": 1,
+    }
+    assert shown["idempotency_key"] == entry.idempotency_key and shown["provider_ref"].startswith("ca_")
+    assert [c["call_id"] for c in client.get_task(task_id).compensated] == [call.pk]

@@ -303,7 +303,17 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
     allowed = re.findall(r'data-action="(\w+)" data-allowed="yes"', actions)
     forbidden = re.findall(r'data-action="(\w+)" data-allowed="no"', actions)
     assert allowed == ["reconcile_now", "escalate"]
-    assert forbidden == ["replay_same_key", "mark_committed", "mark_not_committed", "grant_approval", "abandon"]
+    assert forbidden == [
+        "replay_same_key",
+        "mark_committed",
+        "mark_not_committed",
+        "grant_approval",
+        "abandon",
+        "start_compensation",
+        "approve_new_compensation",
+        "mark_compensation_committed",
+        "mark_compensation_failed",
+    ]
     assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in text
     assert "escalate it to human review first" in text
     assert "Every action starts as a dry run" in text

@@ -70,6 +70,9 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         key_expired=page.status.key.expired,
         retry_path_safe=tool.retry_path_safe,
         duplicate_effect=current.duplicate_effect,
+        has_compensation=isinstance(tool.compensation, dict) and bool(tool.compensation.get("tool")),
+        compensation_in_review=current.state == "COMPENSATING"
+        and current.compensations.filter(state="review").exists(),
         held_by=held_by,
     )
     diagnostic_refs = {d.pk: d.ref for d in page.diagnostics}

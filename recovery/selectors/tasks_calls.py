@@ -222,8 +222,10 @@ def _next_action(task: Task, groups: dict, blocked: list[int], no_submission: bo
 
 
 def call_detail(call: Call) -> dict:
-    """GET /calls/{id}: the call with its attempts, decisions, gate answers and receipts (5 queries)."""
+    """GET /calls/{id}: the call with its attempts, decisions, gate answers, receipts and compensation entries (6
+    queries)."""
     attempts = list(call.attempts.select_related("tool").order_by("number"))
+    compensations = list(call.compensations.select_related("tool").order_by("number"))
     decisions = {d.attempt_id: d for d in call.decisions.all()}
     gates = list(call.gate_decisions.order_by("pk"))
     receipts = list(call.receipts.order_by("pk"))
@@ -286,5 +288,23 @@ def call_detail(call: Call) -> dict:
                 "local_state_after": r.local_state_after,
             }
             for r in receipts
+        ],
+        "compensations": [
+            {
+                "compensation_id": c.compensation_id,
+                "number": c.number,
+                "tool": c.tool.name,
+                "idempotency_key": c.idempotency_key,
+                "state": c.state,
+                "target": c.target,
+                "expected_effect": c.expected_effect,
+                "attempts_made": c.attempts_count,
+                "max_attempts": c.max_attempts,
+                "checks_made": c.checks_made,
+                "provider_ref": c.provider_ref or None,
+                "outcome": c.outcome or None,
+                "state_changed_at": c.state_changed_at.isoformat(),
+            }
+            for c in compensations
         ],
     }

@@ -40,6 +40,7 @@ from recovery.services.action_plans import (
 )
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.calls import call_abandon
+from recovery.services.compensations import compensation_send, compensation_settle, compensation_start
 from recovery.services.errors import ServiceError
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.states import CallState
@@ -363,6 +364,54 @@ def _abandon(request: ActionRequest, call: Call) -> dict:
     return {"what": f"abandoned: {before} → FAILED_PERMANENT"}
 
 
+def _execute_compensation(request: ActionRequest, worker: str) -> None:
+    """The call's next compensation entry, made and sent once by this worker (SPEC §12): the entry moves the call
+    to COMPENSATING in its own transaction, then its request goes out with its own key; what came back decides the
+    entry (and, once final, the call). No transaction is open while the request is out."""
+    call = _current(request)
+    try:
+        entry = compensation_start(call, actor=_job(), requested_by=request, send=False)
+    except ServiceError as exc:
+        raise _Failed(f"no compensation was started ({exc.code}: {exc.message}): nothing was sent") from None
+    common = {"compensation": entry.pk, "entry": entry.number, "idempotency_key": entry.idempotency_key}
+    try:
+        compensation_send(entry.pk, worker=worker)
+    except Exception:
+        logger.exception("action request %s: compensation %s could not be sent", request.pk, entry.pk)
+        what = (
+            f"compensation {entry.number} was made (key {entry.idempotency_key}) but its send failed here: the "
+            "reconcile schedule sends or checks it; it is never sent twice without evidence"
+        )
+        _finish_alone(request, worker, A.EXECUTED, {"what": what, **common, "call_state": S.COMPENSATING})
+        return
+    entry.refresh_from_db()
+    state = Call.objects.values_list("state", flat=True).get(pk=call.pk)
+    then = {
+        "unknown": ": its outcome is unknown, reconciliation settles it by its own key (never a second send)",
+        "not_committed": ": nothing was executed, it is sent again with its own key",
+    }.get(entry.state, "")
+    what = f"compensation {entry.number} sent with its own key {entry.idempotency_key}: entry {entry.state}{then}"
+    _finish_alone(
+        request, worker, A.EXECUTED, {"what": what, **common, "entry_state": entry.state, "call_state": state}
+    )
+
+
+def _settle_entry(committed: bool):
+    def settle(request: ActionRequest, call: Call) -> dict:
+        try:
+            entry = compensation_settle(
+                call, committed=committed, evidence=request.evidence or {}, reason=_why(request), actor=_job()
+            )
+        except ServiceError as exc:
+            raise _Failed(f"nothing was settled: {exc.message}", call_state=call.state) from None
+        call.refresh_from_db(fields=["state", "version"])
+        return {
+            "what": f"compensation {entry.number} marked {entry.state} on the evidence given: the call is {call.state}"
+        }
+
+    return settle
+
+
 _EXECUTORS = {
     "reconcile_now": _execute_reconcile,
     "escalate": _in_transaction(_escalate),
@@ -371,6 +420,10 @@ _EXECUTORS = {
     "mark_not_committed": _in_transaction(_mark_not_committed),
     "grant_approval": _in_transaction(_grant_approval),
     "abandon": _in_transaction(_abandon),
+    "start_compensation": _execute_compensation,
+    "approve_new_compensation": _execute_compensation,
+    "mark_compensation_committed": _in_transaction(_settle_entry(committed=True)),
+    "mark_compensation_failed": _in_transaction(_settle_entry(committed=False)),
 }
 
 
@@ -420,6 +473,8 @@ def actions_sweep_interrupted(*, now: datetime | None = None) -> int:
 
 
 def _after_interruption(call: Call) -> str:
+    if call.state == S.COMPENSATING:
+        return "its compensation entry is kept: the reconcile schedule sends or checks it by its own key"
     if call.state == S.SENT:
         return "the call stays SENT until the sweeper makes it UNKNOWN, then reconciliation settles it by key"
     return f"the call is {call.state}: a person may preview an action again"

@@ -35,14 +35,18 @@ from recovery.registry import tool_policy, with_alternates
 from recovery.registry.policy import status_breaker_policy
 from recovery.selectors.breakers import breaker_view
 from recovery.selectors.context import gate_context, task_budgets, task_view
+from recovery.services.compensation_plans import next_entry_plan
+from recovery.services.errors import ServiceError
 from recovery.states import UNSETTLED, CallState
 
 S = CallState
 ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
 # The attempt a replay makes itself, and the one a granted approval lets the runtime make later.
 MAKES_ATTEMPT = frozenset({"replay_same_key"})
+# The entry of the compensation ledger these make (SPEC §12): a new side effect, not an attempt of the call.
+COMPENSATES = frozenset({"start_compensation", "approve_new_compensation"})
 LETS_ATTEMPT = frozenset({"grant_approval"})
-SETTLES = frozenset({"mark_committed", "mark_not_committed"})
+SETTLES = frozenset({"mark_committed", "mark_not_committed", "mark_compensation_committed", "mark_compensation_failed"})
 PREVIEW_ATTEMPT = "preview"
 CHECKS = ("admission", "breaker", "call_budget", "task_budget", "side_effect_budget", "key_retention")
 SECOND_PERSON = "a second person with the approver role"
@@ -81,6 +85,8 @@ class CallFacts:
     key_since: datetime  # the first attempt's admission, or the call's creation when none was made
     key_expires_at: datetime
     key_expired: bool
+    has_compensation: bool = False  # its tool declares a compensation in the registry
+    compensation_in_review: bool = False  # its open compensation entry waits for a person
 
 
 def call_for_action(call_id: int) -> Call | None:
@@ -107,6 +113,8 @@ def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
         key_since=since,
         key_expires_at=call.key_expires_at(since),
         key_expired=call.key_expired(since, now),
+        has_compensation=isinstance(tool.compensation, dict) and bool(tool.compensation.get("tool")),
+        compensation_in_review=call.state == S.COMPENSATING and call.compensations.filter(state="review").exists(),
     )
 
 
@@ -120,6 +128,8 @@ def options_for(call: Call, facts: CallFacts, *, perms, held_by: str | None = No
         key_expired=facts.key_expired,
         retry_path_safe=facts.retry_path_safe,
         duplicate_effect=facts.duplicate_effect,
+        has_compensation=facts.has_compensation,
+        compensation_in_review=facts.compensation_in_review,
         held_by=facts.held_by if held_by is None else held_by,
     )
 
@@ -197,6 +207,8 @@ def build_plan(call: Call, action_name: str, *, facts: CallFacts, evidence: dict
     action = ACTION_BY_NAME[action_name]
     with_alternates(call.tool)
     policy = tool_policy(call.tool)
+    if action.name in COMPENSATES:
+        return _compensation_plan(call, action, facts=facts, evidence=evidence, now=now)
     requests_, sends = _requests(call, action)
     gate, candidate = _dry_gate(call, policy, action, now)
     checks = [
@@ -433,9 +445,87 @@ def _expected_effects(call: Call, policy: ToolPolicy, action: Action) -> str:
             "no request to the provider: an operator receipt with the evidence; the call becomes NOT_COMMITTED, then "
             "RETRYABLE (a same-key retry is admitted on state_verified) or FAILED_PERMANENT when no attempt is left"
         )
+    if name == "mark_compensation_committed":
+        return (
+            "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
+            "becomes committed and the call COMPENSATED"
+        )
+    if name == "mark_compensation_failed":
+        return (
+            "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
+            "becomes failed and the call COMPENSATION_FAILED (a new compensation may then be approved)"
+        )
     if name == "grant_approval":
         return (
             "no request now: the call becomes RETRYABLE and the runtime's next attempt with approval_granted is "
             f"admitted once, with the same key {call.idempotency_key}"
         )
     return "no request to the provider: the call ends FAILED_PERMANENT (abandoned) and is never attempted again"
+
+
+# --- a compensation's plan ------------------------------------------------------------------------------------------
+
+
+def _compensation_plan(call: Call, action: Action, *, facts: CallFacts, evidence: dict, now: datetime) -> Plan:
+    """The dry run of the call's next compensation entry: the exact request it would send (its own derived key,
+    the compensation tool's template filled from the call, credentials masked), the checks, the expected effect."""
+    try:
+        entry = next_entry_plan(call)
+        outgoing = entry.request()
+    except ServiceError as exc:
+        fields = "; ".join(f"{e.field}: {e.suggestion}" for e in exc.field_errors)
+        raise PlanError(f"{exc.message}" + (f" ({fields})" if fields else "")) from None
+    except TemplateError as exc:
+        raise PlanError(str(exc)) from None
+    tool = entry.tool
+    view = breaker_view(tool, now=now)
+    limit = f"up to {entry.max_attempts} attempts" if entry.max_attempts is not None else "no attempt limit"
+    earlier = entry.number - 1
+    checks = [
+        _check(
+            "admission",
+            True,
+            f"a compensation is its own side effect, not an attempt of this call: entry {entry.number} of the ledger"
+            + (f", after {earlier} final entr{'y' if earlier == 1 else 'ies'}" if earlier else ""),
+        ),
+        _check("breaker", True, f"{tool.name}'s breaker is {view.state}: an undo is not held back by it"),
+        _check("call_budget", True, f"entry {entry.number}: {limit} of {tool.name}, its own budget"),
+        _check("task_budget", True, "not counted: an undo stays possible whatever the task's deadline, rounds, tokens"),
+        _check(
+            "side_effect_budget",
+            True,
+            f"the forward effect stands ({call.effects_observed or 1} observed); {entry.expected_effect}",
+        ),
+        _check("key_retention", True, f"its own key {entry.idempotency_key}, new to the provider"),
+    ]
+    forbidden = [
+        {"action": option.name, "reason": option.reason}
+        for option in options_for(call, facts, perms={REVIEW_PERMISSION}, held_by="")
+        if not option.allowed
+    ]
+    data = {
+        "action": action.name,
+        "label": action.label,
+        "does": action.does,
+        "call_id": call.pk,
+        "call_version": call.version,
+        "state": call.state,
+        "target_state": str(action.target),
+        "write": action.write,
+        "approval": approval_needed(action),
+        "tool": tool.name,
+        "provider": tool.provider.name,
+        "idempotency_key": entry.idempotency_key,
+        "sends": True,
+        "requests": [outgoing.shown()],
+        "checks": checks,
+        "forbidden": forbidden,
+        "expected_effects": (
+            f"{entry.expected_effect}: entry {entry.number} of the compensation ledger, target {entry.target}; the "
+            "call stays COMPENSATING until the entry settles (its reply, or a receipt by its own key), then ends "
+            "COMPENSATED, PARTIAL_COMPENSATED or COMPENSATION_FAILED; the task's other writes wait meanwhile"
+        ),
+        "evidence": dict(evidence),
+        "compensation": {"number": entry.number, "tool": tool.name, "arguments": entry.arguments},
+    }
+    return Plan(data=data, hash=plan_hash(data))

@@ -17,9 +17,7 @@ their audit events, in one transaction with the entry's attempt or receipt.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,23 +31,20 @@ from recovery.compensation_states import FINAL, OPEN, SENDABLE, EntryState
 from recovery.engine.classify import classify
 from recovery.engine.reconcile import LEARNED_NOTHING, Observation, next_check
 from recovery.engine.redact import redact_data
-from recovery.engine.types import ClassifyContext, FieldError
-from recovery.engine.validation import MISSING, resolve
+from recovery.engine.types import ClassifyContext
 from recovery.models import (
-    Attempt,
     Call,
     CompensationAttempt,
     CompensationEntry,
     CompensationReceipt,
-    Receipt,
     ReceiptSource,
     Task,
-    Tool,
 )
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.providers.status import query_status
 from recovery.queueing import enqueue
 from recovery.registry import tool_policy
+from recovery.services.compensation_plans import entry_plan
 from recovery.services.errors import ServiceError
 from recovery.services.outcomes import facts_of
 from recovery.states import CallState
@@ -76,137 +71,6 @@ _ENTRY_OF = {
 
 def _job(name: str) -> Actor:
     return Actor.job(name)
-
-
-# --- the entry's plan -------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, kw_only=True)
-class EntryPlan:
-    """What an entry will be: its tool and filled arguments, key, target and expected effect."""
-
-    tool: Tool
-    arguments: dict
-    idempotency_key: str
-    target: str
-    expected_effect: str
-    max_attempts: int | None
-
-
-def derive_key(original_key: str, number: int) -> str:
-    """The entry's own key: stable for (original key, entry number), never regenerated, at most 255 characters."""
-    key = f"{original_key}.compensation-{number}"
-    if len(key) <= 255:
-        return key
-    return f"compensation-{hashlib.sha256(original_key.encode()).hexdigest()}-{number}"
-
-
-def call_result(call: Call) -> Any:
-    """The forward effect's result as the provider gave it: the committed attempt's reply, else the body of the
-    receipt that confirmed it (a call settled by reconciliation has no reply of its own)."""
-    attempt = (
-        Attempt.objects.filter(call=call, http_status__gte=200, http_status__lt=300)
-        .exclude(facts__isnull=True)
-        .order_by("-number")
-        .values_list("facts", flat=True)
-        .first()
-    )
-    if isinstance(attempt, dict) and isinstance(attempt.get("result"), dict):
-        return attempt["result"]
-    response = (
-        Receipt.objects.filter(call=call, observed=Observation.COMMITTED)
-        .order_by("-checked_at", "-pk")
-        .values_list("response", flat=True)
-        .first()
-    )
-    if isinstance(response, dict) and isinstance(response.get("body"), dict):
-        return response["body"]
-    return None
-
-
-def _fill(template: Any, values: dict, path: str, missing: list[FieldError]) -> Any:
-    if isinstance(template, dict):
-        return {key: _fill(value, values, f"{path}.{key}", missing) for key, value in template.items()}
-    if isinstance(template, list):
-        return [_fill(value, values, f"{path}[{i}]", missing) for i, value in enumerate(template)]
-    if not isinstance(template, str) or "{" not in template:
-        return template
-    names = [part.split("}", 1)[0] for part in template.split("{")[1:]]
-    found = {name: resolve(values, name.strip()) for name in names}
-    for name, value in found.items():
-        if value is MISSING or value is None or value == "":
-            missing.append(
-                FieldError(
-                    field=path.removeprefix("args."),
-                    expected=f"{{{name}}} from the committed call",
-                    received=None,
-                    suggestion=(
-                        f"the call has no {name}: settle it with a result or a provider reference first"
-                        if name.startswith(("result", "provider_ref"))
-                        else f"the call's arguments lack {name}"
-                    ),
-                )
-            )
-    if missing:
-        return None
-    if template.startswith("{") and template.endswith("}") and len(names) == 1 and template == f"{{{names[0]}}}":
-        return found[names[0]]  # one whole placeholder keeps its JSON type ("{amount_cents}" stays a number)
-    text = template
-    for name, value in found.items():
-        text = text.replace(f"{{{name}}}", str(value))
-    return text
-
-
-def entry_plan(call: Call, number: int) -> EntryPlan:
-    """The entry `number` of `call` would be; ServiceError 422 `compensation_unavailable` (field errors) when the
-    tool has no compensation or its template needs a value the call does not have — then no entry is made."""
-    template = call.tool.compensation if isinstance(call.tool.compensation, dict) else {}
-    if not template.get("tool"):
-        raise ServiceError(
-            422,
-            "compensation_unavailable",
-            f"{call.tool.name} declares no compensation in the registry",
-            field_errors=[
-                FieldError(
-                    field="compensation",
-                    expected="a registry compensation {tool, args} for this tool",
-                    received=None,
-                    suggestion="Add one to the tool's registry entry, or settle the effect by hand.",
-                )
-            ],
-        )
-    tool = Tool.objects.select_related("provider").filter(name=template["tool"]).first()
-    if tool is None:
-        raise ServiceError(
-            422, "compensation_unavailable", f"the compensation tool {template['tool']} is not registered"
-        )
-    result = call_result(call)
-    values = {
-        **(call.arguments if isinstance(call.arguments, dict) else {}),
-        "result": result if isinstance(result, dict) else {},
-        "provider_ref": call.provider_ref,
-        "idempotency_key": call.idempotency_key,
-    }
-    missing: list[FieldError] = []
-    arguments = _fill(template.get("args") or {}, values, "args", missing)
-    if missing:
-        raise ServiceError(
-            422,
-            "compensation_unavailable",
-            f"the compensation of {call.tool.name} needs values this call does not have",
-            field_errors=missing,
-        )
-    ref = call.provider_ref or call.idempotency_key
-    noun = tool.name.split(".")[-1]
-    policy = tool_policy(tool)
-    return EntryPlan(
-        tool=tool,
-        arguments=arguments,
-        idempotency_key=derive_key(call.idempotency_key, number),
-        target=f"{call.tool.name} {ref}"[:300],
-        expected_effect=f"{tool.name} undoes {call.tool.name} {ref}: one {noun}"[:300],
-        max_attempts=policy.budgets.max_attempts,
-    )
 
 
 # --- starting -------------------------------------------------------------------------------------------------
@@ -536,6 +400,42 @@ def _after_receipt(entry, observed: str, *, checks: int, policy, now: datetime) 
     return None, ""
 
 
+# --- a person settles an entry in review ------------------------------------------------------------------------
+
+
+def compensation_settle(call: Call, *, committed: bool, evidence: dict, reason: str, actor: Actor) -> CompensationEntry:
+    """The call's entry in review, settled by an operator's evidence (an approved action, in the caller's
+    transaction): an operator receipt, the entry committed or failed, and the call's end with it."""
+    entry = (
+        CompensationEntry.objects.select_for_update(of=("self",))
+        .select_related("tool__provider", "call__task")
+        .filter(call=call, state=E.REVIEW)
+        .first()
+    )
+    if entry is None:
+        raise ServiceError(409, "not_in_review", "the call has no compensation entry in review")
+    to = E.COMMITTED if committed else E.FAILED
+    now = timezone.now()
+    receipt = CompensationReceipt.objects.create(
+        entry=entry,
+        source=ReceiptSource.OPERATOR,
+        observed=Observation.COMMITTED if committed else Observation.NOT_COMMITTED,
+        provider_status="operator",
+        provider_ref=str(evidence.get("provider_ref", ""))[:255],
+        response={"evidence": evidence, "reason": reason},
+        state_before=entry.state,
+        state_after=to,
+        applied=True,
+        evidence=evidence,
+        checked_at=now,
+    )
+    changes: dict[str, Any] = {"last_receipt_at": now, "outcome": "" if committed else "operator_not_executed"}
+    if committed and receipt.provider_ref and not entry.provider_ref:
+        changes["provider_ref"] = receipt.provider_ref
+    _move(entry, to, actor=actor, reason=reason, evidence={"receipt": receipt.pk}, changes=changes)
+    return entry
+
+
 # --- the schedule -----------------------------------------------------------------------------------------------
 
 # A pending entry whose send job was lost (a worker died before taking it) is sent by the periodic tick after this.
@@ -555,10 +455,34 @@ def compensations_due(*, now: datetime | None = None) -> tuple[list[int], list[i
     return list(sends.values_list("pk", flat=True)[:500]), list(checks.values_list("pk", flat=True)[:500])
 
 
+def compensations_sweep_sent(*, now: datetime | None = None) -> int:
+    """Entries SENT whose worker's lease ended without a reply recorded (it died mid-send) → unknown: the undo may
+    exist, so they are checked by their own key, never sent again blind; how many."""
+    now = now or timezone.now()
+    swept = 0
+    stale = CompensationEntry.objects.filter(state=E.SENT, lease_until__lt=now).values_list("pk", flat=True)
+    for entry_id in list(stale[:500]):
+        entry = _load(entry_id)
+        try:
+            with transaction.atomic():
+                transition_entry(
+                    entry,
+                    E.UNKNOWN,
+                    actor=_job("compensation-sweep"),
+                    reason="no reply was recorded before the sending worker's lease ended: the undo may exist",
+                    changes={"next_check_at": now, "lease_owner": "", "lease_until": None},
+                )
+            swept += 1
+        except TransitionConflict:
+            continue
+    return swept
+
+
 def compensations_run_due(*, worker: str, now: datetime | None = None) -> int:
-    """Periodic: send and check what is due, here (the tick's own worker); how many entries were acted on."""
+    """Periodic: sweep entries whose sender died, send and check what is due, here (the tick's own worker); how
+    many entries were acted on."""
+    acted = compensations_sweep_sent(now=now)
     sends, checks = compensations_due(now=now)
-    acted = 0
     for entry_id in sends:
         try:
             acted += compensation_send(entry_id, worker=worker) is not None
