@@ -18,7 +18,7 @@ from recovery.drills.results import CheckRow
 from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_people
 from recovery.models import ActionRequest, ActionStatus, Call, CompensationEntry
 from recovery.services.actions import action_approve, action_preview, action_request
-from recovery.services.compensations import derive_key
+from recovery.services.compensation_plans import derive_key
 from recovery.states import CallState as S
 
 START_COMPENSATION = "start_compensation"  # the operator action that undoes a COMMITTED call
