@@ -693,6 +693,7 @@ class CompensationEntry(models.Model):
     provider_ref = models.CharField(max_length=255, blank=True)
     provider_status = models.CharField(max_length=64, blank=True)
     effects_observed = models.PositiveIntegerField(null=True, blank=True)
+    undone_amount = models.PositiveBigIntegerField(null=True, blank=True)  # what the provider says it undid
     outcome = models.CharField(max_length=64, blank=True)  # why it ended: refused (not_cancellable), ...
     send_at = models.DateTimeField(null=True, blank=True)  # not_committed: when it may be sent again
     checks_made = models.PositiveIntegerField(default=0)
