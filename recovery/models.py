@@ -249,6 +249,14 @@ class Call(models.Model):
                 name="call_unknown_queue_idx",
                 condition=Q(state__in=[CallState.UNKNOWN, CallState.STILL_UNKNOWN]),
             ),
+            # The compensation problems queue spans three states (recovery.selectors.queues), in page order too.
+            models.Index(
+                fields=["state_changed_at", "id"],
+                name="call_compensation_queue_idx",
+                condition=Q(
+                    state__in=[CallState.COMPENSATING, CallState.PARTIAL_COMPENSATED, CallState.COMPENSATION_FAILED]
+                ),
+            ),
             models.Index(fields=["tenant", "state", "state_changed_at"], name="call_tenant_state_idx"),
             models.Index(fields=["tool", "state", "state_changed_at"], name="call_tool_state_idx"),
             models.Index(fields=["idempotency_key"], name="call_key_idx"),
