@@ -97,6 +97,7 @@ class QueueFilterForm(forms.Form):
             q=data.get("q") or "",
             newest_first=data.get("sort") == "newest",
             after=data.get("after"),
+            compensation=self.queue.compensation,
         )
 
 

@@ -155,6 +155,9 @@ RECOVERY_SIGN_IN_MAX_FAILURES = env_int("RECOVERY_SIGN_IN_MAX_FAILURES", 5, mini
 RECOVERY_SIGN_IN_WINDOW_S = env_int("RECOVERY_SIGN_IN_WINDOW_S", 900, minimum=1)
 # How long a reviewer's claim on a queue item lasts unless renewed or released.
 RECOVERY_CLAIM_S = env_int("RECOVERY_CLAIM_S", 900, minimum=30)
+# The compensation problems queue lists a COMPENSATING call once its open entry has waited this long made, in flight
+# or unknown (an entry in review is listed at once; a failed or partial compensation always is).
+RECOVERY_COMPENSATION_STUCK_S = env_int("RECOVERY_COMPENSATION_STUCK_S", 300, minimum=1)
 # How long an UNKNOWN or HUMAN_REVIEW item may wait, per call risk (recovery.models.Risk), before the overview counts
 # it as an SLA breach: "high=900,low=14400" (seconds; every risk once).
 RECOVERY_SLA_S = env_seconds_by_key("RECOVERY_SLA_S", {"high": 900, "low": 14_400}, keys=("high", "low"))

@@ -249,6 +249,14 @@ class Call(models.Model):
                 name="call_unknown_queue_idx",
                 condition=Q(state__in=[CallState.UNKNOWN, CallState.STILL_UNKNOWN]),
             ),
+            # The compensation problems queue spans three states (recovery.selectors.queues), in page order too.
+            models.Index(
+                fields=["state_changed_at", "id"],
+                name="call_compensation_queue_idx",
+                condition=Q(
+                    state__in=[CallState.COMPENSATING, CallState.PARTIAL_COMPENSATED, CallState.COMPENSATION_FAILED]
+                ),
+            ),
             models.Index(fields=["tenant", "state", "state_changed_at"], name="call_tenant_state_idx"),
             models.Index(fields=["tool", "state", "state_changed_at"], name="call_tool_state_idx"),
             models.Index(fields=["idempotency_key"], name="call_key_idx"),
@@ -693,6 +701,7 @@ class CompensationEntry(models.Model):
     provider_ref = models.CharField(max_length=255, blank=True)
     provider_status = models.CharField(max_length=64, blank=True)
     effects_observed = models.PositiveIntegerField(null=True, blank=True)
+    undone_amount = models.PositiveBigIntegerField(null=True, blank=True)  # what the provider says it undid
     outcome = models.CharField(max_length=64, blank=True)  # why it ended: refused (not_cancellable), ...
     send_at = models.DateTimeField(null=True, blank=True)  # not_committed: when it may be sent again
     checks_made = models.PositiveIntegerField(default=0)

@@ -424,3 +424,40 @@ def test_the_api_shows_the_calls_ledger_and_the_task_lists_it_as_compensated(wor
     }
     assert shown["idempotency_key"] == entry.idempotency_key and shown["provider_ref"].startswith("ca_")
     assert [c["call_id"] for c in client.get_task(task_id).compensated] == [call.pk]
+
+
+def _committed_payment(world, amount_cents: int) -> Call:
+    client, sandbox = world["client"], world["sandbox"]
+    task = client.create_task("demo", f"pay-{next(_n)}", agent="tests", goal="capture, then refund it")
+    key, args = f"payment-{next(_n)}", {"order_id": f"O-{next(_n)}", "amount_cents": amount_cents}
+    ref = client.add_call(task.id, step=1, tool="payment.capture", arguments=args, idempotency_key=key)
+    admitted = client.admit(ref.call_id, "a1")
+    reply = requests.post(f"{sandbox.url}/payments", json=args, headers=sandbox.headers(key), timeout=(2, 3))
+    assert client.report(ref.call_id, admitted.attempt_id, facts_from_response(reply)).call_state == "COMMITTED"
+    return Call.objects.select_related("tool", "task").get(pk=ref.call_id)
+
+
+def test_a_refund_that_undoes_less_than_the_payment_ends_partial_and_the_next_entry_refunds_the_rest(world):
+    sandbox = world["sandbox"]
+    call = _committed_payment(world, 1250)
+    first = compensation_start(call, actor=ACTOR, send=False)
+    assert (first.tool.name, first.arguments["amount_cents"]) == ("refund.create", 1250)
+    sandbox.fault(route="/refunds", key=first.idempotency_key, kind="partial", amount_cents=500, times=1)
+
+    compensation_send(first.pk, worker="w1")  # the reply's amount breaks the tool's invariant: unknown
+    first.refresh_from_db()
+    assert first.state == "unknown"
+    compensation_check(first.pk, worker="w1")  # the provider's record: a refund of 500
+
+    first.refresh_from_db()
+    assert (first.state, first.undone_amount, first.effects_observed) == ("committed", 500, 0)
+    assert _state(Call, call.pk) == "PARTIAL_COMPENSATED"
+
+    second = compensation_start(Call.objects.get(pk=call.pk), actor=ACTOR, send=False)
+    assert second.arguments["amount_cents"] == 750  # what is left, never the whole amount again
+    compensation_send(second.pk, worker="w1")
+
+    second.refresh_from_db()
+    assert second.state == "committed" and _state(Call, call.pk) == "COMPENSATED"
+    refunded = [sandbox.ledger(e.idempotency_key)["effects"] for e in (first, second)]
+    assert refunded == [1, 1]

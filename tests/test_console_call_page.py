@@ -470,7 +470,7 @@ def test_the_page_runs_the_same_statements_for_5_or_200_attempts(people, refund_
     many, many_page = statements(client, f"/calls/{large.pk}/")
     few_html, many_html = _html(few_page), _html(many_page)
     assert few == many, (few, many)
-    assert many <= 14, many
+    assert many <= 16, many  # 11 of the page's own (recovery.selectors.call_page), the session's and the layout's
     assert many_html.count('<tr id="attempt-') == 200 and many_html.count('<tr id="receipt-') == 200
     assert few_html.count('<tr id="attempt-') == 5
     live_few, _ = statements(client, f"/calls/{small.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")

@@ -2,7 +2,11 @@
 read exactly what the ORM reads for the same filters: each filter alone and combined, both orders, every page by
 keyset (with rows sharing a timestamp across page boundaries), and each row's values and names, on the backend the
 suite runs on (SQLite by default, PostgreSQL in CI). The selector's own ORM twin (RECOVERY_HOT_PATH_SQL off, what the
-benchmark times the SQL against) passes the same tests and gives the same rows."""
+benchmark times the SQL against) passes the same tests and gives the same rows.
+
+The compensation problems queue is one more case of each: its membership (a COMPENSATING call only while its open
+entry is in review or stuck past RECOVERY_COMPENSATION_STUCK_S) is read here a third way, in Python from the
+entries, and both the SQL and the ORM twin must list exactly those calls."""
 
 from __future__ import annotations
 
@@ -15,10 +19,27 @@ import pytest
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery.models import Call, Step, Task, Tenant
+from recovery.models import Call, CompensationEntry, Step, Task, Tenant
 from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_counts, queue_options, queue_page
 
 STATES = ("UNKNOWN", "STILL_UNKNOWN", "HUMAN_REVIEW", "COMMITTED")
+COMPENSATION = QUEUES["compensation-problems"]
+STUCK_S = 300
+# (the call's state, its entries as (state, minutes in it), oldest first): listed or not, and why.
+SAGAS = [
+    ("COMPENSATING", [("review", 1)]),  # listed: a person decides
+    ("COMPENSATING", [("unknown", 10)]),  # listed: unknown past the threshold
+    ("COMPENSATING", [("unknown", 1)]),  # not yet: being reconciled
+    ("COMPENSATING", [("pending", 6)]),  # listed: never sent
+    ("COMPENSATING", [("sent", 30)]),  # listed: in flight for half an hour
+    ("COMPENSATING", [("not_committed", 30)]),  # not listed: sent again by the schedule
+    ("COMPENSATING", [("failed", 60), ("pending", 1)]),  # not listed: a new entry, just made
+    ("COMPENSATING", [("failed", 60), ("review", 2)]),  # listed
+    ("COMPENSATING", []),  # not listed (no entry to show)
+    ("PARTIAL_COMPENSATED", [("committed", 20)]),  # listed: less than expected undone
+    ("COMPENSATION_FAILED", [("failed", 20)]),  # listed: nothing undone
+    ("COMPENSATED", [("committed", 20)]),  # not listed: done
+]
 
 
 @pytest.fixture(params=["sql", "orm"])
@@ -58,12 +79,65 @@ def backlog(registry, people, make_call):
             holder = people["reviewer" if n % 16 else "reviewer2"]
             fields |= {"claimed_by": holder, "claim_until": now + timedelta(minutes=rng.choice([-5, 10]))}
         Call.objects.filter(pk=call.pk).update(**fields)
+    for n in range(3 * len(SAGAS)):
+        _saga(n, now, tasks, registry, people, make_call)
     return {"now": now, "tasks": tasks, "globex": globex}
+
+
+@pytest.fixture(autouse=True)
+def _stuck_threshold(settings):
+    settings.RECOVERY_COMPENSATION_STUCK_S = STUCK_S
+
+
+def _saga(n: int, now, tasks, registry, people, make_call) -> None:
+    """One call of SAGAS (each three times, on different tasks, tools and risks), its entries, and the same spread of
+    timestamps, claims and receipts as the backlog's other calls."""
+    owner = tasks[n % 3]
+    state, entries = SAGAS[n % len(SAGAS)]
+    call = make_call(state, tool=registry["refund" if n % 4 else "lookup"], on_task=owner)
+    fields = {
+        "state_changed_at": now - timedelta(minutes=4 * (n // 3) + 2),
+        "step": Step.objects.get(task=owner, index=1 + n % 2),
+    }
+    if n % 5 == 0:
+        fields |= {"checks_made": 1, "last_receipt_status": "committed", "last_receipt_at": now - timedelta(hours=1)}
+        fields |= {"provider_ref": f"ord_{n}"}
+    if n % 6 == 0:
+        fields |= {"claimed_by": people["reviewer"], "claim_until": now + timedelta(minutes=10)}
+    Call.objects.filter(pk=call.pk).update(**fields)
+    for number, (entry_state, minutes) in enumerate(entries, start=1):
+        CompensationEntry.objects.create(
+            call=call,
+            number=number,
+            tool=registry["refund"],
+            idempotency_key=f"{call.idempotency_key}.compensation-{number}",
+            target="t",
+            target_version=0,
+            expected_effect="e",
+            state=entry_state,
+            state_changed_at=now - timedelta(minutes=minutes),
+            outcome="refused" if entry_state == "failed" else "",
+        )
+
+
+def _problems(now) -> set[int]:
+    """The calls the compensation problems queue lists, read in Python from every entry (the third reading)."""
+    cutoff = now - timedelta(seconds=STUCK_S)
+    listed = set(
+        Call.objects.filter(state__in=["PARTIAL_COMPENSATED", "COMPENSATION_FAILED"]).values_list("pk", flat=True)
+    )
+    for entry in CompensationEntry.objects.filter(call__state="COMPENSATING"):
+        stuck = entry.state in ("pending", "sent", "unknown") and entry.state_changed_at <= cutoff
+        if entry.state == "review" or stuck:
+            listed.add(entry.call_id)
+    return listed
 
 
 def _reference(filters: QueueFilters, now) -> list[int]:
     """The same filters read through the ORM."""
     calls = Call.objects.filter(state__in=filters.states)
+    if filters.compensation:
+        calls = calls.filter(pk__in=_problems(now))
     if filters.tool_id:
         calls = calls.filter(tool_id=filters.tool_id)
     if filters.tenant_id:
@@ -100,7 +174,14 @@ def _filter_sets(backlog, registry) -> list[QueueFilters]:
     tenants = [None, registry["tenant"].pk, backlog["globex"].pk]
     searches = ["", "ext-1", str(backlog["tasks"][2].pk), "re_14", Call.objects.order_by("pk")[9].idempotency_key]
     every = itertools.product(
-        [QUEUES["unknown"].states, ("HUMAN_REVIEW",), ("COMMITTED",)],
+        [
+            (QUEUES["unknown"].states, False),
+            (("HUMAN_REVIEW",), False),
+            (("COMMITTED",), False),
+            (COMPENSATION.states, True),
+            (("COMPENSATING",), True),
+            (("COMPENSATION_FAILED", "PARTIAL_COMPENSATED"), True),
+        ],
         tools,
         tenants,
         ["", "high", "low"],
@@ -108,9 +189,10 @@ def _filter_sets(backlog, registry) -> list[QueueFilters]:
         searches,
         [False, True],
     )
-    chosen = random.Random(11).sample(list(every), 120)
+    chosen = random.Random(11).sample(list(every), 180)
     singles = [
-        QueueFilters(states=QUEUES["unknown"].states, **{name: value})
+        QueueFilters(states=states, compensation=compensation, **{name: value})
+        for states, compensation in [(QUEUES["unknown"].states, False), (COMPENSATION.states, True)]
         for name, values in [
             ("tool_id", tools[1:]),
             ("tenant_id", tenants[1:]),
@@ -123,21 +205,25 @@ def _filter_sets(backlog, registry) -> list[QueueFilters]:
     ]
     return singles + [
         QueueFilters(
-            states=states, tool_id=tool, tenant_id=tenant, risk=risk, older_than=older, q=q, newest_first=newest
+            states=states, tool_id=tool, tenant_id=tenant, risk=risk, older_than=older, q=q, newest_first=newest,
+            compensation=compensation,
         )
-        for states, tool, tenant, risk, older, q, newest in chosen
-    ]
+        for (states, compensation), tool, tenant, risk, older, q, newest in chosen
+    ]  # fmt: skip
 
 
 def test_every_filter_and_order_reads_what_the_orm_reads_page_by_page(backlog, registry, reader):
     now = backlog["now"]
-    nonempty = 0
-    for filters in [QueueFilters(states=QUEUES["unknown"].states), *_filter_sets(backlog, registry)]:
+    nonempty = compensating = 0
+    compensation = QueueFilters(states=COMPENSATION.states, compensation=True)
+    for filters in [QueueFilters(states=QUEUES["unknown"].states), compensation, *_filter_sets(backlog, registry)]:
         expected = _reference(filters, now)
         got = [row["id"] for row in _walk(filters, now, size=7)]
         assert got == expected, filters
         nonempty += bool(expected)
-    assert nonempty > 45  # the sample is not mostly empty pages (53 of 135 have rows)
+        compensating += bool(expected) and filters.compensation
+    assert nonempty > 60 and compensating > 12, (nonempty, compensating)  # not mostly empty pages (70, 18 of 204)
+    assert len(_reference(compensation, now)) == 3 * 7  # the seven kinds of SAGAS that need a person
 
 
 def test_each_row_carries_the_calls_values_and_names(backlog, reader):
@@ -159,17 +245,37 @@ def test_each_row_carries_the_calls_values_and_names(backlog, reader):
     assert call_row(max(calls) + 1) is None
 
 
+def test_each_compensation_row_carries_its_latest_entry(backlog, reader):
+    now = backlog["now"]
+    rows = _walk(QueueFilters(states=COMPENSATION.states, compensation=True), now, size=50)
+    assert rows and {row["state"] for row in rows} == set(COMPENSATION.states)
+    for row in rows:
+        latest = CompensationEntry.objects.filter(call_id=row["id"]).order_by("-number").first()
+        assert (row["entry_number"], row["entry_state"], row["entry_outcome"]) == (
+            latest.number,
+            latest.state,
+            latest.outcome,
+        )
+        assert row == call_row(row["id"], compensation=True)
+    assert {row["entry_state"] for row in rows} == {"review", "unknown", "pending", "sent", "committed", "failed"}
+    assert "entry_state" not in call_row(rows[0]["id"])  # the other queues' rows are unchanged
+
+
 def test_a_state_outside_the_state_table_is_refused_not_written_into_the_statement(backlog):
     with pytest.raises(ValueError, match="not call states"):
         queue_page(QueueFilters(states=("UNKNOWN', 'x') OR 1=1 --",)), now=backlog["now"])
+    with pytest.raises(ValueError, match="not compensation problem states"):
+        queue_page(QueueFilters(states=("UNKNOWN",), compensation=True), now=backlog["now"])
 
 
 def test_the_counts_and_options_match_the_tables(backlog, registry, reader):
-    assert queue_counts() == {
+    now = backlog["now"]
+    assert queue_counts(now=now) == {
         "unknown": Call.objects.filter(state__in=QUEUES["unknown"].states).count(),
         "human_review": Call.objects.filter(state="HUMAN_REVIEW").count(),
+        "compensation_problems": len(_problems(now)),
     }
-    assert queue_counts(cap=5) == {"unknown": 6, "human_review": 6}
+    assert queue_counts(cap=5, now=now) == {"unknown": 6, "human_review": 6, "compensation_problems": 6}
     tools, tenants = queue_options()
     assert tools == [(registry["lookup"].pk, "order.lookup"), (registry["refund"].pk, "refund.create")]
     assert tenants == [(registry["tenant"].pk, "acme"), (backlog["globex"].pk, "globex")]
@@ -177,7 +283,8 @@ def test_the_counts_and_options_match_the_tables(backlog, registry, reader):
 
 def test_the_sql_and_its_orm_twin_give_the_same_rows_and_cursors(backlog, registry, settings):
     now = backlog["now"]
-    for filters in [QueueFilters(states=STATES), *_filter_sets(backlog, registry)[:40]]:
+    compensation = QueueFilters(states=COMPENSATION.states, compensation=True)
+    for filters in [QueueFilters(states=STATES), compensation, *_filter_sets(backlog, registry)[:60]]:
         settings.RECOVERY_HOT_PATH_SQL = True
         raw = _walk(filters, now, size=7)
         settings.RECOVERY_HOT_PATH_SQL = False

@@ -7,8 +7,10 @@ the permission gets 403. An htmx request gets the page's partial (the same marku
 
 from __future__ import annotations
 
+from datetime import timedelta
 from html import escape
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
@@ -23,7 +25,7 @@ from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
 from recovery.audit import Actor
 from recovery.models import Call
-from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_options, queue_page
+from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 
 REFRESH_S = 5
@@ -51,7 +53,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         page = queue_page(filters, now=now)
         status = 200
     else:
-        filters, page, status = QueueFilters(states=current.states), None, 400
+        filters, page, status = QueueFilters(states=current.states, compensation=current.compensation), None, 400
     next_url = ""
     if page and page.next_cursor:
         query = request.GET.copy()
@@ -61,7 +63,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     first_query.pop("after", None)
     rows = page.rows if page else []
     can_review = request.user.has_perm(REVIEW)
-    _decorate(rows, now, request.user, can_review, tools=dict(tools), tenants=dict(tenants))
+    _decorate(rows, now, request.user, can_review, tools=dict(tools), tenants=dict(tenants), queue=current)
     context = {
         "queue": current,
         "queues": QUEUES,
@@ -74,6 +76,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         "next_url": next_url,
         "first_url": f"{request.path}?{first_query.urlencode()}" if request.GET.get("after") else "",
         "refresh_s": REFRESH_S,
+        "stuck_after": age_text(timedelta(seconds=settings.RECOVERY_COMPENSATION_STUCK_S)),
         # Named even when empty: a name missing from the context costs the template engine a caught exception per
         # lookup, once per row here (about a third of the rows' rendering time).
         "notice": "",
@@ -110,14 +113,19 @@ def release(request: HttpRequest, call_id: int) -> HttpResponse:
     return _after_claim(request, call_id, f"You do not hold call {call_id}.", error=True)
 
 
-def _decorate(rows: list, now, user, can_review: bool, *, tools: dict[int, str], tenants: dict[int, str]) -> None:
+def _decorate(
+    rows: list, now, user, can_review: bool, *, tools: dict[int, str], tenants: dict[int, str], queue: Queue
+) -> None:
     """What each row's cells show, computed once in Python rather than by template tags per cell (the queue page
     renders 50 rows every 5 s for every reviewer): its link, its tool's and tenant's names, its age, its last
-    receipt's age, whether it is held, and the claim button the user gets (claim if free, release if theirs, none if
-    a colleague holds it)."""
+    receipt's age, whether it is held, the claim button the user gets (claim if free, release if theirs, none if
+    a colleague holds it) and, in the compensation problems queue, its latest entry. The claim buttons name the
+    queue, so the row drawn again after a claim has the same cells."""
     open_url, claim_url, release_url = (
         url_pattern(name) for name in ("console:call", "console:claim", "console:release")
     )
+    if queue.compensation:
+        claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
@@ -126,6 +134,7 @@ def _decorate(rows: list, now, user, can_review: bool, *, tools: dict[int, str],
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
         row["held"] = held = Call.claim_live(row["claimed_by_id"], row["claim_until"], now)
+        row["entry"] = _entry_text(row) if queue.compensation else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
         if can_review and not held:
             row["button"], row["button_label"], row["button_url"] = "claim", "Claim", claim_url.format(pk)
@@ -139,22 +148,31 @@ def _decorate(rows: list, now, user, can_review: bool, *, tools: dict[int, str],
                 row[name] = SafeString(escape(value if isinstance(value, str) else str(value)))
 
 
+def _entry_text(row: dict) -> str:
+    """Why a compensation problem is listed: its latest entry's number and state (and how it ended)."""
+    if row.get("entry_number") is None:
+        return "no entry"
+    outcome = f" ({row['entry_outcome']})" if row.get("entry_outcome") else ""
+    return f"compensation {row['entry_number']}: {row['entry_state']}{outcome}"
+
+
 # What a row shows as text (agents' and providers' text among it: external ids, names, statuses).
 _SHOWN = (
     "id", "open_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk", "state",
     "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label",
+    "button_label", "entry",
 )  # fmt: skip
 
 
 def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: bool = False) -> HttpResponse:
     """htmx: the row again, as it now stands (with the message in its status cell); otherwise back to the queue."""
     if request.htmx:
-        row = call_row(call_id)
+        current = QUEUES.get(request.GET.get("queue", ""), QUEUES["unknown"])
+        row = call_row(call_id, compensation=current.compensation)
         if row is None:
             raise Http404("No such call.")
         tools, tenants = queue_options()
-        _decorate([row], timezone.now(), request.user, True, tools=dict(tools), tenants=dict(tenants))
+        _decorate([row], timezone.now(), request.user, True, tools=dict(tools), tenants=dict(tenants), queue=current)
         context = {"row": row, "notice": message, "notice_error": error}
         return render(request, "console/queue.html#row", context, status=409 if error else 200)
     (messages.error if error else messages.success)(request, message)

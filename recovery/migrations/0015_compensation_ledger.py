@@ -58,6 +58,7 @@ class Migration(migrations.Migration):
                 ("provider_ref", models.CharField(blank=True, max_length=255)),
                 ("provider_status", models.CharField(blank=True, max_length=64)),
                 ("effects_observed", models.PositiveIntegerField(blank=True, null=True)),
+                ("undone_amount", models.PositiveBigIntegerField(blank=True, null=True)),
                 ("outcome", models.CharField(blank=True, max_length=64)),
                 ("send_at", models.DateTimeField(blank=True, null=True)),
                 ("checks_made", models.PositiveIntegerField(default=0)),

@@ -311,6 +311,8 @@ class Sandbox:
         self, x: Exchange, kind: WriteKind, body: dict[str, Any], data: dict[str, Any], fingerprint: str
     ) -> tuple[Response, WriteObject]:
         pending = self.faults.take("pending", x.target)
+        if "amount_cents" in data and (partial := self.faults.take("partial", x.target)):
+            data = {**data, "amount_cents": partial.params["amount_cents"]}
         ref = kind.new_ref(x.params)
         status = "pending" if pending else kind.ok_status
         obj = WriteObject(

@@ -54,6 +54,8 @@ PARAMS: dict[str, dict[str, tuple[Any, Any]]] = {
     # the faults drops the ones still held back.
     "delayed_callbacks": {"ms": (None, _int_between(0, 600_000))},
     "ignore_keys": {},
+    # A money movement (a refund, a payment) that executes for less than asked: the provider moved `amount_cents`.
+    "partial": {"amount_cents": (None, _int_between(0, 10**12))},
     # A 2xx answer of a read or write whose body is mangled: `drop` removes top-level fields, `set` overwrites them.
     "bad_result": {"drop": ([], _field_names), "set": ({}, _fields)},
 }

@@ -1,13 +1,15 @@
 """What the call page shows (SPEC §15.5): one call with its intent, evidence and history, in a fixed number of
-statements whatever the number of attempts, receipts, events or action requests — eight, or two for the page's
-live refresh.
+statements whatever the number of attempts, receipts, events, action requests or compensation entries — eleven, or
+two for the page's live refresh.
 
 1. the call with its task (and tenant), step, tool (and provider, and the provider's status-endpoint breaker) and
    the reviewer holding its claim; 2. its attempts, each with its decision card; 3. its gate answers; 4. its
    receipts; 5. its audit events; 6. its diagnostics (their content only for people who may read them); 7. its
-   operator action requests (recovery.selectors.approvals); 8. the tool's breaker. The timeline that merges them is
-   built in Python from those rows; every step of an action request is an audit event of the call, so the
-   timeline tells an action's story from those events.
+   operator action requests (recovery.selectors.approvals); 8. the tool's breaker; 9, 10 and 11. its compensation
+   entries, their attempts and their receipts (recovery.selectors.compensations). The timeline that merges them is
+   built in Python from those rows: the forward effect, then each compensation (made, sent, answered, checked) and the
+   call's resulting state, one chain in time order. Every step of an action request is an audit event of the call,
+   so the timeline tells an action's story from those events.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from recovery.models import Decision as DecisionRow
 from recovery.registry.policy import TOOL_BUDGETS
 from recovery.selectors.approvals import call_action_requests
 from recovery.selectors.breakers import breaker_view
+from recovery.selectors.compensations import ChainEntry, EffectStory, call_compensations, effect_story
 from recovery.selectors.context import task_budgets
 
 # The API's own idempotency bookkeeping (whole answers, hashes) and the raw facts (their columns are shown): never
@@ -35,7 +38,7 @@ _ATTEMPT_UNREAD = ("request_hash", "response", "outcome_request_hash", "outcome_
 @dataclass(frozen=True, kw_only=True)
 class TimelineEntry:
     at: datetime
-    kind: str  # attempt, gate, decision, receipt, audit, action (an audit event of an operator action)
+    kind: str  # attempt, gate, decision, receipt, audit, action (an operator action's event), compensation
     title: str
     details: str
     rank: int = 0  # orders entries written at the same instant: gate, attempt, audit, decision, receipt
@@ -88,6 +91,8 @@ class CallPage:
     diagnostics_readable: bool
     budget: list[BudgetLine]
     action_requests: list[ActionRequest] = field(default_factory=list)  # newest first
+    compensations: list[ChainEntry] = field(default_factory=list)  # by number
+    story: EffectStory | None = None  # what became of the effect, once a compensation was made
     timeline: list[TimelineEntry] = field(default_factory=list)
 
     @property
@@ -132,7 +137,7 @@ def call_status(call_id: int, *, now: datetime) -> CallStatus | None:
 
 
 def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> CallPage | None:
-    """Everything the call page shows (eight statements), or None for an unknown id."""
+    """Everything the call page shows (eleven statements), or None for an unknown id."""
     call = _call(call_id)
     if call is None:
         return None
@@ -152,6 +157,13 @@ def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> Cal
     diagnostics = Diagnostic.objects.filter(call_id=call.pk).order_by("created_at", "pk")
     if not diagnostics_readable:
         diagnostics = diagnostics.only("id", "ref", "source", "created_at")  # that one exists, not what it says
+    compensations = call_compensations(call.pk)
+    story = effect_story(
+        call_state=call.state,
+        forward_tool=call.tool.name,
+        target=call.provider_ref or call.idempotency_key,
+        entries=[c.entry for c in compensations],
+    )
     page = CallPage(
         status=_status(call, first_sent_at, now),
         attempts=attempts,
@@ -164,6 +176,8 @@ def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> Cal
         diagnostics_readable=diagnostics_readable,
         budget=budget_lines(call, now),
         action_requests=call_action_requests(call.pk),
+        compensations=compensations,
+        story=story,
     )
     page.timeline.extend(timeline(page))
     return page
@@ -212,6 +226,7 @@ def _line(name: str, used: int, limit: int | None) -> BudgetLine:
 # --- timeline ------------------------------------------------------------------------------------------------------
 
 _RANK = {"gate": 0, "admitted": 1, "audit": 2, "reported": 3, "decision": 4, "receipt": 5}
+_CHAIN_ENDS = ("COMPENSATED", "PARTIAL_COMPENSATED", "COMPENSATION_FAILED")
 
 
 def _yes_no(value: bool | None) -> str:
@@ -355,8 +370,80 @@ def _action_facts(evidence) -> list[str]:
     return facts
 
 
+def _compensation_entries(chain: ChainEntry) -> list[TimelineEntry]:
+    """One compensation's steps: made (its own key, target, expected effect), each attempt sent and answered, each
+    receipt. Its state changes and the call's are audit events of the call, merged beside these."""
+    entry = chain.entry
+    name = f"compensation {entry.number}"
+    made = TimelineEntry(
+        at=entry.created_at,
+        kind="compensation",
+        title=f"{name} made: {entry.tool.name}, its own key {entry.idempotency_key}",
+        details=f"target {entry.target} (call version {entry.target_version}); expected effect {entry.expected_effect}",
+        rank=_RANK["admitted"],
+        order=entry.pk,
+    )
+    entries = [made]
+    for attempt in chain.attempts:
+        request = attempt.request if isinstance(attempt.request, dict) else {}
+        entries.append(
+            TimelineEntry(
+                at=attempt.sent_at,
+                kind="compensation",
+                title=f"{name} attempt {attempt.number} sent",
+                details=f"{request.get('method', '')} {request.get('url', '')}".strip(),
+                rank=_RANK["admitted"],
+                order=attempt.pk,
+            )
+        )
+        if attempt.finished_at:
+            entries.append(_compensation_reply(name, attempt))
+    for receipt in chain.receipts:
+        moved = (
+            f"{receipt.state_before} → {receipt.state_after}" if receipt.applied else f"stayed {receipt.state_before}"
+        )
+        parts = [
+            *([f"provider status {receipt.provider_status}"] if receipt.provider_status else []),
+            *([f"provider ref {receipt.provider_ref}"] if receipt.provider_ref else []),
+            *([f"effects observed {receipt.effects_observed}"] if receipt.effects_observed is not None else []),
+            f"entry {moved}",
+        ]
+        entries.append(
+            TimelineEntry(
+                at=receipt.checked_at,
+                kind="compensation",
+                title=f"{name} {receipt.source} receipt: {receipt.observed}",
+                details="; ".join(parts),
+                rank=_RANK["receipt"],
+                order=receipt.pk,
+            )
+        )
+    return entries
+
+
+def _compensation_reply(name: str, attempt) -> TimelineEntry:
+    what = attempt.error_code or attempt.error_kind or (f"HTTP {attempt.http_status}" if attempt.http_status else "")
+    facts = [
+        *([f"HTTP {attempt.http_status}"] if attempt.http_status else []),
+        *([f"error {attempt.error_kind}"] if attempt.error_kind else []),
+        *([f"code {attempt.error_code}"] if attempt.error_code else []),
+        *([f"row {attempt.row}"] if attempt.row else []),
+        *([attempt.label] if attempt.label else []),
+        *([f"provider ref {attempt.provider_ref}"] if attempt.provider_ref else []),
+    ]
+    return TimelineEntry(
+        at=attempt.finished_at,
+        kind="compensation",
+        title=f"{name} attempt {attempt.number} answered: {what or 'no error'} → {attempt.state_after}",
+        details="; ".join(facts),
+        rank=_RANK["reported"],
+        order=attempt.pk,
+    )
+
+
 def timeline(page: CallPage) -> list[TimelineEntry]:
-    """Attempts, decisions, gate answers, receipts and audit events of the call in time order, oldest first."""
+    """Attempts, decisions, gate answers, receipts, compensations and audit events of the call in time order,
+    oldest first."""
     entries: list[TimelineEntry] = []
     for attempt in page.attempts:
         entries.extend(_attempt_entries(attempt))
@@ -366,5 +453,22 @@ def timeline(page: CallPage) -> list[TimelineEntry]:
     entries.extend(_gate_entry(g) for g in page.gates)
     entries.extend(_receipt_entry(r) for r in page.receipts)
     entries.extend(_audit_entry(e) for e in page.audit_events)
+    for chain in page.compensations:
+        entries.extend(_compensation_entries(chain))
+    call = page.call
+    if page.story and call.state in _CHAIN_ENDS:
+        # The chain's end: the call's resulting state, in the words the record keeps ("created, then cancelled"),
+        # after the audit event of the move into it.
+        moved = [e.created_at for e in page.audit_events if e.to_state == call.state]
+        entries.append(
+            TimelineEntry(
+                at=max([call.state_changed_at, *moved]),
+                kind="compensation",
+                title=f"result: {call.state}, {page.story.headline}",
+                details=page.story.detail,
+                rank=_RANK["receipt"] + 1,
+                order=call.pk,
+            )
+        )
     entries.sort(key=lambda e: (e.at, e.rank, e.order))
     return entries

@@ -5,6 +5,13 @@ the statements are written once from the models' metadata instead of built by th
 function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off — the reading
 tests/test_queue_selector.py holds the SQL equal to, and the one `manage.py bench queue` times against it in the
 same run (README, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
+
+A queue is a set of call states, read through an index in page order; the compensation problems queue (SPEC §12,
+§15.3) adds one condition: of its states, a COMPENSATING call is listed only while its open entry needs a person
+(`review`, or made, in flight or unknown for longer than RECOVERY_COMPENSATION_STUCK_S), an EXISTS on the entries
+of each candidate call. Its rows also carry the call's latest entry (number, state, outcome): why it is listed.
+A new queue is a `Queue` in QUEUES and, when states alone do not say it, a condition written twice here — SQL in
+`_sql_membership`, ORM in `_orm_membership` — and a case in tests/test_queue_selector.py that holds them equal.
 """
 
 from __future__ import annotations
@@ -16,12 +23,21 @@ from functools import cache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import F, Q
+from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.utils import timezone
 
-from recovery.models import Call, Step, Task, Tenant, Tool
+from recovery.compensation_states import EntryState
+from recovery.models import Call, CompensationEntry, Step, Task, Tenant, Tool
 from recovery.states import CallState
 
-S = CallState
+S, E = CallState, EntryState
+# The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always
+# need a person (a new entry is an approved action); a COMPENSATING call only while its open entry does:
+COMPENSATION_STATES = (S.COMPENSATING, S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED)
+ENTRY_NEEDS_PERSON = (E.REVIEW,)  # code cannot settle it
+# States work leaves within seconds (a worker sends, a status check settles) unless it is stuck: listed once an entry
+# has been in one longer than RECOVERY_COMPENSATION_STUCK_S.
+ENTRY_STUCK = (E.PENDING, E.SENT, E.UNKNOWN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,11 +45,15 @@ class Queue:
     slug: str
     title: str
     states: tuple[str, ...]  # the states it shows; the "calls" queue shows the one state chosen
+    compensation: bool = False  # the compensation problems queue (its COMPENSATING calls only when stuck)
 
 
 QUEUES = {
     "unknown": Queue(slug="unknown", title="Unknown outcome", states=(S.UNKNOWN, S.STILL_UNKNOWN)),
     "human-review": Queue(slug="human-review", title="Human review", states=(S.HUMAN_REVIEW,)),
+    "compensation-problems": Queue(
+        slug="compensation-problems", title="Compensation problems", states=COMPENSATION_STATES, compensation=True
+    ),
     "calls": Queue(slug="calls", title="All calls", states=tuple(S)),
 }
 AGES = {"5m": timedelta(minutes=5), "1h": timedelta(hours=1), "24h": timedelta(hours=24)}
@@ -52,6 +72,7 @@ class QueueFilters:
     q: str = ""
     newest_first: bool = False
     after: tuple[datetime, int] | None = None  # keyset cursor: the last row of the previous page
+    compensation: bool = False  # the compensation problems queue's condition on its states (and its entry columns)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +89,19 @@ _QUEUE_COLUMNS = (
 )  # fmt: skip
 _QUEUE_NAMES = ("task_external_id", "step_index", "holder")
 _ROW_KEYS = (*_QUEUE_COLUMNS, *_QUEUE_NAMES)
+# The compensation problems queue's rows also say why they are there: the call's latest entry (its open one, if any:
+# a new entry is made only once every earlier one is final).
+_ENTRY_COLUMNS = ("number", "state", "outcome")
+_ENTRY_KEYS = tuple(f"entry_{name}" for name in _ENTRY_COLUMNS)
+
+
+def _keys(compensation: bool) -> tuple[str, ...]:
+    return (*_ROW_KEYS, *_ENTRY_KEYS) if compensation else _ROW_KEYS
+
+
+def stuck_since(now: datetime) -> datetime:
+    """An open entry made, in flight or unknown since before this needs a person (RECOVERY_COMPENSATION_STUCK_S)."""
+    return now - timedelta(seconds=settings.RECOVERY_COMPENSATION_STUCK_S)
 
 
 @cache
@@ -80,8 +114,13 @@ def _c(name: str) -> str:
     return _column(Call, name, "c")
 
 
+def _e(name: str) -> str:
+    """A column of the compensation entry table, aliased `e`."""
+    return _column(CompensationEntry, name, "e")
+
+
 @cache
-def _select() -> str:
+def _select(compensation: bool = False) -> str:
     """The row's columns and the related names, as SQL written once from the models.
 
     A page is one statement, and building it through a QuerySet cost more than running it: about 1.3 ms of ORM work
@@ -106,6 +145,11 @@ def _select() -> str:
         name_of(Step, "step", "index"),
         name_of(user, "claimed_by", "username"),
     ]
+    if compensation:
+        # The latest entry, by the (call, number) unique index: one probe per row of the page, after the LIMIT.
+        latest = f"FROM {CompensationEntry._meta.db_table} e WHERE {_e('call')} = {_c('id')}"
+        latest += f" ORDER BY {_e('number')} DESC LIMIT 1"
+        names += [f"(SELECT {_e(name)} {latest})" for name in _ENTRY_COLUMNS]
     return f"SELECT {', '.join(columns + names)} FROM {Call._meta.db_table} c"
 
 
@@ -120,6 +164,49 @@ def _states(states: tuple[str, ...]) -> str:
     return f"{_c('state')} IN ({literals})"
 
 
+def _entry_states(states: tuple[str, ...]) -> str:
+    """`e.state IN (...)` with literals, for the same reason as `_states` (the states come from the entry table)."""
+    assert states and set(states) <= set(E), states
+    literals = ", ".join(f"'{state}'" for state in states)
+    return f"{_e('state')} IN ({literals})"
+
+
+@cache
+def _entry_problem_sql() -> str:
+    """An open entry of call `c` that needs a person: in review, or stuck since before the one parameter."""
+    stuck = f"{_entry_states(ENTRY_STUCK)} AND {_e('state_changed_at')} <= %s"
+    return (
+        f"SELECT 1 FROM {CompensationEntry._meta.db_table} e WHERE {_e('call')} = {_c('id')}"
+        f" AND ({_entry_states(ENTRY_NEEDS_PERSON)} OR ({stuck}))"
+    )
+
+
+def _compensation_split(filters: QueueFilters) -> tuple[tuple[str, ...], bool]:
+    """The compensation queue's chosen states as (the states listed whatever their entries, whether COMPENSATING
+    calls are asked for): a state outside the queue's is refused, as any state outside the table is."""
+    outside = set(filters.states) - set(COMPENSATION_STATES)
+    if outside or not filters.states:
+        raise ValueError(f"not compensation problem states: {sorted(outside) or 'none given'}")
+    return tuple(s for s in filters.states if s != S.COMPENSATING), S.COMPENSATING in filters.states
+
+
+def _sql_membership(filters: QueueFilters, now: datetime) -> tuple[str, list]:
+    """Which calls the queue lists: its states, and for the compensation queue the condition on COMPENSATING calls.
+
+    The states come first and alone, the condition after them as a filter: PostgreSQL then reads the partial queue
+    index in page order and stops after the page's rows (an OR of the states with the condition is planned as a
+    bitmap of both arms, sorted afterwards). The EXISTS probes a COMPENSATING candidate's few entries by their call
+    index."""
+    if not filters.compensation:
+        return _states(filters.states), []
+    settled, compensating = _compensation_split(filters)
+    arms, params = [_states(settled)] if settled else [], []
+    if compensating:
+        arms.append(f"({_states((S.COMPENSATING,))} AND EXISTS ({_entry_problem_sql()}))")
+        params.append(connection.ops.adapt_datetimefield_value(stuck_since(now)))
+    return f"{_states(filters.states)} AND ({' OR '.join(arms)})", params
+
+
 @cache
 def _converters(vendor: str) -> tuple[tuple[int, object, list], ...]:
     """(position, column, converters) of the row's call columns that the backend reads back in another form (SQLite
@@ -132,7 +219,7 @@ def _converters(vendor: str) -> tuple[tuple[int, object, list], ...]:
     return tuple(found)
 
 
-def _rows(sql: str, params: list) -> list[dict]:
+def _rows(sql: str, params: list, keys: tuple[str, ...] = _ROW_KEYS) -> list[dict]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         fetched = cursor.fetchall()
@@ -143,7 +230,7 @@ def _rows(sql: str, params: list) -> list[dict]:
         for position, col, functions in converting:
             for function in functions:
                 values[position] = function(values[position], col, connection)
-        rows.append(dict(zip(_ROW_KEYS, values, strict=True)))
+        rows.append(dict(zip(keys, values, strict=True)))
     return rows
 
 
@@ -151,7 +238,8 @@ def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
     """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
     one for the rows, plus one to resolve a search by task id or external id."""
     at = connection.ops.adapt_datetimefield_value
-    where, params = [_states(filters.states)], []
+    membership, params = _sql_membership(filters, now)
+    where = [membership]
     for name, value in (("tool", filters.tool_id), ("tenant", filters.tenant_id), ("risk", filters.risk)):
         if value:
             where.append(f"{_c(name)} = %s")
@@ -175,16 +263,16 @@ def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
         where.append(f"{changed} {beyond}= %s AND ({changed} {beyond} %s OR {_c('id')} {beyond} %s)")
         params += [last_at, last_at, last_pk]
     order = f"{_c('state_changed_at')} {direction}, {_c('id')} {direction}"
-    sql = f"{_select()} WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s"
-    rows = _rows(sql, [*params, size + 1])
+    sql = f"{_select(filters.compensation)} WHERE {' AND '.join(where)} ORDER BY {order} LIMIT %s"
+    rows = _rows(sql, [*params, size + 1], _keys(filters.compensation))
     more = len(rows) > size
     rows = rows[:size]
     return QueuePage(rows=rows, next_cursor=(rows[-1]["state_changed_at"], rows[-1]["id"]) if more else None)
 
 
-def _sql_call_row(call_id: int) -> dict | None:
+def _sql_call_row(call_id: int, compensation: bool = False) -> dict | None:
     """One call as a queue row (after a claim, the row is drawn again as it now stands)."""
-    rows = _rows(f"{_select()} WHERE {_c('id')} = %s", [call_id])
+    rows = _rows(f"{_select(compensation)} WHERE {_c('id')} = %s", [call_id], _keys(compensation))
     return rows[0] if rows else None
 
 
@@ -222,35 +310,59 @@ def _search_tasks(q: str) -> list[int]:
 COUNT_CAP = 1000
 
 
-def _sql_queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+def _counted_queues() -> dict[str, QueueFilters]:
+    """The queues the navigation counts, by the counts' names."""
+    return {
+        "unknown": QueueFilters(states=QUEUES["unknown"].states),
+        "human_review": QueueFilters(states=QUEUES["human-review"].states),
+        "compensation_problems": QueueFilters(states=COMPENSATION_STATES, compensation=True),
+    }
+
+
+def _sql_queue_counts(cap: int = COUNT_CAP, *, now: datetime) -> dict[str, int]:
     """Open items per queue for the navigation, each counted up to `cap` + 1 (a value above `cap` means "more than
     `cap`"): every reviewer's page polls these every few seconds, and an exact count is a scan of the whole backlog
-    each time (the overview counts exactly). One statement; each count reads at most `cap` + 1 index entries."""
+    each time (the overview counts exactly). One statement; each count reads at most `cap` + 1 index entries (the
+    compensation queue's, its candidates' entries besides)."""
+    queues = _counted_queues()
+    selects, params = [], []
+    for filters in queues.values():
+        membership, arguments = _sql_membership(filters, now)
+        selects.append(f"(SELECT COUNT(*) FROM (SELECT 1 FROM {Call._meta.db_table} c WHERE {membership} LIMIT %s) q)")
+        params += [*arguments, cap + 1]
     with connection.cursor() as cursor:
-        cursor.execute(_counts_sql(), [cap + 1, cap + 1])
+        cursor.execute(f"SELECT {', '.join(selects)}", params)
         counted = cursor.fetchone()
-    return {"unknown": counted[0], "human_review": counted[1]}
-
-
-@cache
-def _counts_sql() -> str:
-    def capped(states: tuple[str, ...]) -> str:
-        return f"(SELECT COUNT(*) FROM (SELECT 1 FROM {Call._meta.db_table} c WHERE {_states(states)} LIMIT %s) q)"
-
-    return f"SELECT {capped(QUEUES['unknown'].states)}, {capped(QUEUES['human-review'].states)}"
+    return dict(zip(queues, counted, strict=True))
 
 
 # --- the ORM's reading of the same pages ---------------------------------------------------------------------------
 
 
-def _orm_rows(calls) -> list[dict]:
+def _orm_rows(calls, compensation: bool = False) -> list[dict]:
     names = {"task_external_id": F("task__external_id"), "step_index": F("step__index")}
     names["holder"] = F("claimed_by__username")
+    if compensation:
+        latest = CompensationEntry.objects.filter(call=OuterRef("pk")).order_by("-number")
+        for key, name in zip(_ENTRY_KEYS, _ENTRY_COLUMNS, strict=True):
+            names[key] = Subquery(latest.values(name)[:1])
     return [dict(row) for row in calls.values(*_QUEUE_COLUMNS, **names)]
 
 
+def _orm_membership(filters: QueueFilters, now: datetime) -> Q:
+    if not filters.compensation:
+        return Q(state__in=filters.states)
+    settled, compensating = _compensation_split(filters)
+    found = Q(state__in=settled) if settled else Q(pk__in=[])
+    if compensating:
+        problem = Q(state__in=ENTRY_NEEDS_PERSON) | Q(state__in=ENTRY_STUCK, state_changed_at__lte=stuck_since(now))
+        entries = CompensationEntry.objects.filter(problem, call=OuterRef("pk"))
+        found |= Q(Exists(entries), state=S.COMPENSATING)
+    return Q(state__in=filters.states) & found
+
+
 def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
-    calls = Call.objects.filter(state__in=filters.states)
+    calls = Call.objects.filter(_orm_membership(filters, now))
     for name, value in (("tool_id", filters.tool_id), ("tenant_id", filters.tenant_id), ("risk", filters.risk)):
         if value:
             calls = calls.filter(**{name: value})
@@ -268,14 +380,14 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
         else:
             calls = calls.filter(Q(state_changed_at__gt=last_at) | Q(state_changed_at=last_at, id__gt=last_pk))
     order = ("-state_changed_at", "-id") if filters.newest_first else ("state_changed_at", "id")
-    rows = _orm_rows(calls.order_by(*order)[: size + 1])
+    rows = _orm_rows(calls.order_by(*order)[: size + 1], filters.compensation)
     more = len(rows) > size
     rows = rows[:size]
     return QueuePage(rows=rows, next_cursor=(rows[-1]["state_changed_at"], rows[-1]["id"]) if more else None)
 
 
-def _orm_call_row(call_id: int) -> dict | None:
-    rows = _orm_rows(Call.objects.filter(pk=call_id))
+def _orm_call_row(call_id: int, compensation: bool = False) -> dict | None:
+    rows = _orm_rows(Call.objects.filter(pk=call_id), compensation)
     return rows[0] if rows else None
 
 
@@ -286,11 +398,11 @@ def _orm_queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     )
 
 
-def _orm_queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
-    def capped(states: tuple[str, ...]) -> int:
-        return Call.objects.filter(state__in=states).order_by()[: cap + 1].count()
+def _orm_queue_counts(cap: int = COUNT_CAP, *, now: datetime) -> dict[str, int]:
+    def capped(filters: QueueFilters) -> int:
+        return Call.objects.filter(_orm_membership(filters, now)).order_by()[: cap + 1].count()
 
-    return {"unknown": capped(QUEUES["unknown"].states), "human_review": capped(QUEUES["human-review"].states)}
+    return {name: capped(filters) for name, filters in _counted_queues().items()}
 
 
 # --- what the console reads ----------------------------------------------------------------------------------------
@@ -306,9 +418,10 @@ def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -
     return (_sql_queue_page if _raw() else _orm_queue_page)(filters, now=now, size=size)
 
 
-def call_row(call_id: int) -> dict | None:
-    """One call as a queue row (after a claim, the row is drawn again as it now stands)."""
-    return (_sql_call_row if _raw() else _orm_call_row)(call_id)
+def call_row(call_id: int, *, compensation: bool = False) -> dict | None:
+    """One call as a queue row (after a claim, the row is drawn again as it now stands); `compensation`: as the
+    compensation problems queue draws it, with its latest entry."""
+    return (_sql_call_row if _raw() else _orm_call_row)(call_id, compensation)
 
 
 def queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
@@ -317,8 +430,8 @@ def queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
     return (_sql_queue_options if _raw() else _orm_queue_options)()
 
 
-def queue_counts(cap: int = COUNT_CAP) -> dict[str, int]:
+def queue_counts(cap: int = COUNT_CAP, *, now: datetime | None = None) -> dict[str, int]:
     """Open items per queue for the navigation, each counted up to `cap` + 1 (a value above `cap` means "more than
     `cap`"): every reviewer's page polls these every few seconds, and an exact count is a scan of the whole backlog
     each time (the overview counts exactly)."""
-    return (_sql_queue_counts if _raw() else _orm_queue_counts)(cap)
+    return (_sql_queue_counts if _raw() else _orm_queue_counts)(cap, now=now or timezone.now())

@@ -3,7 +3,9 @@ audit trail, verified — in a fixed number of statements whatever the number of
 
 The facts, blocked steps and next action come from `task_summary`, the API's own reading of SPEC §14 (three
 statements), so the page and GET /api/v1/tasks/{id} can never disagree. The audit chain is read once: the events
-shown are the events verified, so a row appended between two reads can never be shown unverified.
+shown are the events verified, so a row appended between two reads can never be shown unverified. A compensated
+call carries its compensation entries and what became of its effect ("created, then cancelled": SPEC §12), read
+in one statement for the whole task (recovery.selectors.compensations).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from datetime import datetime, timedelta
 
 from recovery.audit import AuditReport, chain_key, verify_chain
 from recovery.models import AuditEvent, Task, TaskStatus
+from recovery.selectors.compensations import effect_story, task_compensations
 from recovery.selectors.tasks_calls import task_summary
 
 
@@ -98,12 +101,13 @@ class TaskPage:
 
 
 def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
-    """Everything the task page shows, or None for an unknown id (6 statements, whatever the task's size)."""
+    """Everything the task page shows, or None for an unknown id (7 statements, whatever the task's size)."""
     task = Task.objects.select_related("tenant").filter(pk=task_id).first()
     if task is None:
         return None
     summary = task_summary(task)
     calls = {brief["call_id"]: brief for key, *_ in _GROUPS for brief in summary[key]}
+    _chains(calls, task_compensations(task.pk))
     facts = [
         FactGroup(key=key, title=title, meaning=meaning, calls=summary[key], always=always)
         for key, title, meaning, always in _GROUPS
@@ -123,6 +127,31 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
         chain=chain,
         report=verify_chain(chain, events=events),
     )
+
+
+def _chains(calls: dict[int, dict], entries: dict[int, list]) -> None:
+    """Each call's compensation entries and its effect's story, on its brief (the page's copy of the API's): every
+    list of the page that shows the call shows them."""
+    for call_id, brief in calls.items():
+        own = entries.get(call_id, [])
+        story = effect_story(
+            call_state=brief["state"],
+            forward_tool=brief["tool"],
+            target=brief["provider_ref"] or brief["idempotency_key"],
+            entries=own,
+        )
+        brief["story"] = story.headline if story else ""
+        brief["story_detail"] = story.detail if story else ""
+        brief["compensations"] = [
+            {
+                "number": e.number,
+                "tool": e.tool.name,
+                "state": e.state,
+                "outcome": e.outcome,
+                "idempotency_key": e.idempotency_key,
+            }
+            for e in own
+        ]
 
 
 def _steps(summary: dict, calls: dict[int, dict]) -> list[dict]:

@@ -161,6 +161,15 @@ def entry_plan(call: Call, number: int) -> EntryPlan:
             f"the compensation of {call.tool.name} needs values this call does not have",
             field_errors=missing,
         )
+    amount = arguments.get("amount_cents") if isinstance(arguments, dict) else None
+    if number > 1 and isinstance(amount, int) and not isinstance(amount, bool):
+        # After a partial undo, the next entry undoes what is left of the amount, never the whole amount again.
+        done = sum(
+            call.compensations.filter(state="committed", undone_amount__isnull=False).values_list(
+                "undone_amount", flat=True
+            )
+        )
+        arguments = {**arguments, "amount_cents": max(amount - done, 0)}
     ref = call.provider_ref or call.idempotency_key
     noun = _effect_noun(tool.name)
     policy = tool_policy(tool)

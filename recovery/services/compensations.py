@@ -248,9 +248,8 @@ def _read_reply(entry: CompensationEntry, attempt: CompensationAttempt, wire: di
         changes["send_at"] = now + timedelta(seconds=wait_s)
     if state in (E.FAILED, E.REVIEW):
         changes["outcome"] = outcome.error
-    effect = _effect(entry, wire.get("result"))
-    if effect is not None and state == E.COMMITTED:
-        changes["effects_observed"] = effect
+    if state == E.COMMITTED:
+        changes.update(_undone(entry, wire.get("result")))
     with transaction.atomic():
         error = wire.get("error") if isinstance(wire.get("error"), dict) else {}
         attempt.facts = redact_data({k: v for k, v in wire.items() if k != "error"} | {"error": error})
@@ -270,16 +269,15 @@ def _read_reply(entry: CompensationEntry, attempt: CompensationAttempt, wire: di
         )
 
 
-def _effect(entry: CompensationEntry, result: Any) -> int | None:
-    """How much of the expected effect a committed reply shows: None when it does not say (one whole undo).
-
-    An entry whose arguments carry an amount (`amount_cents`) undoes that amount; a result carrying a smaller one
-    undid part of it (PARTIAL_COMPENSATED)."""
+def _undone(entry: CompensationEntry, body: Any) -> dict[str, Any]:
+    """What a committed undo's reply or status record says was undone: for an entry with an amount
+    (`amount_cents`), the amount the provider reports (`undone_amount`), and whether that is the whole expected
+    effect (`effects_observed` 1) or less (0: PARTIAL_COMPENSATED). Nothing when it does not say (one whole undo)."""
     expected = entry.arguments.get("amount_cents") if isinstance(entry.arguments, dict) else None
-    if not isinstance(result, dict) or not isinstance(expected, int):
-        return None
-    got = result.get("amount_cents")
-    return 1 if isinstance(got, int) and got >= expected else (0 if isinstance(got, int) else None)
+    got = body.get("amount_cents") if isinstance(body, dict) else None
+    if not isinstance(expected, int) or not isinstance(got, int) or isinstance(got, bool) or got < 0:
+        return {}
+    return {"undone_amount": got, "effects_observed": 1 if got >= expected else 0}
 
 
 # --- moving an entry, and the call with it ----------------------------------------------------------------------
@@ -354,8 +352,10 @@ def compensation_check(entry_id: int, *, worker: str, now: datetime | None = Non
                 changes["send_at"] = now  # the periodic tick sends it again with its own key
             if to in (E.REVIEW, E.FAILED):
                 changes["outcome"] = why.split(":")[0]
-            if to == E.COMMITTED and answer.effects is not None:
-                changes["effects_observed"] = min(answer.effects, entry.expected_effects)
+            if to == E.COMMITTED:
+                if answer.effects is not None:
+                    changes["effects_observed"] = min(answer.effects, entry.expected_effects)
+                changes.update(_undone(entry, (answer.response or {}).get("body")))
             _move(entry, to, actor=actor, reason=f"receipt: {why}", changes=changes,
                   evidence={"observed": answer.observed, "provider_status": answer.provider_status})  # fmt: skip
         receipt = CompensationReceipt.objects.create(

@@ -1,0 +1,310 @@
+"""The API's answers as the Python client returns them (recovery/client.py): plain dataclasses and TypedDicts, no
+Django, checked field by field against the served OpenAPI document by tests/test_api_document.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, TypedDict, TypeVar
+
+_T = TypeVar("_T")
+
+# --- what the API answers ---------------------------------------------------------------------------------------------
+# The answers' shapes, as the served document (/api/v1/openapi.json, built from recovery/api_answers.py) describes
+# them: tests/test_api_document.py checks every field of these types against the document, so a field the server
+# adds, renames or drops fails that test until the client knows it. Nested objects are TypedDicts (plain dicts at
+# run time); the top-level answers below are dataclasses that keep the whole body in `raw`.
+
+
+class FieldErrorInfo(TypedDict):
+    field: str
+    expected: str
+    received: Any
+    suggestion: str
+
+
+class RequiredNext(TypedDict):
+    action: str  # retry_after, repair_args, refresh_credentials, request_approval, replan, wait_for_reconcile, ...
+    after_ms: int
+    poll: str
+    detail: dict[str, Any]
+
+
+class Check(TypedDict):
+    name: str
+    passed: bool
+    detail: str
+
+
+class Gate(TypedDict):
+    id: int | None
+    allowed: bool
+    reason: str
+    evidence_used: str
+    checks: list[Check]
+    required_next: RequiredNext | None
+    public_message: str
+    field_errors: list[FieldErrorInfo]
+
+
+# "class" is a keyword, hence the functional form.
+Failure = TypedDict(
+    "Failure",
+    {
+        "tool": str,
+        "call_id": str,
+        "attempt_id": str,
+        "class": str,
+        "phase": str,
+        "stage": str,
+        "retryable": bool,
+        "replay_safe": bool,
+        "retry_after_ms": "int | None",
+        "public_message": str,
+        "field_errors": "list[FieldErrorInfo]",
+        "diagnostic_ref": str,
+        "authorization_required": bool,
+        "external_state_verified": bool,
+    },
+)
+
+
+class BudgetView(TypedDict):
+    attempt: int
+    max_attempts: int | None
+    task_rounds: int
+    max_rounds: int | None
+    deadline_in_s: float | None
+    tokens_used: int
+    token_budget: int | None
+
+
+class DecisionCard(TypedDict):
+    id: int | None
+    route: str  # repair, retry, reauth, replan, reconcile, reject, escalate, degrade, stop
+    call_state: str
+    outcome: str
+    error: str
+    phase: str
+    stage: str
+    side_effect: str
+    delay_ms: int
+    next: list[str]
+    forbidden: list[str]
+    public_message: str
+    required_next: RequiredNext
+    budget: BudgetView
+    fallback: str
+    breaker_state: str
+
+
+class Preflight(TypedDict):
+    passed: bool
+    field_errors: list[FieldErrorInfo]
+
+
+class TaskBudget(TypedDict):
+    max_rounds: int | None
+    rounds_used: int
+    deadline: str | None
+    token_budget: int | None
+    tokens_used: int
+    write_retries_used: int
+    limits: dict[str, Any]
+
+
+class StepSummary(TypedDict):
+    index: int
+    name: str
+    depends_on: list[int]
+    state: str
+    blocked_by_steps: list[int]
+    calls: list[int]
+
+
+class CallBrief(TypedDict):
+    call_id: int
+    step: int
+    tool: str
+    state: str
+    idempotency_key: str
+    provider_ref: str
+    outcome: str
+
+
+class AttemptRecord(TypedDict):
+    attempt_id: str
+    number: int
+    tool: str
+    policy_bypassed: bool
+    admitted_at: str | None
+    reported_at: str | None
+    http_status: int | None
+    error_kind: str | None
+    failure_class: str | None
+    decision: DecisionCard | None
+
+
+class GateRecord(TypedDict):
+    id: int
+    allowed: bool
+    reason: str
+    evidence_used: str
+    dry_run: bool
+    required_next: RequiredNext | None
+    created_at: str
+
+
+class ReceiptRecord(TypedDict):
+    id: int
+    source: str
+    observed: str
+    provider_status: str
+    provider_ref: str | None
+    applied: bool
+    checked_at: str
+    local_state_before: str
+    local_state_after: str
+
+
+class CompensationRecord(TypedDict):
+    """One entry of the call's compensation ledger."""
+
+    compensation_id: str
+    number: int
+    tool: str
+    idempotency_key: str
+    state: str  # pending, sent, unknown, not_committed, committed, failed, review
+    target: str
+    expected_effect: str
+    attempts_made: int
+    max_attempts: int | None
+    checks_made: int
+    provider_ref: str | None
+    outcome: str | None
+    state_changed_at: str
+
+
+class CallDetail(TypedDict):
+    """GET /calls/{id}: the call with its attempts, decision cards, gate answers and receipts."""
+
+    id: int
+    task_id: int
+    step: int
+    tool: str
+    side_effect: str
+    state: str
+    version: int
+    state_changed_at: str
+    outcome: str | None
+    idempotency_key: str
+    arguments: dict[str, Any]
+    provider_ref: str | None
+    attempts_made: int
+    max_attempts: int | None
+    checks_made: int
+    next_check_at: str | None
+    attempts: list[AttemptRecord]
+    latest_decision: DecisionCard | None
+    gate_decisions: list[GateRecord]
+    receipts: list[ReceiptRecord]
+    compensations: list[CompensationRecord]
+
+
+class ReconcileAccepted(TypedDict):
+    call_id: int
+    call_state: str
+    checks_made: int
+    poll: str
+
+
+class Capability(TypedDict):
+    name: str
+    side_effect: str
+    risk: str
+    description: str
+    args_schema: dict[str, Any]
+    replay_safe: bool
+
+
+@dataclass(frozen=True)
+class Task:
+    """A task and its summary (SPEC §14)."""
+
+    id: int
+    tenant: str
+    external_id: str
+    agent: str
+    goal: str
+    status: str  # open, submitted, abandoned
+    outcome: str | None
+    no_submission: bool
+    budget: TaskBudget
+    steps: list[StepSummary]
+    blocked_steps: list[int]
+    done: list[CallBrief]
+    accepted_in_progress: list[CallBrief]
+    unknown: list[CallBrief]
+    needs_review: list[CallBrief]
+    not_executed: list[CallBrief]
+    in_flight: list[CallBrief]
+    pending: list[CallBrief]
+    compensated: list[CallBrief]
+    next_action: str
+    submission: dict[str, Any] | None
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CallRef:
+    """A registered call (or the same call found again by its key)."""
+
+    call_id: int
+    created: bool
+    state: str
+    preflight: Preflight
+    failure: Failure | None
+    required_next: RequiredNext | None
+    blocked_by: list[int]  # ids of the dependencies' calls not COMMITTED yet
+    blocked_by_steps: list[int]  # indexes of the dependency steps waited for
+    poll: str
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """An admitted attempt: send the provider request now, then report its outcome."""
+
+    admitted: bool
+    call_id: int
+    attempt_id: str
+    attempt_number: int
+    call_state: str
+    gate: Gate
+    raw: dict = field(repr=False)
+
+
+@dataclass(frozen=True)
+class OutcomeAnswer:
+    """The answer to an outcome: the call's state, the public failure and the decision card."""
+
+    call_id: int
+    attempt_id: str
+    attempt_number: int
+    call_state: str
+    policy_bypassed: bool
+    failure: Failure | None
+    decision: DecisionCard | None
+    breaker_state: str
+    provider_ref: str
+    late: bool
+    gate: Gate | None
+    raw: dict = field(repr=False)
+
+    @property
+    def required_next(self) -> RequiredNext | dict:
+        return (self.decision or {}).get("required_next") or {}
+
+
+def _answer(cls: type[_T], body: dict) -> _T:
+    """One of the dataclasses above from an answer's body (a field the body lacks is None)."""
+    return cls(**{f.name: body.get(f.name) for f in fields(cls) if f.name != "raw"}, raw=body)  # type: ignore[call-arg]
