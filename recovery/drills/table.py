@@ -271,7 +271,8 @@ DRILLS: dict[str, Drill] = {
             name="compensation refused",
             injected="an order created for real, undone by an approved start_compensation; the provider answers the"
             " cancel 409 `not_cancellable` (already shipped)",
-            expected_end="entry failed → original COMPENSATION_FAILED; the cancel not retried",
+            expected_end="entry failed → original COMPENSATION_FAILED, in the Compensation problems queue; the cancel"
+            " not retried",
             ends=(End(path=(S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATION_FAILED)),),
             effects=1,
             compensation=CompensationEnd(path=(E.SENT, E.FAILED), effects=0, what="cancellation"),
@@ -280,6 +281,7 @@ DRILLS: dict[str, Drill] = {
                 "the provider refused the cancel: nothing executed",
                 "the cancel not retried",
                 "1 order, 0 cancellations in the sandbox ledger",
+                "the item in the Compensation problems queue",
             ),
         ),
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 
 from django.conf import settings
+from django.utils import timezone
 
 from recovery.compensation_states import EntryState as E
 from recovery.drills.cases.compensation import (
@@ -22,7 +23,8 @@ from recovery.drills.cases.compensation import (
 from recovery.drills.checks import check
 from recovery.drills.framework import Run
 from recovery.drills.results import CheckRow
-from recovery.models import CompensationEntry, CompensationReceipt
+from recovery.models import Call, CompensationEntry, CompensationReceipt
+from recovery.selectors.queues import COMPENSATION_STATES, QueueFilters, queue_page
 from recovery.services.compensations import RETRY_S, compensations_due
 
 REFUSAL = {"status": 409, "code": "not_cancellable"}
@@ -76,6 +78,18 @@ def play(run: Run) -> None:
     due = entry.pk in {*sends, *checks} if entry else None
     run.checks.append(not_retried(cancel_posts(run, order), status_queries(run, order), entry=seen, due=due))
     check_ledger(run, order, cancellations=run.drill.compensation.effects)
+    listed = [row["id"] for row in _problems(order)]
+    run.check(
+        "the item in the Compensation problems queue",
+        expected={"listed": [order.call_id], "state": "COMPENSATION_FAILED"},
+        observed={"listed": listed, "state": Call.objects.values_list("state", flat=True).get(pk=order.call_id)},
+    )
+
+
+def _problems(order) -> list[dict]:
+    """The Compensation problems queue's rows for the order's task, as a reviewer's page reads them."""
+    filters = QueueFilters(states=COMPENSATION_STATES, compensation=True, q=str(order.task_id))
+    return queue_page(filters, now=timezone.now()).rows
 
 
 def not_retried(posts: list[dict], queries: list[dict], *, entry: dict | None, due: bool | None) -> CheckRow:
