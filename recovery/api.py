@@ -26,23 +26,37 @@ from recovery.api_answers import (
     CallbackOut,
     CallOut,
     CapabilitiesOut,
+    CompensationAttemptOut,
     ErrorOut,
     GateOut,
     NotAdmittedOut,
     OutcomeOut,
     ReconcileAcceptedOut,
+    SagaOut,
     TaskOut,
 )
 from recovery.api_errors import envelope, exception_response
-from recovery.api_inputs import AbandonIn, AttemptId, CallIn, CandidateIn, CompleteIn, OutcomeIn, TaskIn, Text
+from recovery.api_inputs import (
+    AbandonIn,
+    AttemptId,
+    CallIn,
+    CandidateIn,
+    CompensationAttemptIn,
+    CompleteIn,
+    OutcomeIn,
+    SagaAbortIn,
+    TaskIn,
+    Text,
+)
 from recovery.audit import Actor
 from recovery.engine import storable
 from recovery.engine.storable import check_storable
 from recovery.models import Attempt, Call, Task, Tenant
 from recovery.registry import with_alternates
 from recovery.selectors.tasks_calls import allowed_tools, call_detail, call_in_tenants, task_summary
-from recovery.services import callbacks, calls, tasks
+from recovery.services import callbacks, calls, sagas, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit, gate_ask
+from recovery.services.compensation_runtime import compensation_admit, compensation_report, entry_of
 from recovery.services.errors import ServiceError, field_errors_json
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.tokens import token_authenticate
@@ -293,6 +307,7 @@ def add_call(request, task_id: int, payload: CallIn):
         arguments=payload.arguments,
         idempotency_key=payload.idempotency_key,
         actor=_actor(request),
+        compensation=payload.compensation.model_dump() if payload.compensation else None,
     )
     failure, required_next = calls.preflight_answer(added.call, added.preflight)
     body = {
@@ -451,3 +466,84 @@ def capabilities(request, tenant: Text):
             ],
         },
     )
+
+
+# --- sagas (SPEC §12) -----------------------------------------------------------------------------------------------
+
+
+def _saga(task: Task) -> dict:
+    view = sagas.saga_view(task)
+    entry = view.next_entry
+    following = None
+    if entry is not None:
+        following = {
+            "compensation_id": entry.compensation_id,
+            "call_id": entry.call_id,
+            "step": entry.call.step.index,
+            "tool": entry.tool.name,
+            "arguments": entry.arguments,
+            "idempotency_key": entry.idempotency_key,
+            "state": entry.state,
+            "attempts_made": entry.attempts_count,
+            "max_attempts": entry.max_attempts,
+        }
+    return {
+        "task_id": task.pk,
+        "saga": view.state,
+        "executor": view.executor,
+        "outcome": task.outcome or None,
+        "waiting_for": list(view.waiting_for),
+        "next": following,
+        "stopped_at": view.stopped_at,
+        "poll": f"/api/v1/tasks/{task.pk}/compensation",
+    }
+
+
+@api.post("/tasks/{id:task_id}/compensate", response={202: SagaOut, **ERRORS}, tags=["sagas"], **TYPED)
+def compensate_task(request, task_id: int, payload: SagaAbortIn):
+    """Abort the task as a saga: no new calls, READY and RETRYABLE calls abandoned, unknown steps settled first,
+    committed steps undone one at a time in reverse dependency order — by the console's worker or by the runtime."""
+    task = sagas.saga_abort(
+        task=_task(request, task_id), executor=payload.executor, reason=payload.reason, actor=_actor(request)
+    )
+    return Status(202, _saga(task))
+
+
+@api.get("/tasks/{id:task_id}/compensation", response={200: SagaOut, **ERRORS}, tags=["sagas"], **TYPED)
+def task_compensation(request, task_id: int):
+    """Where the task's saga stands, and the next compensation to send when the runtime executes them."""
+    return Status(200, _saga(_task(request, task_id)))
+
+
+def _entry(request, compensation_id: str):
+    entry = entry_of(compensation_id, request.tenant_ids)
+    if entry is None:
+        raise Http404("no compensation with this id")
+    return entry
+
+
+@api.post(
+    "/compensations/{compensation_id}/attempts",
+    response={200: CompensationAttemptOut, 201: CompensationAttemptOut, **ERRORS},
+    tags=["sagas"],
+    **TYPED,
+)
+def admit_compensation(request, compensation_id: Text, payload: CompensationAttemptIn):
+    """Admit the runtime's attempt of a compensation it executes (201; a repeat answers 200 with the same)."""
+    status, body = compensation_admit(
+        _entry(request, compensation_id), attempt_id=payload.attempt_id, actor=_actor(request)
+    )
+    return Status(status, body)
+
+
+@api.post(
+    "/compensations/{compensation_id}/attempts/{attempt_id}/outcome",
+    response={200: CompensationAttemptOut, **ERRORS},
+    tags=["sagas"],
+    **TYPED,
+)
+def report_compensation(request, compensation_id: Text, attempt_id: AttemptId, payload: OutcomeIn):
+    """What happened to the runtime's send of a compensation: read by the same table as any write."""
+    wire = payload.model_dump(mode="json", exclude_unset=True)  # as the worker's own send reads it: JSON
+    entry = _entry(request, compensation_id)
+    return Status(200, compensation_report(entry, attempt_id=attempt_id, wire=wire, actor=_actor(request)))

@@ -482,3 +482,50 @@ class CapabilitiesOut(Answer):
 
     tenant: str = _("The tenant.")
     tools: list[CapabilityOut] = _("Its tools.")
+
+
+# --- sagas (SPEC §12) -----------------------------------------------------------------------------------------------
+
+
+class NextCompensationOut(Answer):
+    """The saga's open entry: what to send next (runtime mode), or what is being sent, checked or reviewed."""
+
+    compensation_id: str = _("The entry: comp-<call id>-<number>.")
+    call_id: int = _("The call it undoes.")
+    step: int = _("The call's step.")
+    tool: str = _("The compensation tool to call.")
+    arguments: JsonObject = _("Its arguments, filled from the call.")
+    idempotency_key: str = _("The entry's own key: send it as the Idempotency-Key, always the same.")
+    state: EntryStateName = _("pending or not_committed: send it; sent, unknown or review: wait.")
+    attempts_made: int = _("Sends made.")
+    max_attempts: int | None = _("Its tool's attempt limit (null: none).")
+
+
+class SagaOut(Answer):
+    """Where an aborted saga stands."""
+
+    task_id: int = _("The task.")
+    saga: Literal["", "running", "stopped", "done"] = _("running, stopped (a person decides), done; empty: none.")
+    executor: Literal["", "console", "runtime"] = _("Who sends each undo: the console's worker or the runtime.")
+    outcome: TaskOutcomeName | None = _("The task's outcome: compensated once every committed step was undone.")
+    waiting_for: list[int] = _("Calls still settling (reconciled first: undone only if they committed).")
+    next: NextCompensationOut | None = _("The open entry, if any.")
+    stopped_at: int | None = _("The call the chain stopped at (an undo failed, undid part, or waits for a person).")
+    poll: str = _("Where to read this again.")
+
+
+class CompensationAttemptOut(Answer):
+    """An attempt of a compensation the runtime sends: admitted (send it now), or its outcome read."""
+
+    compensation_id: str = _("The entry.")
+    attempt_id: str = _("The runtime's attempt id.")
+    attempt_number: int = _("Its number among the entry's sends.")
+    state: EntryStateName = _("The entry's state after it: sent when admitted; then committed, unknown, ...")
+    call_id: int = _("The call it undoes.")
+    call_state: CallStateName = _("The call's state: COMPENSATING until the entry ends.")
+    tool: str = _("The compensation tool.")
+    arguments: JsonObject = _("Its arguments.")
+    idempotency_key: str = _("The entry's own key.")
+    http_status: int | None = _("The reply's status, once reported.")
+    row: str = _("The §3 row that read the reply (refusal: a listed refusal code), once reported.")
+    label: str = _("What the reply meant: committed, refused, timeout_after_send, ...")

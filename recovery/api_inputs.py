@@ -115,12 +115,21 @@ class AbandonIn(Strict):
     reason: str = Field("", max_length=2000)
 
 
+class CompensationIn(Strict):
+    """A step's own compensation (SPEC §12), instead of its tool's registry default: the write that undoes it and
+    its arguments as a template ({argument}, {result.<field>}, {provider_ref})."""
+
+    tool: str = Field(min_length=1, max_length=100)
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
 class CallIn(Strict):
     step: int = Field(ge=1, le=10_000)
     depends_on: list[int] = Field(default_factory=list, max_length=100)
     tool: str = Field(min_length=1, max_length=100)
     arguments: dict[str, Any]
     idempotency_key: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
+    compensation: CompensationIn | None = None
 
     @field_validator("depends_on")
     @classmethod
@@ -167,3 +176,12 @@ class CandidateIn(Strict):
     credential_version: int | None = Field(None, ge=0, le=MAX_INT)
     evidence: list[Literal[EVIDENCE_KINDS]] = Field(default_factory=list, max_length=6)  # type: ignore[valid-type]
     outcome: OutcomeIn | None = None
+
+
+class SagaAbortIn(Strict):
+    executor: Literal["console", "runtime"] = "console"
+    reason: str = Field("", max_length=2000)
+
+
+class CompensationAttemptIn(Strict):
+    attempt_id: AttemptId

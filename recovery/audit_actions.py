@@ -24,6 +24,7 @@ class AuditAction(StrEnum):
     TASK_SUBMITTED = "task.submitted"
     TASK_ABANDONED = "task.abandoned"
     TASK_NO_SUBMISSION = "task.no_submission"
+    TASK_SAGA = "task.saga"  # a saga abort's state: running, stopped, done
     # an operator's action request, one event per status it enters (recovery.models.ActionStatus)
     ACTION_PREVIEWED = "action.previewed"
     ACTION_REQUESTED = "action.requested"

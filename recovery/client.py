@@ -36,17 +36,20 @@ from recovery.client_types import (  # the answers' types, re-exported: `from re
     CallRef,
     Capability,
     Check,
+    CompensationAttempt,
     CompensationRecord,
     DecisionCard,
     Failure,
     FieldErrorInfo,
     Gate,
     GateRecord,
+    NextCompensation,
     OutcomeAnswer,
     Preflight,
     ReceiptRecord,
     ReconcileAccepted,
     RequiredNext,
+    Saga,
     StepSummary,
     Task,
     TaskBudget,
@@ -179,6 +182,25 @@ class RecoveryClient:
     def _task(body: dict) -> Task:
         return _answer(Task, body)
 
+    # sagas (SPEC §12)
+    def compensate_task(self, task_id: int, *, executor: str = "console", reason: str = "") -> Saga:
+        """Abort the task as a saga: its committed steps are undone in reverse dependency order, by the console's
+        worker (`console`) or by you (`runtime`: ask `next_compensation`, admit, send, report)."""
+        body = {"executor": executor, "reason": reason}
+        return self._send("POST", f"/tasks/{task_id}/compensate", json=body)[1]  # type: ignore[return-value]
+
+    def task_compensation(self, task_id: int) -> Saga:
+        return self._send("GET", f"/tasks/{task_id}/compensation")[1]  # type: ignore[return-value]
+
+    def admit_compensation(self, compensation_id: str, attempt_id: str) -> CompensationAttempt:
+        body = {"attempt_id": attempt_id}
+        path = f"/compensations/{compensation_id}/attempts"
+        return self._send("POST", path, json=body)[1]  # type: ignore[return-value]
+
+    def report_compensation(self, compensation_id: str, attempt_id: str, outcome: dict) -> CompensationAttempt:
+        path = f"/compensations/{compensation_id}/attempts/{attempt_id}/outcome"
+        return self._send("POST", path, json=outcome)[1]  # type: ignore[return-value]
+
     # calls
     def add_call(
         self,
@@ -189,14 +211,18 @@ class RecoveryClient:
         arguments: dict,
         idempotency_key: str,
         depends_on: list[int] | tuple[int, ...] = (),
+        compensation: dict | None = None,
     ) -> CallRef:
-        payload = {
+        """Register a call; `compensation` ({tool, args}): the step's own undo instead of its tool's default."""
+        payload: dict[str, Any] = {
             "step": step,
             "tool": tool,
             "arguments": arguments,
             "idempotency_key": idempotency_key,
             "depends_on": list(depends_on),
         }
+        if compensation is not None:
+            payload["compensation"] = compensation
         return _answer(CallRef, self._send("POST", f"/tasks/{task_id}/calls", json=payload)[1])
 
     def get_call(self, call_id: int) -> CallDetail:
@@ -339,12 +365,14 @@ __all__ = [
     "CallRef",
     "Capability",
     "Check",
+    "CompensationAttempt",
     "CompensationRecord",
     "DecisionCard",
     "Failure",
     "FieldErrorInfo",
     "Gate",
     "GateRecord",
+    "NextCompensation",
     "NotAdmitted",
     "OutcomeAnswer",
     "Preflight",
@@ -353,6 +381,7 @@ __all__ = [
     "RecoveryClient",
     "RecoveryError",
     "RequiredNext",
+    "Saga",
     "StepSummary",
     "Task",
     "TaskBudget",

@@ -305,6 +305,50 @@ class OutcomeAnswer:
         return (self.decision or {}).get("required_next") or {}
 
 
+class NextCompensation(TypedDict):
+    """A saga's open entry: send it when its state is pending or not_committed (runtime mode)."""
+
+    compensation_id: str
+    call_id: int
+    step: int
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    state: str
+    attempts_made: int
+    max_attempts: int | None
+
+
+class Saga(TypedDict):
+    """Where an aborted saga stands (POST /tasks/{id}/compensate, GET /tasks/{id}/compensation)."""
+
+    task_id: int
+    saga: str  # running, stopped, done ("" for none)
+    executor: str  # console or runtime
+    outcome: str | None
+    waiting_for: list[int]
+    next: NextCompensation | None
+    stopped_at: int | None
+    poll: str
+
+
+class CompensationAttempt(TypedDict):
+    """An attempt of a compensation the runtime sends: admitted, or its outcome read."""
+
+    compensation_id: str
+    attempt_id: str
+    attempt_number: int
+    state: str
+    call_id: int
+    call_state: str
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    http_status: int | None
+    row: str
+    label: str
+
+
 def _answer(cls: type[_T], body: dict) -> _T:
     """One of the dataclasses above from an answer's body (a field the body lacks is None)."""
     return cls(**{f.name: body.get(f.name) for f in fields(cls) if f.name != "raw"}, raw=body)  # type: ignore[call-arg]

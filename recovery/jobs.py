@@ -13,7 +13,7 @@ from django.utils import timezone
 from recovery.audit import Actor
 from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
 from recovery.queueing import enqueue_now, worker_name
-from recovery.services import actions, compensations, reconcile, sweeper, tasks
+from recovery.services import actions, compensations, reconcile, sagas, sweeper, tasks
 
 logger = logging.getLogger("recovery.jobs")
 
@@ -22,7 +22,13 @@ def reconcile_due() -> int:
     """Periodic: check every UNKNOWN / STILL_UNKNOWN / ACCEPTED call whose next check is due, then the compensation
     entries whose check or resend is due (SPEC §12: the same schedule as any unknown write)."""
     worker = worker_name()
-    return reconcile.reconcile_due(worker=worker) + compensations.compensations_run_due(worker=worker)
+    settled = reconcile.reconcile_due(worker=worker) + compensations.compensations_run_due(worker=worker)
+    return settled + sagas.sagas_advance_due()
+
+
+def advance_saga(task_id: int) -> None:
+    """One step of an aborted saga (enqueued on commit by the abort and whenever one of its entries ends)."""
+    sagas.saga_advance(task_id)
 
 
 def send_compensation(entry_id: int) -> None:

@@ -150,6 +150,7 @@ class TaskOutcome(models.TextChoices):
     FAILED = "failed"  # nothing or not enough was done
     DEGRADED = "degraded"  # finished on a fallback path (e.g. read-only summary)
     ABANDONED = "abandoned"
+    COMPENSATED = "compensated"  # aborted as a saga, and every committed step was undone
 
 
 class Task(models.Model):
@@ -172,6 +173,10 @@ class Task(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
     closed_at = models.DateTimeField(null=True, blank=True)
+    # A saga abort (SPEC §12): "" (none), running, stopped (an entry failed or needs a person), done.
+    saga = models.CharField(max_length=16, blank=True)
+    saga_executor = models.CharField(max_length=16, blank=True)  # console (its worker) or runtime (the agent's)
+    saga_requested_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         constraints = [
@@ -707,6 +712,7 @@ class CompensationEntry(models.Model):
     checks_made = models.PositiveIntegerField(default=0)
     next_check_at = models.DateTimeField(null=True, blank=True)
     last_receipt_at = models.DateTimeField(null=True, blank=True)
+    executor = models.CharField(max_length=16, default="console")  # who sends it: console (a worker) or runtime
     lease_owner = models.CharField(max_length=100, blank=True)  # a worker sending or checking it
     lease_until = models.DateTimeField(null=True, blank=True)
     requested_by = models.ForeignKey(
@@ -762,6 +768,7 @@ class CompensationAttempt(models.Model):
 
     entry = models.ForeignKey(CompensationEntry, on_delete=models.PROTECT, related_name="attempts")
     number = models.PositiveIntegerField()
+    attempt_id = models.CharField(max_length=100, blank=True)  # the runtime's, when the runtime sent it
     request = models.JSONField(default=dict)  # method, url, headers (masked), body
     facts = models.JSONField(default=dict, blank=True)
     http_status = models.PositiveIntegerField(null=True, blank=True)

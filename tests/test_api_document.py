@@ -47,6 +47,9 @@ MIRRORS: dict[Any, str] = {
     c.ReceiptRecord: "ReceiptOut",
     c.CallDetail: "CallOut",
     c.CompensationRecord: "CompensationOut",
+    c.NextCompensation: "NextCompensationOut",
+    c.Saga: "SagaOut",
+    c.CompensationAttempt: "CompensationAttemptOut",
     c.ReconcileAccepted: "ReconcileAcceptedOut",
     c.Capability: "CapabilityOut",
     c.Task: "TaskOut",
@@ -70,6 +73,11 @@ METHODS: dict[tuple[str, int], Any] = {
     ("POST /api/v1/calls/{call_id}/reconcile", 202): c.ReconcileAccepted,
     ("POST /api/v1/calls/{call_id}/gate", 200): c.Gate,
     ("POST /api/v1/calls/{call_id}/attempts/{attempt_id}/outcome", 200): c.OutcomeAnswer,
+    ("POST /api/v1/tasks/{task_id}/compensate", 202): c.Saga,
+    ("GET /api/v1/tasks/{task_id}/compensation", 200): c.Saga,
+    ("POST /api/v1/compensations/{compensation_id}/attempts", 201): c.CompensationAttempt,
+    ("POST /api/v1/compensations/{compensation_id}/attempts", 200): c.CompensationAttempt,
+    ("POST /api/v1/compensations/{compensation_id}/attempts/{attempt_id}/outcome", 200): c.CompensationAttempt,
 }
 
 

@@ -46,6 +46,7 @@ from schemathesis.specs.openapi.checks import (
 from recovery.audit import Actor
 from recovery.client import RecoveryClient
 from recovery.registry import load_registry
+from recovery.services.sagas import saga_advance
 from recovery.services.tokens import token_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,6 +69,10 @@ OPERATIONS = [
     "POST /api/v1/calls/{call_id}/attempts",
     "POST /api/v1/calls/{call_id}/attempts/{attempt_id}/outcome",
     "GET /api/v1/capabilities",
+    "POST /api/v1/tasks/{task_id}/compensate",
+    "GET /api/v1/tasks/{task_id}/compensation",
+    "POST /api/v1/compensations/{compensation_id}/attempts",
+    "POST /api/v1/compensations/{compensation_id}/attempts/{attempt_id}/outcome",
 ]
 
 CHECKS = [
@@ -129,6 +134,23 @@ REGISTRY = {
             "status_query": {"method": "GET", "path": "/status/{idempotency_key}", "status_map": {"ok": "committed"}},
             "budgets": {"max_attempts": 3},
             "breaker": NEVER_OPENS,
+            "compensation": {"tool": "refund.reverse", "args": {"order_id": "{order_id}"}},
+        },
+        {
+            "name": "refund.reverse",
+            "provider": "shop",
+            "side_effect": "write",
+            "request": {"method": "POST", "path": "/reversals"},
+            "args_schema": ARGS,
+            "provider_ref_field": "reversal_id",
+            "required_result_fields": ["reversal_id"],
+            "status_query": {
+                "method": "GET",
+                "path": "/reversals/{idempotency_key}",
+                "status_map": {"ok": "committed"},
+            },
+            "budgets": {"max_attempts": 3},
+            "breaker": NEVER_OPENS,
         },
         {
             "name": "order.lookup",
@@ -145,7 +167,9 @@ REGISTRY = {
 
 
 LOST_REPLY = {"connection_opened": True, "sent": True, "error": {"kind": "read_timeout", "message": "timed out"}}
+REFUNDED = {"connection_opened": True, "sent": True, "http_status": 200, "result": {"refund_id": "re_1"}}
 FRESH = 0  # a path id no object has: the request gets objects made for it alone
+FRESH_ENTRY = "comp-0-0"  # the same, for a compensation's id
 
 
 @dataclass
@@ -185,11 +209,31 @@ class World:
             "sent_call": read.call_id,
             "unknown_call": lost.call_id,
             "attempt_id": "a1",
+            "compensation_id": self.undo(f"{n}-a"),
+            "admitted_compensation_id": self.undo(f"{n}-b", admit=True),
         }
+
+    def undo(self, name: str, *, admit: bool = False) -> str:
+        """A committed refund in a saga aborted for the runtime to execute: the id of its pending compensation
+        (admitted as a1 when `admit`)."""
+        task = self.client.create_task(self.tenant, f"saga-{name}", agent="fuzzer", goal="refund, then undo it")
+        order = {"order_id": f"O-{name}"}
+        call = self.client.add_call(task.id, step=1, tool="refund.create", arguments=order, idempotency_key=f"s{name}")
+        self.client.single_shot(call.call_id, "a1", REFUNDED)
+        self.client.compensate_task(task.id, executor="runtime")
+        saga_advance(task.id)  # what the abort enqueued, run now: the entry exists before any request needs it
+        compensation_id = f"comp-{call.call_id}-1"
+        if admit:
+            self.client.admit_compensation(compensation_id, "a1")
+        return compensation_id
 
     @staticmethod
     def pins(path: str, objects: dict) -> dict:
         """The path parameters of `path` for these objects: an outcome goes to the call with the attempt."""
+        if path.startswith("/api/v1/compensations/") and "{attempt_id}" in path:
+            return {"compensation_id": objects["admitted_compensation_id"], "attempt_id": objects["attempt_id"]}
+        if "{compensation_id}" in path:
+            return {"compensation_id": objects["compensation_id"]}
         if "{attempt_id}" in path:
             return {"call_id": objects["sent_call"], "attempt_id": objects["attempt_id"]}
         if path.endswith("/reconcile"):
@@ -203,15 +247,18 @@ class World:
     def path_parameters(self, path: str) -> st.SearchStrategy[dict]:
         """Pinned to shared objects, or to FRESH ones (see `fresh`); every attempt id is a1."""
         shared = [self.pins(path, objects) for objects in self.shared]
-        fresh = {name: FRESH if isinstance(value, int) else value for name, value in shared[0].items()}
+        fresh = {
+            name: FRESH if isinstance(value, int) else FRESH_ENTRY if name == "compensation_id" else value
+            for name, value in shared[0].items()
+        }
         return st.sampled_from([fresh, *shared])
 
     def fresh(self, path: str, path_parameters: dict) -> dict:
         """The path parameters, with FRESH ids replaced by those of objects made now."""
-        if FRESH not in path_parameters.values():
+        if not {FRESH, FRESH_ENTRY} & set(path_parameters.values()):
             return path_parameters
         made = self.pins(path, self.make())
-        return {name: made[name] if value == FRESH else value for name, value in path_parameters.items()}
+        return {name: made[name] if value in (FRESH, FRESH_ENTRY) else value for name, value in path_parameters.items()}
 
 
 @pytest.fixture

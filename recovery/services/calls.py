@@ -54,7 +54,10 @@ def call_add(
     arguments: dict,
     idempotency_key: str,
     actor: Actor,
+    compensation: dict | None = None,
 ) -> CallAdded:
+    """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
+    registry default (a saga's abort uses it, SPEC §12)."""
     tenant = task.tenant
     tools = {t.name: t for t in allowed_tools(tenant)}
     tool = tools.get(tool_name)
@@ -75,6 +78,8 @@ def call_add(
         )
     if task.status != TaskStatus.OPEN:
         raise ServiceError(409, "task_closed", f"the task is {task.status}: no new calls")
+    if compensation is not None:
+        _check_compensation(compensation, tool, tools)
     bad_deps = [d for d in depends_on if d >= step_index]
     if bad_deps:
         raise ServiceError(
@@ -116,6 +121,9 @@ def call_add(
     try:
         with transaction.atomic():
             step, _ = Step.objects.get_or_create(task=task, index=step_index)
+            if compensation is not None and step.compensation != compensation:
+                Step.objects.filter(pk=step.pk).update(compensation=compensation)
+                step.compensation = compensation
             if depends_on:
                 deps = []
                 for index in depends_on:
@@ -155,6 +163,34 @@ def call_add(
             raise
         return _same_key(existing, task, print_)
     return _added(call, created=True, preflight=preflight)
+
+
+def _check_compensation(compensation: dict, tool, tools: dict) -> None:
+    """A step's own compensation names a write tool this tenant may call, other than the step's own tool."""
+    undo = tools.get(compensation.get("tool"))
+    problem = ""
+    if tool.side_effect != "write":
+        problem = "a read has no effect to undo: declare no compensation for it"
+    elif undo is None:
+        problem = f"{compensation.get('tool')!r} is not a capability of this tenant"
+    elif undo.side_effect != "write":
+        problem = f"{undo.name} is a read: a compensation undoes an effect"
+    elif undo.pk == tool.pk:
+        problem = "a tool cannot compensate itself"
+    if problem:
+        raise ServiceError(
+            422,
+            "invalid_compensation",
+            problem,
+            field_errors=[
+                FieldError(
+                    field="compensation.tool",
+                    expected="a write tool of this tenant that undoes the step",
+                    received=compensation.get("tool"),
+                    suggestion="Name the tool that undoes this step (e.g. order.cancel), or omit it for the default.",
+                )
+            ],
+        )
 
 
 def preflight_answer(call: Call, preflight: tuple[FieldError, ...]) -> tuple[dict | None, dict | None]:

@@ -125,7 +125,8 @@ def _effect_noun(tool_name: str) -> str:
 def entry_plan(call: Call, number: int) -> EntryPlan:
     """The entry `number` of `call` would be; ServiceError 422 `compensation_unavailable` (field errors) when the
     tool has no compensation or its template needs a value the call does not have — then no entry is made."""
-    template = call.tool.compensation if isinstance(call.tool.compensation, dict) else {}
+    own = call.step.compensation if isinstance(call.step.compensation, dict) else {}
+    template = own or (call.tool.compensation if isinstance(call.tool.compensation, dict) else {})
     if not template.get("tool"):
         raise ServiceError(
             422,

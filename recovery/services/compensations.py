@@ -76,7 +76,9 @@ def _job(name: str) -> Actor:
 # --- starting -------------------------------------------------------------------------------------------------
 
 
-def compensation_start(call: Call, *, actor: Actor, requested_by=None, send: bool = True) -> CompensationEntry:
+def compensation_start(
+    call: Call, *, actor: Actor, requested_by=None, send: bool = True, executor: str = "console"
+) -> CompensationEntry:
     """Make the next entry of `call` and move the call to COMPENSATING, in one transaction; a worker sends it.
 
     Refused (ServiceError 409, nothing changed) unless the call is COMMITTED (the first entry) or
@@ -85,7 +87,7 @@ def compensation_start(call: Call, *, actor: Actor, requested_by=None, send: boo
     """
     try:
         with transaction.atomic():
-            call = Call.objects.select_for_update().select_related("tool__provider", "task").get(pk=call.pk)
+            call = Call.objects.select_for_update().select_related("tool__provider", "task", "step").get(pk=call.pk)
             if call.state not in STARTABLE:
                 raise ServiceError(
                     409,
@@ -112,6 +114,7 @@ def compensation_start(call: Call, *, actor: Actor, requested_by=None, send: boo
                 expected_effect=plan.expected_effect,
                 max_attempts=plan.max_attempts,
                 requested_by=requested_by,
+                executor=executor,
             )
             append_event(
                 action=AuditAction.COMPENSATION_STARTED,
@@ -218,11 +221,11 @@ def compensation_send(entry_id: int, *, worker: str, now: datetime | None = None
         )
         attempt = CompensationAttempt.objects.create(entry=entry, number=number, request=request.shown(), sent_at=now)
     wire = send(request)
-    _read_reply(entry, attempt, wire, actor=actor)
+    read_reply(entry, attempt, wire, actor=actor)
     return entry
 
 
-def _read_reply(entry: CompensationEntry, attempt: CompensationAttempt, wire: dict, *, actor: Actor) -> None:
+def read_reply(entry: CompensationEntry, attempt: CompensationAttempt, wire: dict, *, actor: Actor) -> None:
     facts = facts_of(wire)
     policy = tool_policy(entry.tool)
     outcome = classify(
@@ -300,6 +303,8 @@ def _settle_call(entry: CompensationEntry, *, actor: Actor) -> None:
         why = "compensation partly committed: " if partial else "compensation committed: "
     else:
         to, why = S.COMPENSATION_FAILED, "compensation failed, nothing undone: "
+    if Task.objects.filter(pk=call.task_id, saga__in=("running", "stopped")).exists():
+        enqueue("recovery.jobs.advance_saga", call.task_id, job_id=f"saga-{call.task_id}-after-{entry.pk}")
     transition_call(
         call,
         to,
@@ -447,7 +452,7 @@ def compensations_due(*, now: datetime | None = None) -> tuple[list[int], list[i
     job was lost; unknown entries whose next check is due. Leases held by a live worker are skipped."""
     now = now or timezone.now()
     free = Q(lease_until__isnull=True) | Q(lease_until__lte=now)
-    sends = CompensationEntry.objects.filter(free).filter(
+    sends = CompensationEntry.objects.filter(free, executor="console").filter(
         Q(state=E.NOT_COMMITTED) & (Q(send_at__isnull=True) | Q(send_at__lte=now))
         | Q(state=E.PENDING, created_at__lte=now - timedelta(seconds=LOST_SEND_S))
     )
