@@ -243,7 +243,9 @@ def test_the_agent_side_imports_nothing_of_the_product_but_its_client():
         path.stem for path in (ROOT / "recovery" / "agent" / "scenarios").glob("*.py") if path.stem != "__init__"
     ]
     scenarios = ["recovery.agent.scenarios", *(f"recovery.agent.scenarios.{module}" for module in modules)]
-    loaded = sorted(["recovery.agent", "recovery.agent.runtime", *scenarios, "recovery.client"])
+    loaded = sorted(
+        ["recovery.agent", "recovery.agent.runtime", *scenarios, "recovery.client", "recovery.client_types"]
+    )
     assert result.stdout.strip() == str(loaded)
 
 
