@@ -306,6 +306,7 @@ class StepOut(Answer):
     state: StepStateName = _("COMMITTED if one of its calls committed, else its latest call's state (PENDING: none).")
     blocked_by_steps: list[int] = _("The dependencies not COMMITTED yet.")
     calls: list[int] = _("The ids of its calls.")
+    effect: str = _("What became of its effect: created, created then cancelled, not executed, unknown, ...")
 
 
 class CallBriefOut(Answer):
@@ -342,6 +343,7 @@ class TaskOut(Answer):
     compensated: list[CallBriefOut] = _("Calls being or having been compensated.")
     next_action: str = _("What the runtime should do next: continue, wait_for_reconcile, submit, ...")
     submission: JsonObject | None = _("The submitted summary and deliverable (null until submitted).")
+    saga: Literal["running", "stopped", "done"] | None = _("Its saga abort, if any: running, stopped or done.")
 
 
 # --- calls (SPEC §8, §10) -------------------------------------------------------------------------------------------

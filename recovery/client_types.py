@@ -119,6 +119,7 @@ class StepSummary(TypedDict):
     state: str
     blocked_by_steps: list[int]
     calls: list[int]
+    effect: str  # created, created then cancelled, not executed, unknown: being settled, ...
 
 
 class CallBrief(TypedDict):
@@ -251,6 +252,7 @@ class Task:
     compensated: list[CallBrief]
     next_action: str
     submission: dict[str, Any] | None
+    saga: str | None  # running, stopped, done (None: never aborted)
     raw: dict = field(repr=False)
 
 

@@ -289,3 +289,25 @@ def test_the_jobs_run_a_console_saga_to_its_end_on_a_real_rq_worker(world, rq_qu
     assert [Call.objects.get(pk=c).state for c in (order, payment)] == ["COMPENSATED", "COMPENSATED"]
     order_ref = Call.objects.get(pk=order).provider_ref
     assert [r["path"] for r in _undo_posts(sandbox)] == ["/refunds", f"/orders/{order_ref}/cancel"]
+
+
+def test_the_task_summary_names_what_became_of_each_step(world):
+    client = world["client"]
+    task_id, order, _payment, _shipment = _three_steps(world)
+    world["sandbox"].fault(
+        route=f"/orders/{Call.objects.get(pk=order).provider_ref}/cancel",
+        kind="error",
+        status=409,
+        code="not_cancellable",
+    )
+    client.compensate_task(task_id)
+    for _ in range(6):
+        saga_advance(task_id)
+        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
+            compensation_send(entry.pk, worker="w1")
+
+    summary = client.get_task(task_id)
+
+    effects = {step["index"]: step["effect"] for step in summary.steps}
+    assert effects == {1: "created, not cancelled: the undo failed", 2: "captured, then refunded", 3: "not executed"}
+    assert summary.raw["saga"] == "stopped" and summary.outcome == "abandoned"

@@ -89,6 +89,15 @@ def past(tool_name: str) -> str:
     return f"{verb}ed"
 
 
+def undo_word(tool_name: str) -> str:
+    """What an undo is called once done: its verb's past ("order.cancel": "cancelled"), or, for a tool that creates
+    the undo ("refund.create": a refund), the thing it creates ("refunded")."""
+    service, _, verb = tool_name.rpartition(".")
+    if verb == "create" and service:
+        return past(service) or "undone"
+    return past(tool_name) or "undone"
+
+
 def effect_story(
     *, call_state: str, forward_tool: str, target: str, entries: list[CompensationEntry]
 ) -> EffectStory | None:
@@ -102,7 +111,7 @@ def effect_story(
     latest = entries[-1]
     done = past(forward_tool) or "committed"
     undo_tool = latest.tool.name
-    undone = past(undo_tool) or "undone"
+    undone = undo_word(undo_tool)
     where = f"{forward_tool} {target}".strip()
     entry = f"compensation {latest.number}: {latest.state}{f', {latest.outcome}' if latest.outcome else ''}"
     state = call_state

@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from recovery.models import Attempt, Call, Receipt, Step, Task, TaskStatus, Tenant, Tool
 from recovery.registry import with_alternates
+from recovery.selectors.compensations import effect_story, past, task_compensations
 from recovery.states import UNSETTLED, CallState
 
 S = CallState
@@ -132,6 +133,7 @@ def task_summary(task: Task) -> dict:
     steps = list(Step.objects.filter(task=task).prefetch_related("depends_on").order_by("index"))
     calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
     states = step_states(steps, calls)
+    undone = task_compensations(task.pk)
     steps_json, blocked = [], []
     for step in steps:
         deps = sorted(dep.index for dep in step.depends_on.all())
@@ -146,6 +148,7 @@ def task_summary(task: Task) -> dict:
                 "state": states[step.pk],
                 "blocked_by_steps": waiting,
                 "calls": [c.pk for c in calls if c.step_id == step.pk],
+                "effect": _step_effect([c for c in calls if c.step_id == step.pk], undone),
             }
         )
     groups = {
@@ -202,7 +205,30 @@ def task_summary(task: Task) -> dict:
         **groups,
         "next_action": _next_action(task, groups, blocked, no_submission),
         "submission": task.submission,
+        "saga": task.saga or None,
     }
+
+
+def _step_effect(calls: list[Call], undone: dict) -> str:
+    """What became of a step's effect, in words: "created", "created, then cancelled", "not executed", "unknown"...
+    (a compensated effect is never "never created")."""
+    for call in calls:
+        story = effect_story(
+            call_state=call.state,
+            forward_tool=call.tool.name,
+            target=call.provider_ref,
+            entries=undone.get(call.pk, []),
+        )
+        if story is not None:
+            return story.headline
+    if any(c.state == S.COMMITTED for c in calls):
+        done = next(c for c in calls if c.state == S.COMMITTED)
+        return (past(done.tool.name) or "committed") if done.side_effect == "write" else "read"
+    if any(c.state in (S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED, S.SENT) for c in calls):
+        return "unknown: being settled"
+    if calls and all(c.state in (S.FAILED_PERMANENT, S.NOT_COMMITTED) for c in calls):
+        return "not executed"
+    return "pending" if calls else "no call yet"
 
 
 def _next_action(task: Task, groups: dict, blocked: list[int], no_submission: bool) -> str:
