@@ -37,79 +37,70 @@ def _edge_list(pairs: tuple[tuple[str, str], ...]) -> str:
     return ", ".join(f"'{src}>{dst}'" for src, dst in pairs)
 
 
-def _postgres_entry_guard(pairs: tuple[tuple[str, str], ...]) -> list[str]:
+def _postgres_state_guard(*, table: str, name: str, noun: str, pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    """The trigger that keeps `table`'s (state, version) on the edges of its state table (PostgreSQL)."""
     return [
         f"""
-        CREATE OR REPLACE FUNCTION recovery_entry_state_guard() RETURNS trigger LANGUAGE plpgsql AS $$
+        CREATE OR REPLACE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF NEW.state IS DISTINCT FROM OLD.state THEN
                 IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
-                    RAISE EXCEPTION 'compensation %: state change % -> % must bump version by one (% -> %)',
+                    RAISE EXCEPTION '{noun} %: state change % -> % must bump version by one (% -> %)',
                         OLD.id, OLD.state, NEW.state, OLD.version, NEW.version USING ERRCODE = 'check_violation';
                 END IF;
                 IF NOT (OLD.state || '>' || NEW.state = ANY (ARRAY[{_edge_list(pairs)}])) THEN
-                    RAISE EXCEPTION 'compensation %: illegal state change % -> %', OLD.id, OLD.state, NEW.state
+                    RAISE EXCEPTION '{noun} %: illegal state change % -> %', OLD.id, OLD.state, NEW.state
                         USING ERRCODE = 'check_violation';
                 END IF;
             ELSIF NEW.version IS DISTINCT FROM OLD.version THEN
-                RAISE EXCEPTION 'compensation %: version changes only with the state', OLD.id
+                RAISE EXCEPTION '{noun} %: version changes only with the state', OLD.id
                     USING ERRCODE = 'check_violation';
             END IF;
             RETURN NEW;
         END $$;
         """,
-        "DROP TRIGGER IF EXISTS recovery_entry_state_guard ON recovery_compensationentry",
-        """
-        CREATE TRIGGER recovery_entry_state_guard BEFORE UPDATE OF state, version ON recovery_compensationentry
-        FOR EACH ROW EXECUTE FUNCTION recovery_entry_state_guard()
+        f"DROP TRIGGER IF EXISTS {name} ON {table}",
+        f"""
+        CREATE TRIGGER {name} BEFORE UPDATE OF state, version ON {table}
+        FOR EACH ROW EXECUTE FUNCTION {name}()
         """,
     ]
+
+
+def _sqlite_state_guard(*, table: str, prefix: str, noun: str, pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    """The same on SQLite: two triggers, the edge and the version (RAISE(ABORT) is an IntegrityError)."""
+    return [
+        f"DROP TRIGGER IF EXISTS {prefix}_edge",
+        f"""
+        CREATE TRIGGER {prefix}_edge BEFORE UPDATE OF state ON {table}
+        FOR EACH ROW WHEN NEW.state IS NOT OLD.state AND (OLD.state || '>' || NEW.state) NOT IN ({_edge_list(pairs)})
+        BEGIN SELECT RAISE(ABORT, 'illegal {noun} state change: not an edge of the state table'); END
+        """,
+        f"DROP TRIGGER IF EXISTS {prefix}_version",
+        f"""
+        CREATE TRIGGER {prefix}_version BEFORE UPDATE OF state, version ON {table}
+        FOR EACH ROW WHEN (NEW.state IS NOT OLD.state AND NEW.version IS NOT OLD.version + 1)
+                       OR (NEW.state IS OLD.state AND NEW.version IS NOT OLD.version)
+        BEGIN SELECT RAISE(ABORT, '{noun} version must rise by exactly one with each state change'); END
+        """,
+    ]
+
+
+def _postgres_entry_guard(pairs: tuple[tuple[str, str], ...]) -> list[str]:
+    return _postgres_state_guard(
+        table="recovery_compensationentry", name="recovery_entry_state_guard", noun="compensation", pairs=pairs
+    )
 
 
 def _sqlite_entry_guard(pairs: tuple[tuple[str, str], ...]) -> list[str]:
-    return [
-        "DROP TRIGGER IF EXISTS recovery_entry_state_edge",
-        f"""
-        CREATE TRIGGER recovery_entry_state_edge BEFORE UPDATE OF state ON recovery_compensationentry
-        FOR EACH ROW WHEN NEW.state IS NOT OLD.state AND (OLD.state || '>' || NEW.state) NOT IN ({_edge_list(pairs)})
-        BEGIN SELECT RAISE(ABORT, 'illegal compensation state change: not an edge of the state table'); END
-        """,
-        "DROP TRIGGER IF EXISTS recovery_entry_state_version",
-        """
-        CREATE TRIGGER recovery_entry_state_version BEFORE UPDATE OF state, version ON recovery_compensationentry
-        FOR EACH ROW WHEN (NEW.state IS NOT OLD.state AND NEW.version IS NOT OLD.version + 1)
-                       OR (NEW.state IS OLD.state AND NEW.version IS NOT OLD.version)
-        BEGIN SELECT RAISE(ABORT, 'compensation version must rise by exactly one with each state change'); END
-        """,
-    ]
+    return _sqlite_state_guard(
+        table="recovery_compensationentry", prefix="recovery_entry_state", noun="compensation", pairs=pairs
+    )
 
 
 def postgres_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
     return [
-        f"""
-        CREATE OR REPLACE FUNCTION recovery_call_state_guard() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.state IS DISTINCT FROM OLD.state THEN
-                IF NEW.version IS DISTINCT FROM OLD.version + 1 THEN
-                    RAISE EXCEPTION 'call %: state change % -> % must bump version by one (% -> %)',
-                        OLD.id, OLD.state, NEW.state, OLD.version, NEW.version USING ERRCODE = 'check_violation';
-                END IF;
-                IF NOT (OLD.state || '>' || NEW.state = ANY (ARRAY[{_edge_list(pairs)}])) THEN
-                    RAISE EXCEPTION 'call %: illegal state change % -> %', OLD.id, OLD.state, NEW.state
-                        USING ERRCODE = 'check_violation';
-                END IF;
-            ELSIF NEW.version IS DISTINCT FROM OLD.version THEN
-                RAISE EXCEPTION 'call %: version changes only with the state', OLD.id
-                    USING ERRCODE = 'check_violation';
-            END IF;
-            RETURN NEW;
-        END $$;
-        """,
-        "DROP TRIGGER IF EXISTS recovery_call_state_guard ON recovery_call",
-        """
-        CREATE TRIGGER recovery_call_state_guard BEFORE UPDATE OF state, version ON recovery_call
-        FOR EACH ROW EXECUTE FUNCTION recovery_call_state_guard()
-        """,
+        *_postgres_state_guard(table="recovery_call", name="recovery_call_state_guard", noun="call", pairs=pairs),
         f"""
         CREATE OR REPLACE FUNCTION recovery_audit_append_only() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -158,19 +149,7 @@ def postgres_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str
 def sqlite_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
     # RAISE(ABORT, ...) reports SQLITE_CONSTRAINT, which Django raises as IntegrityError.
     return [
-        "DROP TRIGGER IF EXISTS recovery_call_state_edge",
-        f"""
-        CREATE TRIGGER recovery_call_state_edge BEFORE UPDATE OF state ON recovery_call
-        FOR EACH ROW WHEN NEW.state IS NOT OLD.state AND (OLD.state || '>' || NEW.state) NOT IN ({_edge_list(pairs)})
-        BEGIN SELECT RAISE(ABORT, 'illegal call state change: not an edge of the state table'); END
-        """,
-        "DROP TRIGGER IF EXISTS recovery_call_state_version",
-        """
-        CREATE TRIGGER recovery_call_state_version BEFORE UPDATE OF state, version ON recovery_call
-        FOR EACH ROW WHEN (NEW.state IS NOT OLD.state AND NEW.version IS NOT OLD.version + 1)
-                       OR (NEW.state IS OLD.state AND NEW.version IS NOT OLD.version)
-        BEGIN SELECT RAISE(ABORT, 'call version must rise by exactly one with each state change'); END
-        """,
+        *_sqlite_state_guard(table="recovery_call", prefix="recovery_call_state", noun="call", pairs=pairs),
         "DROP TRIGGER IF EXISTS recovery_auditevent_no_update",
         """
         CREATE TRIGGER recovery_auditevent_no_update BEFORE UPDATE ON recovery_auditevent

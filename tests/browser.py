@@ -22,7 +22,7 @@ from tests.console import PASSWORD, make_people
 
 __all__ = [
     "ARTIFACTS", "CHROMIUM", "CSP_WORDS", "Console",
-    "artifacts", "async_unsafe_allowed", "browser", "console_people", "open_console",
+    "artifacts", "async_unsafe_allowed", "browser", "console_people", "open_console", "runner",
 ]  # fmt: skip
 
 CHROMIUM = "/usr/bin/chromium"
@@ -164,3 +164,15 @@ def console_people(db) -> dict:
         for config in django_apps.get_app_configs():
             config.models_module = saved[config.label]
     return make_people()
+
+
+@pytest.fixture
+def runner(settings, monkeypatch):
+    """Jobs on a fresh in-process runner (no Redis), as the embedded default runs them, waited for by the test."""
+    from recovery import inprocess
+
+    settings.REDIS_URL = ""
+    fresh = inprocess.Runner([])
+    monkeypatch.setattr(inprocess, "_runner", fresh)
+    yield fresh
+    fresh.stop(timeout=30)

@@ -22,7 +22,6 @@ import pytest
 import requests
 from django.utils import timezone
 
-from recovery import inprocess
 from recovery.audit import Actor
 from recovery.client import RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import ActionRequest, ActionStatus, Attempt, AuditEvent, Call
@@ -53,16 +52,6 @@ def world(sandbox, live_server, monkeypatch):
     load_registry(registry, actor=Actor.system("tests"))
     _, token = token_create(name="runtime", tenants=["demo"], actor=Actor.system("tests"))
     return {"client": RecoveryClient(live_server.url, token), "sandbox": sandbox}
-
-
-@pytest.fixture
-def runner(settings, monkeypatch):
-    """Jobs on a fresh in-process runner (no Redis), as the embedded default runs them, waited for by the test."""
-    settings.REDIS_URL = ""
-    fresh = inprocess.Runner([])
-    monkeypatch.setattr(inprocess, "_runner", fresh)
-    yield fresh
-    fresh.stop(timeout=30)
 
 
 def _refund_in_human_review(world) -> tuple[int, str]:

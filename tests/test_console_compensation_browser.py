@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import pytest
 
-from recovery import inprocess
 from recovery.models import ActionRequest, ActionStatus, Call, CompensationEntry
 from recovery.services.compensation_plans import derive_key
 from tests import test_compensations as sagas
@@ -25,16 +24,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 world = sagas.world  # the fixture
 APPROVE_NEW = "Approve new compensation"
 EXECUTED_WAIT_MS = 15_000  # the job runs at once; the request's status block refreshes every 3 s
-
-
-@pytest.fixture
-def runner(settings, monkeypatch):
-    """Jobs on a fresh in-process runner (no Redis), as the embedded default runs them, waited for by the test."""
-    settings.REDIS_URL = ""
-    fresh = inprocess.Runner([])
-    monkeypatch.setattr(inprocess, "_runner", fresh)
-    yield fresh
-    fresh.stop(timeout=30)
 
 
 def test_a_reviewer_opens_a_failed_compensation_from_its_queue_reads_the_chain_and_an_approver_lets_it_run_again(
