@@ -311,3 +311,24 @@ def test_the_task_summary_names_what_became_of_each_step(world):
     effects = {step["index"]: step["effect"] for step in summary.steps}
     assert effects == {1: "created, not cancelled: the undo failed", 2: "captured, then refunded", 3: "not executed"}
     assert summary.raw["saga"] == "stopped" and summary.outcome == "abandoned"
+
+
+def test_the_task_page_says_the_saga_stopped_and_why(world, client, console_people):
+    task_id, order, *_ = _three_steps(world)
+    world["sandbox"].fault(
+        route=f"/orders/{Call.objects.get(pk=order).provider_ref}/cancel",
+        kind="error",
+        status=409,
+        code="not_cancellable",
+    )
+    world["client"].compensate_task(task_id)
+    for _ in range(6):
+        saga_advance(task_id)
+        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
+            compensation_send(entry.pk, worker="w1")
+    client.force_login(console_people["viewer"])
+
+    page = client.get(f"/tasks/{task_id}/").content.decode()
+
+    assert "aborted: stopped" in page and "the rest waits for a person" in page
+    assert "created, not cancelled: the undo failed" in page

@@ -46,6 +46,7 @@ _OUTCOME_MEANING = {
     "failed": "nothing or not enough was done",
     "degraded": "finished on a fallback path",
     "abandoned": "the runtime or an operator gave up",
+    "compensated": "aborted as a saga, and every committed step was undone",
 }
 
 
