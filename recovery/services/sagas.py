@@ -196,7 +196,12 @@ def saga_advance(task_id: int, *, actor: Actor | None = None) -> str:
             _set(task, DONE, actor, "nothing left standing", outcome=TaskOutcome.COMPENSATED if undone else None)
             return DONE
         nxt = ordered[0]
-        compensation_start(nxt, actor=actor, send=task.saga_executor == "console", executor=task.saga_executor)
+        try:
+            with transaction.atomic():
+                compensation_start(nxt, actor=actor, send=task.saga_executor == "console", executor=task.saga_executor)
+        except ServiceError as exc:  # its undo cannot even be made (a template needing a value the call lacks)
+            _set(task, STOPPED, actor, f"step {nxt.step.index} cannot be undone: {exc.message}")
+            return STOPPED
         return RUNNING
 
 
