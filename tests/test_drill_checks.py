@@ -1,8 +1,8 @@
 """The drills' check API (recovery/drills/checks.py): a check holds when the observed value matches the expected one,
 and both of its texts are rendered from the values, for plain equality and for each comparison. Then the checks of
-the compensation and saga drills, fed the sandbox's evidence (its request log and ledger, as its admin API returns them) as
-it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no database, no
-sandbox."""
+the compensation and saga drills, fed the sandbox's evidence (its request log and ledger, as its admin API returns
+them) as it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no database,
+no sandbox."""
 
 from __future__ import annotations
 
