@@ -19,10 +19,22 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
+from django.utils import timezone
 
 from recovery.agent.scenarios import SCENARIOS, ScenarioResult, run_scenarios
 from recovery.drills.stage import drill_stage
-from recovery.models import Attempt, AuditEvent, Breaker, Call, Decision, GateDecision, Receipt, Task
+from recovery.models import (
+    Attempt,
+    AuditEvent,
+    Breaker,
+    Call,
+    CompensationEntry,
+    Decision,
+    GateDecision,
+    Receipt,
+    Task,
+)
+from recovery.selectors.queues import COMPENSATION_STATES, QueueFilters, queue_page
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -193,6 +205,48 @@ def test_a_refund_answered_403_with_an_approvable_code_is_left_for_a_reviewer(st
     assert outcome(result) == "completed_with_unknowns"
 
 
+def test_an_aborted_saga_cancels_the_order_whose_payment_was_declined_and_the_task_is_compensated(stage):
+    result = play(stage, "saga-compensated")
+    order, payment = result.calls["order"], result.calls["payment"]
+
+    assert transitions(order) == [
+        ("READY", "SENT"),
+        ("SENT", "COMMITTED"),
+        ("COMMITTED", "COMPENSATING"),
+        ("pending", "sent"),  # its compensation entry's own transitions, on the same call
+        ("sent", "committed"),
+        ("COMPENSATING", "COMPENSATED"),
+    ]
+    assert transitions(payment) == [("READY", "SENT"), ("SENT", "FAILED_PERMANENT")]
+    (entry,) = CompensationEntry.objects.filter(call_id=order)
+    assert (entry.state, entry.attempts_count, entry.tool.name) == ("committed", 1, stage.tool("order.cancel"))
+    assert not CompensationEntry.objects.filter(call_id=payment).exists()  # nothing was charged: nothing to refund
+    [cancel] = writes(stage, entry.idempotency_key)
+    assert (cancel["path"], cancel["status"]) == (result.routes["cancel"], 200)
+    assert [e["kind"] for e in stage.sandbox.ledger(entry.idempotency_key)["entries"]] == ["cancellations"]
+    assert stage.sandbox.ledger(result.keys["payment"])["effects"] == 0
+    task = Task.objects.get(pk=result.task_id)
+    assert (task.saga, task.saga_executor, task.outcome) == ("done", "console", "compensated")
+
+
+def test_an_aborted_saga_whose_cancel_is_refused_stops_for_a_person_in_the_compensation_problems_queue(stage):
+    result = play(stage, "saga-cancel-refused")
+    order = result.calls["order"]
+
+    assert transitions(order)[-1] == ("COMPENSATING", "COMPENSATION_FAILED")
+    (entry,) = CompensationEntry.objects.filter(call_id=order)
+    assert (entry.state, entry.outcome, entry.attempts_count) == ("failed", "refused", 1)
+    assert [(r["status"], r["key"]) for r in writes(stage, entry.idempotency_key)] == [(409, entry.idempotency_key)]
+    assert stage.sandbox.ledger(entry.idempotency_key)["effects"] == 0
+    assert stage.sandbox.ledger(result.keys["order"])["effects"] == 1
+    task = Task.objects.get(pk=result.task_id)
+    assert (task.saga, task.outcome) == ("stopped", "abandoned")
+    problems = queue_page(
+        QueueFilters(states=COMPENSATION_STATES, compensation=True, q=str(task.pk)), now=timezone.now()
+    ).rows
+    assert [row["id"] for row in problems] == [order]
+
+
 def test_a_task_that_stops_without_submitting_is_flagged_no_submission_after_its_deadline(stage):
     result = play(stage, "no-submission")
     task = Task.objects.get(pk=result.task_id)
@@ -250,6 +304,24 @@ def test_the_agent_side_imports_nothing_of_the_product_but_its_client():
 
 
 # The command -----------------------------------------------------------------------------------------------------
+
+
+def test_the_catalogue_plays_the_scenarios_in_this_order():
+    assert list(SCENARIOS) == [
+        "reply-lost-after-commit",
+        "lost-before-commit",
+        "rate-limited-lookup",
+        "invalid-result",
+        "order-payment-shipment",
+        "grant-unknown-budget",
+        "needs-approval",
+        "saga-compensated",
+        "saga-cancel-refused",
+        "no-submission",
+        "status-api-down",
+        "5xx-storm",
+    ]
+    assert [name for name, scenario in SCENARIOS.items() if scenario.exclusive] == ["status-api-down", "5xx-storm"]
 
 
 def test_the_command_lists_the_scenarios_with_their_pinned_ends(capsys):

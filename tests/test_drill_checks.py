@@ -1,8 +1,8 @@
 """The drills' check API (recovery/drills/checks.py): a check holds when the observed value matches the expected one,
 and both of its texts are rendered from the values, for plain equality and for each comparison. Then the checks of
-the compensation drills, fed the sandbox's evidence (its request log and ledger, as its admin API returns them) as
-it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no database, no
-sandbox."""
+the compensation and saga drills, fed the sandbox's evidence (its request log and ledger, as its admin API returns
+them) as it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no database,
+no sandbox."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from recovery.agent.runtime import CallResult
 from recovery.drills.cases.compensation import Order, ledger_effects
 from recovery.drills.cases.compensation_refused import not_retried
 from recovery.drills.cases.compensation_reply_lost import no_second_cancel
+from recovery.drills.cases.saga_aborted import Saga, saga_ledger, undo_order
 from recovery.drills.checks import at_least, at_most, check, each, in_order, including, one_of, render
 from recovery.drills.results import CheckRow
 
@@ -223,3 +224,68 @@ def test_not_retried_fails_when_the_refused_cancel_was_sent_again_or_checked():
     assert not checked.passed
     assert not not_retried(refused, [], entry={**failed, "state": "not_committed"}, due=True).passed
     assert not not_retried(refused, [], entry=None, due=None).passed  # no entry: nothing to judge, it fails
+
+
+# The saga drills' checks, from the sandbox's evidence ---------------------------------------------------------------
+
+
+def _step(tool: str, key: str, call_id: int) -> CallResult:
+    return CallResult(tool=tool, key=key, call_id=call_id, outcome="committed", state="COMMITTED")
+
+
+SAGA = Saga(
+    task_id=7,
+    order=_step("drill.order.create", "order-k", 1),
+    payment=_step("drill.payment.capture", "pay-k", 2),
+    shipment=_step("drill.shipment.create", "ship-k", 3),
+    order_id="O-42",
+)
+
+
+def undo(path: str, key: str, at_s: int, status: int = 200) -> dict:
+    """One undo request in the sandbox's request log, `at_s` seconds after noon."""
+    return {"at": f"2026-12-01T12:00:{at_s:02d}Z", "method": "POST", "path": path, "key": key, "status": status,
+            "outcome": "answered"}  # fmt: skip
+
+
+REFUND = ("/refunds", "pay-k.compensation-1")
+CANCEL = ("/orders/O-42/cancel", "order-k.compensation-1")
+
+
+def test_the_undo_order_holds_for_the_refund_before_the_cancel_and_fails_otherwise():
+    assert undo_order(SAGA, [undo(*CANCEL, 2), undo(*REFUND, 1)]).passed  # the log's order does not matter: times do
+
+    reversed_ = undo_order(SAGA, [undo(*REFUND, 3), undo(*CANCEL, 2)])
+    assert not reversed_.passed
+    assert "times: (the refund (step 2): 12:00:03.000, the cancel (step 1): 12:00:02.000)" in reversed_.observed
+    assert reversed_.expected.endswith("times: the refund (step 2) before the cancel (step 1)")
+    at_once = undo_order(SAGA, [undo(*REFUND, 2), undo(*CANCEL, 2)])
+    assert not at_once.passed  # strictly before: the second undo waits for the first to end
+    assert not undo_order(SAGA, [undo(*REFUND, 1)]).passed  # the order was never cancelled
+    twice = undo_order(SAGA, [undo(*REFUND, 1), undo(*REFUND, 2), undo(*CANCEL, 3)])
+    assert not twice.passed  # a second refund request
+    new_key = undo_order(SAGA, [undo("/refunds", "pay-k.compensation-x", 1), undo(*CANCEL, 2)])
+    assert not new_key.passed  # each undo under its entry's own derived key
+    refused = undo_order(SAGA, [undo(*REFUND, 1), undo(*CANCEL, 2, status=409)])
+    assert not refused.passed
+
+
+def test_the_saga_ledger_wants_one_effect_and_one_undo_per_step_and_no_shipment():
+    good = {
+        "order-k": [effect("orders", "order-k", "/orders")],
+        "order-k.compensation-1": [effect("cancellations", "order-k.compensation-1", "/orders/O-42/cancel")],
+        "pay-k": [effect("payments", "pay-k", "/payments")],
+        "pay-k.compensation-1": [effect("refunds", "pay-k.compensation-1", "/refunds")],
+    }
+    assert saga_ledger(SAGA, good).passed
+
+    never_refunded = saga_ledger(SAGA, {**good, "pay-k.compensation-1": []})
+    assert not never_refunded.passed and "payment: (under its key: (payments: 1), under its undo's key: none)" in (
+        never_refunded.observed
+    )
+    shipped = saga_ledger(SAGA, {**good, "ship-k": [effect("shipments", "ship-k", "/shipments")]})
+    assert not shipped.passed
+    refunded_twice = saga_ledger(SAGA, {**good, "pay-k.compensation-1": good["pay-k.compensation-1"] * 2})
+    assert not refunded_twice.passed
+    other_order = [effect("cancellations", "order-k.compensation-1", "/orders/O-43/cancel")]
+    assert not saga_ledger(SAGA, {**good, "order-k.compensation-1": other_order}).passed

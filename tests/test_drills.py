@@ -284,10 +284,14 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
     assert "needs: REDIS_URL (skipped with the reason without it)" in listed
     assert "its compensation: entry 1: sent → unknown → committed; 1 cancellation under its own key" in listed
     assert "its compensation: entry 1: sent → failed; 0 cancellations under its own key" in listed
+    assert (
+        "step payment: SENT → UNKNOWN → COMMITTED → COMPENSATING → COMPENSATED, 1 effect; entry 1: sent → committed,"
+        " 1 refund" in listed
+    )
     every = (
         "refused-before-send, timeout-after-send, lost-before-commit, duplicate-callbacks, rate-limit, dependency-5xx, "
         "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, compensation-reply-lost, "
-        "compensation-refused"
+        "compensation-refused, saga-aborted, saga-aborted-unknown-step"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")
@@ -553,3 +557,68 @@ def test_the_demo_leaves_a_refund_reconciliation_could_not_settle_and_its_same_k
     assert writes(stage, key) == [("POST", None, "dropped_after_commit"), ("POST", 200, "replayed")]
     ledger = stage.sandbox.ledger(key)
     assert ledger["effects"] == 1 and len(ledger["entries"]) == 1
+
+
+# The saga drills -------------------------------------------------------------------------------------------------
+
+
+def saga_rows(result) -> dict[str, list]:
+    """The drill's key rows by step: the call's row first, then its compensation entries'."""
+    rows: dict[str, list] = {}
+    for row in result.keys:
+        rows.setdefault(row.step, []).append(row)
+    return rows
+
+
+def undo_posts(stage, call: Call) -> list[dict]:
+    return stage.sandbox.requests(key=f"{call.idempotency_key}.compensation-1", method="POST")
+
+
+def test_an_aborted_saga_undoes_the_payment_then_the_order_and_the_task_is_compensated(stage):
+    result = passed(stage, "saga-aborted")
+    rows = saga_rows(result)
+    assert [row.step for row in result.keys] == ["order", "order", "payment", "payment", "shipment"]
+
+    order, payment, shipment = (Call.objects.get(pk=rows[step][0].call_id) for step in ("order", "payment", "shipment"))
+    for call in (order, payment):
+        assert transitions(call.pk) == [S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATED]
+        (entry,) = CompensationEntry.objects.filter(call=call)
+        assert (entry.state, entry.attempts_count) == ("committed", 1)
+        assert entry_transitions(call.pk) == ["sent", "committed"]
+    assert transitions(shipment.pk) == [S.SENT, S.RETRYABLE, S.FAILED_PERMANENT]
+    assert not CompensationEntry.objects.filter(call=shipment).exists()
+    # The sandbox's own clock: the payment's refund reached it before the order's cancel.
+    (refund,), (cancel,) = undo_posts(stage, payment), undo_posts(stage, order)
+    assert (refund["path"], cancel["path"]) == ("/refunds", f"/orders/{order.provider_ref}/cancel")
+    assert at(refund) < at(cancel)
+    assert CompensationEntry.objects.get(call=payment).created_at < CompensationEntry.objects.get(call=order).created_at
+    assert [stage.sandbox.ledger(c.idempotency_key)["effects"] for c in (order, payment, shipment)] == [1, 1, 0]
+    assert order.task.outcome == "compensated" and order.task.saga == "done"
+
+    # The same evidence against a table that says the order was undone first (its cancel's entry unknown), or that
+    # the shipment took effect, fails.
+    drill = DRILLS["saga-aborted"]
+    steps = {step.step: step for step in drill.steps}
+    shipped = replace(drill, steps=(steps["order"], steps["payment"], replace(steps["shipment"], effects=1)))
+    judged = rejudge(stage, result, shipped)
+    assert not judged.passed and [row.passed for row in judged.keys] == [True, True, True, True, False]
+    lost = replace(steps["order"], compensation=replace(steps["order"].compensation, path=(E.SENT, E.UNKNOWN)))
+    judged = rejudge(stage, result, replace(drill, steps=(lost, steps["payment"], steps["shipment"])))
+    assert not judged.passed and judged.keys[1].observed_end == "entry 1: sent → committed"
+    assert all(check.passed for check in judged.checks)  # only the entry's end differs, and that is enough
+
+
+def test_a_step_unknown_at_the_abort_is_settled_by_a_receipt_then_undone_before_the_order(stage):
+    result = passed(stage, "saga-aborted-unknown-step")
+    rows = saga_rows(result)
+
+    order, payment, shipment = (Call.objects.get(pk=rows[step][0].call_id) for step in ("order", "payment", "shipment"))
+    assert transitions(payment.pk) == [S.SENT, S.UNKNOWN, S.COMMITTED, S.COMPENSATING, S.COMPENSATED]
+    assert transitions(order.pk) == [S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATED]
+    assert transitions(shipment.pk) == [S.FAILED_PERMANENT]  # refused at admission, abandoned by the abort
+    receipt = Receipt.objects.get(call=payment, applied=True)
+    (refund,), (cancel,) = undo_posts(stage, payment), undo_posts(stage, order)
+    assert payment.task.saga_requested_at < receipt.checked_at < at(refund) < at(cancel)
+    assert writes(stage, payment.idempotency_key) == [("POST", None, "dropped_after_commit")]  # never sent again
+    assert [stage.sandbox.ledger(c.idempotency_key)["effects"] for c in (order, payment, shipment)] == [1, 1, 0]
+    assert order.task.outcome == "compensated"

@@ -34,6 +34,7 @@ class Run:
         self.stage, self.drill, self.log = stage, drill, log
         self.backlog, self.rounds = backlog, rounds
         self.calls: list[tuple[str, int | None]] = []
+        self.roles: dict[int, str] = {}  # call id → its step's role, for a drill whose steps end differently
         self.checks: list[CheckRow] = []
         self.started = timezone.now()
         self.steps = count(1)
@@ -49,9 +50,12 @@ class Run:
         options.setdefault("patience_s", PATIENCE_S)
         return self.stage.agent(**options)
 
-    def call(self, result: CallResult) -> CallResult:
+    def call(self, result: CallResult, *, step: str = "") -> CallResult:
+        """Record the call as a key row (`step`: its role in the table's `steps`, for a saga drill)."""
         with self.lock:
             self.calls.append((result.key, result.call_id))
+            if step and result.call_id is not None:
+                self.roles[result.call_id] = step
         return result
 
     def check(self, name: str, *, expected: Any, observed: Any) -> None:

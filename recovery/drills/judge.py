@@ -9,7 +9,7 @@ from recovery.drills.evidence import EntryPath, call_paths, entry_paths, last_wo
 from recovery.drills.framework import Run
 from recovery.drills.results import CheckRow, DrillResult, KeyRow
 from recovery.drills.stage import Stage
-from recovery.drills.table import ARROW, Drill
+from recovery.drills.table import ARROW, CompensationEnd, Drill, End
 from recovery.states import CallState as S
 
 
@@ -48,6 +48,7 @@ def rejudge(stage: Stage, result: DrillResult, expect: Drill) -> DrillResult:
     sandbox's ledger as they are now: the same evidence, another table (tests prove a wrong one fails)."""
     run = Run(stage, expect, lambda line: None)
     run.calls = [(row.key, row.call_id) for row in result.keys if row.entry is None]  # entries are found again
+    run.roles = {row.call_id: row.step for row in result.keys if row.entry is None and row.step}
     run.checks = list(result.checks)
     return judge(run, result.slug, result.error, result.seconds)
 
@@ -56,32 +57,52 @@ def _key_rows(run: Run, effects: dict[str, int]) -> list[KeyRow]:
     drill = run.drill
     ids = [call_id for _, call_id in run.calls if call_id is not None]
     paths, told = call_paths(ids), last_word(ids)
-    entries = entry_paths(ids) if drill.compensation is not None else {}
+    undoes = drill.compensation is not None or bool(drill.steps)
+    entries = entry_paths(ids) if undoes else {}
     rows = []
     for key, call_id in run.calls:
         path, said = paths.get(call_id, ()), told.get(call_id, "")
+        step = run.roles.get(call_id, "") if call_id is not None else ""
+        ends, expected_effects, undo, expected_end = _expected(drill, step)
         observed_effects = effects.get(key, 0)
         rows.append(
             KeyRow(
                 key=key,
                 call_id=call_id,
-                expected_end=drill.describe_end(),
+                expected_end=expected_end,
                 observed_end=describe_path(path, said),
-                expected_effects=drill.effects,
+                expected_effects=expected_effects,
                 observed_effects=observed_effects,
-                passed=any(end.matches(path, said) for end in drill.ends) and observed_effects == drill.effects,
+                passed=any(end.matches(path, said) for end in ends) and observed_effects == expected_effects,
+                step=step,
             )
         )
-        if drill.compensation is not None:
-            rows += _entry_rows(drill, key, call_id, entries.get(call_id, []), effects)
+        if undoes:
+            rows += _entry_rows(undo, key, call_id, entries.get(call_id, []), effects, step)
     return rows
 
 
-def _entry_rows(drill: Drill, key: str, call_id: int | None, made: list[EntryPath], effects: dict) -> list[KeyRow]:
+def _expected(drill: Drill, step: str) -> tuple[tuple[End, ...], int, CompensationEnd | None, str]:
+    """What the table pins for a call: (its acceptable ends, its key's effects, its compensation entry's end, the
+    end as text) — the drill's own, or, for a drill of steps, the end of the call's step (a step the table does
+    not name has no acceptable end)."""
+    if not drill.steps:
+        return drill.ends, drill.effects, drill.compensation, drill.describe_end()
+    pinned = drill.step(step)
+    if pinned is None:
+        return (), 0, None, f"no step {step or '(unnamed)'} in the table"
+    return (pinned.end,), pinned.effects, pinned.compensation, pinned.end.describe()
+
+
+def _entry_rows(
+    undo: CompensationEnd | None, key: str, call_id: int | None, made: list[EntryPath], effects: dict, step: str = ""
+) -> list[KeyRow]:
     """The call's compensation entries, one row each under its own key: the first must end as the table says,
-    and there must be no other (a missing entry is a failing row of its own)."""
-    undo = drill.compensation
+    and there must be no other (a missing entry is a failing row of its own; so is any entry of a call the table
+    says has nothing to undo)."""
     if not made:
+        if undo is None:
+            return []
         return [
             KeyRow(
                 key=f"{key} (no compensation entry)",
@@ -92,22 +113,28 @@ def _entry_rows(drill: Drill, key: str, call_id: int | None, made: list[EntryPat
                 observed_effects=0,
                 passed=False,
                 entry=1,
+                step=step,
             )
         ]
     rows = []
     for entry in made:
         observed_effects = effects.get(entry.key, 0)
-        first = entry.number == 1
+        first = entry.number == 1 and undo is not None
+        if undo is None:
+            expected_end = f"entry {entry.number}: none (nothing to undo)"
+        else:
+            expected_end = undo.describe() if first else f"entry {entry.number}: none (one entry per call)"
         rows.append(
             KeyRow(
                 key=entry.key,
                 call_id=call_id,
-                expected_end=undo.describe() if first else f"entry {entry.number}: none (one entry per call)",
+                expected_end=expected_end,
                 observed_end=f"entry {entry.number}: {ARROW.join(entry.path) or 'pending'}",
                 expected_effects=undo.effects if first else 0,
                 observed_effects=observed_effects,
                 passed=first and entry.path == undo.path and observed_effects == undo.effects,
                 entry=entry.number,
+                step=step,
             )
         )
     return rows

@@ -15,6 +15,7 @@ class KeyRow:
     observed_effects: int
     passed: bool
     entry: int | None = None  # the compensation entry's number when the key is an entry's own (SPEC §12)
+    step: str = ""  # the step's role, for a drill whose steps end differently (a saga's order, payment, shipment)
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,9 @@ The drills of §18 that need an approved operator action play it through the act
 approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
 kill (`needs`), and is skipped with the reason without REDIS_URL. The two compensation drills also pin how each
 call's compensation ledger entry ends (`compensation`: the entry's states after pending, and the effects under its
-own key), judged like a call's row. The duplicate probe ("provider ignores keys") is listed in NOT_HERE: it is not
+own key), judged like a call's row. The two saga drills pin each step's end of their own (`steps`: a step's path,
+its key's effects and its entry's end), since an aborted saga's order, payment and refused shipment end differently.
+The duplicate probe ("provider ignores keys") is listed in NOT_HERE: it is not
 run by `manage.py drill`.
 """
 
@@ -74,6 +76,27 @@ class CompensationEnd:
 
 
 @dataclass(frozen=True, kw_only=True)
+class StepEnd:
+    """One step of a drill whose steps end differently (a saga): how the step's call must end, the effects under
+    its key, and how its compensation entry must end (None: nothing to undo, and no entry may be made)."""
+
+    step: str  # the step's role, as the drill names its call (order, payment, shipment)
+    end: End
+    effects: int
+    compensation: CompensationEnd | None = None
+
+    def describe(self) -> str:
+        undo = f"; {self.compensation.describe()}, {self.compensation.describe_effects()}" if self.compensation else ""
+        return f"{self.step}: {self.end.describe()}, {self.effects} effect{'s' if self.effects != 1 else ''}{undo}"
+
+
+# A saga's committed step, undone by the console's worker (SPEC §12): its call's path, and its entry's.
+UNDONE = (S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATED)
+CANCELLED = CompensationEnd(path=(E.SENT, E.COMMITTED), effects=1, what="cancellation")
+REFUNDED = CompensationEnd(path=(E.SENT, E.COMMITTED), effects=1, what="refund")
+
+
+@dataclass(frozen=True, kw_only=True)
 class Drill:
     slug: str  # what `manage.py drill` takes
     name: str  # the row of SPEC §18
@@ -84,9 +107,16 @@ class Drill:
     checks: tuple[str, ...]  # the extra checks its module must report, all holding
     needs: str = ""  # a service the drill cannot run without ("redis"): skipped with the reason when it is missing
     compensation: CompensationEnd | None = None  # each call's compensation entry, for the drills that undo a call
+    steps: tuple[StepEnd, ...] = ()  # for a drill whose steps end differently: each step's own end (`ends` unused)
 
     def describe_end(self) -> str:
+        if self.steps:
+            return " | ".join(f"{step.step}: {step.end.describe()}" for step in self.steps)
         return " | ".join(end.describe() for end in self.ends)
+
+    def step(self, name: str) -> StepEnd | None:
+        """The table's end for the step of that role (None: the drill pins no such step)."""
+        return next((step for step in self.steps if step.step == name), None)
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -102,6 +132,9 @@ class Drill:
         return self.path.count(S.SENT)
 
     def expected_summary(self) -> str:
+        if self.steps:
+            steps = "; ".join(step.describe() for step in self.steps)
+            return f"{steps}; {len(self.checks)} check{'s' if len(self.checks) != 1 else ''}"
         effects = f"{self.effects} effect{'s' if self.effects != 1 else ''} per key"
         if self.compensation is not None:
             undo = self.compensation
@@ -282,6 +315,53 @@ DRILLS: dict[str, Drill] = {
                 "the cancel not retried",
                 "1 order, 0 cancellations in the sandbox ledger",
                 "the item in the Compensation problems queue",
+            ),
+        ),
+        Drill(
+            slug="saga-aborted",
+            name="saga aborted",
+            injected="order → payment → shipment, each depending on the one before; the shipment refused for good"
+            " (422 `address_rejected`); the runtime aborts the saga, the console's worker sends the undos",
+            expected_end='steps 2 then 1 compensated in that order; task "created, then cancelled"',
+            ends=(),
+            effects=1,
+            steps=(
+                StepEnd(step="order", end=End(path=UNDONE), effects=1, compensation=CANCELLED),
+                StepEnd(step="payment", end=End(path=UNDONE), effects=1, compensation=REFUNDED),
+                StepEnd(step="shipment", end=End(path=(S.SENT, S.RETRYABLE, S.FAILED_PERMANENT)), effects=0),
+            ),
+            checks=(
+                "the shipment refused for good, the saga aborted in console mode",
+                "steps 2 then 1 compensated in that order",
+                "one effect and one undo each in the sandbox ledger",
+                "the task compensated: created, then cancelled",
+            ),
+        ),
+        Drill(
+            slug="saga-aborted-unknown-step",
+            name="saga aborted, a step unknown",
+            injected="order → payment → shipment; the payment committed, its reply dropped (UNKNOWN), the shipment"
+            " refused at admission meanwhile; the runtime aborts the saga, the console's worker sends the undos",
+            expected_end="the payment settled first (COMMITTED by a receipt), then steps 2 then 1 compensated in that"
+            ' order; task "created, then cancelled"',
+            ends=(),
+            effects=1,
+            steps=(
+                StepEnd(step="order", end=End(path=UNDONE), effects=1, compensation=CANCELLED),
+                StepEnd(
+                    step="payment",
+                    end=End(path=(S.SENT, S.UNKNOWN, S.COMMITTED, S.COMPENSATING, S.COMPENSATED)),
+                    effects=1,
+                    compensation=REFUNDED,
+                ),
+                StepEnd(step="shipment", end=End(path=(S.FAILED_PERMANENT,)), effects=0),
+            ),
+            checks=(
+                "the payment UNKNOWN at the abort, nothing undone before it settled",
+                "the payment settled by a receipt before its undo",
+                "steps 2 then 1 compensated in that order",
+                "one effect and one undo each in the sandbox ledger",
+                "the task compensated: created, then cancelled",
             ),
         ),
     )

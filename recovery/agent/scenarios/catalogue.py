@@ -12,6 +12,8 @@ from recovery.agent.scenarios.order_payment_shipment import order_payment_shipme
 from recovery.agent.scenarios.play import Scenario
 from recovery.agent.scenarios.rate_limited_lookup import rate_limited_lookup
 from recovery.agent.scenarios.reply_lost_after_commit import reply_lost_after_commit
+from recovery.agent.scenarios.saga_cancel_refused import saga_cancel_refused
+from recovery.agent.scenarios.saga_compensated import saga_compensated
 from recovery.agent.scenarios.status_api_down import status_api_down
 
 SCENARIOS: dict[str, Scenario] = {
@@ -24,6 +26,8 @@ SCENARIOS: dict[str, Scenario] = {
         order_payment_shipment,
         grant_unknown_budget,
         needs_approval,
+        saga_compensated,
+        saga_cancel_refused,
         no_submission,
         status_api_down,
         dependency_5xx_storm,

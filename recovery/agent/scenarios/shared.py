@@ -8,6 +8,7 @@ product's models.
 from __future__ import annotations
 
 import itertools
+import time
 from datetime import datetime
 from typing import Any
 
@@ -108,3 +109,56 @@ def check_held_until_settled(
     play.check(f"{then} first admitted", settled, _first_admitted_at(held_call))
     play.check(f"{then} state", "COMMITTED", held_call["state"])
     return blocker_call, held_call
+
+
+# Sagas (SPEC §12): an order whose payment the provider refuses for good, and the abort that undoes what stands.
+
+SAGA_WAIT_S = 60  # how long a scenario waits for the console's worker to end an aborted saga
+SAGA_ENDS = ("done", "stopped")
+DECLINED = {"status": 402, "code": "card_declined"}  # the provider's final word: no retry pays it
+
+
+def order_payment_refused(play: Play, label: str) -> tuple[int, CallResult, CallResult, str]:
+    """A task whose order the agent creates for real and whose payment the provider refuses for good: (the task's
+    id, the order's result, the payment's, the order's id)."""
+    order_key, payment_key = play.key("order"), play.key("payment")
+    customer = f"C-{play.digits(1)}"
+    play.fault(route="/payments", key=payment_key, kind="error", **DECLINED)
+    task_id = play.start(f"order and pay for customer {customer} ({label})")
+    basket = {"customer_id": customer, "items": [{"sku": "demo-mug", "quantity": 1}]}
+    order = play.run_call("order", task_id, step=1, tool=play.tool("order.create"), key=order_key, arguments=basket)
+    order_id = (order.result or {}).get("order_id", "O-0")
+    amount = {"order_id": order_id, "amount_cents": (order.result or {}).get("total_cents", 1)}
+    payment = play.run_call(
+        "payment", task_id, step=2, depends_on=[1], tool=play.tool("payment.capture"), key=payment_key, arguments=amount
+    )
+    return task_id, order, payment, order_id
+
+
+def abort_saga(play: Play, task_id: int, reason: str) -> tuple[dict, dict]:
+    """Abort the task as a saga in console mode (the console's worker sends each undo), then poll
+    GET /tasks/{id}/compensation until it is done or stopped (or SAGA_WAIT_S passed): (the abort's answer, the
+    saga's last)."""
+    aborted = dict(play.client.compensate_task(task_id, executor="console", reason=reason))
+    play.log(f"  saga aborted ({aborted.get('executor')}): {aborted.get('saga')}")
+    deadline = time.monotonic() + SAGA_WAIT_S
+    saga = dict(play.client.task_compensation(task_id))
+    while saga.get("saga") not in SAGA_ENDS and time.monotonic() < deadline:
+        time.sleep(0.25)
+        saga = dict(play.client.task_compensation(task_id))
+    play.log(f"  saga {saga.get('saga')}: outcome {saga.get('outcome')}, stopped at {saga.get('stopped_at')}")
+    return aborted, saga
+
+
+def first_entry(call: dict) -> dict:
+    """The call's first compensation entry, as GET /calls/{id} answers it ({} when none was made)."""
+    return next((entry for entry in call.get("compensations", []) if entry["number"] == 1), {})
+
+
+def check_refused_payment(play: Play, order: CallResult, payment: CallResult, aborted: dict) -> None:
+    play.check("order", "COMMITTED", order.state)
+    play.check("payment refused for good", "FAILED_PERMANENT", payment.state)
+    play.check("payment requests answered", [DECLINED["status"]], [r["status"] for r in play.writes(payment.key)])
+    play.check(
+        "the abort", {"saga": "running", "executor": "console"}, {k: aborted.get(k) for k in ("saga", "executor")}
+    )

@@ -14,6 +14,7 @@ from recovery.drills.cases import (
     queue_backlog,
     rate_limit,
     refused_before_send,
+    saga_aborted,
     status_api_down,
     timeout_after_send,
     two_approvers,
@@ -35,5 +36,7 @@ CASES: dict[str, Callable[[Run], None]] = {
     "two-approvers": two_approvers.play,
     "compensation-reply-lost": compensation_reply_lost.play,
     "compensation-refused": compensation_refused.play,
+    "saga-aborted": saga_aborted.play,
+    "saga-aborted-unknown-step": saga_aborted.play_unknown_step,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"

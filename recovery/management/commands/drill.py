@@ -156,7 +156,10 @@ class Command(BaseCommand):
         for drill in DRILLS.values():
             self.stdout.write(f"{drill.slug:<20} {drill.name}: {drill.injected}")
             self.stdout.write(f"{'':<20} expected: {drill.expected_end}")
-            self.stdout.write(f"{'':<20} each call: {drill.describe_end()}; {drill.effects} effect(s) per key")
+            for step in drill.steps:
+                self.stdout.write(f"{'':<20} step {step.describe()}")
+            if not drill.steps:
+                self.stdout.write(f"{'':<20} each call: {drill.describe_end()}; {drill.effects} effect(s) per key")
             if drill.compensation is not None:
                 undo = drill.compensation
                 self.stdout.write(

@@ -149,8 +149,9 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"demo: {passed} of {len(results)} scenarios ended as pinned. Look at the queues: "
                 f"{url}/queues/unknown/ (UNKNOWN calls are settled by receipts within seconds) and "
-                f"{url}/queues/human-review/ (items "
-                f"waiting for a reviewer). Run the scenarios again with `python manage.py demo_agent`."
+                f"{url}/queues/human-review/ (items waiting for a reviewer) and "
+                f"{url}/queues/compensation-problems/ (an aborted saga whose cancel was refused). "
+                f"Run the scenarios again with `python manage.py demo_agent`."
             )
         except Exception:
             logger.exception("demo: the demo agent failed")
