@@ -13,11 +13,16 @@ SANDBOX_CALLBACK_SECRET_FOR_TESTS); `sandbox` resets it before each test. Point 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from recovery.sandbox.process import SandboxProcess
 
-__all__ = ["SandboxProcess", "sandbox", "sandbox_for_tests", "sandbox_process"]
+__all__ = ["SandboxProcess", "sandbox", "sandbox_for_tests", "sandbox_process", "sandbox_registry"]
+
+SHIPPED_REGISTRY = Path(__file__).resolve().parent.parent / "recovery" / "fixtures" / "registry.example.json"
 
 SANDBOX_API_KEY_FOR_TESTS = "sandbox-test-key"
 SANDBOX_CALLBACK_SECRET_FOR_TESTS = "sandbox-test-secret"
@@ -44,3 +49,16 @@ def sandbox(sandbox_process: SandboxProcess) -> SandboxProcess:
         sandbox_process.start()  # a test that stopped it must not take the rest of the session down
     sandbox_process.reset()
     return sandbox_process
+
+
+def sandbox_registry(sandbox_url: str, *, read_timeout_s: float = 2, max_checks: int = 3) -> dict:
+    """The shipped registry pointed at a sandbox process: short read timeouts, breakers that lost replies do not
+    open (these tests make many), and status checks due at once (`max_checks` of them before a person decides)."""
+    registry = json.loads(SHIPPED_REGISTRY.read_text())
+    registry["providers"][0]["base_url"] = sandbox_url
+    registry["providers"][0]["read_timeout_s"] = read_timeout_s
+    for tool in registry["tools"]:
+        tool["breaker"] = {"min_calls": 1000}
+        if "reconcile" in tool:
+            tool["reconcile"] = {"first_check_s": 0, "backoff": 1, "max_checks": max_checks, "deadline_s": 600}
+    return registry

@@ -63,6 +63,7 @@ from recovery.services.reconcile import reconcile_due
 from recovery.services.tasks import task_create
 from recovery.services.users import user_save_with_roles
 from tests.console import PASSWORD
+from tests.sandbox import sandbox_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -191,14 +192,7 @@ def fresh(call: Call) -> Call:
 
 
 def world_registry(sandbox_url: str, *, read_timeout_s: float = 2) -> dict:
-    registry = json.loads(REGISTRY.read_text())
-    registry["providers"][0]["base_url"] = sandbox_url
-    registry["providers"][0]["read_timeout_s"] = read_timeout_s
-    for tool in registry["tools"]:
-        tool["breaker"] = {"min_calls": 1000}  # lost replies count on the tool's breaker; these tests make many
-        if "reconcile" in tool:
-            tool["reconcile"] = {"first_check_s": 0, "backoff": 1, "max_checks": 3, "deadline_s": 600}
-    return registry
+    return sandbox_registry(sandbox_url, read_timeout_s=read_timeout_s)
 
 
 @pytest.fixture

@@ -4,9 +4,7 @@ is the judge (its ledger and request log) — never a count of our own rows alon
 
 from __future__ import annotations
 
-import json
 import threading
-from pathlib import Path
 
 import pytest
 import requests
@@ -30,10 +28,10 @@ from recovery.services.compensations import (
 from recovery.services.errors import ServiceError
 from recovery.services.tokens import token_create
 from recovery.transitions import IllegalTransition, TransitionConflict, transition_entry
+from tests.sandbox import sandbox_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REGISTRY = Path(__file__).resolve().parent.parent / "recovery" / "fixtures" / "registry.example.json"
 API_KEY, CALLBACK_SECRET = "sandbox-test-key", "sandbox-test-secret"
 ORDER = {"customer_id": "C-1042", "items": [{"sku": "SKU-1", "quantity": 2}]}
 E = EntryState
@@ -46,14 +44,7 @@ def world(sandbox, live_server, monkeypatch):
     """The shipped sandbox registry pointed at the sandbox process, with checks due at once."""
     monkeypatch.setenv("SANDBOX_API_KEY", API_KEY)
     monkeypatch.setenv("SANDBOX_CALLBACK_SECRET", CALLBACK_SECRET)
-    registry = json.loads(REGISTRY.read_text())
-    registry["providers"][0]["base_url"] = sandbox.url
-    registry["providers"][0]["read_timeout_s"] = 2
-    for tool in registry["tools"]:
-        tool["breaker"] = {"min_calls": 1000}
-        if "reconcile" in tool:
-            tool["reconcile"] = {"first_check_s": 0, "backoff": 1, "max_checks": 4, "deadline_s": 600}
-    load_registry(registry, actor=ACTOR)
+    load_registry(sandbox_registry(sandbox.url, max_checks=4), actor=ACTOR)
     _, token = token_create(name="runtime", tenants=["demo"], actor=ACTOR)
     return {"client": RecoveryClient(live_server.url, token), "sandbox": sandbox}
 

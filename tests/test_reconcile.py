@@ -7,7 +7,6 @@ import json
 import threading
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 import requests
@@ -24,10 +23,10 @@ from recovery.services.callbacks import sign
 from recovery.services.reconcile import claim_due, reconcile_due
 from recovery.services.sweeper import sweep_sent
 from recovery.services.tokens import token_create
+from tests.sandbox import sandbox_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REGISTRY = Path(__file__).resolve().parent.parent / "recovery" / "fixtures" / "registry.example.json"
 API_KEY, CALLBACK_SECRET = "sandbox-test-key", "sandbox-test-secret"
 REFUND = {"order_id": "O-8848", "amount_cents": 1250}
 _n = iter(range(1, 100_000))
@@ -38,14 +37,7 @@ def world(sandbox, live_server, monkeypatch):
     """The shipped sandbox registry pointed at the sandbox process, with a quick reconcile schedule."""
     monkeypatch.setenv("SANDBOX_API_KEY", API_KEY)
     monkeypatch.setenv("SANDBOX_CALLBACK_SECRET", CALLBACK_SECRET)
-    registry = json.loads(REGISTRY.read_text())
-    registry["providers"][0]["base_url"] = sandbox.url
-    registry["providers"][0]["read_timeout_s"] = 2
-    for tool in registry["tools"]:
-        tool["breaker"] = {"min_calls": 1000}  # lost replies count on the tool's breaker; these tests make many
-        if "reconcile" in tool:
-            tool["reconcile"] = {"first_check_s": 0, "backoff": 1, "max_checks": 3, "deadline_s": 600}
-    load_registry(registry, actor=Actor.system("tests"))
+    load_registry(sandbox_registry(sandbox.url, max_checks=3), actor=Actor.system("tests"))
     _, token = token_create(name="runtime", tenants=["demo"], actor=Actor.system("tests"))
     return {"client": RecoveryClient(live_server.url, token), "sandbox": sandbox, "url": live_server.url}
 

@@ -5,9 +5,6 @@ sends and reports it like any attempt). The sandbox's ledger and request times a
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
 import requests
 from django.utils import timezone
@@ -22,10 +19,10 @@ from recovery.services.compensations import compensation_check, compensation_sen
 from recovery.services.reconcile import reconcile_due
 from recovery.services.sagas import saga_advance
 from recovery.services.tokens import token_create
+from tests.sandbox import sandbox_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-REGISTRY = Path(__file__).resolve().parent.parent / "recovery" / "fixtures" / "registry.example.json"
 API_KEY, CALLBACK_SECRET = "sandbox-test-key", "sandbox-test-secret"
 ACTOR = Actor.system("tests")
 _n = iter(range(1, 100_000))
@@ -48,14 +45,7 @@ def world(sandbox, live_server, monkeypatch, settings):
     monkeypatch.setattr(inprocess, "_runner", _Held())
     monkeypatch.setenv("SANDBOX_API_KEY", API_KEY)
     monkeypatch.setenv("SANDBOX_CALLBACK_SECRET", CALLBACK_SECRET)
-    registry = json.loads(REGISTRY.read_text())
-    registry["providers"][0]["base_url"] = sandbox.url
-    registry["providers"][0]["read_timeout_s"] = 2
-    for tool in registry["tools"]:
-        tool["breaker"] = {"min_calls": 1000}
-        if "reconcile" in tool:
-            tool["reconcile"] = {"first_check_s": 0, "backoff": 1, "max_checks": 4, "deadline_s": 600}
-    load_registry(registry, actor=ACTOR)
+    load_registry(sandbox_registry(sandbox.url, max_checks=4), actor=ACTOR)
     _, token = token_create(name="runtime", tenants=["demo"], actor=ACTOR)
     return {"client": RecoveryClient(live_server.url, token), "sandbox": sandbox}
 
@@ -100,6 +90,16 @@ def _three_steps(world, *, payment_fault=None) -> tuple[int, int, int, int]:
     return task.id, order, payment, shipment
 
 
+def _work(task_id: int, rounds: int = 6) -> None:
+    """What the jobs do for a console saga, run here one after the other: advance it, send what is pending, run
+    the reconcile schedule's share (resends and checks)."""
+    for _ in range(rounds):
+        saga_advance(task_id)
+        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
+            compensation_send(entry.pk, worker="w1")
+        compensations_run_due(worker="w1")
+
+
 def _undo_posts(sandbox) -> list[dict]:
     return [r for r in sandbox.requests() if r["method"] == "POST" and ".compensation-" in (r["key"] or "")]
 
@@ -113,11 +113,7 @@ def test_an_aborted_saga_undoes_its_committed_steps_in_reverse_order_by_the_cons
     saga = client.compensate_task(task_id, executor="console", reason="the shipment was refused for good")
 
     assert (saga["saga"], saga["executor"]) == ("running", "console")
-    for _ in range(6):  # what the jobs do: advance the saga, send each entry (run here, one after the other)
-        saga_advance(task_id)
-        compensations_run_due(worker="w1")
-        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
-            compensation_send(entry.pk, worker="w1")
+    _work(task_id)
     done = client.task_compensation(task_id)
     assert (done["saga"], done["outcome"], done["next"]) == ("done", "compensated", None)
     assert [Call.objects.get(pk=c).state for c in (order, payment)] == ["COMPENSATED", "COMPENSATED"]
@@ -173,10 +169,7 @@ def test_a_step_still_unknown_at_the_abort_is_settled_first_then_undone(world):
     Call.objects.filter(pk=payment).update(next_check_at=timezone.now())  # due now, not in 3 s
     reconcile_due(worker="w1")  # the receipt: the payment did commit
     assert Call.objects.get(pk=payment).state == "COMMITTED"
-    for _ in range(6):
-        saga_advance(task_id)
-        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
-            compensation_send(entry.pk, worker="w1")
+    _work(task_id)
     assert client.task_compensation(task_id)["saga"] == "done"
     assert [Call.objects.get(pk=c).state for c in (order, payment)] == ["COMPENSATED", "COMPENSATED"]
 
@@ -188,10 +181,7 @@ def test_a_refused_undo_stops_the_chain_there_for_a_person(world):
     sandbox.fault(route=f"/orders/{order_ref}/cancel", kind="error", status=409, code="not_cancellable")
 
     client.compensate_task(task_id)
-    for _ in range(6):
-        saga_advance(task_id)
-        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
-            compensation_send(entry.pk, worker="w1")
+    _work(task_id)
 
     saga = client.task_compensation(task_id)
     assert (saga["saga"], saga["stopped_at"]) == ("stopped", order)
@@ -301,10 +291,7 @@ def test_the_task_summary_names_what_became_of_each_step(world):
         code="not_cancellable",
     )
     client.compensate_task(task_id)
-    for _ in range(6):
-        saga_advance(task_id)
-        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
-            compensation_send(entry.pk, worker="w1")
+    _work(task_id)
 
     summary = client.get_task(task_id)
 
@@ -322,10 +309,7 @@ def test_the_task_page_says_the_saga_stopped_and_why(world, client, console_peop
         code="not_cancellable",
     )
     world["client"].compensate_task(task_id)
-    for _ in range(6):
-        saga_advance(task_id)
-        for entry in CompensationEntry.objects.filter(call__task_id=task_id, state="pending"):
-            compensation_send(entry.pk, worker="w1")
+    _work(task_id)
     client.force_login(console_people["viewer"])
 
     page = client.get(f"/tasks/{task_id}/").content.decode()
