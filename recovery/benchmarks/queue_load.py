@@ -214,14 +214,14 @@ def _task_lines(layout: _Layout, first_id: int, tenant_ids: list[int], rng: rand
         yield (
             f"{task_id}\t{tenant_ids[layout.tenant[k]]}\trun-{task_id}\tagent-{k % 12}\t{goals[k % 4]}\t{status}\t"
             f"{outcome}\tf\t{budget}\t12\t{deadline}\t200000\t{rounds}\t{rounds * 1800}\t0\t{submission}\t{N}\t"
-            f"{created}\t{updated}\t{closed}\n"
+            f"{created}\t{updated}\t{closed}\t\t\t{N}\n"  # no saga: "", "", NULL
         )
 
 
 TASK_COLUMNS = (
     "id", "tenant_id", "external_id", "agent", "goal", "status", "outcome", "no_submission", "budget", "max_rounds",
     "deadline", "token_budget", "rounds_used", "tokens_used", "write_retries_used", "submission",
-    "created_by_token_id", "created_at", "updated_at", "closed_at",
+    "created_by_token_id", "created_at", "updated_at", "closed_at", "saga", "saga_executor", "saga_requested_at",
 )  # fmt: skip
 
 
