@@ -196,6 +196,15 @@ def plan_hash(data: dict) -> str:
     return canonical_digest(stable)
 
 
+def _forbidden(call: Call, facts: CallFacts) -> list[dict]:
+    """The actions a reviewer could not take on the call now, with why (what every plan lists)."""
+    return [
+        {"action": option.name, "reason": option.reason}
+        for option in options_for(call, facts, perms={REVIEW_PERMISSION}, held_by="")
+        if not option.allowed
+    ]
+
+
 def approval_needed(action: Action) -> str:
     if action.write or not settings.RECOVERY_READ_ACTIONS_ONE_CONFIRMATION:
         return SECOND_PERSON
@@ -219,11 +228,7 @@ def build_plan(call: Call, action_name: str, *, facts: CallFacts, evidence: dict
         _side_effect_budget(call, policy, action),
         _key_retention(call, facts, action, now),
     ]
-    forbidden = [
-        {"action": option.name, "reason": option.reason}
-        for option in options_for(call, facts, perms={REVIEW_PERMISSION}, held_by="")
-        if not option.allowed
-    ]
+    forbidden = _forbidden(call, facts)
     data = {
         "action": action.name,
         "label": action.label,
@@ -498,11 +503,7 @@ def _compensation_plan(call: Call, action: Action, *, facts: CallFacts, evidence
         ),
         _check("key_retention", True, f"its own key {entry.idempotency_key}, new to the provider"),
     ]
-    forbidden = [
-        {"action": option.name, "reason": option.reason}
-        for option in options_for(call, facts, perms={REVIEW_PERMISSION}, held_by="")
-        if not option.allowed
-    ]
+    forbidden = _forbidden(call, facts)
     data = {
         "action": action.name,
         "label": action.label,

@@ -106,7 +106,7 @@ def _fill(template: Any, values: dict, path: str, missing: list[FieldError]) -> 
     if missing:
         return None
     if template.startswith("{") and template.endswith("}") and len(names) == 1 and template == f"{{{names[0]}}}":
-        return found[names[0]]  # one whole placeholder keeps its JSON type ("{amount_cents}" stays a number)
+        return found[names[0]]  # a template that is one whole field keeps its JSON type ("{amount_cents}": a number)
     text = template
     for name, value in found.items():
         text = text.replace(f"{{{name}}}", str(value))
