@@ -5,7 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 from recovery.agent.scenarios.play import Play, scenario
 
-DEADLINE_S = 2  # the task's deadline, from its start: the agent stops and outlives it
+DEADLINE_S = 6  # the task's deadline, from its start: the agent stops and outlives it (room for a busy machine)
 
 
 @scenario(
@@ -26,11 +26,16 @@ def no_submission(play: Play) -> None:
     lookup = play.tool("order.lookup_replica")
     play.run_call("lookup", task_id, step=1, tool=lookup, key=key, arguments={"order_id": order_id})
     before = play.client.get_task(task_id).raw
+    # Read after the deadline only on a machine too busy to make one lookup in DEADLINE_S.
+    read_late = datetime.now(UTC) >= deadline
     play.log("  the agent stops here: no submission, no abandon")
     time.sleep(max(0.0, (deadline - datetime.now(UTC)).total_seconds()) + 0.5)
     after = play.client.get_task(task_id).raw
 
-    play.check("flagged before the deadline", False, before["no_submission"])
+    if read_late:
+        play.log("  (the first read came after the deadline on a busy machine: its flag is not checked)")
+    else:
+        play.check("flagged before the deadline", False, before["no_submission"])
     play.check("flagged after the deadline", True, after["no_submission"])
     play.check("task status", "open", after["status"])
     play.check("task outcome", None, after["outcome"])
