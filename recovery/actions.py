@@ -156,6 +156,30 @@ MARK_COMPENSATION_FAILED = Action(
     permission=REVIEW_PERMISSION,
     does="records, with evidence, that the compensation in review never executed (the call ends COMPENSATION_FAILED)",
 )
+PROBE_DUPLICATE = Action(
+    name="probe_duplicate",
+    label="Run a duplicate probe",
+    target=None,  # a probe is a receipt of its own: it moves no call, it sets the tool's retry path
+    sources=frozenset({S.COMMITTED}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does=(
+        "replays this committed call once with its original key on a test tenant and reads the provider's ledger "
+        "for the key: one effect proves the tool's retry path safe, a second effect or a new business id unsafe"
+    ),
+)
+RESTORE_RETRY_PATH = Action(
+    name="restore_retry_path",
+    label="Turn the retry path back on",
+    target=None,  # moves no call: the tool's retry path goes from unsafe back to safe
+    sources=frozenset({S.COMMITTED}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does=(
+        "sets this tool's retry path back to safe with your reason (after the provider was fixed), without a "
+        "new probe: same-key replays of the tool are admitted again"
+    ),
+)
 _COMPENSATIONS = (START_COMPENSATION, APPROVE_NEW_COMPENSATION)
 _ENTRY_SETTLES = (MARK_COMPENSATION_COMMITTED, MARK_COMPENSATION_FAILED)
 
@@ -171,6 +195,8 @@ ACTIONS: tuple[Action, ...] = (
     APPROVE_NEW_COMPENSATION,
     MARK_COMPENSATION_COMMITTED,
     MARK_COMPENSATION_FAILED,
+    PROBE_DUPLICATE,
+    RESTORE_RETRY_PATH,
 )
 
 
@@ -202,6 +228,8 @@ def _state_reason(action: Action, state: CallState) -> str:
         if action is APPROVE_NEW_COMPENSATION and state == S.COMMITTED:
             return "no compensation has been tried yet: start one"
         return f"only a committed effect is compensated; this call is {state}"
+    if action in (PROBE_DUPLICATE, RESTORE_RETRY_PATH):
+        return f"only a COMMITTED call (the effect a probe replays) is probed; this one is {state}"
     if state == S.COMMITTED and action is not RECONCILE_NOW:
         return "the call is COMMITTED: the effect exists and the call is never admitted or settled again"
     if state in _UNSETTLED:
@@ -244,8 +272,21 @@ def _policy_reason(
     duplicate_effect: bool,
     has_compensation: bool = True,
     compensation_in_review: bool = False,
+    sandbox_tenant: bool = False,
+    retry_path: str = "unprobed",
 ) -> str:
     """Why the call's own facts forbid an action its state allows; "" when nothing does."""
+    if action in (PROBE_DUPLICATE, RESTORE_RETRY_PATH) and side_effect != "write":
+        return "a read has no effect a provider could duplicate: its retry path needs no proof"
+    if action is PROBE_DUPLICATE:
+        if not sandbox_tenant:
+            return "duplicate probes run on sandbox (test) tenants only: a probe makes a real second request"
+        if not has_status_api:
+            return "the tool has no status API: the provider's ledger cannot be read, so a probe would prove nothing"
+        if key_expired:
+            return "the provider no longer keeps this idempotency key: a replay would be a new operation"
+    if action is RESTORE_RETRY_PATH and retry_path != "unsafe":
+        return f"the tool's retry path is {retry_path}, not unsafe: there is nothing to turn back on"
     if action in _COMPENSATIONS and not has_compensation:
         return "the tool declares no compensation in the registry: settle the effect by hand"
     if action in _ENTRY_SETTLES and not compensation_in_review:
@@ -256,7 +297,10 @@ def _policy_reason(
         if duplicate_effect:
             return "the provider already reports more effects than allowed for this key: never replay it"
         if not retry_path_safe:
-            return "replay is switched off for this tool: a duplicate probe saw a second effect (an admin resets it)"
+            return (
+                "replay is switched off for this tool: a duplicate probe saw a second effect for one key (a new "
+                "passing probe or an approved action turns it back on)"
+            )
         if key_expired:
             return "the provider no longer keeps this idempotency key: a replay would not be deduplicated"
     return ""
@@ -273,6 +317,8 @@ def actions_for(
     duplicate_effect: bool = False,
     has_compensation: bool = True,
     compensation_in_review: bool = False,
+    sandbox_tenant: bool = False,
+    retry_path: str = "unprobed",
     held_by: str = "",
 ) -> list[ActionOption]:
     """Every action for a call in `state`, as `perms` (the person's permissions) may take it now.
@@ -280,8 +326,9 @@ def actions_for(
     The call's facts: `side_effect` (read/write), `has_status_api` (its tool can be asked), `key_expired` (the
     provider's key retention has passed), `retry_path_safe` (no duplicate probe saw a second effect),
     `duplicate_effect` (a receipt saw more effects than allowed), `has_compensation` (its tool declares one),
-    `compensation_in_review` (its open compensation entry waits for a person), `held_by` (another person's live
-    claim on it).
+    `compensation_in_review` (its open compensation entry waits for a person), `sandbox_tenant` (its tenant is a
+    test tenant: duplicate probes allowed), `retry_path` (its tool's: unprobed, safe, unsafe), `held_by` (another
+    person's live claim on it).
     The first reason that applies is given: the state table, then the call's facts, then the claim, then the role.
     """
     current = CallState(state)
@@ -296,6 +343,8 @@ def actions_for(
             duplicate_effect=duplicate_effect,
             has_compensation=has_compensation,
             compensation_in_review=compensation_in_review,
+            sandbox_tenant=sandbox_tenant,
+            retry_path=retry_path,
         )
         if not reason and held_by:
             reason = f"{held_by} holds the claim on this call: they work it until the claim ends"

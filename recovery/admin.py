@@ -150,8 +150,8 @@ class ProviderAdmin(RegistryAdmin):
 @admin.register(models.Tool)
 class ToolAdmin(RegistryAdmin):
     form = ToolForm
-    list_display = ["name", "provider", "side_effect", "risk", "replay_safe", "retry_path_safe"]
-    list_filter = ["side_effect", "risk", "replay_safe", "retry_path_safe", "provider"]
+    list_display = ["name", "provider", "side_effect", "risk", "replay_safe", "retry_path"]
+    list_filter = ["side_effect", "risk", "replay_safe", "retry_path", "provider"]
     search_fields = ["name"]
     filter_horizontal = ["alternates"]
     readonly_fields = ["created_at", "updated_at"]

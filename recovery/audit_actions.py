@@ -15,10 +15,14 @@ class AuditAction(StrEnum):
     CALL_TRANSITION = "call.transition"
     CALL_CLAIMED = "call.claimed"
     CALL_RELEASED = "call.released"
+    CALL_REPLAYED = "call.replayed"  # replay reconciliation sent its one same-key replay (SPEC §10.1)
     # a compensation ledger entry (SPEC §12): made, moved by recovery.transitions.transition_entry, checked
     COMPENSATION_STARTED = "compensation.started"
     COMPENSATION_TRANSITION = "compensation.transition"
     COMPENSATION_CHECKED = "compensation.checked"
+    # a duplicate probe's receipt (SPEC §11), and a tool's retry path set by it, by an approved action or voided
+    PROBE_RECORDED = "probe.recorded"
+    RETRY_PATH_CHANGED = "tool.retry_path"
     # a task
     TASK_CREATED = "task.created"
     TASK_SUBMITTED = "task.submitted"

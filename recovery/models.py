@@ -37,6 +37,12 @@ class SideEffect(models.TextChoices):
     WRITE = "write"  # changes the world: money, orders, access, messages
 
 
+class RetryPath(models.TextChoices):
+    UNPROBED = "unprobed"  # no duplicate probe yet: never counted as safe
+    SAFE = "safe"  # a probe saw an idempotent replay with one effect
+    UNSAFE = "unsafe"  # a probe saw a second effect, a new business id, or a key the provider did not know
+
+
 class Risk(models.TextChoices):
     LOW = "low"
     HIGH = "high"  # payments, deletes, admin writes: never swapped silently, reviewed first
@@ -85,8 +91,17 @@ class Tool(models.Model):
     side_effect = models.CharField(max_length=8, choices=SideEffect.choices)
     risk = models.CharField(max_length=8, choices=Risk.choices, default=Risk.LOW)
     replay_safe = models.BooleanField(default=False, help_text="A same-key replay cannot cause a second effect.")
-    # Switched off when a duplicate probe observes a second effect; only an admin turns it back on (SPEC §11).
-    retry_path_safe = models.BooleanField(default=True)
+    # From the latest duplicate probe (SPEC §11): unprobed until one ran; unsafe switches every same-key replay of
+    # the tool off; only a new passing probe or an approved action turns it back on. The registry load never resets
+    # it, but a change of the provider's base URL voids it (back to unprobed: the probe proved another provider).
+    retry_path = models.CharField(max_length=8, choices=RetryPath.choices, default=RetryPath.UNPROBED)
+    retry_path_probe = models.ForeignKey(
+        "DuplicateProbe", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    retry_path_key_age_s = models.PositiveIntegerField(null=True, blank=True)  # the key age the safe probe covered
+    retry_path_base_url = models.URLField(max_length=500, blank=True)  # the provider's, when probed
+    retry_path_changed_at = models.DateTimeField(null=True, blank=True)
+    retry_path_reason = models.TextField(blank=True)  # the probe's decision, or the approved action's reason
     provider_ref_field = models.CharField(max_length=100, blank=True)
     request = models.JSONField(default=dict, blank=True)  # {method, path, body}: replays, probes, dry runs
     args_schema = models.JSONField(default=dict, blank=True)
@@ -100,6 +115,7 @@ class Tool(models.Model):
     alternates = models.ManyToManyField("self", symmetrical=False, blank=True, related_name="alternate_of")
     outcome_timeout_s = models.PositiveIntegerField(default=30)
     key_retention_s = models.PositiveIntegerField(default=86_400)
+    key_retention_declared = models.BooleanField(default=False)  # the registry entry names it (replay reconciliation)
     status_query = models.JSONField(default=dict, blank=True)  # {method, path, status_map}
     reconcile = models.JSONField(default=dict, blank=True)  # {first_check_s, backoff, max_checks, deadline_s}
     compensation = models.JSONField(default=dict, blank=True)  # {tool, args}
@@ -238,6 +254,9 @@ class Call(models.Model):
     claim_until = models.DateTimeField(null=True, blank=True)
     effects_observed = models.PositiveIntegerField(null=True, blank=True)
     duplicate_effect = models.BooleanField(default=False)
+    # Replay reconciliation (SPEC §10.1): set by a conditional UPDATE before the one same-key replay is sent, so a
+    # call is replayed by reconciliation at most once, whatever happens to the worker or its lease.
+    replay_reconciled_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -427,6 +446,7 @@ class ReceiptSource(models.TextChoices):
     CALLBACK = "callback"  # a signed provider callback
     RUNTIME = "runtime"  # the runtime's own 2xx with a provider reference (an idempotency record)
     OPERATOR = "operator"  # evidence entered by a person with an approved action
+    IDEMPOTENT_REPLAY = "idempotent_replay"  # replay reconciliation: the provider's idempotency record answered
 
 
 class Receipt(models.Model):
@@ -434,7 +454,7 @@ class Receipt(models.Model):
 
     call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="receipts")
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="receipts")
-    source = models.CharField(max_length=16, choices=ReceiptSource.choices)
+    source = models.CharField(max_length=24, choices=ReceiptSource.choices)
     observed = models.CharField(max_length=16, choices=_choices(Observation))
     provider_status = models.CharField(max_length=64, blank=True)
     provider_ref = models.CharField(max_length=255, blank=True)
@@ -463,6 +483,47 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"receipt {self.pk}: {self.observed}"
+
+
+class ProbeDecision(models.TextChoices):
+    SAFE = "retry_path_safe"
+    UNSAFE = "retry_path_unsafe"
+    INCONCLUSIVE = "inconclusive"  # the provider's ledger could not be read: the retry path is left as it was
+
+
+class DuplicateProbe(models.Model):
+    """A duplicate probe (SPEC §11): a COMMITTED call replayed with its original key on a test tenant, and what the
+    provider's own ledger said about the key afterwards. A receipt of its own: never an attempt, it moves no call.
+    """
+
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="duplicate_probes")
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="duplicate_probes")
+    action = models.ForeignKey("ActionRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    idempotency_key = models.CharField(max_length=255)
+    key_age_s = models.PositiveIntegerField()  # how old the key was when probed: what a safe probe covers
+    provider_base_url = models.URLField(max_length=500)
+    first = models.CharField(max_length=32)  # the call's state: COMMITTED
+    second = models.CharField(max_length=32)  # idempotent_replay, new_effect, new_business_id, key_unknown, ...
+    http_status = models.PositiveIntegerField(null=True, blank=True)
+    first_business_id = models.CharField(max_length=255, blank=True)
+    second_business_id = models.CharField(max_length=255, blank=True)
+    expected_effects = models.PositiveIntegerField(default=1)
+    observed_effects = models.PositiveIntegerField(null=True, blank=True)
+    downstream_audit = models.CharField(max_length=32)  # one_effect, second_effect, key_missing, unreadable
+    decision = models.CharField(max_length=24, choices=ProbeDecision.choices)
+    detail = models.TextField()
+    request = models.JSONField(default=dict, blank=True)  # the replay and the ledger query, secrets masked
+    response = models.JSONField(default=dict, blank=True)  # both answers, redacted
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["tool", "created_at"], name="probe_tool_idx"),
+            models.Index(fields=["call", "created_at"], name="probe_call_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"probe {self.pk} of {self.idempotency_key}: {self.decision}"
 
 
 class ActorKind(models.TextChoices):
@@ -793,7 +854,7 @@ class CompensationReceipt(models.Model):
     """What one check of a compensation observed (a status query by its key, or an operator's evidence)."""
 
     entry = models.ForeignKey(CompensationEntry, on_delete=models.PROTECT, related_name="receipts")
-    source = models.CharField(max_length=16, choices=ReceiptSource.choices)
+    source = models.CharField(max_length=24, choices=ReceiptSource.choices)
     observed = models.CharField(max_length=16, choices=_choices(Observation))
     provider_status = models.CharField(max_length=64, blank=True)
     provider_ref = models.CharField(max_length=255, blank=True)

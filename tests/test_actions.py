@@ -27,6 +27,8 @@ NAMES = [
     "approve_new_compensation",
     "mark_compensation_committed",
     "mark_compensation_failed",
+    "probe_duplicate",
+    "restore_retry_path",
 ]
 
 # What a reviewer may do on a write call, state by state (SPEC §8's edges, narrowed by §15.4).
@@ -155,3 +157,28 @@ def test_a_colleagues_claim_holds_every_action_back():
 def test_an_unknown_state_name_is_an_error():
     with pytest.raises(ValueError):
         actions_for("NOT_A_STATE", perms=REVIEWER_PERMS, side_effect="write")
+
+
+def test_a_duplicate_probe_is_offered_on_a_committed_write_of_a_test_tenant_only():
+    def probe(**facts):
+        return _by_name(actions_for(S.COMMITTED, perms=REVIEWER_PERMS, side_effect="write", **facts))["probe_duplicate"]
+
+    assert probe(sandbox_tenant=True).allowed
+    assert "sandbox (test) tenants only" in probe(sandbox_tenant=False).reason
+    assert "no status API" in probe(sandbox_tenant=True, has_status_api=False).reason
+    assert "no longer keeps this idempotency key" in probe(sandbox_tenant=True, key_expired=True).reason
+    read = _by_name(actions_for(S.COMMITTED, perms=REVIEWER_PERMS, side_effect="read", sandbox_tenant=True))
+    assert "a read has no effect" in read["probe_duplicate"].reason
+    unknown = _by_name(actions_for(S.UNKNOWN, perms=REVIEWER_PERMS, side_effect="write", sandbox_tenant=True))
+    assert "only a COMMITTED call" in unknown["probe_duplicate"].reason
+    assert probe(sandbox_tenant=True).write  # a second person approves it: it makes a real request
+
+
+def test_the_retry_path_is_turned_back_on_only_where_a_probe_turned_it_off():
+    def restore(path):
+        options = actions_for(S.COMMITTED, perms=REVIEWER_PERMS, side_effect="write", retry_path=path)
+        return _by_name(options)["restore_retry_path"]
+
+    assert restore("unsafe").allowed and restore("unsafe").write
+    assert "is safe, not unsafe" in restore("safe").reason
+    assert "is unprobed, not unsafe" in restore("unprobed").reason

@@ -193,8 +193,12 @@ def test_it_states_every_tools_retry_path_safety(people, registry):
         name="order.create", provider=provider, side_effect="write", replay_safe=True, fallback="order.queue"
     )
     probed = Tool.objects.create(
-        name="grant.create", provider=provider, side_effect="write", replay_safe=True, retry_path_safe=False
+        name="grant.create", provider=provider, side_effect="write", replay_safe=True, retry_path="unsafe"
     )
+    proved = Tool.objects.create(
+        name="refund.replica", provider=provider, side_effect="write", replay_safe=True, retry_path="safe",
+        retry_path_key_age_s=120,
+    )  # fmt: skip
     search = Tool.objects.create(name="order.search", provider=provider, side_effect="read")
     registry["lookup"].alternates.add(search)
 
@@ -205,12 +209,16 @@ def test_it_states_every_tools_retry_path_safety(people, registry):
     assert "status API: GET /refunds/by-key/{idempotency_key}" in refund_row
     assert "3 attempts; 1 write retry" in refund_row and "1 d" in refund_row
     assert "none: a degraded call stops" in refund_row
-    assert 'data-safe="yes"' in body.split(f'id="retry-{keyed.pk}"', 1)[1][:40]
-    assert "replay-safe: the provider answers a same-key replay" in row(body, f'id="retry-{keyed.pk}"')
+    assert 'data-safe="no"' in body.split(f'id="retry-{keyed.pk}"', 1)[1][:40]  # no probe has proved it
+    assert "replay-safe by the registry, not proved: no duplicate probe has run" in row(body, f'id="retry-{keyed.pk}"')
+    assert 'data-safe="yes"' in body.split(f'id="retry-{proved.pk}"', 1)[1][:40]
+    assert "proved replay-safe: a duplicate probe saw an idempotent replay with one effect (keys up to 120 s old)" in (
+        row(body, f'id="retry-{proved.pk}"')
+    )
     assert "order.queue" in row(body, f'id="retry-{keyed.pk}"')
     assert "no status API: an unknown outcome goes to human review" in row(body, f'id="retry-{keyed.pk}"')
     probed_row = row(body, f'id="retry-{probed.pk}"')
-    assert "unsafe: a duplicate probe saw a second effect" in probed_row and "not safe" in probed_row
+    assert "unsafe: a duplicate probe saw the provider ignore the key" in probed_row and "not safe" in probed_row
     lookup_row = row(body, f'id="retry-{registry["lookup"].pk}"')
     assert "safe: a read: repeating it changes nothing" in lookup_row and "order.search" in lookup_row
     assert "an accepted alternate may replace it" in lookup_row

@@ -305,7 +305,7 @@ def test_it_allows_a_replay_of_a_write_only_when_the_registry_says_so():
     unknown = after_send("read_timeout")
     safe = replace(REFUND, replay_safe=True)
     assert classify(unknown, safe, CTX).failure.replay_safe is True
-    assert classify(unknown, replace(safe, retry_path_safe=False), CTX).failure.replay_safe is False
+    assert classify(unknown, replace(safe, retry_path="unsafe"), CTX).failure.replay_safe is False
     assert classify(unknown, REFUND, CTX).failure.replay_safe is False
 
 

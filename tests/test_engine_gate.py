@@ -118,7 +118,7 @@ def checked(decision) -> list[tuple[str, bool]]:
     return [(c.name, c.passed) for c in decision.checks]
 
 
-ALL_CHECKS = ["state", "preflight", "dependencies", "budgets", "evidence", "key_retention", "breaker"]
+ALL_CHECKS = ["state", "preflight", "dependencies", "budgets", "evidence", "key_retention", "retry_path", "breaker"]
 
 
 # --- the happy paths ------------------------------------------------------------------------------------------------

@@ -174,13 +174,29 @@ def test_a_setting_removed_from_the_file_returns_to_its_default(loaded, actor):
 
 
 def test_a_reload_never_turns_a_tools_retry_path_back_on(loaded, actor):
-    Tool.objects.filter(name="refund.create").update(retry_path_safe=False)  # a duplicate probe saw two effects
+    Tool.objects.filter(name="refund.create").update(retry_path="unsafe")  # a duplicate probe saw two effects
     data = example()
     tool_of(data, "refund.create")["budgets"]["max_attempts"] = 4
 
     load_registry(data, actor=actor)
 
-    assert Tool.objects.get(name="refund.create").retry_path_safe is False
+    assert Tool.objects.get(name="refund.create").retry_path == "unsafe"
+
+
+def test_a_new_provider_base_url_voids_its_tools_probes_and_nothing_else(loaded, actor):
+    Tool.objects.filter(name="refund.create").update(retry_path="safe", retry_path_key_age_s=60)
+    Tool.objects.filter(name="order.create").update(retry_path="unsafe")
+    data = example()
+    load_registry(data, actor=actor)  # the same file: nothing changes
+    assert Tool.objects.get(name="refund.create").retry_path == "safe"
+
+    data["providers"][0]["base_url"] = "http://127.0.0.1:9999"
+    load_registry(data, actor=actor)
+
+    refund, order = Tool.objects.get(name="refund.create"), Tool.objects.get(name="order.create")
+    assert (refund.retry_path, refund.retry_path_key_age_s) == ("unprobed", None)
+    assert order.retry_path == "unprobed"
+    assert "base URL changed from http://127.0.0.1:8001 to http://127.0.0.1:9999" in refund.retry_path_reason
 
 
 def test_tenant_tool_lists_and_alternates_follow_the_file(loaded, actor):

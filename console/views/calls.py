@@ -24,7 +24,7 @@ from django.views.decorators.http import require_GET
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
 from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page
 from recovery.actions import actions_for
-from recovery.models import Call, Observation
+from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallStatus, call_page, call_status
@@ -68,11 +68,13 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         side_effect=current.side_effect,
         has_status_api=bool(tool.status_query),
         key_expired=page.status.key.expired,
-        retry_path_safe=tool.retry_path_safe,
+        retry_path_safe=tool.retry_path != RetryPath.UNSAFE,
         duplicate_effect=current.duplicate_effect,
         has_compensation=isinstance(tool.compensation, dict) and bool(tool.compensation.get("tool")),
         compensation_in_review=current.state == "COMPENSATING"
         and current.compensations.filter(state="review").exists(),
+        sandbox_tenant=current.task.tenant.sandbox,
+        retry_path=tool.retry_path,
         held_by=held_by,
     )
     diagnostic_refs = {d.pk: d.ref for d in page.diagnostics}

@@ -2,7 +2,7 @@
 
 Every attempt, the first included, passes these checks in this order, and the first that fails answers:
 
-    state -> preflight -> dependencies -> budgets -> evidence -> key_retention -> breaker
+    state -> preflight -> dependencies -> budgets -> evidence -> key_retention -> retry_path -> breaker
 
 The breaker is last so that an attempt denied for any other reason never uses up a half-open probe. Each check is
 recorded (GateDecision.checks) so the console can show why an answer was given. An attempt after the first needs
@@ -11,6 +11,11 @@ latest receipt, approvals, the server clock), never from what the runtime says a
 
 Two guards use the fingerprint: no progress (after a non-transient failure the same fingerprint is not admitted
 on time alone) and duplicate intent (duplicate_intent(), used when a call is added).
+
+The retry path (SPEC §11) guards same-key replays of a write whose earlier request may have taken effect: a tool a
+duplicate probe found unsafe replays nothing (an attempt that provably was not sent is not a replay), and the replay
+reconciliation of SPEC §10.1 — claimed by trusted code alone, as `replay_reconcile` — needs a safe probe that covered
+a key as old as this one, and a key younger than the provider's retention minus a margin.
 """
 
 from __future__ import annotations
@@ -37,11 +42,16 @@ from recovery.engine.types import (
     INVALID_RESULT,
     OPEN,
     OUTCOME_UNKNOWN,
+    REPLAY_MARGIN_S,
+    REPLAY_RECONCILE,
+    SAFE,
     STATE_VERIFIED,
     TIME_ELAPSED,
     TOOL_CHANGED,
     TRANSIENT,
+    UNPROBED,
     UNRECOVERABLE,
+    UNSAFE,
     WRITE,
     Budgets,
     CallView,
@@ -68,7 +78,7 @@ _SETTLING = frozenset({UNKNOWN, STILL_UNKNOWN, ACCEPTED, SENT})
 # validation rejection, a request that never left).
 NOTHING_EXECUTED = frozenset({"not_sent", "not_executed"})
 
-_STEPS = ("state", "preflight", "dependencies", "budgets", "evidence", "key_retention", "breaker")
+_STEPS = ("state", "preflight", "dependencies", "budgets", "evidence", "key_retention", "retry_path", "breaker")
 
 # What the runtime sees: fixed text per reason, never provider text or anything the runtime sent.
 MESSAGES = {
@@ -97,6 +107,11 @@ MESSAGES = {
     "key_expired": "The provider no longer remembers this call's idempotency key; a replay would be a new "
     "operation and needs a person's approval.",
     "breaker_open": "This tool is failing and temporarily blocked; use the fallback instead of retrying.",
+    "retry_path_unsafe": "This provider was seen to ignore idempotency keys: a same-key replay could repeat the "
+    "effect, so it is not made. A person settles this call.",
+    "retry_path_unprobed": "No duplicate probe has proved that this provider deduplicates by key: reconciliation "
+    "does not replay it.",
+    "replay_key_too_old": "This call's key is older than a replay may rely on: reconciliation does not replay it.",
 }
 
 
@@ -198,6 +213,8 @@ def _check_state(call: CallView, candidate: Candidate, context: GateContext) -> 
     if state in UNSETTLED:
         if context.approval_available:
             return _pass("state", f"{state}: an approved same-key replay")
+        if REPLAY_RECONCILE in candidate.evidence and context.status_unavailable:
+            return _pass("state", f"{state}: replay reconciliation, the status query cannot answer")
         return _deny("state", "outcome_unknown", f"{state}: only an approved replay", "wait_for_reconcile")
     if state == HUMAN_REVIEW:
         if context.approval_available:
@@ -343,7 +360,9 @@ def _acceptable(
     call: CallView, previous: PreviousAttempt | None, context: GateContext, is_write: bool
 ) -> tuple[str, ...]:
     """The evidence kinds that can admit this attempt at all, most useful first."""
-    if call.state in UNSETTLED or call.state == HUMAN_REVIEW or previous is None:
+    if call.state in UNSETTLED:
+        return (APPROVAL_GRANTED, REPLAY_RECONCILE) if context.status_unavailable else (APPROVAL_GRANTED,)
+    if call.state == HUMAN_REVIEW or previous is None:
         return (APPROVAL_GRANTED,)
     if previous.failure_class == OUTCOME_UNKNOWN or _effect_may_exist(previous, is_write):
         return (STATE_VERIFIED, APPROVAL_GRANTED)
@@ -366,6 +385,8 @@ def _acceptable(
 def _holds(kind: str, candidate: Candidate, previous: PreviousAttempt | None, context: GateContext) -> bool:
     if kind == APPROVAL_GRANTED:
         return context.approval_available
+    if kind == REPLAY_RECONCILE:
+        return context.status_unavailable
     if previous is None:
         return False
     if kind == TIME_ELAPSED:
@@ -437,6 +458,47 @@ def _check_key_retention(call: CallView, candidate: Candidate, context: GateCont
     return _pass("key_retention", f"key kept by the provider for {int(retention - age_s)} s more")
 
 
+def _is_replay(call: CallView, context: GateContext) -> bool:
+    """Whether this attempt replays a write's key after a request that may have taken effect (SPEC §11): an
+    unsettled or reviewed call, or a retry after anything but a provably unsent or rejected-before-storing one."""
+    if not _is_write(context) or call.first_sent_at is None:
+        return False
+    if call.state in UNSETTLED or call.state == HUMAN_REVIEW:
+        return True
+    previous = context.previous
+    return previous is not None and (previous.failure_class == OUTCOME_UNKNOWN or _effect_may_exist(previous, True))
+
+
+def _check_retry_path(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
+    tool = context.tool
+    reconciling = REPLAY_RECONCILE in candidate.evidence and call.state in UNSETTLED
+    if not reconciling and not _is_replay(call, context):
+        return _pass("retry_path", "not a replay of a request that may have taken effect")
+    info = {"retry_path": tool.retry_path}
+    if tool.retry_path == UNSAFE:
+        detail = f"{tool.name}: a duplicate probe found its retry path unsafe; no same-key replay"
+        then = "wait_for_reconcile" if call.state in UNSETTLED else "stop"
+        return _deny("retry_path", "retry_path_unsafe", detail, then, info=info)
+    if not reconciling:
+        return _pass("retry_path", f"retry path {tool.retry_path}: a replay a person or the runtime vouches for")
+    if tool.retry_path != SAFE or not tool.replay_safe:
+        why = "no duplicate probe has proved it" if tool.retry_path == UNPROBED else "the tool is not replay-safe"
+        code = "retry_path_unprobed" if tool.retry_path == UNPROBED else "retry_path_unsafe"
+        detail = f"{tool.name}: replay reconciliation refused, {why}"
+        return _deny("retry_path", code, detail, "wait_for_reconcile", info=info)
+    age_s = int((context.now - call.first_sent_at).total_seconds())
+    covered = tool.retry_path_key_age_s or 0
+    limit = min(tool.key_retention_s - REPLAY_MARGIN_S, max(covered, 0))
+    if age_s >= limit:
+        detail = (
+            f"key {age_s} s old: replay reconciliation only below {limit} s (retention {tool.key_retention_s} s "
+            f"minus {REPLAY_MARGIN_S} s, and the {covered} s the probe covered)"
+        )
+        info.update(key_age_s=age_s, limit_s=limit)
+        return _deny("retry_path", "replay_key_too_old", detail, "wait_for_reconcile", info=info)
+    return _pass("retry_path", f"retry path safe: a probe covered keys up to {covered} s, this one is {age_s} s old")
+
+
 def _check_breaker(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
     breaker = context.breaker
     info = {"fallback": context.tool.fallback, "breaker": breaker.state}
@@ -458,5 +520,6 @@ _CHECKS = {
     "budgets": _check_budgets,
     "evidence": _check_evidence,
     "key_retention": _check_key_retention,
+    "retry_path": _check_retry_path,
     "breaker": _check_breaker,
 }

@@ -39,6 +39,7 @@ class ReconcilePolicy:
     deadline_s: int | None = None  # from the attempt's sending: past it, a person decides (None: no deadline)
     max_interval_s: int = 3600  # checks are never further apart than this
     min_interval_s: int = 1  # nor closer together, whatever the schedule says
+    replay_when_status_down: bool = False  # replay reconciliation (SPEC §10.1), for a tool a probe proved safe
 
     def deadline(self, started_at: datetime | None) -> datetime | None:
         return started_at + timedelta(seconds=self.deadline_s) if self.deadline_s and started_at else None
@@ -59,7 +60,9 @@ class StatusBreakerPolicy:
 def next_check(policy: ReconcilePolicy, *, checks: int, now: datetime, started_at: datetime | None) -> datetime:
     """When a call still unsettled after `checks` checks is checked again: the schedule's backoff, capped, never
     later than the deadline."""
-    delay = min(policy.first_check_s * policy.backoff ** max(checks - 1, 0), policy.max_interval_s)
+    # A first check at once (first_check_s 0) still backs off from the minimum interval afterwards.
+    base = max(policy.first_check_s, policy.min_interval_s)
+    delay = min(base * policy.backoff ** max(checks - 1, 0), policy.max_interval_s)
     due = now + timedelta(seconds=max(delay, policy.min_interval_s))
     deadline = policy.deadline(started_at)
     return min(due, deadline) if deadline else due

@@ -79,6 +79,12 @@ TOOL_CHANGED = "tool_changed"
 STATE_VERIFIED = "state_verified"
 APPROVAL_GRANTED = "approval_granted"
 EVIDENCE_KINDS = (TIME_ELAPSED, ARGS_CHANGED, CREDENTIAL_REFRESHED, TOOL_CHANGED, STATE_VERIFIED, APPROVAL_GRANTED)
+# Trusted code only (never accepted from a runtime): reconciliation found the status query unable to answer and
+# asks to settle the call by one same-key replay (SPEC §10.1).
+REPLAY_RECONCILE = "replay_reconcile"
+UNPROBED, SAFE, UNSAFE = "unprobed", "safe", "unsafe"  # retry paths
+# How much younger than the provider's retention a key must be for reconciliation to replay it.
+REPLAY_MARGIN_S = 300
 
 # Explicit exhaustion outcomes (SPEC §6)
 RETRY_EXHAUSTED = "retry_exhausted"
@@ -139,7 +145,10 @@ class ToolPolicy:
     side_effect: str  # READ or WRITE
     risk: str = "low"  # "low" or "high" (payments, deletes, admin writes)
     replay_safe: bool = False
-    retry_path_safe: bool = True  # off after a duplicate probe saw a second effect
+    # From the latest duplicate probe (SPEC §11): UNPROBED, SAFE or UNSAFE. Unsafe refuses every same-key replay
+    # whose first request may have taken effect; only SAFE lets reconciliation replay (SPEC §10.1).
+    retry_path: str = "unprobed"
+    retry_path_key_age_s: int | None = None  # the key age the safe probe covered
     provider_ref_field: str = ""  # result field holding the provider's reference, besides provider_request_id
     args_schema: dict = field(default_factory=dict)
     result_schema: dict = field(default_factory=dict)
@@ -371,11 +380,13 @@ class GateContext:
     task: TaskView = field(default_factory=TaskView)
     breaker: BreakerView = field(default_factory=BreakerView)
     call_estimate_ms: int = 1_000  # what one call takes, to tell whether the deadline still fits one
+    # Set by reconciliation alone: the status query cannot answer now (SPEC §10.1), so REPLAY_RECONCILE may hold.
+    status_unavailable: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
 class Check:
-    name: str  # state, preflight, dependencies, budgets, evidence, key_retention, breaker
+    name: str  # state, preflight, dependencies, budgets, evidence, key_retention, retry_path, breaker
     passed: bool
     detail: str
 

@@ -58,6 +58,15 @@ def _nested(spec: dict[str, Key], what: str, *, required: bool = False) -> Key:
     return Key(check, required=required)
 
 
+def _nullable(key: Key) -> Key:
+    """`key`, or null (checked by the cross-field rules: see _check_side_effect)."""
+
+    def check(ctx: Context, value: Any, path: str) -> bool:
+        return value is None or key.check(ctx, value, path)
+
+    return Key(check, required=key.required)
+
+
 # --- field checks that need more than one rule ----------------------------------------------------------------------
 
 
@@ -218,6 +227,9 @@ RECONCILE = {
     "backoff": Key(number(minimum=1, maximum=10)),
     "max_checks": Key(integer(1)),
     "deadline_s": Key(integer(1)),
+    # Replay reconciliation (SPEC §10.1): when the status query cannot answer, one same-key replay settles the call.
+    # Only for a replay-safe write with an explicit key_retention_s, and only once a duplicate probe proved it.
+    "replay_when_status_down": Key(boolean),
 }
 COMPENSATION = {
     "tool": Key(name(100), required=True),
@@ -271,7 +283,7 @@ TOOL = {
     "alternates": Key(string_list(name(100))),
     "outcome_timeout_s": Key(integer(1, 86_400)),
     "key_retention_s": Key(integer(1)),
-    "status_query": _nested(STATUS_QUERY, "status_query"),
+    "status_query": _nullable(_nested(STATUS_QUERY, "status_query")),
     "reconcile": _nested(RECONCILE, "reconcile"),
     "compensation": _nested(COMPENSATION, "compensation"),
     "budgets": _nested(BUDGETS, "budgets"),
@@ -403,6 +415,33 @@ def _check_compensation(ctx: Context, tool: dict, path: str, args) -> None:
             ctx.error(child(child(path, "args"), extra), f"{compensation['tool']} takes no argument {extra!r}")
 
 
+def _replays_when_down(tool: dict) -> bool:
+    reconcile = tool.get("reconcile")
+    return isinstance(reconcile, dict) and reconcile.get("replay_when_status_down") is True
+
+
+def _check_replay_reconcile(ctx: Context, tool: dict, path: str, passed: set[str]) -> None:
+    """Replay reconciliation needs what makes a same-key replay a reconciliation: a write the provider deduplicates
+    (replay_safe) and a retention the file states (no default can say how long the provider keeps a key)."""
+    if "status_query" in passed and tool["status_query"] is None and not _replays_when_down(tool):
+        ctx.error(
+            child(path, "status_query"),
+            "null only for a write settled by replay reconciliation (reconcile.replay_when_status_down: true): "
+            "otherwise an unknown outcome is reconciled by querying the provider's status",
+        )
+    if not _replays_when_down(tool):
+        return
+    where = child(child(path, "reconcile"), "replay_when_status_down")
+    if tool.get("replay_safe") is not True:
+        ctx.error(where, "needs replay_safe: true: only a provider that deduplicates by key can answer a replay")
+    if "key_retention_s" not in tool:
+        ctx.error(
+            child(path, "key_retention_s"),
+            "required with reconcile.replay_when_status_down: how long the provider keeps a key decides which "
+            "calls may be replayed, and no default can know it",
+        )
+
+
 def _check_side_effect(ctx: Context, tool: dict, path: str, passed: set[str]) -> None:
     if "side_effect" not in passed:
         return
@@ -430,8 +469,9 @@ def _check_tool(ctx: Context, tool: Any, path: str) -> None:
     args = _argument_names(tool, passed)
     if "request" in passed:
         _check_request(ctx, tool, child(path, "request"), args)
-    if "status_query" in passed:
+    if "status_query" in passed and tool["status_query"] is not None:
         _check_status_query(ctx, tool["status_query"], child(path, "status_query"))
+    _check_replay_reconcile(ctx, tool, path, passed)
     if "invariants" in passed and args is not None:
         for i, invariant in enumerate(tool["invariants"]):
             arg = invariant.get("equals_arg")

@@ -2,8 +2,9 @@
 
 The file is declarative for what it names: a tenant, provider or tool in it gets exactly the file's values, an
 absent optional field its default (the model's), so removing a line from the file resets that setting. Objects
-the file does not name are left alone, and so is `Tool.retry_path_safe`: only an admin turns a tool's retry path
-back on after a duplicate probe switched it off (SPEC §11), never a reload.
+the file does not name are left alone, and so is a tool's retry path (`Tool.retry_path*`, from its latest duplicate
+probe, SPEC §11): a reload never resets it. Only a change of the provider's base URL voids it (back to unprobed,
+with the reason): the probe proved what another address answered.
 
 Values are compared in canonical JSON, so 3 and 3.0, or the key order inside a JSON field, are not changes. A load
 that changes anything appends one `registry.loaded` audit event in the same transaction; loading the same file
@@ -20,7 +21,7 @@ from django.db import models, transaction
 from recovery.audit import Actor, append_event
 from recovery.audit_actions import AuditAction
 from recovery.engine.canonical import canonical_digest, canonical_json, normalize
-from recovery.models import Provider, Tenant, Tool
+from recovery.models import Provider, RetryPath, Tenant, Tool
 from recovery.registry.checks import RegistryInvalid
 from recovery.registry.format import validate_registry
 
@@ -160,7 +161,11 @@ def _load_providers(items: list[dict], ledger: _Ledger) -> None:
         row = _row(Provider, item, PROVIDER_FIELDS)
         for key in ("connect_timeout_s", "read_timeout_s"):
             row[key] = float(row[key])
-        _, status, changed = _upsert(Provider, item["name"], row, existing)
+        before = existing.get(item["name"])
+        old_url = before.base_url if before is not None else ""
+        provider, status, changed = _upsert(Provider, item["name"], row, existing)
+        if "base_url" in changed:
+            void_retry_paths(provider, old_url)
         ledger.record("providers", item["name"], status, changed)
 
 
@@ -173,6 +178,9 @@ def _load_tools(items: list[dict], ledger: _Ledger) -> None:
     saved = {}
     for item in items:
         row = {"provider_id": provider_ids[item["provider"]], **_row(Tool, item, TOOL_FIELDS)}
+        if row["status_query"] is None:  # the registry declares no status API (replay reconciliation only)
+            row["status_query"] = {}
+        row["key_retention_declared"] = "key_retention_s" in item
         saved[item["name"]], status, changed = _upsert(Tool, item["name"], row, existing)
         ledger.record("tools", item["name"], status, changed)
     # Alternates may name tools created just above, so they are set once every row exists.
@@ -250,9 +258,11 @@ def provider_move(*, name: str, base_url: str, actor: Actor, source: str) -> boo
         existing = {p.name: p for p in Provider.objects.select_for_update().filter(name=name)}
         if name not in existing:
             return False
-        _, status, changed = _upsert(Provider, name, {"base_url": base_url}, existing)
+        old_url = existing[name].base_url
+        provider, status, changed = _upsert(Provider, name, {"base_url": base_url}, existing)
         if status == UNCHANGED:
             return False
+        void_retry_paths(provider, old_url)
         ledger.record("providers", name, status, changed)
         report = LoadReport(
             sha256=registry_sha256({"providers": [{"name": name, "base_url": base_url}]}),
@@ -264,6 +274,25 @@ def provider_move(*, name: str, base_url: str, actor: Actor, source: str) -> boo
             action=AuditAction.REGISTRY_LOADED, actor=actor, reason=_reason(report), evidence=_evidence(report, source)
         )
     return True
+
+
+def void_retry_paths(provider: Provider, old_url: str) -> int:
+    """A provider moved: its tools' probes proved what the old address answered, so their retry paths go back to
+    unprobed (in the load's transaction); how many tools had one."""
+    from django.utils import timezone
+
+    reason = f"voided: the provider's base URL changed from {old_url} to {provider.base_url}"
+    return (
+        Tool.objects.filter(provider=provider)
+        .exclude(retry_path=RetryPath.UNPROBED)
+        .update(
+            retry_path=RetryPath.UNPROBED,
+            retry_path_probe=None,
+            retry_path_key_age_s=None,
+            retry_path_reason=reason,
+            retry_path_changed_at=timezone.now(),
+        )
+    )
 
 
 def _reason(report: LoadReport) -> str:

@@ -19,7 +19,8 @@ from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invaria
 from recovery.models import Provider, Tool
 
 TOOL_BUDGETS = ("max_attempts", "write_retry", "unknown_budget", "max_business_effects")
-RECONCILE_KEYS = ("first_check_s", "backoff", "max_checks", "deadline_s")  # the registry's `reconcile`
+# The registry's `reconcile`.
+RECONCILE_KEYS = ("first_check_s", "backoff", "max_checks", "deadline_s", "replay_when_status_down")
 
 
 def policy_tools() -> QuerySet[Tool]:
@@ -84,7 +85,8 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         side_effect=tool.side_effect,
         risk=tool.risk,
         replay_safe=tool.replay_safe,
-        retry_path_safe=tool.retry_path_safe,
+        retry_path=tool.retry_path,
+        retry_path_key_age_s=tool.retry_path_key_age_s,
         provider_ref_field=tool.provider_ref_field,
         args_schema=tool.args_schema,
         result_schema=tool.result_schema,

@@ -128,9 +128,9 @@ class BreakersPage:
 
 # What the page reads of a tool: not its schemas, request templates or invariants.
 _TOOL_FIELDS = (
-    "name", "side_effect", "risk", "replay_safe", "retry_path_safe", "fallback", "key_retention_s", "budgets",
-    "breaker", "status_query", "exhausted_to_review", "provider__name", "breaker_row__state",
-    "breaker_row__opened_at", "breaker_row__probes_reserved", "breaker_row__probe_lease_until",
+    "name", "side_effect", "risk", "replay_safe", "retry_path", "retry_path_key_age_s", "reconcile", "fallback",
+    "key_retention_s", "budgets", "breaker", "status_query", "exhausted_to_review", "provider__name",
+    "breaker_row__state", "breaker_row__opened_at", "breaker_row__probes_reserved", "breaker_row__probe_lease_until",
 )  # fmt: skip
 _EVENT_COLUMNS = (
     "seq", "created_at", "action", "from_state", "to_state", "reason", "actor_label", "tool_name", "provider_name",
@@ -256,14 +256,25 @@ def retry_path(tool: Tool) -> RetryPath:
     alternates = tuple(other.name for other in tool.alternates.all())
     if not write:
         safe, replay = True, "a read: repeating it changes nothing"
-    elif not tool.retry_path_safe:
+    elif tool.retry_path == "unsafe":
         safe = False
         replay = (
-            "unsafe: a duplicate probe saw a second effect for one key; automatic replay is off until an admin "
-            "turns the retry path back on"
+            "unsafe: a duplicate probe saw the provider ignore the key; every same-key replay is refused until a "
+            "passing probe or an approved action turns it back on"
+        )
+    elif tool.replay_safe and tool.retry_path == "safe":
+        safe = True
+        covered = tool.retry_path_key_age_s or 0
+        replay = (
+            "proved replay-safe: a duplicate probe saw an idempotent replay with one effect "
+            f"(keys up to {covered} s old)"
         )
     elif tool.replay_safe:
-        safe, replay = True, "replay-safe: the provider answers a same-key replay with the first result"
+        safe = False
+        replay = (
+            "replay-safe by the registry, not proved: no duplicate probe has run, so reconciliation never replays "
+            "it (a person or the runtime may, with evidence)"
+        )
     else:
         safe = False
         replay = (
@@ -283,6 +294,11 @@ def retry_path(tool: Tool) -> RetryPath:
         reconcile = f"status API: {query.get('method', 'GET')} {query['path']}"
     else:
         reconcile = "no status API: an unknown outcome goes to human review"
+    if write and (tool.reconcile or {}).get("replay_when_status_down"):
+        reconcile += (
+            "; when the status query cannot answer, one same-key replay settles it (replay reconciliation, once a "
+            "probe proved the retry path)"
+        )
     return RetryPath(
         safe=safe,
         replay=replay,

@@ -26,11 +26,20 @@ from recovery.actions import REVIEW_PERMISSION
 from recovery.audit import Actor, appends_at_commit
 from recovery.audit_actions import AuditAction
 from recovery.engine.types import APPROVAL_GRANTED
-from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Observation, Receipt, ReceiptSource
+from recovery.models import (
+    ActionRequest,
+    ActionStatus,
+    Attempt,
+    Call,
+    Observation,
+    Receipt,
+    ReceiptSource,
+    RetryPath,
+)
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.registry import with_alternates
 from recovery.selectors.context import action_attempt_id
-from recovery.services import reconcile
+from recovery.services import probes, reconcile
 from recovery.services.action_plans import (
     ACTION_BY_NAME,
     ActionRefused,
@@ -262,6 +271,31 @@ def _execute_reconcile(request: ActionRequest, worker: str) -> None:
     _finish_alone(request, worker, A.EXECUTED, result)
 
 
+def _execute_probe(request: ActionRequest, worker: str) -> None:
+    """The duplicate probe (SPEC §11): one same-key replay and one ledger read, no transaction open meanwhile; the
+    probe's receipt and the retry path it decides are stored together. The call does not move."""
+    call = _current(request)
+    try:
+        probe = probes.probe_call(call, actor=_job(), action=request)
+    except TemplateError as exc:
+        raise _Failed(f"the tool's request cannot be built: {exc}; nothing was sent", call_state=call.state) from None
+    effects = "?" if probe.observed_effects is None else probe.observed_effects
+    what = (
+        f"duplicate probe #{probe.pk} of key {probe.idempotency_key}: second request {probe.second}, the provider's "
+        f"ledger {probe.downstream_audit} ({effects} effect(s), {probe.expected_effects} expected) → {probe.decision}"
+    )
+    result = {"what": what, "probe": probe.pk, "decision": probe.decision, "call_state": call.state}
+    _finish_alone(request, worker, A.EXECUTED, result)
+
+
+def _restore_retry_path(request: ActionRequest, call: Call) -> dict:
+    """Unsafe → safe by an approved action with its reason (SPEC §11), covering keys as old as this call's."""
+    tool = call.tool
+    age = probes.key_age_s(call, timezone.now())
+    probes.set_retry_path(tool, RetryPath.SAFE, actor=_job(), reason=_why(request), key_age_s=age)
+    return {"what": f"{tool.name}'s retry path is safe again (keys up to {age} s old): {request.reason}"}
+
+
 def _in_transaction(apply):
     """Run `apply(request, call)` (the call locked and checked) and the request's EXECUTED, in one transaction."""
 
@@ -424,6 +458,8 @@ _EXECUTORS = {
     "approve_new_compensation": _execute_compensation,
     "mark_compensation_committed": _in_transaction(_settle_entry(committed=True)),
     "mark_compensation_failed": _in_transaction(_settle_entry(committed=False)),
+    "probe_duplicate": _execute_probe,
+    "restore_retry_path": _in_transaction(_restore_retry_path),
 }
 
 

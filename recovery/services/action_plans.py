@@ -28,7 +28,7 @@ from recovery.engine.budgets import tighter
 from recovery.engine.canonical import canonical_digest
 from recovery.engine.gate import admit
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
-from recovery.models import ActionRequest, Attempt, BreakerState, Call, StatusBreaker
+from recovery.models import ActionRequest, Attempt, BreakerState, Call, RetryPath, StatusBreaker
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.providers.status import outbound_headers, status_url
 from recovery.registry import tool_policy, with_alternates
@@ -87,6 +87,8 @@ class CallFacts:
     key_expired: bool
     has_compensation: bool = False  # its tool declares a compensation in the registry
     compensation_in_review: bool = False  # its open compensation entry waits for a person
+    sandbox_tenant: bool = False  # its tenant is a test tenant (duplicate probes allowed)
+    retry_path: str = RetryPath.UNPROBED  # its tool's
 
 
 def call_for_action(call_id: int) -> Call | None:
@@ -106,7 +108,7 @@ def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
     return CallFacts(
         side_effect=call.side_effect,
         has_status_api=bool(tool.status_query),
-        retry_path_safe=tool.retry_path_safe,
+        retry_path_safe=tool.retry_path != RetryPath.UNSAFE,
         duplicate_effect=call.duplicate_effect,
         held_by=held_by,
         key_retention_s=tool.key_retention_s,
@@ -115,6 +117,8 @@ def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
         key_expired=call.key_expired(since, now),
         has_compensation=isinstance(tool.compensation, dict) and bool(tool.compensation.get("tool")),
         compensation_in_review=call.state == S.COMPENSATING and call.compensations.filter(state="review").exists(),
+        sandbox_tenant=call.task.tenant.sandbox,
+        retry_path=tool.retry_path,
     )
 
 
@@ -130,6 +134,8 @@ def options_for(call: Call, facts: CallFacts, *, perms, held_by: str | None = No
         duplicate_effect=facts.duplicate_effect,
         has_compensation=facts.has_compensation,
         compensation_in_review=facts.compensation_in_review,
+        sandbox_tenant=facts.sandbox_tenant,
+        retry_path=facts.retry_path,
         held_by=facts.held_by if held_by is None else held_by,
     )
 
@@ -260,6 +266,15 @@ def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:
             return [tool_request(call.tool, call).shown()], True
         except TemplateError as exc:
             raise PlanError(str(exc)) from None
+    if action.name == "probe_duplicate":
+        try:
+            replay = tool_request(call.tool, call).shown()
+        except TemplateError as exc:
+            raise PlanError(str(exc)) from None
+        url = status_url(call.tool, call)
+        _, shown = outbound_headers(call.tool.provider)
+        ledger = {"method": (call.tool.status_query or {}).get("method", "GET"), "url": url, "headers": shown}
+        return [replay, ledger] if url else [replay], True
     if action.name == "reconcile_now":
         url = status_url(call.tool, call)
         if url is None:
@@ -441,6 +456,17 @@ def _expected_effects(call: Call, policy: ToolPolicy, action: Action) -> str:
         )
     if name == "reconcile_now":
         return "no business effect: one status query and a receipt; the provider's answer may settle the call"
+    if name == "probe_duplicate":
+        return (
+            f"one {_noun(call)} in all if the provider deduplicates by key {call.idempotency_key} (the probe then "
+            "proves the retry path safe); two if it ignores keys — the second effect is the evidence, on a test "
+            "tenant, and the retry path becomes unsafe. The call does not move."
+        )
+    if name == "restore_retry_path":
+        return (
+            f"no request to the provider: {call.tool.name}'s retry path becomes safe again (covering keys as old as "
+            "this call's), and same-key replays of the tool are admitted"
+        )
     if name == "escalate":
         return "no request to the provider: the call moves to HUMAN_REVIEW, where a person settles it with evidence"
     if name == "mark_committed":

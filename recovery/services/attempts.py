@@ -15,11 +15,12 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, appends_at_commit
+from recovery.audit import Actor, append_event, appends_at_commit
+from recovery.audit_actions import AuditAction
 from recovery.engine.canonical import canonical_digest
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import admit
-from recovery.engine.types import APPROVAL_GRANTED, Candidate, Facts, FieldError
+from recovery.engine.types import APPROVAL_GRANTED, REPLAY_RECONCILE, Candidate, Facts, FieldError
 from recovery.engine.types import GateDecision as Gate
 from recovery.hot_path import Counters, count_on_task, insert
 from recovery.models import ActionRequest, Attempt, Call, GateDecision, Tool
@@ -38,7 +39,7 @@ from recovery.services.outcomes import (
     store_decision,
     store_facts,
 )
-from recovery.states import CallState, is_allowed
+from recovery.states import UNSETTLED, CallState, is_allowed
 from recovery.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -438,3 +439,66 @@ def _bypassed_single_shot(admitting: _Admitting, facts: Facts) -> Admission:
         attempt.outcome_response = response
         attempt.save(update_fields=["response", "outcome_request_hash", "outcome_response"])
     return Admission(201, response)
+
+
+# --- replay reconciliation (SPEC §10.1) ------------------------------------------------------------------------------
+
+REPLAY_ATTEMPT_ID = "reconcile-replay"  # the one replay reconciliation makes of a call: unique per call
+
+
+def replay_admit(*, call: Call, actor: Actor, now: datetime) -> tuple[Gate, Attempt | None]:
+    """Admission of the one same-key replay reconciliation may make of an unsettled call whose status query cannot
+    answer: the real gate on `replay_reconcile` (the retry path must be safe, the key young enough, budgets and the
+    tool's breaker must admit it), then — in one transaction — the durable mark (a conditional UPDATE: set once,
+    never cleared, so a second worker or a retried job finds it and sends nothing), the attempt and its stored
+    gate answer, and the task's round. The gate's answer, and the attempt when one was admitted."""
+    candidate = Candidate(
+        attempt_id=REPLAY_ATTEMPT_ID, tool=call.tool.name, arguments=call.arguments, evidence=(REPLAY_RECONCILE,)
+    )
+    policy = tool_policy(call.tool)
+    context, view = gate_context(
+        call, tool=policy, candidate_tool=None, executing_tool=call.tool, task=call.task, now=now, approval=False
+    )
+    gate = admit(view, candidate, replace(context, status_unavailable=True))
+    if not gate.allowed:
+        _store_gate(call, candidate, gate, actor=actor)
+        return gate, None
+    probe = gate.uses_probe
+    if probe and not breaker_reserve_probe(call.tool, now=now):
+        return gate, None  # another admission took the half-open probe: the next check asks again
+    admitting = _Admitting(
+        call=call,
+        candidate=candidate,
+        tool=call.tool,
+        gate=gate,
+        actor=actor,
+        now=now,
+        digest=canonical_digest({"attempt_id": REPLAY_ATTEMPT_ID, "evidence": [REPLAY_RECONCILE]}),
+        probe=probe,
+        number=call.attempts_count + 1,
+    )
+    try:
+        with transaction.atomic(), appends_at_commit():
+            marked = Call.objects.filter(
+                pk=call.pk, version=call.version, state__in=sorted(UNSETTLED), replay_reconciled_at__isnull=True
+            ).update(replay_reconciled_at=now, attempts_count=admitting.number)
+            if not marked:
+                raise TransitionConflict(f"call {call.pk}: replayed by reconciliation already, or it moved")
+            attempt = _record_attempt(admitting, admitted_at=now, breaker_probe=probe)
+            append_event(
+                action=AuditAction.CALL_REPLAYED,
+                actor=actor,
+                task_id=call.task_id,
+                call_id=call.pk,
+                from_state=call.state,
+                to_state=call.state,
+                reason=f"replay reconciliation: attempt {attempt.number}, one same-key replay of "
+                f"{call.idempotency_key} (the status query cannot answer)",
+                evidence={"attempt_id": attempt.attempt_id, "gate": gate.reason, "evidence": REPLAY_RECONCILE},
+            )
+    except (TransitionConflict, IntegrityError):
+        if probe:
+            breaker_release_probe(call.tool, now=now)
+        return gate, None
+    call.attempts_count, call.replay_reconciled_at = admitting.number, now
+    return gate, attempt

@@ -27,6 +27,7 @@ from recovery.engine.types import BreakerView, ClassifyContext, Decision, ErrorF
 from recovery.hot_path import Counters, count_on_task, insert
 from recovery.models import Attempt, Call, Diagnostic, Receipt, Tool
 from recovery.models import Decision as DecisionRow
+from recovery.queueing import enqueue
 from recovery.registry import tool_policy
 from recovery.selectors.context import call_view, task_view_for_decision
 from recovery.services.answers import decision_json, outcome_json
@@ -274,7 +275,16 @@ def settle(
     )
     if target == S.COMMITTED and policy.is_write:
         _runtime_receipt(call, attempt, outcome, now=now, before=S.SENT)
+    if target == S.UNKNOWN:
+        check_at_once(call, policy.reconcile.first_check_s)
     return decision
+
+
+def check_at_once(call: Call, first_check_s: int) -> None:
+    """A write that just turned UNKNOWN with a first check due at once (the registry's first_check_s 0): its
+    status check is enqueued when this transaction commits, not left for the next periodic run."""
+    if first_check_s == 0:
+        enqueue("recovery.jobs.reconcile_call", call.pk, job_id=f"reconcile-call-{call.pk}")
 
 
 def _changes_for(

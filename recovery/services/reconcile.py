@@ -31,7 +31,7 @@ from recovery.models import BreakerState, Call, Receipt, ReceiptSource, Tool
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.registry.policy import reconcile_policy
 from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
-from recovery.states import RECONCILABLE, CallState
+from recovery.states import RECONCILABLE, UNSETTLED, CallState
 from recovery.transitions import transition_call
 
 S = CallState
@@ -198,7 +198,9 @@ def reconcile_due(*, worker: str, limit: int = 1000, in_flight: int | None = Non
     appliers = _Workers(apply, 2, "apply", batch=APPLY_BATCH)
 
     def ask(call: Call) -> None:
-        appliers.put((call, _ask(call, breakers)))
+        reply = _ask(call, breakers)
+        if not _settled_by_replay(call, reply, worker=worker):
+            appliers.put((call, reply))
 
     queries = _Workers(ask, in_flight, "query")
     checked, seen = 0, set()
@@ -233,9 +235,33 @@ def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
         return None
     (call,) = _load([call_id])
     breakers = _BreakerGate()
-    answer = read_status(call.tool, _ask(call, breakers))
+    reply = _ask(call, breakers)
     breakers.flush()
-    return apply_answer(call.pk, answer, worker=worker)
+    if _settled_by_replay(call, reply, worker=worker):
+        return call.receipts.order_by("-pk").first()
+    return apply_answer(call.pk, read_status(call.tool, reply), worker=worker)
+
+
+def _settled_by_replay(call: Call, reply: Reply | StatusAnswer, *, worker: str) -> bool:
+    """Replay reconciliation (SPEC §10.1, recovery.services.replay_reconcile) when the status query cannot answer
+    for a tool a probe proved safe: the failed check's receipt first (it counts toward the poll budget, and may
+    itself send the call to a person), then the one same-key replay. Whether this took the answer over."""
+    from recovery.services import replay_reconcile
+
+    if not replay_reconcile.replayable(call):
+        return False
+    answer = read_status(call.tool, reply)
+    if not replay_reconcile.status_unavailable(call, answer):
+        return False
+    if call.tool.status_query:
+        apply_answer(call.pk, answer, worker=worker)
+        (call,) = _load([call.pk])
+        if call.state in UNSETTLED:
+            replay_reconcile.replay(call, worker=worker)
+        return True
+    if not replay_reconcile.replay(call, worker=worker):
+        apply_answer(call.pk, answer, worker=worker)  # no status API and no replay: a person settles it
+    return True
 
 
 def _load(ids: list[int]) -> list[Call]:
@@ -407,16 +433,17 @@ def _receipt(call, answer: StatusAnswer, source, before, final, applied, event_i
             applied=applied,
             forbidden=forbidden if final not in (S.COMMITTED,) else [],
             next_actions=next_actions,
-            evidence=[f"callback:{event_id}"] if event_id else _request_evidence(answer),
+            evidence=[f"callback:{event_id}"] if event_id else _request_evidence(answer, source),
             event_id=event_id,
             checked_at=now,
         )
     )
 
 
-def _request_evidence(answer: StatusAnswer) -> list[str]:
+def _request_evidence(answer: StatusAnswer, source: str = ReceiptSource.POLL) -> list[str]:
     request = answer.request
-    return [f"status_query:{request['method']} {request['url']}"] if request else []
+    what = "idempotent_replay" if source == ReceiptSource.IDEMPOTENT_REPLAY else "status_query"
+    return [f"{what}:{request['method']} {request['url']}"] if request else []
 
 
 def _reason(answer: StatusAnswer, decided: Settlement, source: str) -> str:

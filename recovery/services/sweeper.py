@@ -17,6 +17,7 @@ from django.utils import timezone
 from recovery.audit import Actor, appends_at_commit
 from recovery.models import Call
 from recovery.registry.policy import reconcile_policy
+from recovery.services.outcomes import check_at_once
 from recovery.states import CallState
 from recovery.transitions import transition_call
 
@@ -55,6 +56,7 @@ def _sweep_one(pk: int, now: datetime) -> bool:
             first = reconcile_policy(call.tool).first_check_s
             changes = {"next_check_at": now + timedelta(seconds=first)}
             transition_to(call, S.UNKNOWN, reason=f"{reason}: it may have executed", evidence=evidence, changes=changes)
+            check_at_once(call, first)
         elif call.has_attempts_left():
             transition_to(call, S.RETRYABLE, reason=f"{reason}: a read has no effect", evidence=evidence)
         else:

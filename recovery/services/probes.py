@@ -1,0 +1,135 @@
+"""Duplicate probes (SPEC §11) and the retry path they decide.
+
+A probe replays a COMMITTED write with its original key, on a test tenant only and after a second person approved it
+(the `probe_duplicate` action), then reads the provider's own ledger for the key through the tool's status query.
+`recovery.engine.probe.judge` turns the two answers into a decision; the probe is stored as a receipt of its own
+(DuplicateProbe: never an attempt, it moves no call) with the key's age and the provider's base URL, and a decided
+probe sets the tool's retry path (safe or unsafe) in the same transaction, with an audit event. No transaction is
+open while either request is out.
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.utils import timezone
+
+from recovery.audit import Actor, append_event, appends_at_commit
+from recovery.audit_actions import AuditAction
+from recovery.engine import probe as judgement
+from recovery.engine.reconcile import Observation
+from recovery.models import ActionRequest, Call, DuplicateProbe, RetryPath, Tool
+from recovery.providers.requests import send, tool_request
+from recovery.providers.status import fetch_status, read_status
+
+_PATH = {judgement.SAFE: RetryPath.SAFE, judgement.UNSAFE: RetryPath.UNSAFE}
+_ANSWERED = frozenset({Observation.COMMITTED, Observation.NOT_COMMITTED, Observation.PENDING})
+
+
+def key_age_s(call: Call, now) -> int:
+    """How old the call's key is: since its first attempt was admitted (the call's creation when it had none)."""
+    first = call.attempts.filter(number=1).values_list("admitted_at", flat=True).first()
+    return max(0, int((now - (first or call.created_at)).total_seconds()))
+
+
+def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None) -> DuplicateProbe:
+    """Replay `call` once with its key, read the provider's ledger, store the probe and set the retry path."""
+    tool = call.tool
+    outgoing = tool_request(tool, call)
+    facts = send(outgoing)
+    answer = read_status(tool, fetch_status(tool, call)) if tool.status_query else None
+    now = timezone.now()
+    result = facts.get("result") if isinstance(facts.get("result"), dict) else {}
+    second_ref = result.get(tool.provider_ref_field) if tool.provider_ref_field else None
+    effects_field = (tool.status_query or {}).get("effects_field")
+    ledger_read = bool(effects_field) and answer is not None and answer.observed in _ANSWERED
+    expected = int((tool.budgets or {}).get("max_business_effects") or 1)
+    verdict = judgement.judge(
+        judgement.ProbeFacts(
+            http_status=facts.get("http_status"),
+            first_business_id=call.provider_ref,
+            second_business_id=str(second_ref) if second_ref is not None else "",
+            ledger_read=ledger_read,
+            key_known=answer is not None and answer.observed != Observation.NOT_COMMITTED,
+            observed_effects=answer.effects if answer is not None else None,
+            expected_effects=expected,
+        )
+    )
+    shown = outgoing.shown()
+    request = {"replay": {k: shown[k] for k in ("method", "url", "body")}}
+    response = {"replay": {"http_status": facts.get("http_status"), "result": result or None}}
+    if answer is not None:
+        request["ledger"], response["ledger"] = answer.request, {**answer.response, "observed": answer.observed}
+    with transaction.atomic(), appends_at_commit():
+        probe = DuplicateProbe.objects.create(
+            call=call,
+            tool=tool,
+            action=action,
+            idempotency_key=call.idempotency_key,
+            key_age_s=key_age_s(call, now),
+            provider_base_url=tool.provider.base_url,
+            first=call.state,
+            second=verdict.second,
+            http_status=facts.get("http_status"),
+            first_business_id=call.provider_ref,
+            second_business_id=str(second_ref or "")[:255],
+            expected_effects=expected,
+            observed_effects=answer.effects if answer is not None else None,
+            downstream_audit=verdict.downstream_audit,
+            decision=verdict.decision,
+            detail=verdict.detail,
+            request=request,
+            response=response,
+            created_at=now,
+        )
+        append_event(
+            action=AuditAction.PROBE_RECORDED,
+            actor=actor,
+            task_id=call.task_id,
+            call_id=call.pk,
+            reason=f"duplicate probe of {call.idempotency_key}: {verdict.decision} ({verdict.detail})",
+            evidence={"probe": probe.pk, "decision": verdict.decision, "observed_effects": probe.observed_effects},
+        )
+        if verdict.decision in _PATH:
+            set_retry_path(
+                tool,
+                _PATH[verdict.decision],
+                actor=actor,
+                reason=f"duplicate probe #{probe.pk}: {verdict.detail}",
+                probe=probe,
+                now=now,
+            )
+    return probe
+
+
+def set_retry_path(
+    tool: Tool,
+    path: str,
+    *,
+    actor: Actor,
+    reason: str,
+    probe: DuplicateProbe | None = None,
+    key_age_s: int | None = None,
+    now=None,
+) -> None:
+    """Set the tool's retry path, in the caller's transaction, with its audit event. A safe path covers keys as
+    old as the probe's (or `key_age_s`, for an approved action)."""
+    now = now or timezone.now()
+    before = Tool.objects.filter(pk=tool.pk).values_list("retry_path", flat=True).first()
+    covered = probe.key_age_s if probe is not None else key_age_s
+    Tool.objects.filter(pk=tool.pk).update(
+        retry_path=path,
+        retry_path_probe=probe,
+        retry_path_key_age_s=covered if path == RetryPath.SAFE else None,
+        retry_path_base_url=tool.provider.base_url,
+        retry_path_reason=reason[:2000],
+        retry_path_changed_at=now,
+    )
+    tool.retry_path, tool.retry_path_key_age_s = path, covered if path == RetryPath.SAFE else None
+    append_event(
+        action=AuditAction.RETRY_PATH_CHANGED,
+        actor=actor,
+        from_state=before or "",
+        to_state=path,
+        reason=f"{tool.name}: retry path {before} → {path}: {reason}"[:2000],
+        evidence={"tool": tool.name, "probe": probe.pk if probe else None, "key_age_s": covered},
+    )

@@ -1,0 +1,109 @@
+"""Replay reconciliation (SPEC §10.1): settling an unknown write by one same-key replay when its status query
+cannot answer.
+
+For a write tool that the registry marks replay-safe, with `reconcile.replay_when_status_down` on and an explicit
+`key_retention_s`, whose retry path a duplicate probe proved safe (SPEC §11), the provider's idempotency record is
+the evidence: replayed with the original key, a provider that deduplicates answers with the first request's result
+and makes no second effect. Reconciliation tries it when the status query cannot answer — the status API failed, its
+breaker is open, or the registry declares none — and never twice for one call:
+
+1. admission through the real gate on `replay_reconcile` (recovery.services.attempts.replay_admit): the durable
+   mark `Call.replay_reconciled_at` is set by a conditional UPDATE in the transaction that records the attempt
+   (counted in the task's rounds and `write_retry`, refused when none is left, and admitted by the tool's breaker);
+2. the request, with no transaction open;
+3. its reply classified as any attempt's and mapped onto UNKNOWN's own edges, as a receipt of kind
+   `idempotent_replay`: a valid 2xx → COMMITTED (one effect: the proof says the provider made no second one); a
+   rejection that proves nothing was stored → NOT_COMMITTED; anything else (409, 5xx, a timeout) → STILL_UNKNOWN,
+   and there is no second replay — the schedule of status checks goes on, and a person decides at its end.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import transaction
+from django.utils import timezone
+
+from recovery.audit import Actor, appends_at_commit
+from recovery.engine.gate import NOTHING_EXECUTED
+from recovery.engine.reconcile import Observation
+from recovery.models import Attempt, Call, ReceiptSource, RetryPath
+from recovery.providers.requests import TemplateError, send, tool_request
+from recovery.providers.status import StatusAnswer
+from recovery.registry.policy import reconcile_policy
+from recovery.services import reconcile
+from recovery.services.attempts import replay_admit
+from recovery.services.outcomes import Sent, facts_of, judge, store_facts
+from recovery.states import UNSETTLED, CallState
+
+S = CallState
+logger = logging.getLogger("recovery.reconcile")
+ACTOR = Actor.job("replay-reconcile")
+# What a status answer says when the status query could not answer at all (not "pending", not an unmapped status).
+CANNOT_ANSWER = frozenset({Observation.FAILED, Observation.UNREACHABLE})
+
+
+def replayable(call: Call) -> bool:
+    """Whether the registry and the latest probe let reconciliation replay this call at all (no query): the gate
+    judges the rest (key age, budgets, breaker) when it is tried."""
+    tool = call.tool
+    return (
+        call.side_effect == "write"
+        and call.state in UNSETTLED
+        and call.replay_reconciled_at is None
+        and tool.replay_safe
+        and tool.key_retention_declared
+        and tool.retry_path == RetryPath.SAFE
+        and reconcile_policy(tool).replay_when_status_down
+    )
+
+
+def status_unavailable(call: Call, answer: StatusAnswer) -> bool:
+    """The status query cannot answer: it failed, its breaker is open, or the tool declares no status API."""
+    return answer.observed in CANNOT_ANSWER or not call.tool.status_query
+
+
+def replay(call: Call, *, worker: str) -> bool:
+    """Settle `call` by its one same-key replay, if the gate admits it; whether a replay was sent."""
+    now = timezone.now()
+    gate, attempt = replay_admit(call=call, actor=ACTOR, now=now)
+    if attempt is None:
+        if not gate.allowed:
+            logger.info("replay reconciliation of call %s refused: %s", call.pk, gate.reason)
+        return False
+    try:
+        outgoing = tool_request(call.tool, call)
+    except TemplateError as exc:
+        wire = {"sent": False, "connection_opened": False, "error": {"kind": "client_exception", "message": str(exc)}}
+        outgoing = None
+    else:
+        wire = send(outgoing)
+    facts = facts_of(wire)
+    judgement = judge(call, facts, Sent.of(attempt), now=timezone.now())
+    outcome = judgement.outcome
+    result = wire.get("result") if isinstance(wire.get("result"), dict) else {}
+    if outcome.state == S.COMMITTED:
+        observed, effects = Observation.COMMITTED, 1
+    elif outcome.side_effect in NOTHING_EXECUTED:
+        observed, effects = Observation.NOT_COMMITTED, None
+    else:
+        observed, effects = Observation.AMBIGUOUS, None
+    ref_field = call.tool.provider_ref_field
+    provider_ref = str(result.get(ref_field) or "")[:255] if ref_field else ""
+    seen = f"HTTP {facts.http_status}" if facts.http_status is not None else (wire.get("error") or {}).get("kind")
+    answer = StatusAnswer(
+        observed=observed,
+        provider_status=f"replay {seen}"[:64],
+        provider_ref=provider_ref or outcome.provider_ref or "",
+        effects=effects,
+        http_status=facts.http_status,
+        request={k: v for k, v in outgoing.shown().items() if k != "body"} if outgoing else {},
+        response={"status": facts.http_status, "body": result or None, "classified": outcome.error or "ok"},
+        error="" if observed != Observation.AMBIGUOUS else f"the replay was answered {seen}: nothing proves it",
+    )
+    with transaction.atomic(), appends_at_commit():
+        locked = Call.objects.select_for_update(of=("self",)).get(pk=call.pk)
+        store_facts(Attempt.objects.get(pk=attempt.pk), facts, outcome, call=locked, now=timezone.now())
+    receipt = reconcile.apply_answer(call.pk, answer, worker=worker, source=ReceiptSource.IDEMPOTENT_REPLAY)
+    logger.info("replay reconciliation of call %s: %s → %s", call.pk, seen, receipt.local_state_after)
+    return True
