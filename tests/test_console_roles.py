@@ -59,6 +59,8 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("POST", "/audit/verify/", {**EVERY_ROLE, ADMIN: "->/audit/", "*": 403}),  # admins only
     ("GET", "/audit/verify/", {"*": 405}),
     ("GET", "/operations/breakers/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/operations/tools/{tool}/", {**EVERY_ROLE, "*": 200}),  # a tool's retry path and duplicate probes
+    ("GET", "/operations/tools/999999999/", {**EVERY_ROLE, "*": 404}),
     ("GET", "/operations/drills/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/operations/drills/{run}/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/operations/drills/999999999/", {**EVERY_ROLE, "*": 404}),
@@ -114,7 +116,7 @@ def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     pending = _pending_request(call, people["reviewer2"])
     wrong = []
     for method, template, row in MATRIX:
-        path = template.format(call=call.pk, task=call.task_id, run=run.pk, request=pending.pk)
+        path = template.format(call=call.pk, task=call.task_id, run=run.pk, request=pending.pk, tool=call.tool_id)
         client = signed_in(people, who)  # a fresh session each time: signing out must not leak into the next row
         response = client.get(path) if method == "GET" else client.post(path, {})
         got, want = _answer(response, path), _expected(row, who)
@@ -158,6 +160,7 @@ def test_the_matrix_covers_every_console_url():
         sample = "/" + route.replace("<slug:slug>", "unknown").replace("<int:call_id>", "{call}")
         sample = sample.replace("<int:task_id>", "{task}").replace("<int:run_id>", "{run}")
         sample = sample.replace("<int:request_id>", "{request}").replace("<slug:action>", "escalate")
+        sample = sample.replace("<int:tool_id>", "{tool}")
         assert sample in covered or sample.replace("unknown", "no-such-queue") in covered, route
     assert {"/sign-in/", "/sign-out/", "/admin/", "/api/v1/tasks"} <= covered
 

@@ -10,6 +10,7 @@ from django import template
 from django.utils import timezone
 
 from console.views.common import age_text
+from recovery.selectors.call_page import receipt_source as receipt_source_text
 
 register = template.Library()
 
@@ -38,3 +39,10 @@ def utc(value) -> str:
     if value is None or value == "":
         return ""
     return f"{value.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+
+
+@register.filter
+def receipt_source(value) -> str:
+    """A receipt's source in the pages' words: "idempotent replay (replay reconciliation)" for replay
+    reconciliation's one same-key replay (SPEC §10.1), the stored value otherwise."""
+    return receipt_source_text(str(value or ""))

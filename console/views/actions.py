@@ -33,6 +33,15 @@ from recovery.services.actions import ActionRefused, action_approve, action_prev
 LABELS = {a.name: a.label for a in ACTIONS}
 # The actions that settle a call on a person's word: their preview carries the evidence (SPEC §15.4).
 EVIDENCE_ACTIONS = ("mark_committed", "mark_not_committed")
+# What each provider request of a plan is, in the order the plan lists them (a duplicate probe sends two).
+REQUEST_ROLES = {
+    "probe_duplicate": (
+        "the replay: this committed call sent again with its original idempotency key",
+        "the provider's ledger for the key, read after the replay: how many business effects it holds",
+    ),
+    "replay_same_key": ("the replay, with the call's own idempotency key",),
+    "reconcile_now": ("the status query by idempotency key",),
+}
 # While a worker holds the request, its status block refreshes itself every few seconds.
 LIVE = (ActionStatus.APPROVED, ActionStatus.EXECUTING)
 REFRESH_S = 3
@@ -168,7 +177,7 @@ def _context(request: HttpRequest, page, *, request_form=None, approve_form=None
         "req": req,
         "call": req.call,
         "plan": plan,
-        "plan_requests": [_shown_request(r) for r in plan.get("requests") or [] if isinstance(r, dict)],
+        "plan_requests": _shown_requests(req.action, plan.get("requests")),
         "checks": [c for c in plan.get("checks") or [] if isinstance(c, dict)],
         "failed_checks": sum(1 for c in plan.get("checks") or [] if isinstance(c, dict) and not c.get("passed")),
         "forbidden": [
@@ -213,11 +222,18 @@ def _offer_again(req, user, *, reviewer: bool, done: bool, now) -> bool:
     return any(option.name == req.action and option.allowed for option in options)
 
 
-def _shown_request(sent: dict) -> dict:
+def _shown_requests(action: str, requests) -> list[dict]:
+    roles = REQUEST_ROLES.get(action, ())
+    sent = [r for r in requests or [] if isinstance(r, dict)]
+    return [_shown_request(r, roles[i] if i < len(roles) else "") for i, r in enumerate(sent)]
+
+
+def _shown_request(sent: dict, role: str = "") -> dict:
     """One provider request of the plan as the page lists it (headers as rows; their secrets were masked by the
-    service when it built the plan, before it was stored)."""
+    service when it built the plan, before it was stored), with what it is for."""
     headers = sent.get("headers") if isinstance(sent.get("headers"), dict) else {}
     return {
+        "role": role,
         "method": sent.get("method", ""),
         "url": sent.get("url", ""),
         "headers": sorted(headers.items()),

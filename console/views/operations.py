@@ -1,5 +1,7 @@
-"""The operations pages (SPEC §7, §15.7, §18), for every role (`recovery.view_call`): every breaker's state, window
-and history with every tool's retry-path safety, and the fault drills' stored runs with their results and logs.
+"""The operations pages (SPEC §7, §11, §15.7, §18), for every role (`recovery.view_call`): every breaker's state,
+window and history with every tool's retry-path safety and latest duplicate probe, one tool's page (its retry path,
+why and since when, the changes of it and its latest probes), and the fault drills' stored runs with their results
+and logs.
 
 Drill logs and results, tool and provider names are shown as text: the templates escape them like anything else an
 agent, a provider or a command wrote.
@@ -15,7 +17,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.views.common import VIEW, age_text, render_page, url_pattern
-from recovery.selectors.operations import breakers_page, drill_run, drill_runs
+from recovery.selectors.operations import breakers_page, drill_run, drill_runs, tool_page
 
 KEY_ROWS = 50  # per drill, the key rows drawn: those that failed first, then the others up to this many
 
@@ -28,6 +30,16 @@ def breakers(request: HttpRequest) -> HttpResponse:
     page = breakers_page(now=now)
     quiet = [tool.tool for tool in page.tools if not tool.history]
     return render_page(request, "console/breakers.html", {"page": page, "now": now, "quiet": quiet})
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def tool(request: HttpRequest, tool_id: int) -> HttpResponse:
+    page = tool_page(tool_id)
+    if page is None:
+        raise Http404("No such tool.")
+    return render_page(request, "console/tool.html", {"page": page, "tool": page.tool, "now": timezone.now()})
 
 
 class RunsForm(forms.Form):
@@ -167,6 +179,7 @@ def _result(item, call_url: str) -> dict:
 
 urlpatterns = [
     path("operations/breakers/", breakers, name="breakers"),
+    path("operations/tools/<int:tool_id>/", tool, name="tool"),
     path("operations/drills/", drills, name="drills"),
     path("operations/drills/<int:run_id>/", drill, name="drill"),
 ]

@@ -1,15 +1,16 @@
 """What the call page shows (SPEC §15.5): one call with its intent, evidence and history, in a fixed number of
-statements whatever the number of attempts, receipts, events, action requests or compensation entries — eleven, or
-two for the page's live refresh.
+statements whatever the number of attempts, receipts, probes, events, action requests or compensation entries —
+twelve, or two for the page's live refresh.
 
 1. the call with its task (and tenant), step, tool (and provider, and the provider's status-endpoint breaker) and
    the reviewer holding its claim; 2. its attempts, each with its decision card; 3. its gate answers; 4. its
-   receipts; 5. its audit events; 6. its diagnostics (their content only for people who may read them); 7. its
-   operator action requests (recovery.selectors.approvals); 8. the tool's breaker; 9, 10 and 11. its compensation
-   entries, their attempts and their receipts (recovery.selectors.compensations). The timeline that merges them is
-   built in Python from those rows: the forward effect, then each compensation (made, sent, answered, checked) and the
-   call's resulting state, one chain in time order. Every step of an action request is an audit event of the call,
-   so the timeline tells an action's story from those events.
+   receipts; 5. its duplicate probes (SPEC §11: receipts of their own, never attempts); 6. its audit events; 7. its
+   diagnostics (their content only for people who may read them); 8. its operator action requests
+   (recovery.selectors.approvals); 9. the tool's breaker; 10, 11 and 12. its compensation entries, their attempts and
+   their receipts (recovery.selectors.compensations). The timeline that merges them is built in Python from those
+   rows: the forward effect, then each compensation (made, sent, answered, checked) and the call's resulting state,
+   one chain in time order. Every step of an action request is an audit event of the call, so the timeline tells an
+   action's story from those events.
 """
 
 from __future__ import annotations
@@ -22,7 +23,19 @@ from django.core.exceptions import ObjectDoesNotExist
 from recovery.audit_actions import REQUEST_EVENTS
 from recovery.engine.budgets import tighter
 from recovery.engine.types import BreakerView, Budgets
-from recovery.models import ActionRequest, Attempt, AuditEvent, Call, Diagnostic, GateDecision, Receipt, StatusBreaker
+from recovery.models import (
+    ActionRequest,
+    Attempt,
+    AuditEvent,
+    Call,
+    Diagnostic,
+    DuplicateProbe,
+    GateDecision,
+    ProbeDecision,
+    Receipt,
+    ReceiptSource,
+    StatusBreaker,
+)
 from recovery.models import Decision as DecisionRow
 from recovery.registry.policy import TOOL_BUDGETS
 from recovery.selectors.approvals import call_action_requests
@@ -35,14 +48,31 @@ from recovery.selectors.context import task_budgets
 _ATTEMPT_UNREAD = ("request_hash", "response", "outcome_request_hash", "outcome_response", "facts")
 
 
+# How the pages name a receipt's source: the stored value, except where it would not tell a reader what happened.
+RECEIPT_SOURCES = {ReceiptSource.IDEMPOTENT_REPLAY.value: "idempotent replay (replay reconciliation)"}
+# How the timeline labels an entry's kind, where its slug (a CSS class too) is not the words.
+KIND_LABELS = {"probe": "duplicate probe"}
+
+
+def receipt_source(source: str) -> str:
+    """A receipt's source in the words the pages use ("poll", "callback", ..., "idempotent replay (replay
+    reconciliation)" for the one same-key replay of SPEC §10.1)."""
+    return RECEIPT_SOURCES.get(source, source)
+
+
 @dataclass(frozen=True, kw_only=True)
 class TimelineEntry:
     at: datetime
-    kind: str  # attempt, gate, decision, receipt, audit, action (an operator action's event), compensation
+    kind: str  # attempt, gate, decision, receipt, probe, audit, action (an operator action's event), compensation
     title: str
     details: str
     rank: int = 0  # orders entries written at the same instant: gate, attempt, audit, decision, receipt
     order: int = 0  # then by id
+    request_id: int | None = None  # the operator action request the entry came from, linked from it
+
+    @property
+    def kind_label(self) -> str:
+        return KIND_LABELS.get(self.kind, self.kind)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +120,7 @@ class CallPage:
     diagnostics: list[Diagnostic]  # full rows for people who may read them, else only ref/source/created_at
     diagnostics_readable: bool
     budget: list[BudgetLine]
+    probes: list[DuplicateProbe] = field(default_factory=list)  # oldest first
     action_requests: list[ActionRequest] = field(default_factory=list)  # newest first
     compensations: list[ChainEntry] = field(default_factory=list)  # by number
     story: EffectStory | None = None  # what became of the effect, once a compensation was made
@@ -137,7 +168,7 @@ def call_status(call_id: int, *, now: datetime) -> CallStatus | None:
 
 
 def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> CallPage | None:
-    """Everything the call page shows (eleven statements), or None for an unknown id."""
+    """Everything the call page shows (twelve statements), or None for an unknown id."""
     call = _call(call_id)
     if call is None:
         return None
@@ -153,6 +184,7 @@ def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> Cal
         GateDecision.objects.filter(call_id=call.pk).select_related("actor_user", "actor_token").order_by("pk")
     )
     receipts = list(Receipt.objects.filter(call_id=call.pk).order_by("checked_at", "pk"))
+    probes = list(DuplicateProbe.objects.filter(call_id=call.pk).order_by("created_at", "pk"))
     events = list(AuditEvent.objects.filter(call_id=call.pk).order_by("seq"))
     diagnostics = Diagnostic.objects.filter(call_id=call.pk).order_by("created_at", "pk")
     if not diagnostics_readable:
@@ -175,6 +207,7 @@ def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> Cal
         diagnostics=list(diagnostics),
         diagnostics_readable=diagnostics_readable,
         budget=budget_lines(call, now),
+        probes=probes,
         action_requests=call_action_requests(call.pk),
         compensations=compensations,
         story=story,
@@ -225,7 +258,7 @@ def _line(name: str, used: int, limit: int | None) -> BudgetLine:
 
 # --- timeline ------------------------------------------------------------------------------------------------------
 
-_RANK = {"gate": 0, "admitted": 1, "audit": 2, "reported": 3, "decision": 4, "receipt": 5}
+_RANK = {"gate": 0, "admitted": 1, "audit": 2, "reported": 3, "decision": 4, "receipt": 5, "probe": 5}
 _CHAIN_ENDS = ("COMPENSATED", "PARTIAL_COMPENSATED", "COMPENSATION_FAILED")
 
 
@@ -325,10 +358,40 @@ def _receipt_entry(receipt: Receipt) -> TimelineEntry:
     return TimelineEntry(
         at=receipt.checked_at,
         kind="receipt",
-        title=f"{receipt.source} receipt: {receipt.observed}",
+        title=f"{receipt_source(receipt.source)} receipt: {receipt.observed}",
         details="; ".join(parts),
         rank=_RANK["receipt"],
         order=receipt.pk,
+    )
+
+
+def _probe_entry(probe: DuplicateProbe) -> TimelineEntry:
+    """A duplicate probe (SPEC §11): the second request's answer → the provider's ledger → the decision, with what it
+    covered (the key's age, the provider's base URL). A receipt of its own: it moved no call."""
+    seen = "unknown" if probe.observed_effects is None else probe.observed_effects
+    parts = [
+        f"first {probe.first}",
+        f"effects observed {seen} of {probe.expected_effects} expected",
+        *([f"HTTP {probe.http_status}"] if probe.http_status is not None else ["no reply"]),
+        *([f"business id {probe.first_business_id}"] if probe.first_business_id else []),
+        *(
+            [f"second business id {probe.second_business_id}"]
+            if probe.second_business_id and probe.second_business_id != probe.first_business_id
+            else []
+        ),
+        f"key {probe.idempotency_key}, {probe.key_age_s} s old",
+        f"provider {probe.provider_base_url}",
+        *([probe.detail] if probe.detail else []),
+        *(["the retry path was left as it was"] if probe.decision == ProbeDecision.INCONCLUSIVE else []),
+    ]
+    return TimelineEntry(
+        at=probe.created_at,
+        kind="probe",
+        title=f"duplicate probe #{probe.pk}: {probe.second} → {probe.downstream_audit} → {probe.decision}",
+        details="; ".join(parts),
+        rank=_RANK["probe"],
+        order=probe.pk,
+        request_id=probe.action_id,
     )
 
 
@@ -412,7 +475,7 @@ def _compensation_entries(chain: ChainEntry) -> list[TimelineEntry]:
             TimelineEntry(
                 at=receipt.checked_at,
                 kind="compensation",
-                title=f"{name} {receipt.source} receipt: {receipt.observed}",
+                title=f"{name} {receipt_source(receipt.source)} receipt: {receipt.observed}",
                 details="; ".join(parts),
                 rank=_RANK["receipt"],
                 order=receipt.pk,
@@ -442,8 +505,8 @@ def _compensation_reply(name: str, attempt) -> TimelineEntry:
 
 
 def timeline(page: CallPage) -> list[TimelineEntry]:
-    """Attempts, decisions, gate answers, receipts, compensations and audit events of the call in time order,
-    oldest first."""
+    """Attempts, decisions, gate answers, receipts, duplicate probes, compensations and audit events of the call in
+    time order, oldest first."""
     entries: list[TimelineEntry] = []
     for attempt in page.attempts:
         entries.extend(_attempt_entries(attempt))
@@ -452,6 +515,7 @@ def timeline(page: CallPage) -> list[TimelineEntry]:
             entries.append(_decision_entry(decision, attempt.number))
     entries.extend(_gate_entry(g) for g in page.gates)
     entries.extend(_receipt_entry(r) for r in page.receipts)
+    entries.extend(_probe_entry(p) for p in page.probes)
     entries.extend(_audit_entry(e) for e in page.audit_events)
     for chain in page.compensations:
         entries.extend(_compensation_entries(chain))

@@ -1,11 +1,12 @@
-"""Reads of the operations pages (SPEC §7, §15.7, §18): every tool's breaker with its sliding window and history,
-every tool's retry-path safety as the registry states it, each provider's status-endpoint breaker, and the stored
-drill runs.
+"""Reads of the operations pages (SPEC §7, §11, §15.7, §18): every tool's breaker with its sliding window and
+history, every tool's retry-path safety as the registry and its latest duplicate probe state it, one tool's page
+(its retry path, the changes of it, its latest probes), each provider's status-endpoint breaker, and the stored drill
+runs.
 
-Each read is a fixed number of statements whatever the number of tools, providers, buckets, events or runs: the
-tools with their provider and breaker row (one join) and their alternates (one prefetch), the window's buckets (one),
-the recent breaker events of every breaker (one, ranked per breaker by a window function), the providers with their
-status breaker (one).
+Each read is a fixed number of statements whatever the number of tools, providers, buckets, events, probes or runs:
+the tools with their provider and breaker row (one join) and their alternates (one prefetch), the window's buckets
+(one), the recent breaker events of every breaker (one, ranked per breaker by a window function), every tool's latest
+probe (one, ranked the same way), the providers with their status breaker (one).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from django.db.models.functions import RowNumber
 from recovery.audit_actions import STATUS_BREAKER_EVENTS, TOOL_BREAKER_EVENTS
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, WRITE, BreakerPolicy
-from recovery.models import AuditEvent, BreakerBucket, DrillRun, Provider, Tool
+from recovery.models import AuditEvent, BreakerBucket, DrillRun, DuplicateProbe, Provider, Tool
 from recovery.registry.policy import breaker_policy, status_breaker_policy
+from recovery.selectors.probes import RetryPathChange, latest_probe_per_tool, retry_path_changes, tool_probes
 
 HISTORY_DAYS = 7  # a breaker's history: its events of the last week ...
 HISTORY_PER_BREAKER = 10  # ... the newest ten of them
@@ -74,6 +76,14 @@ class RetryPath:
     write_retry: int | None
     key_retention_s: int
     exhausted: str
+    # The tool's retry path (SPEC §11) as its latest deciding probe or an approved action left it, and why.
+    path: str = "unprobed"  # unprobed, safe, unsafe
+    reason: str = ""
+    changed_at: datetime | None = None
+    probe_id: int | None = None  # the probe that decided it (none: an approved action, or voided)
+    key_age_s: int | None = None  # a safe path covers keys up to this old
+    base_url: str = ""  # the provider's base URL when it was decided
+    replay_reconciliation: bool = False  # the registry lets reconciliation replay once when the status query fails
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,6 +104,7 @@ class ToolBreaker:
     window: SlidingWindow
     history: tuple[BreakerEvent, ...]
     retry: RetryPath
+    latest_probe: DuplicateProbe | None = None  # whatever it decided (an inconclusive one decides nothing)
 
     @property
     def at_threshold(self) -> bool:
@@ -128,7 +139,8 @@ class BreakersPage:
 
 # What the page reads of a tool: not its schemas, request templates or invariants.
 _TOOL_FIELDS = (
-    "name", "side_effect", "risk", "replay_safe", "retry_path", "retry_path_key_age_s", "reconcile", "fallback",
+    "name", "side_effect", "risk", "replay_safe", "retry_path", "retry_path_key_age_s", "retry_path_probe",
+    "retry_path_reason", "retry_path_changed_at", "retry_path_base_url", "reconcile", "fallback",
     "key_retention_s", "budgets", "breaker", "status_query", "exhausted_to_review", "provider__name",
     "breaker_row__state", "breaker_row__opened_at", "breaker_row__probes_reserved", "breaker_row__probe_lease_until",
 )  # fmt: skip
@@ -138,7 +150,7 @@ _EVENT_COLUMNS = (
 
 
 def breakers_page(*, now: datetime) -> BreakersPage:
-    """Every tool's breaker and retry path, and every provider's status breaker. Five statements."""
+    """Every tool's breaker, retry path and latest probe, and every provider's status breaker. Six statements."""
     alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name").order_by("name"))
     tools = list(
         Tool.objects.select_related("provider", "breaker_row")
@@ -149,9 +161,13 @@ def breakers_page(*, now: datetime) -> BreakersPage:
     policies = {tool.pk: breaker_policy(tool) for tool in tools}
     buckets = _buckets(policies, now)
     history = _history(now)
+    probes = latest_probe_per_tool()
     providers = Provider.objects.select_related("status_breaker_row").order_by("name")
     return BreakersPage(
-        tools=[_tool_breaker(tool, policies[tool.pk], buckets[tool.pk], history, now) for tool in tools],
+        tools=[
+            _tool_breaker(tool, policies[tool.pk], buckets[tool.pk], history, now, probes.get(tool.pk))
+            for tool in tools
+        ],
         providers=[_status_breaker(provider, history, now) for provider in providers],
         history_days=HISTORY_DAYS,
         history_per_breaker=HISTORY_PER_BREAKER,
@@ -212,7 +228,9 @@ def _epoch(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def _tool_breaker(tool: Tool, policy: BreakerPolicy, buckets: list, history: dict, now: datetime) -> ToolBreaker:
+def _tool_breaker(
+    tool: Tool, policy: BreakerPolicy, buckets: list, history: dict, now: datetime, probe: DuplicateProbe | None
+) -> ToolBreaker:
     row = getattr(tool, "breaker_row", None)  # no row: the breaker never opened, it reads closed
     stored = row.state if row is not None else CLOSED
     opened_at = row.opened_at if row is not None else None
@@ -246,6 +264,7 @@ def _tool_breaker(tool: Tool, policy: BreakerPolicy, buckets: list, history: dic
         ),
         history=history.get(("tool", tool.name), ()),
         retry=retry_path(tool),
+        latest_probe=probe,
     )
 
 
@@ -294,7 +313,8 @@ def retry_path(tool: Tool) -> RetryPath:
         reconcile = f"status API: {query.get('method', 'GET')} {query['path']}"
     else:
         reconcile = "no status API: an unknown outcome goes to human review"
-    if write and (tool.reconcile or {}).get("replay_when_status_down"):
+    replay_reconciliation = write and bool((tool.reconcile or {}).get("replay_when_status_down"))
+    if replay_reconciliation:
         reconcile += (
             "; when the status query cannot answer, one same-key replay settles it (replay reconciliation, once a "
             "probe proved the retry path)"
@@ -310,6 +330,40 @@ def retry_path(tool: Tool) -> RetryPath:
         write_retry=budgets.get("write_retry") if write else None,
         key_retention_s=tool.key_retention_s,
         exhausted="human review" if tool.exhausted_to_review else "FAILED_PERMANENT (retry_exhausted)",
+        path=tool.retry_path,
+        reason=tool.retry_path_reason,
+        changed_at=tool.retry_path_changed_at,
+        probe_id=tool.retry_path_probe_id,
+        key_age_s=tool.retry_path_key_age_s,
+        base_url=tool.retry_path_base_url,
+        replay_reconciliation=replay_reconciliation,
+    )
+
+
+# --- one tool ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolPage:
+    """One tool as a person checks its retry path (SPEC §11, §15.7): the path and why, its changes, its probes."""
+
+    tool: Tool
+    retry: RetryPath
+    probes: list[DuplicateProbe]  # newest first
+    more_probes: bool  # older probes exist beyond those shown
+    changes: list[RetryPathChange]  # newest first
+
+
+def tool_page(tool_id: int) -> ToolPage | None:
+    """The tool with its provider and alternates, its newest probes and retry-path changes; None for an unknown id.
+    Four statements."""
+    alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name").order_by("name"))
+    tool = Tool.objects.select_related("provider").prefetch_related(alternates).filter(pk=tool_id).first()
+    if tool is None:
+        return None
+    probes, more = tool_probes(tool.pk)
+    return ToolPage(
+        tool=tool, retry=retry_path(tool), probes=probes, more_probes=more, changes=retry_path_changes(tool.name)
     )
 
 
