@@ -52,6 +52,7 @@ from recovery.models import (
     CompensationEntry,
     CompensationReceipt,
     DrillRun,
+    DuplicateProbe,
     GateDecision,
     Receipt,
 )
@@ -176,10 +177,23 @@ def test_a_failing_dependency_opens_the_breaker_and_after_the_cooldown_one_probe
     assert all(stage.sandbox.ledger(key)["effects"] == 0 for key in calls)
 
 
-def test_a_status_api_that_is_down_sends_the_unknown_refund_to_a_person_at_the_poll_budget(stage):
-    (row,) = passed(stage, "status-api-down").keys
+def rows_by_step(result) -> dict[str, object]:
+    """A drill of steps whose calls each have one row (no compensation entries): its row by step."""
+    rows = {row.step: row for row in result.keys}
+    assert len(rows) == len(result.keys)
+    return rows
 
+
+def test_a_status_api_that_is_down_sends_the_unknown_refund_to_a_person_at_the_poll_budget(stage):
+    """refund.create (never probed): HUMAN_REVIEW at the poll budget. refund.replayed, probed safe first by an
+    approved duplicate probe: COMMITTED by its one same-key replay, one effect, no person."""
+    result = passed(stage, "status-api-down")
+    rows = rows_by_step(result)
+    assert list(rows) == ["probed", "unprobed", "replayed"]  # the probe's target first, to let its key age
+
+    row = rows["unprobed"]
     call = Call.objects.get(pk=row.call_id)
+    assert call.tool.name == stage.tool("refund.create") and call.tool.retry_path == "unprobed"
     assert transitions(call.pk) == [S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW]
     assert (call.checks_made, call.outcome) == (3, "poll_budget_exhausted")
     assert list(Receipt.objects.filter(call=call).values_list("observed", flat=True)) == ["failed"] * 3
@@ -187,6 +201,139 @@ def test_a_status_api_that_is_down_sends_the_unknown_refund_to_a_person_at_the_p
     assert status == [503, 503, 503]
     assert writes(stage, row.key) == [("POST", None, "dropped_after_commit")]
     assert stage.sandbox.ledger(row.key)["effects"] == 1
+    assert call.replay_reconciled_at is None
+
+    # The probe: an approved probe_duplicate of the committed refund, answered from the provider's idempotency record.
+    probed, replayed = (Call.objects.get(pk=rows[step].call_id) for step in ("probed", "replayed"))
+    tool = probed.tool
+    assert tool.name == stage.tool("refund.replayed") and replayed.tool_id == tool.pk
+    (request,) = ActionRequest.objects.filter(call=probed)
+    assert (request.action, request.status) == ("probe_duplicate", ActionStatus.EXECUTED)
+    assert request.requested_by.username == DRILL_REVIEWER and request.decided_by.username == DRILL_APPROVERS[0]
+    (probe,) = DuplicateProbe.objects.filter(call=probed)
+    assert (probe.second, probe.downstream_audit, probe.decision) == (
+        "idempotent_replay",
+        "one_effect",
+        "retry_path_safe",
+    )
+    assert (probe.observed_effects, probe.action_id, probe.provider_base_url) == (1, request.pk, stage.sandbox.url)
+    first_sent = Attempt.objects.get(call=replayed, number=1).admitted_at  # where the gate counts a key's age from
+    assert probe.key_age_s >= 8 and probe.created_at < first_sent
+    assert (tool.retry_path, tool.retry_path_probe_id, tool.retry_path_key_age_s) == ("safe", probe.pk, probe.key_age_s)
+    assert writes(stage, probed.idempotency_key) == [("POST", 200, "answered"), ("POST", 200, "replayed")]
+    assert stage.sandbox.ledger(probed.idempotency_key)["effects"] == 1
+
+    # The replayed refund: one failed check, then the one same-key replay; never a person.
+    assert transitions(replayed.pk) == [S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.COMMITTED]
+    assert replayed.replay_reconciled_at is not None
+    receipts = Receipt.objects.filter(call=replayed).order_by("id")
+    assert [(r.source, r.observed, r.applied) for r in receipts] == [
+        ("poll", "failed", True),
+        ("idempotent_replay", "committed", True),
+    ]
+    _, replay = Attempt.objects.filter(call=replayed).order_by("number")
+    assert (replay.attempt_id, replay.evidence, replay.http_status) == ("reconcile-replay", ["replay_reconcile"], 200)
+    admitted = GateDecision.objects.get(call=replayed, candidate_attempt_id="reconcile-replay")
+    assert (admitted.allowed, admitted.evidence_used) == (True, "replay_reconcile")
+    assert int((replay.admitted_at - first_sent).total_seconds()) < probe.key_age_s
+    assert not ActionRequest.objects.filter(call=replayed).exists()
+    assert not AuditEvent.objects.filter(call_id=replayed.pk, to_state=S.HUMAN_REVIEW).exists()
+    assert writes(stage, replayed.idempotency_key) == [
+        ("POST", None, "dropped_after_commit"),
+        ("POST", 200, "replayed"),
+    ]
+    assert [r["status"] for r in stage.sandbox.requests(key=replayed.idempotency_key) if r["method"] == "GET"] == [503]
+    ledger = stage.sandbox.ledger(replayed.idempotency_key)
+    assert ledger["effects"] == 1 and ledger["entries"][0]["provider_ref"] == replayed.provider_ref
+
+    # The same evidence against a table that says the replayed refund went to a person, or that the probe left two
+    # effects, fails; only that row does.
+    drill = DRILLS["status-api-down"]
+    steps = {step.step: step for step in drill.steps}
+    to_a_person = replace(steps["replayed"], end=End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW)))
+    judged = rejudge(stage, result, replace(drill, steps=(steps["unprobed"], steps["probed"], to_a_person)))
+    assert not judged.passed and [row.passed for row in judged.keys] == [True, True, False]
+    assert judged.keys[2].observed_end == "SENT → UNKNOWN → STILL_UNKNOWN → COMMITTED"
+    doubled = replace(steps["probed"], effects=2)
+    judged = rejudge(stage, result, replace(drill, steps=(steps["unprobed"], doubled, steps["replayed"])))
+    assert not judged.passed and [row.passed for row in judged.keys] == [False, True, True]
+    assert (judged.keys[0].expected_effects, judged.keys[0].observed_effects) == (2, 1)
+    assert all(check.passed for check in judged.checks)  # only the table differs, and that is enough
+
+
+def test_a_provider_that_ignores_keys_is_probed_unsafe_and_nothing_replays_the_tool_again(stage):
+    """Broken mode for one key: the probe's replay makes a second refund (the evidence) and says retry_path_unsafe;
+    then reconciliation does not replay a lost reply of the tool, an operator cannot, and the runtime's same-key
+    retry after state_verified is denied retry_path_unsafe."""
+    result = passed(stage, "provider-ignores-keys")
+    rows = rows_by_step(result)
+    assert list(rows) == ["probed", "reply lost", "lost before commit"]
+    probed, lost, dropped = (Call.objects.get(pk=rows[step].call_id) for step in rows)
+    tool = probed.tool
+    assert tool.name == stage.tool("refund.ignores-keys") and {lost.tool_id, dropped.tool_id} == {tool.pk}
+    assert stage.tool("refund.create") != tool.name  # the shipped tools are never probed by this drill
+
+    # The probe: approved by a second person, its replay executed anew; two refunds, two ids, for one key.
+    assert transitions(probed.pk) == [S.SENT, S.COMMITTED]
+    (request,) = ActionRequest.objects.filter(call=probed)
+    assert (request.action, request.status) == ("probe_duplicate", ActionStatus.EXECUTED)
+    assert request.requested_by.username == DRILL_REVIEWER and request.decided_by.username == DRILL_APPROVERS[0]
+    (probe,) = DuplicateProbe.objects.filter(call=probed)
+    assert (probe.second, probe.downstream_audit, probe.decision) == (
+        "new_business_id",
+        "second_effect",
+        "retry_path_unsafe",
+    )
+    assert (probe.observed_effects, probe.expected_effects, probe.action_id) == (2, 1, request.pk)
+    assert probe.first_business_id == probed.provider_ref != probe.second_business_id
+    assert (tool.retry_path, tool.retry_path_probe_id, tool.retry_path_key_age_s) == ("unsafe", probe.pk, None)
+    changed = AuditEvent.objects.filter(action="tool.retry_path", evidence__tool=tool.name).latest("seq")
+    assert (changed.from_state, changed.to_state, changed.evidence["probe"]) == ("unprobed", "unsafe", probe.pk)
+    assert writes(stage, probed.idempotency_key) == [("POST", 200, "answered"), ("POST", 200, "answered")]
+    ledger = stage.sandbox.ledger(probed.idempotency_key)
+    assert ledger["effects"] == 2
+    assert [entry["provider_ref"] for entry in ledger["entries"]] == [probe.first_business_id, probe.second_business_id]
+
+    # Reconciliation: every check failed and counted; no replay, no replay mark, no idempotent_replay receipt.
+    assert transitions(lost.pk) == [S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW]
+    assert (lost.checks_made, lost.outcome, lost.replay_reconciled_at) == (3, "poll_budget_exhausted", None)
+    assert list(Receipt.objects.filter(call=lost).values_list("source", "observed")) == [("poll", "failed")] * 3
+    assert Attempt.objects.filter(call=lost).count() == 1
+    assert not GateDecision.objects.filter(call=lost, candidate_attempt_id="reconcile-replay", allowed=True).exists()
+    assert writes(stage, lost.idempotency_key) == [("POST", None, "dropped_after_commit")]
+    assert stage.sandbox.ledger(lost.idempotency_key)["effects"] == 1
+    assert not ActionRequest.objects.filter(call=lost).exists()  # the operator's replay was refused at its preview
+
+    # The runtime: proven not committed, its same-key retry denied at the retry path, told to stop; nothing resent.
+    assert transitions(dropped.pk) == [S.SENT, S.UNKNOWN, S.NOT_COMMITTED, S.RETRYABLE]
+    (denial,) = GateDecision.objects.filter(call=dropped, allowed=False, dry_run=False)
+    assert (denial.reason, denial.required_next["action"]) == ("retry_path_unsafe", "stop")
+    assert "state_verified" in denial.candidate["evidence"]
+    by_check = {c["name"]: c["passed"] for c in denial.checks}
+    assert (by_check["evidence"], by_check["retry_path"]) == (True, False)
+    assert Attempt.objects.filter(call=dropped).count() == 1
+    assert writes(stage, dropped.idempotency_key) == [("POST", None, "dropped_before_commit")]
+    assert stage.sandbox.ledger(dropped.idempotency_key)["effects"] == 0
+
+    # The same evidence against a table that says the provider deduplicated (one effect for the probed key), or that
+    # the runtime's retry was admitted and committed, fails; only that row does.
+    drill = DRILLS["provider-ignores-keys"]
+    steps = {step.step: step for step in drill.steps}
+    one_effect = replace(steps["probed"], effects=1)
+    judged = rejudge(
+        stage, result, replace(drill, steps=(one_effect, steps["reply lost"], steps["lost before commit"]))
+    )
+    assert not judged.passed and [row.passed for row in judged.keys] == [False, True, True]
+    assert (judged.keys[0].expected_effects, judged.keys[0].observed_effects) == (1, 2)
+    retried = replace(
+        steps["lost before commit"],
+        end=End(path=(S.SENT, S.UNKNOWN, S.NOT_COMMITTED, S.RETRYABLE, S.SENT, S.COMMITTED)),
+        effects=1,
+    )
+    judged = rejudge(stage, result, replace(drill, steps=(steps["probed"], steps["reply lost"], retried)))
+    assert not judged.passed and [row.passed for row in judged.keys] == [True, True, False]
+    assert judged.keys[2].observed_end == "SENT → UNKNOWN → NOT_COMMITTED → RETRYABLE, told: stop"
+    assert all(check.passed for check in judged.checks)  # only the table differs, and that is enough
 
 
 def test_a_backlog_of_lost_replies_is_committed_by_one_check_each(stage):
@@ -279,7 +426,9 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
 
     listed = out.getvalue()
     assert all(listed.count(f"{slug} ") == 1 for slug in DRILLS)
-    assert "(not run here)       provider ignores keys: needs an approved duplicate probe" in listed
+    assert "(not run here)" not in listed  # every row of SPEC §18's table that the command runs is listed
+    assert "step probed: SENT → COMMITTED, 2 effects" in listed  # provider ignores keys: the probe's second effect
+    assert "step replayed: SENT → UNKNOWN → STILL_UNKNOWN → COMMITTED, 1 effect" in listed  # status API down
     assert "two-approvers        two approvers: 50 rounds of two approvals at once" in listed
     assert "needs: REDIS_URL (skipped with the reason without it)" in listed
     assert "its compensation: entry 1: sent → unknown → committed; 1 cancellation under its own key" in listed
@@ -290,8 +439,8 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
     )
     every = (
         "refused-before-send, timeout-after-send, lost-before-commit, duplicate-callbacks, rate-limit, dependency-5xx, "
-        "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, compensation-reply-lost, "
-        "compensation-refused, saga-aborted, saga-aborted-unknown-step"
+        "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, provider-ignores-keys, "
+        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")

@@ -74,11 +74,22 @@ class Run:
         """A refund's idempotency key and arguments, unique to this drill run."""
         return self.key(f"refund-{label}"), {"order_id": self.order_id(n), "amount_cents": 1250 + n}
 
-    def refund(self, agent: Agent, key: str, arguments: dict, *, task: str, goal: str) -> tuple[int, CallResult]:
-        """One refund in a task of its own (`task` names it), recorded as a key row: the task's id and the call."""
+    def refund(
+        self,
+        agent: Agent,
+        key: str,
+        arguments: dict,
+        *,
+        task: str,
+        goal: str,
+        tool: str = "refund.create",
+        step: str = "",
+    ) -> tuple[int, CallResult]:
+        """One refund in a task of its own (`task` names it), recorded as a key row (`step`: its role, for a drill
+        whose calls end differently): the task's id and the call. `tool`: one of the stage's refund tools."""
         task_id = agent.start_task(self.key(task), goal=goal).id
-        tool = self.stage.tool("refund.create")
-        return task_id, self.call(agent.run_call(task_id, step=1, tool=tool, key=key, arguments=arguments))
+        result = agent.run_call(task_id, step=1, tool=self.stage.tool(tool), key=key, arguments=arguments)
+        return task_id, self.call(result, step=step)
 
     def posts_since(self, path: str) -> list[dict]:
         """The sandbox's logged POSTs under `path` since this drill began."""

@@ -7,9 +7,10 @@
         stage.sandbox.ledger(stage.key("r"))
 
 Drills get a registry of their own — the shipped sandbox registry with every tool renamed `drill.<name>`, provider
-`drill-sandbox` pointing at the drill's sandbox process, tenant `drills` — with quick reconcile schedules, so they
-never disturb the demo tenant and finish in seconds. The demo (`demo_stage`) plays on the shipped registry itself,
-against the console and sandbox `make run` started.
+`drill-sandbox` pointing at the drill's sandbox process, tenant `drills` (a sandbox tenant: duplicate probes are
+allowed) — with quick reconcile schedules, so they never disturb the demo tenant and finish in seconds; and two refund
+tools of the drills' own whose retry path the probe drills decide (REPLAYED_REFUND, KEYLESS_REFUND). The demo
+(`demo_stage`) plays on the shipped registry itself, against the console and sandbox `make run` started.
 
 The drills that need an approved operator action act as drill users of their own (`drill_people`: a reviewer and
 two approvers, created on first use with a random password nobody is told). With REDIS_URL the stage's jobs run in
@@ -75,6 +76,14 @@ DRILL_RECONCILE = {"first_check_s": 1, "backoff": 1, "max_checks": 3, "deadline_
 # a margin, 14 s on the drill provider): the worker-killed drill waits out both.
 DRILL_OUTCOME_TIMEOUT_S = 10
 DRILL_ACTION_LEASE_S = 10
+# Two refund tools of the drills' own, so that what a duplicate probe decides about them (SPEC §11) never touches
+# refund.create: both replay-safe, with replay reconciliation on and an explicit key retention. The status-down drill
+# probes REPLAYED_REFUND safe and lets reconciliation replay it (SPEC §10.1); the provider-ignores-keys drill probes
+# KEYLESS_REFUND against a sandbox in broken mode and finds it unsafe. Each new stage's sandbox has a new address, so
+# loading the drill registry voids both retry paths again (back to unprobed).
+REPLAYED_REFUND = "refund.replayed"
+KEYLESS_REFUND = "refund.ignores-keys"
+DRILL_KEY_RETENTION_S = 86_400
 # Who acts in the drills that need an approved action: one reviewer and two approvers (four eyes, two at once).
 DRILL_REVIEWER = "drill-reviewer"
 DRILL_APPROVERS = ("drill-approver-1", "drill-approver-2")
@@ -180,6 +189,12 @@ def drill_registry(sandbox_url: str) -> dict:
     # The worker-killed drill's replay never gets an outcome: the sweeper takes it after this, not after 30 s. Every
     # other drill reports its refund's outcome within the 2 s read timeout.
     refund["outcome_timeout_s"] = DRILL_OUTCOME_TIMEOUT_S
+    for name in (REPLAYED_REFUND, KEYLESS_REFUND):
+        twin = copy.deepcopy(refund) | {"name": DRILL_PREFIX + name, "key_retention_s": DRILL_KEY_RETENTION_S}
+        twin["description"] = f"A refund tool of the drills' own ({name}): its retry path is probed."
+        twin["reconcile"] = DRILL_RECONCILE | {"replay_when_status_down": True}
+        by_name[twin["name"]] = twin
+        tools.append(twin)
     tenant = {"name": DRILL_TENANT, "display_name": "Fault drills", "sandbox": True, "tools": sorted(by_name)}
     return {"tenants": [tenant], "providers": [provider], "tools": tools}
 

@@ -13,8 +13,11 @@ kill (`needs`), and is skipped with the reason without REDIS_URL. The two compen
 call's compensation ledger entry ends (`compensation`: the entry's states after pending, and the effects under its
 own key), judged like a call's row. The two saga drills pin each step's end of their own (`steps`: a step's path,
 its key's effects and its entry's end), since an aborted saga's order, payment and refused shipment end differently.
-The duplicate probe ("provider ignores keys") is listed in NOT_HERE: it is not
-run by `manage.py drill`.
+The two drills of the duplicate probe (SPEC §11) play it as an approved `probe_duplicate` too, on refund tools of
+the drill registry's own (recovery/drills/stage.py: REPLAYED_REFUND, KEYLESS_REFUND), so that the retry path a probe
+decides never touches refund.create: "status API down" proves one safe and lets reconciliation replay it (SPEC
+§10.1), "provider ignores keys" finds the other unsafe in the sandbox's broken mode. Both pin each call by its role
+(`steps`), since their refunds end differently.
 """
 
 from __future__ import annotations
@@ -22,10 +25,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from recovery.compensation_states import EntryState
+from recovery.drills.stage import KEYLESS_REFUND, REPLAYED_REFUND
 from recovery.states import CallState
 
 S, E = CallState, EntryState
 ARROW = " → "
+
+# The roles of the refunds in the two probe drills (their key rows' `step`).
+UNPROBED = "unprobed"  # status-api-down: refund.create, never probed (replay reconciliation off)
+PROBED = "probed"  # the committed refund a duplicate probe replays
+REPLAYED = "replayed"  # status-api-down: settled by replay reconciliation
+REPLY_LOST = "reply lost"  # provider-ignores-keys: its reply lost, its status API down
+LOST_BEFORE_COMMIT = "lost before commit"  # provider-ignores-keys: dropped unexecuted, then a same-key retry
 
 # What the drills inject, as the table's words say it.
 RETRY_AFTER_S = 2  # the rate-limit drill's Retry-After
@@ -131,6 +142,16 @@ class Drill:
         """How many times each call is sent: the SENTs of its path."""
         return self.path.count(S.SENT)
 
+    def sends_of(self, step: str = "") -> int:
+        """How many times a call is sent: the SENTs of its path, or of its step's path in a drill of steps (ValueError
+        for a step the table does not pin by its path)."""
+        if not step:
+            return self.sends
+        pinned = self.step(step)
+        if pinned is None or pinned.end.path is None:
+            raise ValueError(f"{self.slug}: no path pinned for step {step!r}")
+        return pinned.end.path.count(S.SENT)
+
     def expected_summary(self) -> str:
         if self.steps:
             steps = "; ".join(step.describe() for step in self.steps)
@@ -223,11 +244,28 @@ DRILLS: dict[str, Drill] = {
         Drill(
             slug="status-api-down",
             name="status API down",
-            injected="refund committed, reply dropped, status endpoint 503",
-            expected_end="STILL_UNKNOWN → HUMAN_REVIEW at the poll budget",
-            ends=(End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW)),),
+            injected="refund committed, reply dropped, status endpoint 503: on refund.create (never probed), and on"
+            f" {REPLAYED_REFUND} (replay-safe, replay_when_status_down, key_retention_s), whose retry path an"
+            " approved duplicate probe of an earlier committed refund proved safe first",
+            expected_end="STILL_UNKNOWN → HUMAN_REVIEW at the poll budget; for a tool with a probe-proven retry path"
+            " and replay reconciliation on: COMMITTED by one `idempotent_replay` receipt, no person",
+            ends=(),
             effects=1,
-            checks=("no second request", "every check failed and counted toward the poll budget"),
+            steps=(
+                StepEnd(step=UNPROBED, end=End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW)), effects=1),
+                # The refund the probe replays: the provider deduplicates, so the probe leaves one effect.
+                StepEnd(step=PROBED, end=End(path=(S.SENT, S.COMMITTED)), effects=1),
+                # One failed check (STILL_UNKNOWN), then the one same-key replay settles it.
+                StepEnd(step=REPLAYED, end=End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.COMMITTED)), effects=1),
+            ),
+            checks=(
+                "no second request",
+                "every check failed and counted toward the poll budget",
+                "the duplicate probe ran as an approved probe_duplicate",
+                "the probe proved the retry path safe for keys as old as the replayed one",
+                "COMMITTED by one idempotent_replay receipt, no person",
+                "2 write requests for the replayed key: the lost one and the replay",
+            ),
         ),
         Drill(
             slug="queue-backlog",
@@ -281,6 +319,37 @@ DRILLS: dict[str, Drill] = {
                 "one approval and one refusal per round",
                 "one execution per round",
                 "one replay request per key",
+            ),
+        ),
+        Drill(
+            slug="provider-ignores-keys",
+            name="provider ignores keys",
+            injected=f"broken mode (ignore_keys) for one key of {KEYLESS_REFUND} (replay-safe, replay_when_status_down,"
+            " key_retention_s): the refund commits, then a duplicate probe of it approved by a second person; then, for"
+            " the same tool, a refund whose reply is lost while its status endpoint answers 503, and one dropped before"
+            " commit, whose retry carries state_verified",
+            expected_end="probe says `retry_path_unsafe`; automatic replay off for the tool",
+            ends=(),
+            effects=2,
+            steps=(
+                # The probed key holds the first refund and the probe's: the second effect is the evidence.
+                StepEnd(step=PROBED, end=End(path=(S.SENT, S.COMMITTED)), effects=2),
+                # Never replayed by reconciliation: a person settles it at the poll budget.
+                StepEnd(step=REPLY_LOST, end=End(path=(S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW)), effects=1),
+                # Proven not committed, but the same-key retry is denied `retry_path_unsafe`: the runtime is told stop.
+                StepEnd(
+                    step=LOST_BEFORE_COMMIT,
+                    end=End(path=(S.SENT, S.UNKNOWN, S.NOT_COMMITTED, S.RETRYABLE), told="stop"),
+                    effects=0,
+                ),
+            ),
+            checks=(
+                "the duplicate probe ran as an approved probe_duplicate",
+                "the probe says retry_path_unsafe",
+                "the probe's second effect is in the provider's ledger",
+                "reconciliation never replayed the lost reply",
+                "an operator's same-key replay is refused",
+                "the runtime's retry after state_verified is denied retry_path_unsafe",
             ),
         ),
         Drill(
@@ -367,10 +436,8 @@ DRILLS: dict[str, Drill] = {
     )
 }
 
-# The other row of SPEC §18: it needs an approved duplicate probe, an action this release does not have.
-NOT_HERE: dict[str, str] = {
-    "provider ignores keys": "needs an approved duplicate probe",
-}
+# Rows of SPEC §18 that `manage.py drill` does not run (name → why): none at present.
+NOT_HERE: dict[str, str] = {}
 
 
 def find(name: str) -> Drill:
