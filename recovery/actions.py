@@ -228,8 +228,10 @@ def _state_reason(action: Action, state: CallState) -> str:
         if action is APPROVE_NEW_COMPENSATION and state == S.COMMITTED:
             return "no compensation has been tried yet: start one"
         return f"only a committed effect is compensated; this call is {state}"
-    if action in (PROBE_DUPLICATE, RESTORE_RETRY_PATH):
+    if action is PROBE_DUPLICATE:
         return f"only a COMMITTED call (the effect a probe replays) is probed; this one is {state}"
+    if action is RESTORE_RETRY_PATH:
+        return f"the retry path is turned back on from a COMMITTED call of the tool (a probed one); this one is {state}"
     if state == S.COMMITTED and action is not RECONCILE_NOW:
         return "the call is COMMITTED: the effect exists and the call is never admitted or settled again"
     if state in _UNSETTLED:

@@ -393,7 +393,7 @@ class GateRecordOut(Answer):
 
 class ReceiptOut(Answer):
     id: int = _("The receipt.")
-    source: ReceiptSourceName = _("poll, callback, runtime or operator.")
+    source: ReceiptSourceName = _("poll, callback, runtime, operator or idempotent_replay (replay reconciliation).")
     observed: ObservationName = _("What the check observed: committed, not_found, pending, ...")
     provider_status: str = _("The provider's own status text.")
     provider_ref: str | None = _("The provider's reference, if it gave one.")

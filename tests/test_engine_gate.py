@@ -560,6 +560,93 @@ def test_it_does_not_apply_key_retention_to_reads():
     assert gate(tool=LOOKUP, call=call).allowed
 
 
+# --- the retry path (SPEC §11) and replay reconciliation (§10.1) ----------------------------------------------------
+
+SAFE_REFUND = replace(REFUND, replay_safe=True, retry_path="safe", retry_path_key_age_s=3_600)
+UNSAFE_REFUND = replace(SAFE_REFUND, retry_path="unsafe", retry_path_key_age_s=None)
+UNKNOWN_PREVIOUS = {"failure_class": OUTCOME_UNKNOWN, "phase": "commit_unknown", "side_effect": "unknown"}
+
+
+def replay_reconcile(tool: ToolPolicy, *, state: str = "STILL_UNKNOWN", age_s: int = 60, **context):
+    call = make_call(tool, state=state, first_sent_at=NOW - timedelta(seconds=age_s))
+    candidate = make_candidate(tool, evidence=("replay_reconcile",))
+    values = {"status_unavailable": True, "previous": make_previous(tool, **UNKNOWN_PREVIOUS)} | context
+    return admit(call, candidate, make_context(tool, **values))
+
+
+def test_an_unsafe_retry_path_refuses_a_same_key_retry_after_a_possible_effect():
+    previous = make_previous(UNSAFE_REFUND, **UNKNOWN_PREVIOUS)
+    receipt = {"latest_receipt": "not_committed", "latest_receipt_at": NOW - timedelta(seconds=1)}
+    candidate = make_candidate(UNSAFE_REFUND, evidence=(STATE_VERIFIED,))
+
+    decision = gate(tool=UNSAFE_REFUND, candidate=candidate, previous=previous, **receipt)
+
+    assert (decision.reason, decision.required_next.action) == ("retry_path_unsafe", "stop")
+    assert checked(decision)[-1] == ("retry_path", False)
+    assert "ignore idempotency keys" in decision.public_message
+    # The same retry on a tool nobody probed is admitted: the runtime's state_verified vouches for it.
+    assert gate(tool=replace(UNSAFE_REFUND, retry_path="unprobed"), candidate=candidate, previous=previous, **receipt)
+
+
+def test_a_provably_unsent_retry_is_not_a_replay_even_on_an_unsafe_tool():
+    decision = gate(tool=UNSAFE_REFUND, previous=make_previous(UNSAFE_REFUND, side_effect="not_sent"))
+    assert decision.allowed
+    assert dict(checked(decision))["retry_path"] is True
+
+
+def test_replay_reconciliation_is_admitted_on_a_proved_tool_for_a_young_key():
+    decision = replay_reconcile(SAFE_REFUND)
+
+    assert decision.allowed and decision.evidence_used == "replay_reconcile"
+    assert checked(decision) == [(name, True) for name in ALL_CHECKS]
+
+
+@pytest.mark.parametrize(
+    "tool, reason",
+    [
+        (replace(SAFE_REFUND, retry_path="unprobed", retry_path_key_age_s=None), "retry_path_unprobed"),
+        (UNSAFE_REFUND, "retry_path_unsafe"),
+        (replace(SAFE_REFUND, replay_safe=False), "retry_path_unsafe"),
+    ],
+)
+def test_replay_reconciliation_needs_a_safe_probe(tool, reason):
+    decision = replay_reconcile(tool)
+    assert (decision.reason, decision.required_next.action) == (reason, "wait_for_reconcile")
+    assert checked(decision)[-1] == ("retry_path", False)
+
+
+@pytest.mark.parametrize(
+    "age_s, covered_s, kept_s, allowed",
+    [
+        (3_599, 3_600, 86_400, True),
+        (3_600, 3_600, 86_400, False),
+        (3_599, 3_600, 3_899, False),
+        (3_598, 3_600, 3_899, True),
+    ],
+)
+def test_replay_reconciliation_never_replays_a_key_past_the_probe_or_the_retention_margin(
+    age_s, covered_s, kept_s, allowed
+):
+    tool = replace(SAFE_REFUND, retry_path_key_age_s=covered_s, key_retention_s=kept_s)
+    decision = replay_reconcile(tool, age_s=age_s)
+    assert decision.allowed is allowed
+    if not allowed:
+        assert decision.reason == "replay_key_too_old"
+        assert decision.required_next.detail["limit_s"] == min(covered_s, kept_s - 300)
+
+
+def test_replay_reconcile_evidence_holds_only_when_reconciliation_says_the_status_query_cannot_answer():
+    decision = replay_reconcile(SAFE_REFUND, status_unavailable=False)  # a runtime cannot claim it
+    assert (decision.reason, decision.required_next.action) == ("outcome_unknown", "wait_for_reconcile")
+    assert "replay_reconcile" not in str(decision.required_next.detail)
+
+
+def test_replay_reconciliation_is_last_refused_by_the_tools_breaker():
+    decision = replay_reconcile(SAFE_REFUND, breaker=BreakerView(state=OPEN, probe_available=False, retry_in_ms=5_000))
+    assert decision.reason == "breaker_open"
+    assert checked(decision) == [(name, name != "breaker") for name in ALL_CHECKS]
+
+
 # --- breaker, last --------------------------------------------------------------------------------------------------
 
 

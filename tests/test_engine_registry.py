@@ -76,5 +76,5 @@ def test_the_seed_refund_timeout_after_send_is_reconciled_never_replayed(refund)
     card = decide(outcome, call=call, task=TaskView(rounds_used=4), tool=refund, breaker=BreakerView(), now=NOW)
     assert (card.route, card.call_state, card.required_next.action) == ("reconcile", "UNKNOWN", "wait_for_reconcile")
     assert {"blind_replay", "duplicate_refund"} <= set(card.forbidden)
-    assert card.required_next.after_ms == 5_000  # the registry's reconcile.first_check_s
+    assert card.required_next.after_ms == 0  # the registry's reconcile.first_check_s: 0, a check at once
     assert (card.budget.attempt, card.budget.max_attempts) == (2, 3)

@@ -282,17 +282,28 @@ def void_retry_paths(provider: Provider, old_url: str) -> int:
     from django.utils import timezone
 
     reason = f"voided: the provider's base URL changed from {old_url} to {provider.base_url}"
-    return (
+    voided = list(
         Tool.objects.filter(provider=provider)
         .exclude(retry_path=RetryPath.UNPROBED)
-        .update(
-            retry_path=RetryPath.UNPROBED,
-            retry_path_probe=None,
-            retry_path_key_age_s=None,
-            retry_path_reason=reason,
-            retry_path_changed_at=timezone.now(),
-        )
+        .values_list("pk", "name", "retry_path")
     )
+    Tool.objects.filter(pk__in=[pk for pk, _, _ in voided]).update(
+        retry_path=RetryPath.UNPROBED,
+        retry_path_probe=None,
+        retry_path_key_age_s=None,
+        retry_path_reason=reason,
+        retry_path_changed_at=timezone.now(),
+    )
+    for _, name, before in voided:
+        append_event(
+            action=AuditAction.RETRY_PATH_CHANGED,
+            actor=Actor.system("registry"),
+            from_state=before,
+            to_state=RetryPath.UNPROBED,
+            reason=f"{name}: retry path {before} → unprobed: {reason}",
+            evidence={"tool": name, "probe": None, "base_url": provider.base_url},
+        )
+    return len(voided)
 
 
 def _reason(report: LoadReport) -> str:

@@ -322,6 +322,12 @@ def _admission(action: Action, gate: GateDecision | None) -> dict:
 def _breaker(call: Call, policy: ToolPolicy, action: Action, gate: GateDecision | None, now: datetime) -> dict:
     if action.name == "reconcile_now":
         return _status_breaker(call, now)
+    if action.name == "probe_duplicate":
+        view = breaker_view(call.tool, now=now)
+        said = f"{policy.name}'s breaker is {view.state}"
+        return _check(
+            "breaker", True, f"{said}: a probe is a receipt, not an attempt; it is neither counted nor refused"
+        )
     if gate is None:
         return _check("breaker", True, "no request to the provider: the tool's breaker is not involved")
     view = breaker_view(call.tool, now=now)
@@ -392,6 +398,13 @@ def _side_effect_budget(call: Call, policy: ToolPolicy, action: Action) -> dict:
     effects = f"{seen} effect(s) observed for the key" + (f", at most {most}" if most is not None else "")
     if action.name == "mark_not_committed" and seen:
         return _check("side_effect_budget", False, f"{effects}: the provider reports the effect, it was committed")
+    if action.name == "probe_duplicate":
+        return _check(
+            "side_effect_budget",
+            True,
+            f"{effects}; the probe adds none if the provider deduplicates, one on this test tenant if it does not "
+            "(that effect is the evidence)",
+        )
     if not _attempting(action):
         return _check("side_effect_budget", True, f"{effects}; this action adds none")
     if most is not None and seen > most:
@@ -431,7 +444,7 @@ def _key_retention(call: Call, facts: CallFacts, action: Action, now: datetime) 
         if facts.key_expired:
             return _check("key_retention", True, f"{kept}: expired, a 'not found' would prove nothing by itself")
         return _check("key_retention", True, f"{kept}: the status query finds it by key")
-    if not _attempting(action):
+    if not _attempting(action) and action.name != "probe_duplicate":
         return _check("key_retention", True, "no key is replayed")
     if facts.key_expired:
         return _check("key_retention", False, f"{kept}: expired, a replay would be a new operation")

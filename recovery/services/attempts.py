@@ -461,7 +461,11 @@ def replay_admit(*, call: Call, actor: Actor, now: datetime) -> tuple[Gate, Atte
     )
     gate = admit(view, candidate, replace(context, status_unavailable=True))
     if not gate.allowed:
-        _store_gate(call, candidate, gate, actor=actor)
+        told = GateDecision.objects.filter(
+            call=call, candidate_attempt_id=REPLAY_ATTEMPT_ID, allowed=False, reason=gate.reason
+        ).exists()
+        if not told:  # once per reason: the checks that follow would only repeat it
+            _store_gate(call, candidate, gate, actor=actor)
         return gate, None
     probe = gate.uses_probe
     if probe and not breaker_reserve_probe(call.tool, now=now):

@@ -30,6 +30,7 @@ from recovery.hot_path import insert
 from recovery.models import BreakerState, Call, Receipt, ReceiptSource, Tool
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.registry.policy import reconcile_policy
+from recovery.services import replay_reconcile
 from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
 from recovery.states import RECONCILABLE, UNSETTLED, CallState
 from recovery.transitions import transition_call
@@ -246,8 +247,6 @@ def _settled_by_replay(call: Call, reply: Reply | StatusAnswer, *, worker: str) 
     """Replay reconciliation (SPEC §10.1, recovery.services.replay_reconcile) when the status query cannot answer
     for a tool a probe proved safe: the failed check's receipt first (it counts toward the poll budget, and may
     itself send the call to a person), then the one same-key replay. Whether this took the answer over."""
-    from recovery.services import replay_reconcile
-
     if not replay_reconcile.replayable(call):
         return False
     answer = read_status(call.tool, reply)
@@ -257,9 +256,9 @@ def _settled_by_replay(call: Call, reply: Reply | StatusAnswer, *, worker: str) 
         apply_answer(call.pk, answer, worker=worker)
         (call,) = _load([call.pk])
         if call.state in UNSETTLED:
-            replay_reconcile.replay(call, worker=worker)
+            replay_reconcile.replay(call, worker=worker, apply=apply_answer)
         return True
-    if not replay_reconcile.replay(call, worker=worker):
+    if not replay_reconcile.replay(call, worker=worker, apply=apply_answer):
         apply_answer(call.pk, answer, worker=worker)  # no status API and no replay: a person settles it
     return True
 

@@ -20,6 +20,7 @@ breaker is open, or the registry declares none — and never twice for one call:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from django.db import transaction
 from django.utils import timezone
@@ -27,11 +28,10 @@ from django.utils import timezone
 from recovery.audit import Actor, appends_at_commit
 from recovery.engine.gate import NOTHING_EXECUTED
 from recovery.engine.reconcile import Observation
-from recovery.models import Attempt, Call, ReceiptSource, RetryPath
+from recovery.models import Attempt, Call, Receipt, ReceiptSource
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.providers.status import StatusAnswer
 from recovery.registry.policy import reconcile_policy
-from recovery.services import reconcile
 from recovery.services.attempts import replay_admit
 from recovery.services.outcomes import Sent, facts_of, judge, store_facts
 from recovery.states import UNSETTLED, CallState
@@ -44,8 +44,9 @@ CANNOT_ANSWER = frozenset({Observation.FAILED, Observation.UNREACHABLE})
 
 
 def replayable(call: Call) -> bool:
-    """Whether the registry and the latest probe let reconciliation replay this call at all (no query): the gate
-    judges the rest (key age, budgets, breaker) when it is tried."""
+    """Whether the registry lets reconciliation try a replay of this call at all (no query): the gate judges the
+    rest — the retry path a probe proved, the key's age, budgets, the breaker — and its denial is stored (once per
+    reason) on the call's timeline, so a person sees why an unprobed or unsafe tool was not replayed."""
     tool = call.tool
     return (
         call.side_effect == "write"
@@ -53,7 +54,6 @@ def replayable(call: Call) -> bool:
         and call.replay_reconciled_at is None
         and tool.replay_safe
         and tool.key_retention_declared
-        and tool.retry_path == RetryPath.SAFE
         and reconcile_policy(tool).replay_when_status_down
     )
 
@@ -63,8 +63,15 @@ def status_unavailable(call: Call, answer: StatusAnswer) -> bool:
     return answer.observed in CANNOT_ANSWER or not call.tool.status_query
 
 
-def replay(call: Call, *, worker: str) -> bool:
-    """Settle `call` by its one same-key replay, if the gate admits it; whether a replay was sent."""
+def _rejected(status: int | None) -> bool:
+    """A validation rejection: a 4xx other than a conflict (409: a request with the key is in flight or differs)
+    or a rate limit (429). A 5xx or no reply proves nothing about what the provider stored."""
+    return status is not None and 400 <= status < 500 and status not in (409, 429)
+
+
+def replay(call: Call, *, worker: str, apply: Callable[..., Receipt]) -> bool:
+    """Settle `call` by its one same-key replay, if the gate admits it; whether a replay was sent. `apply` records
+    the replay's answer as a receipt (recovery.services.reconcile.apply_answer, which calls this)."""
     now = timezone.now()
     gate, attempt = replay_admit(call=call, actor=ACTOR, now=now)
     if attempt is None:
@@ -84,7 +91,7 @@ def replay(call: Call, *, worker: str) -> bool:
     result = wire.get("result") if isinstance(wire.get("result"), dict) else {}
     if outcome.state == S.COMMITTED:
         observed, effects = Observation.COMMITTED, 1
-    elif outcome.side_effect in NOTHING_EXECUTED:
+    elif _rejected(facts.http_status) and outcome.side_effect in NOTHING_EXECUTED:
         observed, effects = Observation.NOT_COMMITTED, None
     else:
         observed, effects = Observation.AMBIGUOUS, None
@@ -104,6 +111,6 @@ def replay(call: Call, *, worker: str) -> bool:
     with transaction.atomic(), appends_at_commit():
         locked = Call.objects.select_for_update(of=("self",)).get(pk=call.pk)
         store_facts(Attempt.objects.get(pk=attempt.pk), facts, outcome, call=locked, now=timezone.now())
-    receipt = reconcile.apply_answer(call.pk, answer, worker=worker, source=ReceiptSource.IDEMPOTENT_REPLAY)
+    receipt = apply(call.pk, answer, worker=worker, source=ReceiptSource.IDEMPOTENT_REPLAY)
     logger.info("replay reconciliation of call %s: %s → %s", call.pk, seen, receipt.local_state_after)
     return True
