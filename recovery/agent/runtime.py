@@ -37,6 +37,11 @@ from recovery.client import (
 # Where a call can still move without anyone acting: the agent waits these out (reconciliation settles them).
 SETTLING = frozenset({"SENT", "UNKNOWN", "STILL_UNKNOWN", "ACCEPTED", "NOT_COMMITTED"})
 
+# How often the agent asks for a settling call's state: first this soon, then twice as long each time, up to the
+# steady interval.
+POLL_FIRST_S = 0.05
+POLL_EVERY_S = 0.25
+
 # What run_call ends with, as CallResult.outcome.
 COMMITTED = "committed"  # the provider has the effect (or the read's answer), proven
 DEGRADED = "degraded"  # the tool's breaker is open: the agent took the fallback path
@@ -308,9 +313,8 @@ class Agent:
                 self._done(outcome, UNSETTLED, detail=f"still settling: {states}")
                 return ()
             own = states.get(outcome.call_id)
-            if own == "COMMITTED":
-                call = self.client.get_call(outcome.call_id)
-                self._done(outcome, COMMITTED, detail="settled by a receipt", state=call["state"])
+            if own == "COMMITTED":  # final: the poll that saw it is the call's last word, no need to ask again
+                self._done(outcome, COMMITTED, detail="settled by a receipt", state=own)
                 return ()
             if own == "HUMAN_REVIEW":
                 self._done(outcome, HUMAN_REVIEW, state=own)
@@ -336,8 +340,11 @@ class Agent:
         return ()
 
     def _wait_settled(self, call_ids: list[int], after_ms: int, deadline: float) -> dict[int, str]:
-        """Poll the calls until none is settling any more, or the agent's patience runs out."""
+        """Poll the calls until none is settling any more, or the agent's patience runs out: at once after the
+        delay the console named, then after POLL_FIRST_S, doubling up to POLL_EVERY_S (a check due now is often
+        done in a tenth of a second; a long wait costs the console no more polls than one every POLL_EVERY_S)."""
         self.sleep(min(after_ms / 1000, max(0.0, deadline - time.monotonic())))
+        interval = POLL_FIRST_S
         while True:
             states = {call_id: self.client.get_call(call_id)["state"] for call_id in call_ids}
             settling = any(state in SETTLING for state in states.values())
@@ -348,7 +355,8 @@ class Agent:
                 else:
                     self.log(f"  waited for reconciliation: {seen}")
                 return states
-            self.sleep(0.25)
+            self.sleep(interval)
+            interval = min(interval * 2, POLL_EVERY_S)
 
     def _done(
         self, outcome: CallResult, kind: str, result: Any = None, *, detail: str = "", state: str = ""

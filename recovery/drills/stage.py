@@ -256,10 +256,15 @@ class ApiProcesses:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                requests.get(f"{self.url}/api/v1/openapi.json", timeout=5)
+                # Any answer proves it serves (a 404 too); a cold first request may be slow on a busy machine, and
+                # whatever goes wrong here, the processes started above are stopped before the error goes up.
+                requests.get(f"{self.url}/api/v1/calls/0", timeout=10)
                 return self
-            except requests.ConnectionError:
+            except requests.RequestException:
                 time.sleep(0.1)
+            except BaseException:
+                self.stop()
+                raise
         self.stop()
         raise RuntimeError(f"the API (gunicorn) did not start: {self.log_path.read_text()[-2000:]}")
 

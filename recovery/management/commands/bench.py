@@ -16,11 +16,16 @@ console's data. Benchmarks:
 - queue: the UNKNOWN queue page (first, and after 9,000 rows) with 1,000,000 calls and 3,000,000 attempts loaded by
   COPY (PostgreSQL only; `--calls` scales it, loading takes minutes at full size), against a bare page making one raw
   SQL query and the Django admin's changelist of the same columns and filters (see recovery/benchmarks/queue.py).
+- replay: refunds whose reply is lost after commit (and, in a second case, whose status API is down too; each case at
+  the sandbox's own speed and with its writes held 400 ms), run through the demo runtime until COMMITTED on a tool a
+  duplicate probe proved safe, against a bare client retrying once with the same key at the same sandbox: wall time
+  per intent, duplicates, people, how each settled (see recovery/benchmarks/replay.py).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -35,6 +40,7 @@ from recovery.audit import Actor
 from recovery.benchmarks.ingest import bench_ingest
 from recovery.benchmarks.queue import CALLS, bench_queue
 from recovery.benchmarks.reconcile import bench_reconcile
+from recovery.benchmarks.replay import bench_replay
 from recovery.engine.canonical import canonical_json
 from recovery.models import Call, Provider, Step, Task, Tenant, Tool
 from recovery.transitions import transition_call
@@ -249,6 +255,7 @@ BENCHMARKS = {
     "ingest": bench_ingest,
     "reconcile": bench_reconcile,
     "queue": bench_queue,
+    "replay": bench_replay,
 }
 
 
@@ -261,7 +268,7 @@ class Command(BaseCommand):
             "--count",
             type=int,
             help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800; "
-            "queue 30 requests per page)",
+            "queue 30 requests per page; replay 50 intents per case)",
         )
         parser.add_argument(
             "--calls", type=int, default=CALLS, help=f"queue: calls to load (default {CALLS:,}; 3 attempts each)"
@@ -275,6 +282,11 @@ class Command(BaseCommand):
         settings.STORAGES = {**settings.STORAGES, "staticfiles": {"BACKEND": PLAIN_STATIC}}
         if connection.vendor != "postgresql":
             self.stderr.write("note: SPEC §19 figures are defined on PostgreSQL; set DATABASE_URL=postgres://...")
+        if connection.vendor == "sqlite" and not connection.settings_dict["TEST"].get("NAME"):
+            # A file (WAL, busy timeout), as the test suite's, not Django's shared-cache in-memory database: its table
+            # locks fail concurrent writers at once ("database table is locked") instead of waiting, and no other
+            # process can open it (the replay benchmark's API server, the reconcile benchmark's workers).
+            connection.settings_dict["TEST"]["NAME"] = str(settings.VAR_DIR / f"bench-{os.getpid()}.sqlite3")
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
         try:
             results = [
