@@ -186,10 +186,15 @@ class WebServer:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline and self.process.poll() is None:
             try:
-                requests.get(self.url + "/sign-in/", timeout=2)
+                # A cold first request (Django's URLs, views and templates loaded) may take seconds on a busy
+                # machine: a timeout is "not ready yet", like a refused connection, never a leaked server.
+                requests.get(self.url + "/sign-in/", timeout=10)
                 return self
-            except requests.ConnectionError:
+            except requests.RequestException:
                 time.sleep(0.1)
+            except BaseException:
+                self.__exit__()
+                raise
         self.__exit__()
         raise RuntimeError(f"gunicorn did not start:\n{self.log()[-3000:]}")
 
