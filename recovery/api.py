@@ -19,7 +19,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
-from recovery import hot_path, jobs, queueing
+from recovery import call_watch, hot_path, jobs, queueing
 from recovery.api_answers import (
     AdmittedOut,
     CallAddedOut,
@@ -40,6 +40,7 @@ from recovery.api_inputs import (
     AbandonIn,
     AttemptId,
     CallIn,
+    CallVersion,
     CandidateIn,
     CompensationAttemptIn,
     CompleteIn,
@@ -47,6 +48,7 @@ from recovery.api_inputs import (
     SagaAbortIn,
     TaskIn,
     Text,
+    WaitMs,
 )
 from recovery.audit import Actor
 from recovery.engine import storable
@@ -325,8 +327,28 @@ def add_call(request, task_id: int, payload: CallIn):
 
 
 @api.get("/calls/{id:call_id}", response={200: CallOut, **ERRORS}, tags=["calls"], **TYPED)
-def get_call(request, call_id: int):
-    return Status(200, call_detail(_call(request, call_id)))
+def get_call(request, call_id: int, version: CallVersion | None = None, wait_ms: WaitMs = 0):
+    """The call. With `version` (the one last seen) and `wait_ms` (up to 20000), a long poll: the answer comes as
+    soon as the call has another version, or after `wait_ms` as it is (its `version` then still the one sent)."""
+    if wait_ms and version is None:
+        raise ServiceError(
+            422,
+            "invalid_request",
+            "a long poll waits for a change from a version: send the version you last saw with wait_ms",
+            field_errors=[
+                {
+                    "field": "version",
+                    "expected": "the call's version last seen (an integer, 0 or more) when wait_ms is sent",
+                    "received": None,
+                    "suggestion": "Add version=<the version of your last answer>, or leave wait_ms out.",
+                }
+            ],
+        )
+    call = _call(request, call_id)
+    if wait_ms and call.version == version:
+        call_watch.wait_for_change(call.pk, version, wait_ms / 1000)
+        call = _call(request, call_id)
+    return Status(200, call_detail(call))
 
 
 @api.post(

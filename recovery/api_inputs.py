@@ -35,6 +35,11 @@ def _text(value: str) -> str:
 Text = Annotated[str, AfterValidator(_text)]
 
 
+# GET /calls/{id}'s long poll (recovery.call_watch): the version seen, and how long to wait for another one.
+CallVersion = Annotated[int, Field(ge=0, le=MAX_INT)]
+WaitMs = Annotated[int, Field(ge=0, le=20_000)]
+
+
 def _not_an_operator_replay(value: str) -> str:
     """An operator's approved replay names its attempt after its action request ("action-<id>"), and that name is
     what its approval admits: an agent's attempt may not take it, or guessing it would spend the approval."""

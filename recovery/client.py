@@ -122,8 +122,10 @@ class RecoveryClient:
         self.session.mount("https://", no_retries)
         self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json"})
 
-    def _send(self, method: str, path: str, *, json: Any = None, params: dict | None = None) -> tuple[int, dict]:
-        response, body = self._exchange(method, path, json=json, params=params)
+    def _send(
+        self, method: str, path: str, *, json: Any = None, params: dict | None = None, timeout: Any = None
+    ) -> tuple[int, dict]:
+        response, body = self._exchange(method, path, json=json, params=params, timeout=timeout or self.timeout)
         if response.status_code >= 400:
             if response.status_code == 409 and body.get("error", {}).get("code") == "not_admitted":
                 raise NotAdmitted(response.status_code, body)
@@ -135,7 +137,8 @@ class RecoveryClient:
         started, number = time.monotonic(), 0
         while True:
             try:
-                response = self.session.request(method, self.base_url + path, timeout=self.timeout, **kwargs)
+                kwargs.setdefault("timeout", self.timeout)
+                response = self.session.request(method, self.base_url + path, **kwargs)
             except _DROPPED:
                 if number + 1 >= self.retry.attempts:
                     raise
@@ -225,8 +228,14 @@ class RecoveryClient:
             payload["compensation"] = compensation
         return _answer(CallRef, self._send("POST", f"/tasks/{task_id}/calls", json=payload)[1])
 
-    def get_call(self, call_id: int) -> CallDetail:
-        return self._send("GET", f"/calls/{call_id}")[1]  # type: ignore[return-value]
+    def get_call(self, call_id: int, *, version: int | None = None, wait_ms: int = 0) -> CallDetail:
+        """The call; with `version` and `wait_ms` (up to 20000), answered as soon as its version is another one, or
+        after `wait_ms` unchanged (a long poll: one request where polling would take many)."""
+        if not wait_ms:
+            return self._send("GET", f"/calls/{call_id}")[1]  # type: ignore[return-value]
+        params = {"version": version, "wait_ms": wait_ms}
+        timeout = (self.timeout[0], max(self.timeout[1], wait_ms / 1000 + self.timeout[1]))
+        return self._send("GET", f"/calls/{call_id}", params=params, timeout=timeout)[1]  # type: ignore[return-value]
 
     def abandon_call(self, call_id: int, reason: str = "") -> CallDetail:
         return self._send("POST", f"/calls/{call_id}/abandon", json={"reason": reason})[1]  # type: ignore[return-value]

@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from recovery.audit import Actor, append_event
 from recovery.audit_actions import AuditAction
+from recovery.call_watch import announce
 from recovery.compensation_states import EntryState
 from recovery.compensation_states import is_allowed as entry_edge_allowed
 from recovery.hot_path import update_call_state
@@ -78,6 +79,7 @@ def transition_call(
         raise TransitionConflict(
             f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
         )
+    announce(call.pk)  # long polls waiting on this call answer once the change is committed (recovery.call_watch)
     call.state, call.version, call.state_changed_at, call.updated_at = dst, call.version + 1, now, now
     for name, value in changes.items():
         setattr(call, name, value)

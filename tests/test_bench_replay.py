@@ -36,6 +36,9 @@ def test_the_replay_benchmark_proves_the_tool_then_settles_both_cases_without_du
         assert case["effects"] == case["bare_effects"] == case["bare_settled"] == 2
         assert case["bare_write_requests_per_intent"] == 2  # the lost reply, then the same key once more
         assert case["ratio_median"] > 0 and case["product_median_ms"] > 0
+        # The runtime waits on a long poll: one read after its report, then one request per change of the call
+        # (UNKNOWN → COMMITTED; with the status API down, UNKNOWN → STILL_UNKNOWN → COMMITTED), never a poll loop.
+        assert case["round_trips_per_intent"]["get_call"] <= (3 if case is down or case is slow_down else 2), case
     # The status query settles a lost reply with no second request; with the status API down, the one replay does.
     for quick, slow in ((lost, slow_lost), (down, slow_down)):
         assert quick["settled_by"] == slow["settled_by"] and slow["bare_median_ms"] >= 2 * 400  # two held requests

@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 from rq.worker import SimpleWorker
 
-from recovery import jobs, queueing
+from recovery import inprocess, jobs, queueing
 from recovery.audit import Actor
 from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import AuditEvent, Call, Receipt, StatusBreaker
@@ -32,14 +32,44 @@ REFUND = {"order_id": "O-8848", "amount_cents": 1250}
 _n = iter(range(1, 100_000))
 
 
+class HeldChecks:
+    """The in-process runner with the immediate status checks held back.
+
+    A write that turns UNKNOWN enqueues its first check at once (the sandbox registry's first_check_s 0). With
+    REDIS_URL that job waits in the test's Redis queue, where no worker runs; in the embedded mode the in-process
+    runner would run it at once, racing the checks these tests make themselves (reconcile_due, a worker's lease).
+    Held here, both modes see the same thing; `release()` gives them back to the real runner."""
+
+    def __init__(self, runner: inprocess.Runner) -> None:
+        self.runner = runner
+        self.checks: list[str] = []
+
+    def submit(self, func, args=(), *, job_id: str) -> bool:
+        if job_id.startswith("reconcile-call-"):
+            self.checks.append(job_id)
+            return True
+        return self.runner.submit(func, args, job_id=job_id)
+
+    def __getattr__(self, name):
+        return getattr(self.runner, name)
+
+
 @pytest.fixture
 def world(sandbox, live_server, monkeypatch):
-    """The shipped sandbox registry pointed at the sandbox process, with a quick reconcile schedule."""
+    """The shipped sandbox registry pointed at the sandbox process, with a quick reconcile schedule; the status
+    checks enqueued at UNKNOWN held back in the embedded mode as they are in Redis's (HeldChecks)."""
+    held = HeldChecks(inprocess.get_runner())
+    monkeypatch.setattr(inprocess, "_runner", held)
     monkeypatch.setenv("SANDBOX_API_KEY", API_KEY)
     monkeypatch.setenv("SANDBOX_CALLBACK_SECRET", CALLBACK_SECRET)
     load_registry(sandbox_registry(sandbox.url, max_checks=3), actor=Actor.system("tests"))
     _, token = token_create(name="runtime", tenants=["demo"], actor=Actor.system("tests"))
-    return {"client": RecoveryClient(live_server.url, token), "sandbox": sandbox, "url": live_server.url}
+    return {
+        "client": RecoveryClient(live_server.url, token),
+        "sandbox": sandbox,
+        "url": live_server.url,
+        "release_checks": lambda: monkeypatch.setattr(inprocess, "_runner", held.runner),
+    }
 
 
 def _post_refund(sandbox, key: str, body: dict | None = None) -> requests.Response:
@@ -330,6 +360,7 @@ def test_reconcile_endpoint_checks_now_and_says_where_to_poll(world, settings):
     client = world["client"]
     call_id, key = _refund_call(world)
     _lose_reply(world, call_id, key)
+    world["release_checks"]()  # the endpoint's own check is what this test watches run
 
     answer = client.reconcile(call_id)
 

@@ -37,10 +37,9 @@ from recovery.client import (
 # Where a call can still move without anyone acting: the agent waits these out (reconciliation settles them).
 SETTLING = frozenset({"SENT", "UNKNOWN", "STILL_UNKNOWN", "ACCEPTED", "NOT_COMMITTED"})
 
-# How often the agent asks for a settling call's state: first this soon, then twice as long each time, up to the
-# steady interval.
-POLL_FIRST_S = 0.05
-POLL_EVERY_S = 0.25
+# How long one long poll (GET /calls/{id}?version=&wait_ms=) waits for a settling call to change, at most: the
+# console answers as soon as the call moves, so this bounds only how long a request stays open.
+LONG_POLL_MS = 10_000
 
 # What run_call ends with, as CallResult.outcome.
 COMMITTED = "committed"  # the provider has the effect (or the read's answer), proven
@@ -340,23 +339,26 @@ class Agent:
         return ()
 
     def _wait_settled(self, call_ids: list[int], after_ms: int, deadline: float) -> dict[int, str]:
-        """Poll the calls until none is settling any more, or the agent's patience runs out: at once after the
-        delay the console named, then after POLL_FIRST_S, doubling up to POLL_EVERY_S (a check due now is often
-        done in a tenth of a second; a long wait costs the console no more polls than one every POLL_EVERY_S)."""
+        """Wait until none of the calls is settling any more, or the agent's patience runs out: after the delay the
+        console named, each call read once, then a long poll on a settling one (answered the moment it moves), again
+        until none settles. One request per change, where polling would ask many times for nothing."""
         self.sleep(min(after_ms / 1000, max(0.0, deadline - time.monotonic())))
-        interval = POLL_FIRST_S
+        seen = {call_id: self.client.get_call(call_id) for call_id in call_ids}
         while True:
-            states = {call_id: self.client.get_call(call_id)["state"] for call_id in call_ids}
-            settling = any(state in SETTLING for state in states.values())
-            if not settling or time.monotonic() >= deadline:
-                seen = ", ".join(f"call {c} {s}" for c, s in states.items())
+            states = {call_id: detail["state"] for call_id, detail in seen.items()}
+            settling = [call_id for call_id, state in states.items() if state in SETTLING]
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if not settling or left_ms <= 0:
+                said = ", ".join(f"call {c} {s}" for c, s in states.items())
                 if settling:
-                    self.log(f"  not waiting any longer ({seen}): reconciliation goes on without the agent")
+                    self.log(f"  not waiting any longer ({said}): reconciliation goes on without the agent")
                 else:
-                    self.log(f"  waited for reconciliation: {seen}")
+                    self.log(f"  waited for reconciliation: {said}")
                 return states
-            self.sleep(interval)
-            interval = min(interval * 2, POLL_EVERY_S)
+            call_id = settling[0]
+            seen[call_id] = self.client.get_call(
+                call_id, version=seen[call_id]["version"], wait_ms=min(left_ms, LONG_POLL_MS)
+            )
 
     def _done(
         self, outcome: CallResult, kind: str, result: Any = None, *, detail: str = "", state: str = ""

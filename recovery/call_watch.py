@@ -1,0 +1,117 @@
+"""Waiting for a call to change: the long poll behind `GET /calls/{id}?version=V&wait_ms=N`.
+
+An agent waiting for reconciliation used to ask for its call again and again; it now asks once with the version it
+has seen, and the answer comes as soon as the call has another version (or when `wait_ms` is over, unchanged). The
+database stays the only truth: a waiter re-reads the call's version, and a wake-up only says when to re-read.
+
+- `announce(call_id)`: transition_call's word that a call changed, sent when the transaction commits (never for a
+  rolled-back one): a Redis PUBLISH on `recovery:call-changed:<id>` with REDIS_URL (every web process and worker
+  hears it), and a wake-up of this process's waiters in any case (the embedded default runs its jobs in the web
+  process). A publish that fails is logged and changes nothing else: the transition is committed, and waiters
+  re-read on their own clock anyway; after a failure, publishing pauses PUBLISH_PAUSE_S so an unreachable Redis
+  does not slow every transition by its connect timeout.
+- `wait_for_change(call_id, version, wait_s)`: returns the call's version once it differs from `version`, or at
+  the end of `wait_s`. It re-reads the version after each wake-up, and at least every REREAD_REDIS_S with Redis (a
+  lost message costs a waiter that much, never a wrong answer) or every REREAD_LOCAL_S without it (a change made by
+  another process, e.g. a separate `runjobs`, is seen that late).
+
+A waiting request holds one web thread; `wait_ms` is capped at MAX_WAIT_MS (docs/api.md says how to size threads).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import redis
+from django.conf import settings
+from django.db import transaction
+
+from recovery.models import Call
+
+logger = logging.getLogger("recovery.call_watch")
+
+MAX_WAIT_MS = 20_000
+REREAD_REDIS_S = 1.0
+REREAD_LOCAL_S = 0.1
+PUBLISH_PAUSE_S = 5.0
+CHANNEL = "recovery:call-changed:{}"
+
+_changed = threading.Condition()
+_state = {"paused_until": 0.0, "generation": 0}
+_clients: dict[tuple[int, str, str], redis.Redis] = {}
+
+
+def announce(call_id: int) -> None:
+    """Say, once the current transaction commits, that call `call_id` changed."""
+    transaction.on_commit(lambda: _announce_now(call_id))
+
+
+def _announce_now(call_id: int) -> None:
+    with _changed:
+        _state["generation"] += 1
+        _changed.notify_all()
+    if not settings.REDIS_URL or time.monotonic() < _state["paused_until"]:
+        return
+    try:
+        _client("publish").publish(CHANNEL.format(call_id), b"1")
+    except redis.RedisError as exc:
+        _state["paused_until"] = time.monotonic() + PUBLISH_PAUSE_S
+        logger.warning(
+            "call %s changed, but Redis did not take the word (%s): waiters re-read on their own", call_id, exc
+        )
+
+
+def current_version(call_id: int) -> int | None:
+    return Call.objects.filter(pk=call_id).values_list("version", flat=True).first()
+
+
+def wait_for_change(call_id: int, version: int, wait_s: float) -> int | None:
+    """The call's version as soon as it is not `version` any more, or when `wait_s` is over (None: no such call)."""
+    deadline = time.monotonic() + max(0.0, min(wait_s, MAX_WAIT_MS / 1000))
+    if settings.REDIS_URL:
+        try:
+            return _wait_redis(call_id, version, deadline)
+        except redis.RedisError as exc:
+            logger.warning("waiting for call %s without Redis (%s)", call_id, exc)
+    return _wait_local(call_id, version, deadline)
+
+
+def _wait_redis(call_id: int, version: int, deadline: float) -> int | None:
+    pubsub = _client("wait").pubsub(ignore_subscribe_messages=True)
+    try:
+        pubsub.subscribe(CHANNEL.format(call_id))  # before the first read: a change after it is heard
+        while True:
+            seen = current_version(call_id)
+            left = deadline - time.monotonic()
+            if seen != version or left <= 0:
+                return seen
+            pubsub.get_message(timeout=min(left, REREAD_REDIS_S))
+    finally:
+        pubsub.close()
+
+
+def _wait_local(call_id: int, version: int, deadline: float) -> int | None:
+    while True:
+        generation = _state["generation"]  # read before the version: a change announced after it wakes the wait
+        seen = current_version(call_id)
+        left = deadline - time.monotonic()
+        if seen != version or left <= 0:
+            return seen
+        with _changed:
+            if _state["generation"] == generation:
+                _changed.wait(min(left, REREAD_LOCAL_S))
+
+
+def _client(purpose: str) -> redis.Redis:
+    """A Redis client per process and purpose: publishing with short timeouts (it runs after every transition's
+    commit), waiting with a read timeout longer than the longest wait."""
+    key = (os.getpid(), settings.REDIS_URL, purpose)
+    client = _clients.get(key)
+    if client is None:
+        timeout = 1.0 if purpose == "publish" else MAX_WAIT_MS / 1000 + 10
+        client = redis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1.0, socket_timeout=timeout)
+        _clients[key] = client
+    return client
