@@ -4,8 +4,11 @@ cannot rot: 2 intents per case (at the sandbox's own speed and with its refunds 
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
+from recovery.agent.runtime import LONG_POLL_MS
 from recovery.benchmarks.replay import bench_replay
 from recovery.models import Call, DuplicateProbe, Tool
 
@@ -37,8 +40,11 @@ def test_the_replay_benchmark_proves_the_tool_then_settles_both_cases_without_du
         assert case["bare_write_requests_per_intent"] == 2  # the lost reply, then the same key once more
         assert case["ratio_median"] > 0 and case["product_median_ms"] > 0
         # The runtime waits on a long poll: one read after its report, then one request per change of the call
-        # (UNKNOWN → COMMITTED; with the status API down, UNKNOWN → STILL_UNKNOWN → COMMITTED), never a poll loop.
-        assert case["round_trips_per_intent"]["get_call"] <= (3 if case is down or case is slow_down else 2), case
+        # (UNKNOWN → COMMITTED; with the status API down, UNKNOWN → STILL_UNKNOWN → COMMITTED), and one more per
+        # LONG_POLL_MS a slow check (a worker still starting) keeps it waiting — never a poll loop.
+        changes = 2 if case is down or case is slow_down else 1
+        patience = math.ceil(case["product_p95_ms"] / LONG_POLL_MS)
+        assert case["round_trips_per_intent"]["get_call"] <= 1 + changes + patience, case
     # The status query settles a lost reply with no second request; with the status API down, the one replay does.
     for quick, slow in ((lost, slow_lost), (down, slow_down)):
         assert quick["settled_by"] == slow["settled_by"] and slow["bare_median_ms"] >= 2 * 400  # two held requests
