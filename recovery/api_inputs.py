@@ -15,6 +15,7 @@ from ninja import Schema
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
+from recovery.call_watch import MAX_WAIT_MS
 from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.selectors.context import ACTION_ATTEMPT_PREFIX
@@ -37,7 +38,7 @@ Text = Annotated[str, AfterValidator(_text)]
 
 # GET /calls/{id}'s long poll (recovery.call_watch): the version seen, and how long to wait for another one.
 CallVersion = Annotated[int, Field(ge=0, le=MAX_INT)]
-WaitMs = Annotated[int, Field(ge=0, le=20_000)]
+WaitMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
 
 
 def _not_an_operator_replay(value: str) -> str:

@@ -10,6 +10,7 @@ import time
 import pytest
 import redis
 import requests
+from django.conf import settings
 from django.db import connection, transaction
 
 from recovery import call_watch
@@ -110,7 +111,7 @@ def test_another_tenants_call_is_not_found_without_waiting(setup, unknown):
 
 def test_the_word_that_a_call_changed_goes_out_on_commit_only(rq_queue, unknown):
     """With REDIS_URL every web process hears it: a PUBLISH on the call's channel once the transaction commits."""
-    listener = redis.Redis.from_url(_url(rq_queue))
+    listener = redis.Redis.from_url(settings.REDIS_URL)  # the test's own Redis database (rq_queue)
     pubsub = listener.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(call_watch.CHANNEL.format(unknown["call_id"]))
     call = Call.objects.get(pk=unknown["call_id"])
@@ -127,8 +128,3 @@ def test_the_word_that_a_call_changed_goes_out_on_commit_only(rq_queue, unknown)
     message = pubsub.get_message(timeout=5)
     assert message is not None and message["channel"].decode() == call_watch.CHANNEL.format(unknown["call_id"])
     pubsub.close()
-
-
-def _url(queue) -> str:
-    kwargs = queue.connection.connection_pool.connection_kwargs
-    return f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
