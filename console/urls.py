@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
-from console.views import actions, audit, auth, calls, operations, overview, queues, tasks
+from console.views import actions, audit, auth, bulk, calls, operations, overview, queues, tasks
 from recovery.api import api
 
 console_patterns = [
@@ -18,6 +18,7 @@ console_patterns = [
     *audit.urlpatterns,
     *operations.urlpatterns,
     *actions.urlpatterns,
+    *bulk.urlpatterns,
 ]
 
 admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttled like the console's

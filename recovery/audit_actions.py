@@ -40,10 +40,31 @@ class AuditAction(StrEnum):
     ACTION_EXECUTED = "action.executed"
     ACTION_FAILED = "action.failed"
     ACTION_INTERRUPTED = "action.interrupted"
+    # a bulk action on a frozen selection (its own story on the global chain) and its items' steps that no action
+    # request tells (on their calls' chains)
+    BULK_PREVIEWED = "bulk.previewed"
+    BULK_REQUESTED = "bulk.requested"
+    BULK_APPROVED = "bulk.approved"
+    BULK_REJECTED = "bulk.rejected"
+    BULK_EXPIRED = "bulk.expired"
+    BULK_EXECUTING = "bulk.executing"
+    BULK_INTERRUPTED = "bulk.interrupted"
+    BULK_FINISHED = "bulk.finished"
+    BULK_ITEM_SKIPPED = "bulk.item_skipped"
+    BULK_ITEM_REFUSED = "bulk.item_refused"
+    BULK_ITEM_INTERRUPTED = "bulk.item_interrupted"
     # a tool's circuit breaker, and the breaker of a provider's status endpoint
     BREAKER_OPENED = "breaker.opened"
     BREAKER_CLOSED = "breaker.closed"
     BREAKER_REOPENED = "breaker.reopened"
+    # an operator's breaker operation (recovery.services.breaker_operations): a force open on one confirmation, a
+    # reset requested by a reviewer and decided by a different approver
+    BREAKER_FORCED_OPEN = "breaker.forced_open"
+    BREAKER_RESET = "breaker.reset"
+    BREAKER_RESET_REQUESTED = "breaker.reset_requested"
+    BREAKER_RESET_REJECTED = "breaker.reset_rejected"
+    BREAKER_RESET_STALE = "breaker.reset_stale"
+    BREAKER_RESET_EXPIRED = "breaker.reset_expired"
     STATUS_BREAKER_OPENED = "status_breaker.opened"
     STATUS_BREAKER_CLOSED = "status_breaker.closed"
     # configuration and people
@@ -63,7 +84,21 @@ class AuditAction(StrEnum):
         return cls(f"action.{status}")
 
 
-# The story of operator action requests, and the events of each kind of breaker.
+# The story of operator action requests, and the events of each kind of breaker (an operator's force open and reset
+# included: they change a tool breaker's state).
 REQUEST_EVENTS = frozenset(a for a in AuditAction if a.name.startswith("ACTION_"))
-TOOL_BREAKER_EVENTS = (AuditAction.BREAKER_OPENED, AuditAction.BREAKER_CLOSED, AuditAction.BREAKER_REOPENED)
+TOOL_BREAKER_EVENTS = (
+    AuditAction.BREAKER_OPENED,
+    AuditAction.BREAKER_CLOSED,
+    AuditAction.BREAKER_REOPENED,
+    AuditAction.BREAKER_FORCED_OPEN,
+    AuditAction.BREAKER_RESET,
+)
+# The steps of a reset request that move no breaker (its history shows the state changes above).
+BREAKER_RESET_REQUEST_EVENTS = (
+    AuditAction.BREAKER_RESET_REQUESTED,
+    AuditAction.BREAKER_RESET_REJECTED,
+    AuditAction.BREAKER_RESET_STALE,
+    AuditAction.BREAKER_RESET_EXPIRED,
+)
 STATUS_BREAKER_EVENTS = (AuditAction.STATUS_BREAKER_OPENED, AuditAction.STATUS_BREAKER_CLOSED)

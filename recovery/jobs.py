@@ -1,7 +1,8 @@
 """Background jobs: thin functions (an id in, a service call), enqueued through recovery.queueing.
 
 The periodic ones run on the schedule of recovery/cron.py; the others are enqueued on commit by the services and
-the API (`reconcile_call` for an immediate check, `execute_action` for an approved operator action).
+the API (`reconcile_call` for an immediate check, `execute_action` for an approved operator action, `execute_bulk`
+for an approved bulk action).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from django.utils import timezone
 from recovery.audit import Actor
 from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
 from recovery.queueing import enqueue_now, worker_name
-from recovery.services import actions, compensations, reconcile, sagas, sweeper, tasks
+from recovery.services import actions, breaker_operations, bulk, compensations, reconcile, sagas, sweeper, tasks
 
 logger = logging.getLogger("recovery.jobs")
 
@@ -63,12 +64,22 @@ def execute_action(request_id: int) -> None:
     actions.action_execute(request_id, worker=worker_name())
 
 
+def execute_bulk(bulk_id: int) -> None:
+    """Execute an approved bulk action's items, each once (enqueued on commit by its approval, and by the sweep that
+    hands back a bulk whose worker died): the claims make a second run a no-op."""
+    bulk.bulk_execute(bulk_id, worker=worker_name())
+
+
 def actions_due() -> int:
-    """Periodic: expire undecided action requests, mark executions whose worker died interrupted (never re-run
-    them), and enqueue again the approved ones whose enqueue was lost; how many requests changed."""
+    """Periodic: expire undecided action requests, bulks and breaker resets, mark executions whose worker died
+    interrupted (never re-run them), and enqueue again the approved ones whose enqueue was lost; how many changed."""
     changed = actions.actions_expire_due() + actions.actions_sweep_interrupted()
+    changed += bulk.bulks_expire_due() + bulk.bulks_sweep_interrupted()
+    changed += breaker_operations.breaker_operations_expire_due()
     for request_id in actions.actions_approved_waiting():
         enqueue_now(execute_action, request_id, job_id=f"action-execute-{request_id}")
+    for bulk_id in bulk.bulks_approved_waiting():
+        enqueue_now(execute_bulk, bulk_id, job_id=f"bulk-execute-{bulk_id}")
     return changed
 
 

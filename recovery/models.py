@@ -644,6 +644,65 @@ class BreakerBucket(models.Model):
         return f"{self.tool_id}@{self.bucket_start}: {self.successes}/{self.failures}"
 
 
+class BreakerOperationKind(models.TextChoices):
+    FORCE_OPEN = "force_open"  # protective: one reviewer's confirmation opens it until a reset
+    RESET = "reset"  # lets traffic through again: a reviewer requests it, a different approver decides
+
+
+class BreakerOperationStatus(models.TextChoices):
+    REQUESTED = "requested"  # a reset a reviewer asked for with a reason; waits for a second person
+    APPLIED = "applied"  # the breaker moved: a force open on its confirmation, a reset on its approval
+    REJECTED = "rejected"  # the second person said no (with a reason)
+    STALE = "stale"  # the breaker moved since the request: nothing applied, request it again
+    EXPIRED = "expired"  # nobody decided before expires_at
+
+
+class BreakerOperation(models.Model):
+    """An operator's force open or reset of a tool's breaker (SPEC §7, §15.4), with the dry run's figures as the
+    person saw them. A reset binds to the breaker's row as it was at the request (its state and updated_at): if the
+    breaker moved since, the approval applies nothing (stale). Four eyes are a database constraint."""
+
+    tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="breaker_operations")
+    operation = models.CharField(max_length=16, choices=BreakerOperationKind.choices)
+    status = models.CharField(max_length=16, choices=BreakerOperationStatus.choices)
+    reason = models.TextField()  # the requester's (for a force open, the one who confirmed it)
+    requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    requested_at = models.DateTimeField(default=timezone.now)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )  # a reset's approver or rejecter; a force open has none (one confirmation)
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    breaker_state = models.CharField(max_length=16, choices=BreakerState.choices)  # stored at the request
+    breaker_updated_at = models.DateTimeField(null=True, blank=True)  # the row's at the request; None: no row
+    preview = models.JSONField(default=dict, blank=True)  # the dry run's figures (recovery.services.breaker_operations)
+    applied_at = models.DateTimeField(null=True, blank=True)
+    expires_at = models.DateTimeField(null=True, blank=True)  # a reset request's
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Four eyes, in the data model: whoever approves or rejects a reset did not request it.
+            models.CheckConstraint(
+                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")),
+                name="breaker_operation_four_eyes",
+            ),
+            models.CheckConstraint(
+                condition=~Q(operation="reset", status__in=["applied", "rejected"]) | Q(decided_by__isnull=False),
+                name="breaker_reset_has_decider",
+            ),
+            # One pending reset per breaker: a second request would only race the first.
+            models.UniqueConstraint(fields=["tool"], condition=Q(status="requested"), name="breaker_one_pending_reset"),
+        ]
+        indexes = [
+            models.Index(fields=["tool", "status", "id"], name="breaker_op_tool_idx"),
+            models.Index(fields=["status", "expires_at"], name="breaker_op_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.operation} of {self.tool_id}'s breaker: {self.status}"
+
+
 class StatusBreaker(models.Model):
     """The breaker of one provider's status endpoint (SPEC §10), separate from its tools' breakers.
 
@@ -908,3 +967,98 @@ class DrillRun(models.Model):
             return text
         half = cls.LOG_LIMIT // 2
         return f"{text[:half]}\n… {len(text) - 2 * half} characters cut …\n{text[-half:]}"
+
+
+class BulkStatus(models.TextChoices):
+    PREVIEWED = "previewed"  # the selection is frozen and shown: nothing requested, nothing done
+    REQUESTED = "requested"  # a reviewer asked for it with a reason; waits for a second person
+    APPROVED = "approved"  # a different person approved it: a worker executes its items, each once
+    REJECTED = "rejected"  # the second person said no (with a reason)
+    EXPIRED = "expired"  # nobody requested or decided before expires_at
+    EXECUTING = "executing"  # one worker claimed it (conditional UPDATE) and holds the lease
+    FINISHED = "finished"  # every item has its result
+
+
+class BulkItemStatus(models.TextChoices):
+    PENDING = "pending"  # frozen, to be executed
+    EXCLUDED = "excluded"  # left out at the freeze: another reviewer holds its claim
+    SKIPPED_CHECKS = "skipped_checks"  # left out at the freeze: the action is not allowed on it, or its checks fail
+    EXECUTING = "executing"  # a worker is executing it now
+    EXECUTED = "executed"  # its action request ran; `result` says what happened
+    SKIPPED_STALE = "skipped_stale"  # its call moved (its version) since the freeze: never acted on
+    FAILED = "failed"  # re-checked at execution and refused, or its execution failed; `result` says why
+    INTERRUPTED = "interrupted"  # its worker died while executing it: never run again
+
+
+class BulkAction(models.Model):
+    """One operator action on a frozen, shown selection of calls (SPEC §15.3): each item its call's id and version at
+    the freeze. Requested with a reason, approved by a second person (a database constraint), executed item by item
+    by a worker that re-checks every item (its version, the catalogue, the plan's policy checks) before acting on it,
+    through an ActionRequest of its own, so each item's story is in its call's audit trail."""
+
+    action = models.CharField(max_length=32)  # one of recovery.services.bulk.BULK_ACTIONS
+    status = models.CharField(max_length=16, choices=BulkStatus.choices, default=BulkStatus.PREVIEWED)
+    queue = models.CharField(max_length=40)  # the queue's slug the selection was made on
+    selection = models.CharField(max_length=16)  # "rows" (picked one by one) or "matching" (every row of a filter)
+    filters = models.JSONField(default=dict, blank=True)  # the queue's filters as the URL gave them
+    selection_hash = models.CharField(max_length=64)  # the action and every item's (call, version, status)
+    previewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    previewed_at = models.DateTimeField(default=timezone.now)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    requested_at = models.DateTimeField(null=True, blank=True)
+    reason = models.TextField(blank=True)  # the requester's
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decision_reason = models.TextField(blank=True)
+    expires_at = models.DateTimeField()
+    execution_owner = models.CharField(max_length=100, blank=True)
+    execution_lease_until = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")), name="bulk_four_eyes"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=["approved", "executing", "finished"]) | Q(decided_by__isnull=False),
+                name="bulk_approved_has_decider",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "expires_at"], name="bulk_status_idx")]
+
+    def __str__(self) -> str:
+        return f"bulk {self.action} #{self.pk}: {self.status}"
+
+
+class BulkItem(models.Model):
+    """One call of a bulk, frozen at its version; its result once the worker reached it."""
+
+    bulk = models.ForeignKey(BulkAction, on_delete=models.PROTECT, related_name="items")
+    position = models.PositiveIntegerField()  # 1..n, the order shown and executed
+    call = models.ForeignKey(Call, on_delete=models.PROTECT, related_name="bulk_items")
+    call_version = models.PositiveIntegerField()  # the call's version at the freeze
+    call_state = models.CharField(max_length=24)  # its state at the freeze
+    status = models.CharField(max_length=16, choices=BulkItemStatus.choices, default=BulkItemStatus.PENDING)
+    checks = models.JSONField(default=list, blank=True)  # the plan's policy checks at the freeze
+    why = models.TextField(blank=True)  # why it was left out, or what its execution did
+    request = models.ForeignKey(
+        ActionRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="bulk_items"
+    )  # the action request that executed it
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["bulk", "call"], name="bulk_item_once"),
+            models.UniqueConstraint(fields=["bulk", "position"], name="bulk_item_position"),
+        ]
+        indexes = [models.Index(fields=["bulk", "status"], name="bulk_item_status_idx")]
+
+    def __str__(self) -> str:
+        return f"item {self.position} of bulk {self.bulk_id}: call {self.call_id} {self.status}"

@@ -552,7 +552,7 @@ def test_the_approvals_queue_runs_the_same_statements_for_1_or_30_pending(people
     many, response = statements(client, "/approvals/")
     assert len(response.context["rows"]) == 30 and _html(response).count('<tr id="approval-') == 30
     assert one == many, (one, many)
-    assert many <= 8, many
+    assert many <= 10, many  # the action requests, then the breaker resets and the bulks waiting: one statement each
 
 
 def test_a_request_page_runs_the_same_statements_however_long_its_story(people, payments):

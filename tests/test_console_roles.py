@@ -16,7 +16,19 @@ from django.test import Client
 from django.utils import timezone
 
 from recovery.engine.canonical import canonical_json
-from recovery.models import ActionRequest, ActionStatus, AuditEvent, Call, DrillRun, Step, Task
+from recovery.models import (
+    ActionRequest,
+    ActionStatus,
+    AuditEvent,
+    Breaker,
+    BreakerOperation,
+    BulkAction,
+    BulkItem,
+    Call,
+    DrillRun,
+    Step,
+    Task,
+)
 from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from tests.console import NO_ROLE, PASSWORD, SIGNED_OUT, signed_in, statements
 
@@ -64,6 +76,19 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("GET", "/operations/drills/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/operations/drills/{run}/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/operations/drills/999999999/", {**EVERY_ROLE, "*": 404}),
+    # Breaker operations: reviewers open the dry run and confirm it (an empty form: a field error), approvers decide a
+    # reset (likewise); every role reads an operation's page.
+    ("GET", "/operations/breakers/{tool}/force-open/", {**EVERY_ROLE, REVIEWER: 200, "*": 403}),
+    ("GET", "/operations/breakers/{tool}/reset/", {**EVERY_ROLE, REVIEWER: 200, "*": 403}),
+    ("GET", "/operations/breakers/{tool}/no-such-operation/", {**EVERY_ROLE, REVIEWER: 404, "*": 403}),
+    ("GET", "/operations/breakers/999999999/force-open/", {**EVERY_ROLE, REVIEWER: 404, "*": 403}),
+    ("POST", "/operations/breakers/{tool}/force-open/", {**EVERY_ROLE, REVIEWER: 400, "*": 403}),
+    ("POST", "/operations/breakers/{tool}/reset/", {**EVERY_ROLE, REVIEWER: 400, "*": 403}),
+    ("GET", "/operations/breaker-operations/{operation}/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/operations/breaker-operations/999999999/", {**EVERY_ROLE, "*": 404}),
+    ("POST", "/operations/breaker-operations/{operation}/approve/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    ("POST", "/operations/breaker-operations/{operation}/reject/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    ("GET", "/operations/breaker-operations/{operation}/approve/", {"*": 405}),
     # Operator actions: reviewers preview (a dry run, then its page) and request; approvers decide; every role reads.
     ("POST", "/calls/{call}/actions/escalate/preview/", {**EVERY_ROLE, REVIEWER: "->/actions/N/", "*": 403}),
     ("POST", "/calls/{call}/actions/no-such-action/preview/", {**EVERY_ROLE, REVIEWER: 404, "*": 403}),
@@ -79,6 +104,17 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("GET", "/actions/{request}/request/", {"*": 405}),
     ("GET", "/actions/{request}/approve/", {"*": 405}),
     ("GET", "/actions/{request}/reject/", {"*": 405}),
+    # Bulk actions: reviewers freeze a selection (an empty form: back to the queue with the error), request it;
+    # approvers decide; every role reads a bulk's page.
+    ("POST", "/queues/unknown/bulk/", {**EVERY_ROLE, REVIEWER: "->/queues/unknown/", "*": 403}),
+    ("POST", "/queues/no-such-queue/bulk/", {**EVERY_ROLE, REVIEWER: 404, "*": 403}),
+    ("GET", "/queues/unknown/bulk/", {"*": 405}),
+    ("GET", "/bulk/{bulk}/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/bulk/999999999/", {**EVERY_ROLE, "*": 404}),
+    ("POST", "/bulk/{bulk}/request/", {**EVERY_ROLE, REVIEWER: 400, "*": 403}),
+    ("POST", "/bulk/{bulk}/approve/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    ("POST", "/bulk/{bulk}/reject/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    ("GET", "/bulk/{bulk}/approve/", {"*": 405}),
     ("GET", "/approvals/", {**EVERY_ROLE, APPROVER: 200, "*": 403}),
     ("GET", "/sign-in/", {SIGNED_OUT: 200, "*": "->/"}),  # a signed-in user is sent on
     ("GET", "/sign-out/", {"*": 405}),  # signing out is a POST (a link or an image cannot sign anyone out)
@@ -114,9 +150,19 @@ def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     call = make_call("UNKNOWN")
     run = DrillRun.objects.create(drills=["timeout_after_send"])
     pending = _pending_request(call, people["reviewer2"])
+    reset = _pending_reset(call, people["reviewer2"])
+    bulk = _pending_bulk(call, people["reviewer2"])
     wrong = []
     for method, template, row in MATRIX:
-        path = template.format(call=call.pk, task=call.task_id, run=run.pk, request=pending.pk, tool=call.tool_id)
+        path = template.format(
+            call=call.pk,
+            task=call.task_id,
+            run=run.pk,
+            request=pending.pk,
+            tool=call.tool_id,
+            operation=reset.pk,
+            bulk=bulk.pk,
+        )
         client = signed_in(people, who)  # a fresh session each time: signing out must not leak into the next row
         response = client.get(path) if method == "GET" else client.post(path, {})
         got, want = _answer(response, path), _expected(row, who)
@@ -135,9 +181,27 @@ def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
     # Nobody's POST moved the pending request (each was refused, or its form was, before any service ran).
     pending.refresh_from_db()
     assert (pending.status, pending.decided_by_id, pending.reason) == (ActionStatus.REQUESTED, None, "seen"), who
+    reset.refresh_from_db()
+    assert (reset.status, reset.decided_by_id) == ("requested", None), who
+    assert not Breaker.objects.exists(), who  # nobody's POST forced a breaker open
+    bulk.refresh_from_db()
+    assert (bulk.status, bulk.decided_by_id) == ("requested", None), who
+    assert BulkAction.objects.count() == 1, who  # nobody's empty form froze a selection
     # Only an admin's chain verification reached the trail besides (as a system event).
     verified = AuditEvent.objects.filter(action="audit.verified").count()
     assert verified == (1 if who == ADMIN else 0), who
+
+
+def _pending_bulk(call: Call, requester) -> BulkAction:
+    """A requested bulk of one item waiting for an approver, as plain rows."""
+    now = timezone.now()
+    bulk = BulkAction.objects.create(
+        action="escalate", status="requested", queue="unknown", selection="rows", selection_hash="0" * 64,
+        previewed_by=requester, requested_by=requester, requested_at=now, reason="seen",
+        expires_at=now + timedelta(hours=1),
+    )  # fmt: skip
+    BulkItem.objects.create(bulk=bulk, position=1, call=call, call_version=call.version, call_state=call.state)
+    return bulk
 
 
 def _pending_request(call: Call, requester) -> ActionRequest:
@@ -147,6 +211,15 @@ def _pending_request(call: Call, requester) -> ActionRequest:
         call=call, action="escalate", status=ActionStatus.REQUESTED, plan={"action": "escalate", "checks": []},
         plan_hash="0" * 64, call_version=call.version, previewed_by=requester, requested_by=requester,
         requested_at=now, reason="seen", expires_at=now + timedelta(hours=1),
+    )  # fmt: skip
+
+
+def _pending_reset(call: Call, requester) -> BreakerOperation:
+    """A breaker reset waiting for an approver, as a plain row."""
+    now = timezone.now()
+    return BreakerOperation.objects.create(
+        tool=call.tool, operation="reset", status="requested", reason="seen", requested_by=requester,
+        breaker_state="forced_open", expires_at=now + timedelta(hours=1),
     )  # fmt: skip
 
 
@@ -160,7 +233,8 @@ def test_the_matrix_covers_every_console_url():
         sample = "/" + route.replace("<slug:slug>", "unknown").replace("<int:call_id>", "{call}")
         sample = sample.replace("<int:task_id>", "{task}").replace("<int:run_id>", "{run}")
         sample = sample.replace("<int:request_id>", "{request}").replace("<slug:action>", "escalate")
-        sample = sample.replace("<int:tool_id>", "{tool}")
+        sample = sample.replace("<int:tool_id>", "{tool}").replace("<slug:operation>", "force-open")
+        sample = sample.replace("<int:operation_id>", "{operation}").replace("<int:bulk_id>", "{bulk}")
         assert sample in covered or sample.replace("unknown", "no-such-queue") in covered, route
     assert {"/sign-in/", "/sign-out/", "/admin/", "/api/v1/tasks"} <= covered
 

@@ -662,6 +662,16 @@ def test_it_fails_fast_with_degrade_while_the_breaker_is_open():
 def test_it_denies_while_forced_open():
     decision = gate(breaker=BreakerView(state=FORCED_OPEN, probe_available=False))
     assert (decision.reason, decision.required_next.action) == ("breaker_open", "degrade")
+    assert decision.required_next.after_ms == 0 and decision.required_next.detail["forced_open"] is True
+    assert decision.checks[-1].detail == "breaker forced_open by an operator; only an operator's reset closes it"
+
+
+def test_a_forced_open_denial_names_the_operator_and_the_reason():
+    breaker = BreakerView(state=FORCED_OPEN, probe_available=False, forced_by="alice", forced_reason="INC-42")
+    decision = gate(breaker=breaker)
+    assert decision.checks[-1].detail == (
+        "breaker forced_open by an operator: alice, INC-42; only an operator's reset closes it"
+    )
 
 
 def test_it_admits_the_half_open_probe_and_only_it():

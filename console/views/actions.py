@@ -26,7 +26,14 @@ from console.views.common import APPROVE, REVIEW, VIEW, age_text, render_page
 from recovery.actions import ACTIONS
 from recovery.audit import Actor
 from recovery.models import ActionRequest, ActionStatus, Call
-from recovery.selectors.approvals import OPEN, QUEUE_LIMIT, action_request_page, pending_approvals
+from recovery.selectors.approvals import (
+    OPEN,
+    QUEUE_LIMIT,
+    action_request_page,
+    pending_approvals,
+    pending_breaker_resets,
+)
+from recovery.selectors.bulk import bulks_waiting
 from recovery.services.action_plans import action_options
 from recovery.services.actions import ActionRefused, action_approve, action_preview, action_reject, action_request
 
@@ -347,7 +354,14 @@ def approvals(request: HttpRequest) -> HttpResponse:
                 "own": req.requested_by_id == request.user.pk,
             }
         )
-    return render_page(request, "console/approvals.html", {"rows": rows, "now": now, "limit": QUEUE_LIMIT})
+    context = {
+        "rows": rows,
+        "now": now,
+        "limit": QUEUE_LIMIT,
+        "resets": pending_breaker_resets(now=now),
+        "bulks": bulks_waiting(now=now),
+    }
+    return render_page(request, "console/approvals.html", context)
 
 
 urlpatterns = [

@@ -3,21 +3,50 @@ window and history with every tool's retry-path safety and latest duplicate prob
 why and since when, the changes of it and its latest probes), and the fault drills' stored runs with their results
 and logs.
 
+An operator's force open and reset of a breaker (recovery/services/breaker_operations.py) start from the breakers
+page on a dry-run page (reviewers) that shows what the operation would block or let through again and changes
+nothing; its form (a reason, a confirmation) applies a force open at once and requests a reset, which a different
+person with the approver role approves or rejects from the breakers page or the operation's own page. Plain forms,
+POST/redirect/GET with a message; a refusal is shown on the page (next to its field when it names one) and changes
+nothing.
+
 Drill logs and results, tool and provider names are shown as text: the templates escape them like anything else an
 agent, a provider or a command wrote.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django import forms
+from django.conf import settings
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.http import Http404, HttpRequest, HttpResponse
-from django.urls import path
+from django.shortcuts import redirect
+from django.urls import path, reverse
 from django.utils import timezone
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.views.common import VIEW, age_text, render_page, url_pattern
-from recovery.selectors.operations import breakers_page, drill_run, drill_runs, tool_page
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, render_page, url_pattern
+from recovery.audit import Actor
+from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
+from recovery.selectors.operations import (
+    breaker_operation_page,
+    breakers_page,
+    drill_run,
+    drill_runs,
+    tool_page,
+)
+from recovery.services.breaker_operations import (
+    REASON_MAX,
+    BreakerOperationRefused,
+    breaker_approve_reset,
+    breaker_force_open,
+    breaker_preview,
+    breaker_reject_reset,
+    breaker_request_reset,
+)
 
 KEY_ROWS = 50  # per drill, the key rows drawn: those that failed first, then the others up to this many
 
@@ -29,7 +58,194 @@ def breakers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     page = breakers_page(now=now)
     quiet = [tool.tool for tool in page.tools if not tool.history]
-    return render_page(request, "console/breakers.html", {"page": page, "now": now, "quiet": quiet})
+    context = {
+        "page": page,
+        "now": now,
+        "quiet": quiet,
+        "reviewer": request.user.has_perm(REVIEW),
+        "approver": request.user.has_perm(APPROVE),
+    }
+    return render_page(request, "console/breakers.html", context)
+
+
+# --- force open and reset ------------------------------------------------------------------------------------------
+
+# The operations as their URLs name them.
+OPERATIONS = {"force-open": BreakerOperationKind.FORCE_OPEN, "reset": BreakerOperationKind.RESET}
+# How a refusal answers: bad input is a 400 next to its field, a missing role a 403, and an operation that cannot be
+# done as asked (already forced open, nothing to reset, four eyes, stale, expired, decided) a 409.
+_STATUS = {"reason": 400, "role": 403}
+
+
+class OperationForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        max_length=REASON_MAX,
+        strip=True,
+        error_messages={"required": "Give a reason: it is recorded with the operation and shown on the breakers page."},
+    )
+    confirm = forms.BooleanField(
+        label="I have read what this operation does",
+        error_messages={"required": "Confirm that you have read what this operation does."},
+    )
+    # The breaker as the dry run showed it: a reset request binds to it (the service refuses one that moved since).
+    seen = forms.CharField(widget=forms.HiddenInput, max_length=100, required=False)
+
+
+class DecisionForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        max_length=REASON_MAX,
+        strip=True,
+        error_messages={"required": "Give a reason: the reviewer reads it on the breakers page."},
+    )
+
+
+def _status(refused: BreakerOperationRefused) -> int:
+    return _STATUS.get(refused.code, 409)
+
+
+def _place(form: forms.Form, refused: BreakerOperationRefused) -> str:
+    """The refusal next to the field it names; otherwise returned for the top of the page."""
+    if refused.field in form.fields:
+        form.add_error(refused.field, refused.message)
+        return ""
+    return refused.message
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+@permission_required(REVIEW, raise_exception=True)
+def breaker_operation(request: HttpRequest, tool_id: int, operation: str) -> HttpResponse:
+    """The dry run of a force open or a reset (GET, changes nothing) and its confirmation (POST)."""
+    kind = OPERATIONS.get(operation)
+    if kind is None:
+        raise Http404("No such breaker operation.")
+    if not Tool.objects.filter(pk=tool_id).exists():
+        raise Http404("No such tool.")
+    if request.method == "GET":
+        return _dry_run(request, tool_id, kind)
+    form = OperationForm(request.POST)
+    if not form.is_valid():
+        return _dry_run(request, tool_id, kind, form=form, status=400)
+    actor, reason = Actor.for_user(request.user), form.cleaned_data["reason"]
+    try:
+        if kind == BreakerOperationKind.FORCE_OPEN:
+            done = breaker_force_open(tool_id=tool_id, user=request.user, actor=actor, reason=reason)
+            message = f"The breaker of {done.tool.name} is forced open: admission denies its calls until a reset."
+        else:
+            done = breaker_request_reset(
+                tool_id=tool_id, user=request.user, actor=actor, reason=reason, seen=form.cleaned_data["seen"]
+            )
+            message = (
+                f"Reset of {done.tool.name}'s breaker requested: it waits for a second person with the approver role."
+            )
+    except BreakerOperationRefused as refused:
+        error = _place(form, refused)
+        return _dry_run(request, tool_id, kind, form=form, error=error, status=_status(refused))
+    messages.success(request, message)
+    return redirect(f"{reverse('console:breakers')}#tool-{tool_id}")
+
+
+def _dry_run(request, tool_id: int, kind: str, *, form=None, error: str = "", status: int = 200) -> HttpResponse:
+    shown = breaker_preview(tool_id=tool_id, operation=kind)
+    form = form or OperationForm(initial={"seen": shown.version})
+    if form.is_bound and shown.operation == BreakerOperationKind.RESET and form.data.get("seen") != shown.version:
+        # The dry run drawn now is what a new request binds to.
+        form.data = form.data.copy()
+        form.data["seen"] = shown.version
+    context = {
+        "mode": "preview",
+        "shown": shown,
+        "kind": kind,
+        "form": form,
+        "error": error,
+        "ttl": age_text(timedelta(seconds=settings.RECOVERY_ACTION_TTL_S)),
+        "post_url": reverse("console:breaker-operation", args=[tool_id, _slug(kind)]),
+        "now": timezone.now(),
+    }
+    return render_page(request, "console/breaker_operation.html", context, status=status)
+
+
+def _slug(kind: str) -> str:
+    return next(slug for slug, value in OPERATIONS.items() if value == kind)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def breaker_operation_detail(request: HttpRequest, operation_id: int) -> HttpResponse:
+    return _detail(request, operation_id)
+
+
+def _detail(request, operation_id: int, *, status: int = 200, error: str = "", **forms_) -> HttpResponse:
+    page = breaker_operation_page(operation_id)
+    if page is None:
+        raise Http404("No such breaker operation.")
+    op, now, user = page.operation, timezone.now(), request.user
+    pending = op.status == BreakerOperationStatus.REQUESTED
+    expired = pending and op.expires_at is not None and op.expires_at <= now
+    approver = user.has_perm(APPROVE)
+    own = op.requested_by_id == user.pk
+    shown = breaker_preview(tool_id=op.tool_id, operation=op.operation) if pending else None
+    context = {
+        "mode": "operation",
+        "op": op,
+        "events": page.events,
+        "figures": op.preview if isinstance(op.preview, dict) else {},
+        # A pending reset: what approving it would let through now, and whether the breaker moved since the request
+        # (approving would then apply nothing).
+        "shown": shown,
+        "moved": shown is not None and (shown.stored, shown.updated_at) != (op.breaker_state, op.breaker_updated_at),
+        "pending": pending,
+        "expired": expired,
+        "expires_in": age_text(op.expires_at - now) if pending and not expired else "",
+        "can_decide": pending and approver and not own and not expired,
+        "own_request": pending and approver and own,
+        "approve_form": forms_.get("approve_form") or DecisionForm(prefix="approve"),
+        "reject_form": forms_.get("reject_form") or DecisionForm(prefix="reject"),
+        "error": error,
+        "now": now,
+    }
+    return render_page(request, "console/breaker_operation.html", context, status=status)
+
+
+@require_POST
+@login_required
+@permission_required(APPROVE, raise_exception=True)
+def breaker_reset_approve(request: HttpRequest, operation_id: int) -> HttpResponse:
+    return _decide(
+        request, operation_id, "approve", breaker_approve_reset, "Reset applied: {tool}'s breaker is closed."
+    )
+
+
+@require_POST
+@login_required
+@permission_required(APPROVE, raise_exception=True)
+def breaker_reset_reject(request: HttpRequest, operation_id: int) -> HttpResponse:
+    return _decide(
+        request, operation_id, "reject", breaker_reject_reset, "Reset rejected: {tool}'s breaker stays as it is."
+    )
+
+
+def _decide(request, operation_id: int, verb: str, service, done: str) -> HttpResponse:
+    form = DecisionForm(request.POST, prefix=verb)
+    if not form.is_valid():
+        return _detail(request, operation_id, status=400, **{f"{verb}_form": form})
+    try:
+        decided = service(
+            operation_id=operation_id,
+            user=request.user,
+            actor=Actor.for_user(request.user),
+            reason=form.cleaned_data["reason"],
+        )
+    except BreakerOperationRefused as refused:
+        error = _place(form, refused)
+        return _detail(request, operation_id, status=_status(refused), error=error, **{f"{verb}_form": form})
+    except BreakerOperation.DoesNotExist:
+        raise Http404("No such breaker operation.") from None
+    messages.success(request, done.format(tool=decided.tool.name))
+    return redirect(f"{reverse('console:breakers')}#tool-{decided.tool_id}")
 
 
 @require_GET
@@ -179,6 +395,10 @@ def _result(item, call_url: str) -> dict:
 
 urlpatterns = [
     path("operations/breakers/", breakers, name="breakers"),
+    path("operations/breakers/<int:tool_id>/<slug:operation>/", breaker_operation, name="breaker-operation"),
+    path("operations/breaker-operations/<int:operation_id>/", breaker_operation_detail, name="breaker-op"),
+    path("operations/breaker-operations/<int:operation_id>/approve/", breaker_reset_approve, name="breaker-op-approve"),
+    path("operations/breaker-operations/<int:operation_id>/reject/", breaker_reset_reject, name="breaker-op-reject"),
     path("operations/tools/<int:tool_id>/", tool, name="tool"),
     path("operations/drills/", drills, name="drills"),
     path("operations/drills/<int:run_id>/", drill, name="drill"),

@@ -26,9 +26,13 @@ from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page
 from recovery.audit import Actor
 from recovery.models import Call
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
+from recovery.services.action_plans import ACTION_BY_NAME
+from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 
 REFRESH_S = 5
+BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
+BULK_FILTERS = ("state", "tool", "tenant", "risk", "age", "q", "sort")  # what a bulk of "every row matching" keeps
 
 
 @require_GET
@@ -76,6 +80,10 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         "next_url": next_url,
         "first_url": f"{request.path}?{first_query.urlencode()}" if request.GET.get("after") else "",
         "refresh_s": REFRESH_S,
+        "can_review": can_review,
+        "bulk_actions": BULK_CHOICES,
+        "bulk_max": BULK_MAX,
+        "filter_query": [(name, request.GET[name]) for name in BULK_FILTERS if request.GET.get(name)],
         "stuck_after": age_text(timedelta(seconds=settings.RECOVERY_COMPENSATION_STUCK_S)),
         # Named even when empty: a name missing from the context costs the template engine a caught exception per
         # lookup, once per row here (about a third of the rows' rendering time).
@@ -173,7 +181,7 @@ def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: boo
             raise Http404("No such call.")
         tools, tenants = queue_options()
         _decorate([row], timezone.now(), request.user, True, tools=dict(tools), tenants=dict(tenants), queue=current)
-        context = {"row": row, "notice": message, "notice_error": error}
+        context = {"row": row, "notice": message, "notice_error": error, "can_review": True}
         return render(request, "console/queue.html#row", context, status=409 if error else 200)
     (messages.error if error else messages.success)(request, message)
     target = request.POST.get("next", "")

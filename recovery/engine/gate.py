@@ -502,9 +502,15 @@ def _check_retry_path(call: CallView, candidate: Candidate, context: GateContext
 def _check_breaker(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
     breaker = context.breaker
     info = {"fallback": context.tool.fallback, "breaker": breaker.state}
-    if breaker.state in (OPEN, FORCED_OPEN):
-        after = breaker.retry_in_ms if breaker.state == OPEN else 0
-        return _deny("breaker", "breaker_open", f"breaker {breaker.state}", "degrade", after_ms=after, info=info)
+    if breaker.state == FORCED_OPEN:
+        # The same reason code as an open breaker (a runtime degrades either way); the detail says it is an
+        # operator's doing, so nobody waits for a cooldown that never comes.
+        who = f": {breaker.forced_by}" if breaker.forced_by else ""
+        why = f", {breaker.forced_reason}" if breaker.forced_reason else ""
+        detail = f"breaker forced_open by an operator{who}{why}; only an operator's reset closes it"
+        return _deny("breaker", "breaker_open", detail, "degrade", info=info | {"forced_open": True})
+    if breaker.state == OPEN:
+        return _deny("breaker", "breaker_open", "breaker open", "degrade", after_ms=breaker.retry_in_ms, info=info)
     if breaker.state == HALF_OPEN:
         if breaker.probe_available:
             return _pass("breaker", "half_open: admitted as the probe", uses_probe=True)

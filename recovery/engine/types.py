@@ -340,6 +340,9 @@ class BreakerView:
     state: str = CLOSED  # effective state now (open past its cooldown reads half_open)
     probe_available: bool = True  # half_open: may one more probe be reserved?
     retry_in_ms: int = 0  # open: time until the cooldown ends
+    # forced_open: who forced it open and why, as the operation recorded it ("" when unknown, e.g. set by hand)
+    forced_by: str = ""
+    forced_reason: str = ""
 
 
 # --- admission -----------------------------------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Reads of operator actions (SPEC §15.4): the pending-approvals queue, one action request's page, a call's requests.
 
 Each read is a fixed number of statements whatever the number of requests: the queue is one statement (the
-requests with their call, tool, task, tenant and requester joined), its count one more, a request's page two (the
-request with everything it names, then its audit events), a call's requests one.
+requests with their call, tool, task, tenant and requester joined), its count one more, the pending breaker resets
+one, a request's page two (the request with everything it names, then its audit events), a call's requests one.
 """
 
 from __future__ import annotations
@@ -13,7 +13,15 @@ from datetime import datetime
 from django.db.models import Q
 
 from recovery.audit_actions import REQUEST_EVENTS
-from recovery.models import ActionRequest, ActionStatus, AuditEvent
+from recovery.models import (
+    ActionRequest,
+    ActionStatus,
+    AuditEvent,
+    BreakerOperation,
+    BreakerOperationStatus,
+    BulkAction,
+    BulkStatus,
+)
 
 # The queue shows the oldest requests first, at most this many (beyond it the page says how many more wait).
 QUEUE_LIMIT = 200
@@ -41,8 +49,18 @@ def pending_approvals(*, now: datetime, limit: int = QUEUE_LIMIT) -> list[Action
 
 
 def pending_approvals_count(*, now: datetime) -> int:
-    """How many requests wait for an approver now (the navigation's and the overview's figure): one statement."""
-    return _pending(now).count()
+    """How many decisions wait for an approver now — action requests, bulk actions, breaker resets (the
+    navigation's and the overview's figure): one statement."""
+    bulks = BulkAction.objects.filter(status=BulkStatus.REQUESTED, expires_at__gt=now).values("pk")
+    resets = BreakerOperation.objects.filter(status=BreakerOperationStatus.REQUESTED, expires_at__gt=now)
+    return _pending(now).values("pk").union(bulks, resets.values("pk"), all=True).count()
+
+
+def pending_breaker_resets(*, now: datetime, limit: int = QUEUE_LIMIT) -> list[BreakerOperation]:
+    """Breaker resets a reviewer requested and nobody decided yet (recovery.services.breaker_operations), oldest
+    first, with their tool and requester: one statement."""
+    rows = BreakerOperation.objects.filter(status=BreakerOperationStatus.REQUESTED, expires_at__gt=now)
+    return list(rows.select_related("tool", "requested_by").defer("preview").order_by("requested_at", "pk")[:limit])
 
 
 @dataclass(frozen=True, kw_only=True)

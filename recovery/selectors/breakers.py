@@ -1,14 +1,18 @@
 """How each tool's circuit breaker reads now (SPEC §7): the effective state from its Breaker row and the pure rules
 of recovery.engine.breaker (open past its cooldown reads half_open; a probe whose lease ran out is free again).
-recovery.services.breakers writes the rows; everything that only shows or admits reads them here."""
+recovery.services.breakers writes the rows; everything that only shows or admits reads them here.
+
+A forced_open breaker's view names who forced it open and why (the latest applied force open of
+recovery.services.breaker_operations): one more SELECT, read only while a breaker is forced open."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import datetime
 
 from recovery.engine import breaker as rules
-from recovery.engine.types import CLOSED, BreakerPolicy, BreakerView
-from recovery.models import Breaker, Tool
+from recovery.engine.types import CLOSED, FORCED_OPEN, BreakerPolicy, BreakerView
+from recovery.models import Breaker, BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
 from recovery.registry.policy import breaker_policy
 
 _STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
@@ -28,14 +32,34 @@ def view_of_state(row: tuple | None, policy: BreakerPolicy, now: datetime) -> Br
     return rules.effective_state(state, _epoch(opened_at), policy, now_s, live_probes=live)
 
 
+def forced_open_by(tool_id: int) -> tuple[str, str] | None:
+    """(who, why) of the tool's latest applied force open; None when there is none (e.g. set in the admin)."""
+    return (
+        BreakerOperation.objects.filter(
+            tool_id=tool_id, operation=BreakerOperationKind.FORCE_OPEN, status=BreakerOperationStatus.APPLIED
+        )
+        .order_by("-id")
+        .values_list("requested_by__username", "reason")
+        .first()
+    )
+
+
+def _with_operator(tool: Tool, view: BreakerView) -> BreakerView:
+    if view.state != FORCED_OPEN:
+        return view
+    found = forced_open_by(tool.pk)
+    return replace(view, forced_by=found[0], forced_reason=found[1]) if found else view
+
+
 def breaker_view(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> BreakerView:
-    """The breaker as admission sees it at `now`: open past its cooldown reads half_open. One SELECT."""
+    """The breaker as admission sees it at `now`: open past its cooldown reads half_open. One SELECT (two while it
+    is forced open)."""
     row = Breaker.objects.filter(tool_id=tool.pk).values_list(*_STATE_FIELDS).first()
-    return view_of_state(row, policy or breaker_policy(tool), now)
+    return _with_operator(tool, view_of_state(row, policy or breaker_policy(tool), now))
 
 
 def breaker_view_of(tool: Tool, row: Breaker | None, *, now: datetime) -> BreakerView:
     """breaker_view() of a Breaker row read already (with its tool: `select_related("tool__breaker_row")`); None
     for a tool whose breaker never opened."""
     state = None if row is None else tuple(getattr(row, name) for name in _STATE_FIELDS)
-    return view_of_state(state, breaker_policy(tool), now)
+    return _with_operator(tool, view_of_state(state, breaker_policy(tool), now))

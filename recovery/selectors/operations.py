@@ -19,10 +19,19 @@ from django.db.models import F, Prefetch, Window
 from django.db.models.fields.json import KT
 from django.db.models.functions import RowNumber
 
-from recovery.audit_actions import STATUS_BREAKER_EVENTS, TOOL_BREAKER_EVENTS
+from recovery.audit_actions import BREAKER_RESET_REQUEST_EVENTS, STATUS_BREAKER_EVENTS, TOOL_BREAKER_EVENTS
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, WRITE, BreakerPolicy
-from recovery.models import AuditEvent, BreakerBucket, DrillRun, DuplicateProbe, Provider, Tool
+from recovery.models import (
+    AuditEvent,
+    BreakerBucket,
+    BreakerOperation,
+    BreakerOperationStatus,
+    DrillRun,
+    DuplicateProbe,
+    Provider,
+    Tool,
+)
 from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.probes import RetryPathChange, latest_probe_per_tool, retry_path_changes, tool_probes
 
@@ -105,6 +114,8 @@ class ToolBreaker:
     history: tuple[BreakerEvent, ...]
     retry: RetryPath
     latest_probe: DuplicateProbe | None = None  # whatever it decided (an inconclusive one decides nothing)
+    last_operation: BreakerOperation | None = None  # the latest applied force open or reset: who, when, why
+    pending_reset: BreakerOperation | None = None  # a reset requested and not decided yet (it may have expired)
 
     @property
     def at_threshold(self) -> bool:
@@ -150,7 +161,8 @@ _EVENT_COLUMNS = (
 
 
 def breakers_page(*, now: datetime) -> BreakersPage:
-    """Every tool's breaker, retry path and latest probe, and every provider's status breaker. Six statements."""
+    """Every tool's breaker, retry path, latest probe and operator operations, and every provider's status breaker.
+    Seven statements."""
     alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name").order_by("name"))
     tools = list(
         Tool.objects.select_related("provider", "breaker_row")
@@ -162,10 +174,11 @@ def breakers_page(*, now: datetime) -> BreakersPage:
     buckets = _buckets(policies, now)
     history = _history(now)
     probes = latest_probe_per_tool()
+    operations = _operations()
     providers = Provider.objects.select_related("status_breaker_row").order_by("name")
     return BreakersPage(
         tools=[
-            _tool_breaker(tool, policies[tool.pk], buckets[tool.pk], history, now, probes.get(tool.pk))
+            _tool_breaker(tool, policies[tool.pk], buckets[tool.pk], history, now, probes.get(tool.pk), operations)
             for tool in tools
         ],
         providers=[_status_breaker(provider, history, now) for provider in providers],
@@ -197,7 +210,7 @@ def _history(now: datetime) -> dict[tuple[str, str], tuple[BreakerEvent, ...]]:
     tool_name, provider_name = KT("evidence__tool"), KT("evidence__provider")
     since = now - timedelta(days=HISTORY_DAYS)
     rows = (
-        AuditEvent.objects.filter(action__in=TOOL_BREAKER_EVENTS + STATUS_BREAKER_EVENTS, created_at__gte=since)
+        AuditEvent.objects.filter(action__in=_HISTORY_EVENTS, created_at__gte=since)
         .annotate(
             tool_name=tool_name,
             provider_name=provider_name,
@@ -209,7 +222,9 @@ def _history(now: datetime) -> dict[tuple[str, str], tuple[BreakerEvent, ...]]:
     )
     found: dict[tuple[str, str], list[BreakerEvent]] = defaultdict(list)
     for row in rows:
-        key = ("tool", row["tool_name"]) if row["action"] in TOOL_BREAKER_EVENTS else ("provider", row["provider_name"])
+        key = (
+            ("provider", row["provider_name"]) if row["action"] in STATUS_BREAKER_EVENTS else ("tool", row["tool_name"])
+        )
         found[key].append(
             BreakerEvent(
                 seq=row["seq"],
@@ -224,12 +239,35 @@ def _history(now: datetime) -> dict[tuple[str, str], tuple[BreakerEvent, ...]]:
     return {key: tuple(events) for key, events in found.items()}
 
 
+# A tool's history holds its state changes and the steps of its reset requests; a provider's its status breaker's.
+_HISTORY_EVENTS = TOOL_BREAKER_EVENTS + BREAKER_RESET_REQUEST_EVENTS + STATUS_BREAKER_EVENTS
+
+
+def _operations() -> dict[tuple[int, str], BreakerOperation]:
+    """Every tool's latest applied operation and its pending reset, keyed (tool id, status), in one statement: at
+    most one pending reset per tool (breaker_one_pending_reset), the newest applied one ranked per tool."""
+    rows = (
+        BreakerOperation.objects.filter(status__in=[BreakerOperationStatus.APPLIED, BreakerOperationStatus.REQUESTED])
+        .annotate(rank=Window(RowNumber(), partition_by=[F("tool_id"), F("status")], order_by=F("id").desc()))
+        .filter(rank=1)
+        .select_related("requested_by", "decided_by")
+        .defer("preview")
+    )
+    return {(op.tool_id, op.status): op for op in rows}
+
+
 def _epoch(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
 def _tool_breaker(
-    tool: Tool, policy: BreakerPolicy, buckets: list, history: dict, now: datetime, probe: DuplicateProbe | None
+    tool: Tool,
+    policy: BreakerPolicy,
+    buckets: list,
+    history: dict,
+    now: datetime,
+    probe: DuplicateProbe | None,
+    operations: dict[tuple[int, str], BreakerOperation],
 ) -> ToolBreaker:
     row = getattr(tool, "breaker_row", None)  # no row: the breaker never opened, it reads closed
     stored = row.state if row is not None else CLOSED
@@ -265,6 +303,8 @@ def _tool_breaker(
         history=history.get(("tool", tool.name), ()),
         retry=retry_path(tool),
         latest_probe=probe,
+        last_operation=operations.get((tool.pk, BreakerOperationStatus.APPLIED)),
+        pending_reset=operations.get((tool.pk, BreakerOperationStatus.REQUESTED)),
     )
 
 
@@ -419,3 +459,29 @@ def drill_runs(*, before: int | None = None, size: int | None = None) -> DrillRu
 def drill_run(run_id: int) -> DrillRun | None:
     """One run with its results and log. One statement."""
     return DrillRun.objects.filter(pk=run_id).first()
+
+
+# --- one breaker operation -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class BreakerOperationPage:
+    operation: BreakerOperation
+    events: list[AuditEvent]  # its audit events, oldest first
+
+
+def breaker_operation_page(operation_id: int) -> BreakerOperationPage | None:
+    """One force open or reset with its tool and people (one statement) and its audit events (one more, bounded by
+    audit_action_idx to the breaker operations' events); None for an unknown id."""
+    found = BreakerOperation.objects.select_related("tool", "requested_by", "decided_by").filter(pk=operation_id)
+    operation = found.first()
+    if operation is None:
+        return None
+    events = list(
+        AuditEvent.objects.filter(
+            action__in=TOOL_BREAKER_EVENTS + BREAKER_RESET_REQUEST_EVENTS, evidence__breaker_operation=operation.pk
+        )
+        .only("seq", "action", "actor_label", "from_state", "to_state", "reason", "created_at")
+        .order_by("seq")
+    )
+    return BreakerOperationPage(operation=operation, events=events)

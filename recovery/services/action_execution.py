@@ -518,7 +518,10 @@ def _after_interruption(call: Call) -> str:
 
 def actions_approved_waiting(*, now: datetime | None = None, older_than_s: int = 30) -> list[int]:
     """APPROVED requests no worker has claimed for a while (their enqueue was lost, e.g. Redis was down at commit):
-    the periodic job enqueues them again; the claim makes a duplicate harmless."""
+    the periodic job enqueues them again; the claim makes a duplicate harmless. A bulk's item requests are not
+    among them: only their bulk's worker runs them (recovery.services.bulk), and its sweep interrupts them."""
     now = now or timezone.now()
-    waiting = ActionRequest.objects.filter(status=A.APPROVED, updated_at__lte=now - timedelta(seconds=older_than_s))
+    waiting = ActionRequest.objects.filter(
+        status=A.APPROVED, updated_at__lte=now - timedelta(seconds=older_than_s), bulk_items__isnull=True
+    )
     return list(waiting.order_by("pk").values_list("pk", flat=True)[:SWEEP_LIMIT])

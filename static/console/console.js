@@ -1,10 +1,11 @@
 // Recovery Console: keyboard navigation of queue rows, and the live refresh's new-row marks.
-// j / k move the current row, Enter opens it, c claims (or releases) it. Without JavaScript every page still reads
+// j / k move the current row, Enter opens it, c claims (or releases) it; rows ticked for a bulk stay ticked. Without JavaScript every page still reads
 // and every form still posts; this only adds speed.
 (function () {
   "use strict";
   let currentId = null;
   let known = null; // row ids seen before the last refresh
+  const picked = new Set(); // rows ticked for a bulk action: kept across the live refresh, which redraws them
 
   function rows() {
     return Array.from(document.querySelectorAll("#rows tr[data-id]"));
@@ -52,6 +53,12 @@
     if (row) setCurrent(row);
   });
 
+  document.addEventListener("change", function (event) {
+    const box = event.target;
+    if (!box.matches || !box.matches('#rows input[type="checkbox"][name="call"]')) return;
+    if (box.checked) picked.add(box.value); else picked.delete(box.value);
+  });
+
   function remember() {
     known = new Set(rows().map(function (r) { return r.dataset.id; }));
   }
@@ -67,6 +74,9 @@
       rows().forEach(function (r) { if (!known.has(r.dataset.id)) r.classList.add("new"); });
     }
     remember();
+    document.querySelectorAll('#rows input[type="checkbox"][name="call"]').forEach(function (box) {
+      box.checked = picked.has(box.value);
+    });
     const row = current();
     if (row) { row.classList.add("current"); row.setAttribute("aria-selected", "true"); }
   });

@@ -1,0 +1,250 @@
+"""Bulk actions in the console (SPEC §15.3, §15.4): the frozen selection's preview, its request, the second person's
+decision, and its progress.
+
+A reviewer selects rows on a queue page (or every row matching the page's filter) and an action; the preview
+(recovery.services.bulk) freezes the exact items — each call's id and version — and the browser is sent to the
+bulk's page, which lists every item with its policy checks and whether it would run, be skipped or is excluded.
+The reviewer requests it with a reason; a different person with the approver role approves or rejects it; a worker
+executes it item by item and the page's progress block refreshes itself (htmx) until every item has its result.
+Every form works without JavaScript (POST/redirect/GET); a refusal is shown next to its field, nothing changed.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, permission_required
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import path, reverse
+from django.utils import timezone
+from django.utils.http import urlencode
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import HttpResponseClientRefresh
+
+from console.forms import QueueFilterForm
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, render_page
+from console.views.queues import BULK_FILTERS
+from recovery.audit import Actor
+from recovery.models import BulkAction, BulkItemStatus, BulkStatus
+from recovery.selectors.bulk import bulk_page
+from recovery.selectors.queues import QUEUES, queue_options
+from recovery.services.action_plans import ACTION_BY_NAME, ActionRefused
+from recovery.services.bulk import BULK_ACTIONS, BULK_MAX, LIVE, bulk_approve, bulk_preview, bulk_reject, bulk_request
+
+REFRESH_S = 2
+REASON_MAX = 2000
+ACTION_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
+_STATUS = {"reason": 400, "selection": 400, "role": 403}
+# How each item status reads on the page.
+ITEM_LABELS = {
+    BulkItemStatus.PENDING: "would run",
+    BulkItemStatus.EXCLUDED: "excluded",
+    BulkItemStatus.SKIPPED_CHECKS: "skipped",
+    BulkItemStatus.EXECUTING: "executing",
+    BulkItemStatus.EXECUTED: "executed",
+    BulkItemStatus.SKIPPED_STALE: "skipped stale",
+    BulkItemStatus.FAILED: "failed",
+    BulkItemStatus.INTERRUPTED: "interrupted",
+}
+
+
+class BulkForm(forms.Form):
+    """What the queue page's bulk bar posts: the action, which selection, the rows ticked (the filter's own fields
+    travel alongside, as the page's URL had them)."""
+
+    action = forms.ChoiceField(choices=ACTION_CHOICES, label="Bulk action")
+    selection = forms.ChoiceField(choices=[("rows", "the rows selected"), ("matching", "every row matching")])
+
+    def __init__(self, data):
+        super().__init__(data)
+        self.calls = data.getlist("call")
+
+    def clean(self):
+        # Any id may be sent: the service says which are calls (and refuses the rest by number).
+        if any(not (value.isdigit() and len(value) < 19) for value in self.calls):
+            raise forms.ValidationError("a selected row is not a call id: select rows on the queue page")
+        self.cleaned_data["call"] = [int(value) for value in self.calls]
+        return self.cleaned_data
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(label="Reason", max_length=REASON_MAX, strip=True)
+
+
+class RequestForm(ReasonForm):
+    selection_hash = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
+
+
+def _status(refused: ActionRefused) -> int:
+    return _STATUS.get(refused.code, 409)
+
+
+@require_POST
+@login_required
+@permission_required(REVIEW, raise_exception=True)
+def preview(request: HttpRequest, slug: str) -> HttpResponse:
+    queue = QUEUES.get(slug)
+    if queue is None:
+        raise Http404("No such queue.")
+    back = reverse("console:queue", args=[slug])
+    query = {name: request.POST[name] for name in BULK_FILTERS if request.POST.get(name)}
+    back_url = f"{back}?{urlencode(query)}" if query else back
+    form = BulkForm(request.POST)
+    if not form.is_valid():
+        errors = "; ".join(f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items())
+        return _back(request, back_url, errors)
+    tools, tenants = queue_options()
+    filter_form = QueueFilterForm(query, queue=queue, tools=tools, tenants=tenants)
+    if not filter_form.is_valid():
+        return _back(request, back_url, "The queue's filter is not valid: fix it on the queue page first.")
+    matching = form.cleaned_data["selection"] == "matching"
+    try:
+        made = bulk_preview(
+            action=form.cleaned_data["action"],
+            queue=queue,
+            user=request.user,
+            actor=Actor.for_user(request.user),
+            call_ids=None if matching else form.cleaned_data["call"],
+            filters=filter_form.filters() if matching else None,
+            filter_query=query,
+        )
+    except ActionRefused as refused:
+        return _back(request, back_url, refused.message)
+    messages.success(request, "Selection frozen: nothing was done. Read every item, then request it with a reason.")
+    return redirect("console:bulk", made.pk)
+
+
+def _back(request: HttpRequest, url: str, message: str) -> HttpResponse:
+    """A selection that cannot be frozen: back to the queue as it was filtered, the reason on top of the bulk bar."""
+    messages.error(request, f"No bulk was made: {message}", extra_tags="bulk")
+    return redirect(url)
+
+
+@require_GET
+@login_required
+@permission_required(VIEW, raise_exception=True)
+def bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
+    if request.htmx:
+        page = bulk_page(bulk_id)
+        if page is None:
+            raise Http404("No such bulk action.")
+        if page.bulk.status not in LIVE:
+            return HttpResponseClientRefresh()  # done: the whole page again (its forms and counts moved too)
+        return render_page(request, "console/bulk.html", _context(request, page), partial="progress")
+    return _render(request, bulk_id)
+
+
+def _render(request: HttpRequest, bulk_id: int, *, status: int = 200, **forms_) -> HttpResponse:
+    page = bulk_page(bulk_id)
+    if page is None:
+        raise Http404("No such bulk action.")
+    return render_page(request, "console/bulk.html", _context(request, page, **forms_), status=status)
+
+
+def _context(request, page, *, request_form=None, approve_form=None, reject_form=None, error="") -> dict:
+    bulk, user, now = page.bulk, request.user, timezone.now()
+    is_open = bulk.status in (BulkStatus.PREVIEWED, BulkStatus.REQUESTED)
+    expired = is_open and bulk.expires_at <= now
+    own = bulk.requested_by_id == user.pk
+    for item in page.items:
+        item.label = ITEM_LABELS.get(item.status, item.status)
+        item.failed = [c for c in item.checks if not c.get("passed")]
+    total = len(page.items)
+    done = sum(n for status, n in page.counts.items() if status not in (BulkItemStatus.PENDING, "executing"))
+    return {
+        "bulk": bulk,
+        "items": page.items,
+        "counts": page.counts,
+        "count_rows": [(ITEM_LABELS.get(s, s), s, page.counts.get(s, 0)) for s in ITEM_LABELS if page.counts.get(s)],
+        "total": total,
+        "done": done if bulk.status not in (BulkStatus.PREVIEWED, BulkStatus.REQUESTED) else 0,
+        "to_run": page.counts.get(BulkItemStatus.PENDING, 0),
+        "action_label": ACTION_BY_NAME[bulk.action].label,
+        "queue": QUEUES.get(bulk.queue),
+        "filters": sorted(bulk.filters.items()) if isinstance(bulk.filters, dict) else [],
+        "live": bulk.status in LIVE,
+        "refresh_s": REFRESH_S,
+        "expired": expired,
+        "expires_in": age_text(bulk.expires_at - now) if is_open and not expired else "",
+        "can_request": bulk.status == BulkStatus.PREVIEWED and user.has_perm(REVIEW) and not expired,
+        "can_decide": bulk.status == BulkStatus.REQUESTED and user.has_perm(APPROVE) and not own and not expired,
+        "own_request": bulk.status == BulkStatus.REQUESTED and own,
+        "request_form": request_form or RequestForm(initial={"selection_hash": bulk.selection_hash}),
+        "approve_form": approve_form or ReasonForm(prefix="approve"),
+        "reject_form": reject_form or ReasonForm(prefix="reject"),
+        "error": error,
+        "max": BULK_MAX,
+        "now": now,
+    }
+
+
+def _place(form: forms.Form, refused: ActionRefused) -> str:
+    if refused.field in form.fields:
+        form.add_error(refused.field, refused.message)
+        return ""
+    return refused.message
+
+
+@require_POST
+@login_required
+@permission_required(REVIEW, raise_exception=True)
+def request_bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
+    form = RequestForm(request.POST)
+    if not form.is_valid():
+        return _render(request, bulk_id, status=400, request_form=form)
+    try:
+        done = bulk_request(
+            bulk_id=bulk_id,
+            user=request.user,
+            actor=Actor.for_user(request.user),
+            reason=form.cleaned_data["reason"],
+            selection_hash=form.cleaned_data["selection_hash"],
+        )
+    except ActionRefused as refused:
+        error = _place(form, refused)
+        return _render(request, bulk_id, status=_status(refused), request_form=form, error=error)
+    except BulkAction.DoesNotExist:
+        raise Http404("No such bulk action.") from None
+    messages.success(request, "Requested: it waits for a second person with the approver role.")
+    return redirect("console:bulk", done.pk)
+
+
+@require_POST
+@login_required
+@permission_required(APPROVE, raise_exception=True)
+def approve(request: HttpRequest, bulk_id: int) -> HttpResponse:
+    return _decide(request, bulk_id, "approve", bulk_approve, "Approved: a worker executes every item once.")
+
+
+@require_POST
+@login_required
+@permission_required(APPROVE, raise_exception=True)
+def reject(request: HttpRequest, bulk_id: int) -> HttpResponse:
+    return _decide(request, bulk_id, "reject", bulk_reject, "Rejected: no item will run.")
+
+
+def _decide(request: HttpRequest, bulk_id: int, verb: str, service, done: str) -> HttpResponse:
+    form = ReasonForm(request.POST, prefix=verb)
+    if not form.is_valid():
+        return _render(request, bulk_id, status=400, **{f"{verb}_form": form})
+    try:
+        decided = service(
+            bulk_id=bulk_id, user=request.user, actor=Actor.for_user(request.user), reason=form.cleaned_data["reason"]
+        )
+    except ActionRefused as refused:
+        error = _place(form, refused)
+        return _render(request, bulk_id, status=_status(refused), error=error, **{f"{verb}_form": form})
+    except BulkAction.DoesNotExist:
+        raise Http404("No such bulk action.") from None
+    messages.success(request, done)
+    return redirect("console:bulk", decided.pk)
+
+
+urlpatterns = [
+    path("queues/<slug:slug>/bulk/", preview, name="bulk-preview"),
+    path("bulk/<int:bulk_id>/", bulk, name="bulk"),
+    path("bulk/<int:bulk_id>/request/", request_bulk, name="bulk-request"),
+    path("bulk/<int:bulk_id>/approve/", approve, name="bulk-approve"),
+    path("bulk/<int:bulk_id>/reject/", reject, name="bulk-reject"),
+]
