@@ -519,3 +519,16 @@ def test_the_operation_page_tells_a_requester_who_approves_that_someone_else_dec
     refused = client.post(f"/operations/breaker-operations/{op.pk}/approve/", {"approve-reason": "mine"})
     assert refused.status_code == 409 and "four eyes" in page_text(refused.content.decode())
     assert Breaker.objects.get(tool=tool).state == "forced_open"
+
+
+def test_the_call_page_says_who_forced_its_tools_breaker_open_and_why(people, tool, make_call):
+    call = make_call("UNKNOWN", tool=tool)
+    client = signed_in(people, VIEWER)
+    assert "forced-by" not in client.get(f"/calls/{call.pk}/").content.decode()
+    force(tool, people[REVIEWER], reason=f"INC-42 {HOSTILE_SCRIPT}")
+
+    response = client.get(f"/calls/{call.pk}/")
+    html = response.content.decode()
+    assert 'id="forced-by"' in html and HOSTILE_SCRIPT not in html
+    text = page_text(html)
+    assert "forced_open by reviewer: INC-42" in text and "only an approved reset closes it" in text
