@@ -321,6 +321,15 @@ class Call(models.Model):
     def claim_held(self, now: datetime) -> bool:
         return self.claim_live(self.claimed_by_id, self.claim_until, now)
 
+    def first_sent_at(self) -> datetime | None:
+        """When the provider could first have seen the call's key: its first attempt's admission (the attempt row's
+        creation where admission did not stamp it); None before any attempt. One query; none for a call without
+        attempts (attempts_count is written with every attempt, in its transaction)."""
+        if not self.attempts_count:
+            return None
+        first = self.attempts.filter(number=1).values_list("admitted_at", "created_at").first()
+        return (first[0] or first[1]) if first else None
+
     def key_since(self, first_sent_at: datetime | None) -> datetime:
         """When the provider first saw the call's key: its first attempt, or the call's creation before any."""
         return first_sent_at or self.created_at

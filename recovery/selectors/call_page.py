@@ -163,8 +163,7 @@ def call_status(call_id: int, *, now: datetime) -> CallStatus | None:
     call = _call(call_id)
     if call is None:
         return None
-    first = Attempt.objects.filter(call_id=call.pk, number=1).values_list("admitted_at", "created_at").first()
-    return _status(call, (first[0] or first[1]) if first else None, now)
+    return _status(call, call.first_sent_at(), now)
 
 
 def call_page(call_id: int, *, diagnostics_readable: bool, now: datetime) -> CallPage | None:

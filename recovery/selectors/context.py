@@ -117,9 +117,7 @@ def gate_context(
     is read here, a fixed number of queries."""
     # attempts_count is written with every attempt, in its transaction: a call read with none has none to read.
     last = call.attempts.select_related("tool", "decision").order_by("-number").first() if call.attempts_count else None
-    first_sent_at = (
-        call.attempts.filter(number=1).values_list("admitted_at", flat=True).first() if call.attempts_count else None
-    )
+    first_sent_at = call.first_sent_at()
     read = hasattr(call, "latest_receipt_at")  # read with call_for_attempt's annotations
     dependencies = {}
     if not read or call.has_dependency_calls:

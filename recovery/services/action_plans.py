@@ -28,7 +28,7 @@ from recovery.engine.budgets import tighter
 from recovery.engine.canonical import canonical_digest
 from recovery.engine.gate import admit
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
-from recovery.models import ActionRequest, Attempt, BreakerState, Call, RetryPath, StatusBreaker
+from recovery.models import ActionRequest, BreakerState, Call, RetryPath, StatusBreaker
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.providers.status import outbound_headers, status_url
 from recovery.registry import tool_policy, with_alternates
@@ -100,8 +100,7 @@ def call_for_action(call_id: int) -> Call | None:
 def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
     """The call's facts for the catalogue, as the call page computes them (one query: the first attempt)."""
     tool = call.tool
-    first = Attempt.objects.filter(call_id=call.pk, number=1).values_list("admitted_at", "created_at").first()
-    since = call.key_since((first[0] or first[1]) if first else None)
+    since = call.key_since(call.first_sent_at())
     held_by = ""
     if call.claim_held(now) and (user is None or call.claimed_by_id != user.pk):
         held_by = call.claimed_by.get_username()

@@ -27,8 +27,7 @@ _ANSWERED = frozenset({Observation.COMMITTED, Observation.NOT_COMMITTED, Observa
 
 def key_age_s(call: Call, now) -> int:
     """How old the call's key is: since its first attempt was admitted (the call's creation when it had none)."""
-    first = call.attempts.filter(number=1).values_list("admitted_at", flat=True).first()
-    return max(0, int((now - (first or call.created_at)).total_seconds()))
+    return max(0, int((now - call.key_since(call.first_sent_at())).total_seconds()))
 
 
 def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None) -> DuplicateProbe:
