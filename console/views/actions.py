@@ -359,7 +359,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
         "now": now,
         "limit": QUEUE_LIMIT,
         "resets": pending_breaker_resets(now=now),
-        "bulks": bulks_waiting(now=now),
+        "bulks": [(bulk, LABELS.get(bulk.action, bulk.action)) for bulk in bulks_waiting(now=now)],
     }
     return render_page(request, "console/approvals.html", context)
 

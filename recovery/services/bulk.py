@@ -26,6 +26,7 @@ be resumed from its next pending item.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -134,7 +135,7 @@ def selected_calls(*, queue: Queue, call_ids: list[int] | None, filters: QueueFi
             shown = ", ".join(str(pk) for pk in missing[:10])
             raise ActionRefused("selection", f"No call has the id {shown}.", field="calls")
         return calls
-    everything = QueueFilters(**{**filters.__dict__, "after": None})
+    everything = replace(filters, after=None)  # every page of the filter, from its first row
     page = queue_page(everything, now=now, size=BULK_MAX)
     if page.next_cursor is not None:
         message = (
