@@ -385,3 +385,19 @@ def test_a_worker_killed_mid_bulk_leaves_its_item_interrupted_never_run_again_an
     _until(lambda: len(world.posts(held)) == 2, timeout=10)  # the held reply is recorded once it is answered
     assert bulk_execute(bulk.pk, worker="third").status == B.FINISHED
     assert len(world.posts(held)) == 2  # the runtime's lost one and the one replay, never a second
+
+
+def test_a_key_that_expires_while_the_bulk_waits_fails_its_item_and_nothing_is_sent(world):
+    call = world.review_call()
+    bulk = _approve(world, _request(world, _preview(world, [call], action="replay_same_key", queue=REVIEW)))
+    world.jobs.jobs.clear()
+    posts = len(world.posts(call.idempotency_key))
+    Tool.objects.filter(pk=call.tool_id).update(key_retention_s=1)  # the provider now forgets keys after 1 s
+    time.sleep(1.1)
+
+    bulk_execute(bulk.pk, worker="w")
+
+    item = BulkItem.objects.get(bulk=bulk)
+    assert item.status == Item.FAILED and "re-checked at execution" in item.why, item.why
+    assert "the provider no longer keeps this idempotency key" in item.why, item.why
+    assert fresh(call).state == "HUMAN_REVIEW" and len(world.posts(call.idempotency_key)) == posts
