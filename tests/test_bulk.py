@@ -52,6 +52,7 @@ from recovery.services.bulk import (
 )
 from recovery.services.claims import call_claim
 from tests import test_action_services as base
+from tests.test_action_execution import _until
 from tests.test_action_services import API_KEY, fresh, refused
 
 held_jobs, world = base.held_jobs, base.world
@@ -85,15 +86,6 @@ def _approve(world, bulk, who="approver") -> BulkAction:
 
 def _items(bulk) -> list[tuple[int, str]]:
     return list(BulkItem.objects.filter(bulk=bulk).order_by("position").values_list("call_id", "status"))
-
-
-def _until(predicate, *, timeout: float = 15, step: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := predicate():
-            return value
-        time.sleep(step)
-    raise AssertionError("timed out waiting")
 
 
 def test_a_bulk_escalation_runs_each_frozen_item_once_after_a_second_persons_approval(world):

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, render_page
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page
 from recovery.actions import ACTIONS
 from recovery.audit import Actor
 from recovery.models import ActionRequest, ActionStatus, Call
@@ -87,15 +87,6 @@ def _status(refused: ActionRefused) -> int:
     return _STATUS.get(refused.code, 409)
 
 
-def _place(form: forms.Form, refused: ActionRefused) -> str:
-    """Put the refusal next to the field it names; otherwise return it for the top of the page (the form it came
-    from may no longer be drawn: a request that went stale or expired offers no decision)."""
-    if refused.field in form.fields:
-        form.add_error(refused.field, refused.message)
-        return ""
-    return refused.message
-
-
 # --- the dry run ---------------------------------------------------------------------------------------------------
 
 
@@ -120,7 +111,7 @@ def preview(request: HttpRequest, call_id: int, action: str) -> HttpResponse:
             evidence=evidence_form.evidence() if evidence_form is not None else None,
         )
     except ActionRefused as refused:
-        error = _place(evidence_form, refused) if evidence_form is not None else refused.message
+        error = place_refusal(evidence_form, refused) if evidence_form is not None else refused.message
         return _preview_refused(request, call, action, evidence_form, error=error, status=_status(refused))
     messages.success(
         request, f"Dry run of “{LABELS[action]}” ready: nothing was sent. Read the plan, then request it with a reason."
@@ -268,7 +259,7 @@ def request_action(request: HttpRequest, request_id: int) -> HttpResponse:
             plan_hash=form.cleaned_data["plan_hash"],
         )
     except ActionRefused as refused:
-        error = _place(form, refused)
+        error = place_refusal(form, refused)
         return _render(request, request_id, status=_status(refused), request_form=form, error=error)
     except ActionRequest.DoesNotExist:
         raise Http404("No such action request.") from None
@@ -320,7 +311,7 @@ def _decide(request: HttpRequest, request_id: int, verb: str, service, done: str
             reason=form.cleaned_data["reason"],
         )
     except ActionRefused as refused:
-        error = _place(form, refused)
+        error = place_refusal(form, refused)
         return _render(request, request_id, status=_status(refused), error=error, **{f"{verb}_form": form})
     except ActionRequest.DoesNotExist:
         raise Http404("No such action request.") from None

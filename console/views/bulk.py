@@ -23,7 +23,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from console.forms import QueueFilterForm
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, render_page
+from console.views.actions import ReasonForm
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page
 from console.views.queues import BULK_FILTERS
 from recovery.audit import Actor
 from recovery.models import BulkAction, BulkItemStatus, BulkStatus
@@ -33,7 +34,6 @@ from recovery.services.action_plans import ACTION_BY_NAME, ActionRefused
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX, LIVE, bulk_approve, bulk_preview, bulk_reject, bulk_request
 
 REFRESH_S = 2
-REASON_MAX = 2000
 ACTION_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
 _STATUS = {"reason": 400, "selection": 400, "role": 403}
 # How each item status reads on the page.
@@ -66,10 +66,6 @@ class BulkForm(forms.Form):
             raise forms.ValidationError("a selected row is not a call id: select rows on the queue page")
         self.cleaned_data["call"] = [int(value) for value in self.calls]
         return self.cleaned_data
-
-
-class ReasonForm(forms.Form):
-    reason = forms.CharField(label="Reason", max_length=REASON_MAX, strip=True)
 
 
 class RequestForm(ReasonForm):
@@ -179,13 +175,6 @@ def _context(request, page, *, request_form=None, approve_form=None, reject_form
     }
 
 
-def _place(form: forms.Form, refused: ActionRefused) -> str:
-    if refused.field in form.fields:
-        form.add_error(refused.field, refused.message)
-        return ""
-    return refused.message
-
-
 @require_POST
 @login_required
 @permission_required(REVIEW, raise_exception=True)
@@ -202,7 +191,7 @@ def request_bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
             selection_hash=form.cleaned_data["selection_hash"],
         )
     except ActionRefused as refused:
-        error = _place(form, refused)
+        error = place_refusal(form, refused)
         return _render(request, bulk_id, status=_status(refused), request_form=form, error=error)
     except BulkAction.DoesNotExist:
         raise Http404("No such bulk action.") from None
@@ -233,7 +222,7 @@ def _decide(request: HttpRequest, bulk_id: int, verb: str, service, done: str) -
             bulk_id=bulk_id, user=request.user, actor=Actor.for_user(request.user), reason=form.cleaned_data["reason"]
         )
     except ActionRefused as refused:
-        error = _place(form, refused)
+        error = place_refusal(form, refused)
         return _render(request, bulk_id, status=_status(refused), error=error, **{f"{verb}_form": form})
     except BulkAction.DoesNotExist:
         raise Http404("No such bulk action.") from None

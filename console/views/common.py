@@ -32,6 +32,16 @@ def render_page(request: HttpRequest, template: str, context: dict, *, partial: 
     return render(request, template, context | {"counts": nav_counts()}, status=status)
 
 
+def place_refusal(form, refused) -> str:
+    """Put a service's refusal (its `field`, its `message`) next to the form field it names; otherwise return it for
+    the top of the page (the form it came from may no longer be drawn: a request that went stale or expired offers
+    no decision)."""
+    if refused.field in form.fields:
+        form.add_error(refused.field, refused.message)
+        return ""
+    return refused.message
+
+
 def url_pattern(name: str) -> str:
     """A URL with a placeholder for one integer id, reversed once: rows fill it in without a reverse() each."""
     return reverse(name, args=[0]).replace("/0/", "/{}/")

@@ -28,7 +28,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, render_page, url_pattern
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, url_pattern
 from recovery.audit import Actor
 from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
 from recovery.selectors.operations import (
@@ -105,14 +105,6 @@ def _status(refused: BreakerOperationRefused) -> int:
     return _STATUS.get(refused.code, 409)
 
 
-def _place(form: forms.Form, refused: BreakerOperationRefused) -> str:
-    """The refusal next to the field it names; otherwise returned for the top of the page."""
-    if refused.field in form.fields:
-        form.add_error(refused.field, refused.message)
-        return ""
-    return refused.message
-
-
 @require_http_methods(["GET", "POST"])
 @login_required
 @permission_required(REVIEW, raise_exception=True)
@@ -141,7 +133,7 @@ def breaker_operation(request: HttpRequest, tool_id: int, operation: str) -> Htt
                 f"Reset of {done.tool.name}'s breaker requested: it waits for a second person with the approver role."
             )
     except BreakerOperationRefused as refused:
-        error = _place(form, refused)
+        error = place_refusal(form, refused)
         return _dry_run(request, tool_id, kind, form=form, error=error, status=_status(refused))
     messages.success(request, message)
     return redirect(f"{reverse('console:breakers')}#tool-{tool_id}")
@@ -240,7 +232,7 @@ def _decide(request, operation_id: int, verb: str, service, done: str) -> HttpRe
             reason=form.cleaned_data["reason"],
         )
     except BreakerOperationRefused as refused:
-        error = _place(form, refused)
+        error = place_refusal(form, refused)
         return _detail(request, operation_id, status=_status(refused), error=error, **{f"{verb}_form": form})
     except BreakerOperation.DoesNotExist:
         raise Http404("No such breaker operation.") from None

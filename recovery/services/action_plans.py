@@ -69,6 +69,28 @@ class ActionRefused(Exception):
         self.code, self.message, self.field = code, message, field
 
 
+APPROVE_PERMISSION = "recovery.approve_action"
+REASON_MAX = 2000
+
+
+def require_role(user, permission: str, what: str) -> None:
+    """ActionRefused("role") unless `user` is active and holds `permission` (reviewer's or approver's)."""
+    if not (user.is_active and user.has_perm(permission)):
+        role = "reviewer" if permission == REVIEW_PERMISSION else "approver"
+        raise ActionRefused("role", f"{what} needs the {role} role ({permission})")
+
+
+def clean_reason(reason: str, *, recorded_with: str = "the action") -> str:
+    """A person's reason, stripped: required, at most REASON_MAX characters (ActionRefused on field "reason")."""
+    reason = (reason or "").strip()
+    if not reason:
+        message = f"Give a reason: it is recorded with {recorded_with} and read by the other person."
+        raise ActionRefused("reason", message, field="reason")
+    if len(reason) > REASON_MAX:
+        raise ActionRefused("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
+    return reason
+
+
 # --- the call's facts ------------------------------------------------------------------------------------------------
 
 

@@ -45,6 +45,7 @@ from recovery.services.action_execution import (  # noqa: F401  (the job's body 
 )
 from recovery.services.action_plans import (
     ACTION_BY_NAME,
+    APPROVE_PERMISSION,
     SECOND_PERSON,
     SETTLES,
     ActionRefused,
@@ -55,15 +56,15 @@ from recovery.services.action_plans import (
     build_plan,
     call_facts,
     call_for_action,
+    clean_reason,
     require_allowed,
+    require_role,
 )
 from recovery.states import CallState
 
 A = ActionStatus
 S = CallState
-APPROVE_PERMISSION = "recovery.approve_action"
 OPEN = (A.PREVIEWED, A.REQUESTED)
-REASON_MAX = 2000
 EVIDENCE_FIELDS = {"provider_ref": 255, "receipt_id": 255, "link": 2000}
 SWEEP_LIMIT = 500
 _LINK = URLValidator(schemes=["http", "https"])
@@ -74,23 +75,6 @@ EXECUTE_JOB = "recovery.jobs.execute_action"
 
 def _ttl() -> timedelta:
     return timedelta(seconds=settings.RECOVERY_ACTION_TTL_S)
-
-
-def _require(user, permission: str, what: str) -> None:
-    if not (user.is_active and user.has_perm(permission)):
-        role = "reviewer" if permission == REVIEW_PERMISSION else "approver"
-        raise ActionRefused("role", f"{what} needs the {role} role ({permission})")
-
-
-def _reason(reason: str) -> str:
-    reason = (reason or "").strip()
-    if not reason:
-        raise ActionRefused(
-            "reason", "Give a reason: it is recorded with the action and read by the other person.", field="reason"
-        )
-    if len(reason) > REASON_MAX:
-        raise ActionRefused("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
-    return reason
 
 
 def _load(request_id: int) -> ActionRequest:
@@ -160,7 +144,7 @@ def clean_evidence(action: str, evidence: dict | None) -> dict:
 
 def action_preview(*, call_id: int, action: str, user, actor: Actor, evidence: dict | None = None) -> ActionRequest:
     """The dry run: the plan of `action` on the call, stored as a PREVIEWED request. Sends nothing."""
-    _require(user, REVIEW_PERMISSION, "Previewing an action")
+    require_role(user, REVIEW_PERMISSION, "Previewing an action")
     if action not in ACTION_BY_NAME:
         raise ActionRefused("forbidden", f"There is no action {action!r}.", field="action")
     now = timezone.now()
@@ -288,8 +272,8 @@ def _expire_now(request: ActionRequest, actor: Actor, now: datetime) -> ActionRe
 def action_request(*, request_id: int, user, actor: Actor, reason: str, plan_hash: str) -> ActionRequest:
     """PREVIEWED → REQUESTED, with a reason. STALE instead (returned) when the call or the plan moved since the
     preview. A read-only action with one confirmation configured is APPROVED at once and its execution enqueued."""
-    _require(user, REVIEW_PERMISSION, "Requesting an action")
-    reason = _reason(reason)
+    require_role(user, REVIEW_PERMISSION, "Requesting an action")
+    reason = clean_reason(reason)
     now = timezone.now()
     request = _load(request_id)
     if request.status != A.PREVIEWED:
@@ -360,7 +344,7 @@ def _enqueue_execution(request_id: int) -> None:
 
 def _decidable(request_id: int, user, actor: Actor, what: str, now: datetime) -> ActionRequest:
     """The request, REQUESTED, not the user's own, not expired; ActionRefused otherwise (the role first)."""
-    _require(user, APPROVE_PERMISSION, what)
+    require_role(user, APPROVE_PERMISSION, what)
     request = _load(request_id)
     if request.status != A.REQUESTED:
         raise _not_pending(request)
@@ -376,8 +360,8 @@ def _decidable(request_id: int, user, actor: Actor, what: str, now: datetime) ->
 def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> ActionRequest:
     """REQUESTED → APPROVED by a second person; refused as stale when the call or the plan moved since the preview
     (the request is then STALE), as expired past its expiry. The execution job is enqueued on commit."""
-    _require(user, APPROVE_PERMISSION, "Approving an action")
-    reason = _reason(reason)
+    require_role(user, APPROVE_PERMISSION, "Approving an action")
+    reason = clean_reason(reason)
     now = timezone.now()
     request = _decidable(request_id, user, actor, "Approving an action", now)
     call = call_for_action(request.call_id)
@@ -408,8 +392,8 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
 
 def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> ActionRequest:
     """REQUESTED → REJECTED by a second person, with a reason."""
-    _require(user, APPROVE_PERMISSION, "Rejecting an action")
-    reason = _reason(reason)
+    require_role(user, APPROVE_PERMISSION, "Rejecting an action")
+    reason = clean_reason(reason)
     now = timezone.now()
     request = _decidable(request_id, user, actor, "Rejecting an action", now)
     with transaction.atomic():

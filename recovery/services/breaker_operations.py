@@ -7,9 +7,10 @@
 
 Force open is protective, so one reviewer's confirmation applies it: the breaker goes to `forced_open` (a row
 created for a breaker that never opened) by a conditional UPDATE whose WHERE names the state it leaves, or an INSERT
-… ON CONFLICT DO NOTHING for a missing row, as services.breakers._trip does; the operation and its audit event are
-written in the same transaction. Nothing but a reset moves it again: breaker_reserve_probe matches only open and
-half_open rows, and breaker_record only closes or reopens a half_open one and only opens a closed one.
+… ON CONFLICT DO NOTHING for a missing row (services.breakers.breaker_create, as the first opening uses); the
+operation and its audit event are written in the same transaction. Nothing but a reset moves it again:
+breaker_reserve_probe matches only open and half_open rows, and breaker_record only closes or reopens a half_open one
+and only opens a closed one.
 
 A reset lets traffic through again, so it needs four eyes: a reviewer requests it with a reason, a different person
 with the approver role approves (or rejects) it — the database's `breaker_operation_four_eyes` backs the check. The
@@ -53,6 +54,7 @@ from recovery.models import (
 )
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import view_of_state
+from recovery.services.breakers import breaker_create
 from recovery.states import CallState as S
 
 K, ST = BreakerOperationKind, BreakerOperationStatus
@@ -66,14 +68,6 @@ FORCE_TRIES = 3  # a force open re-reads the state when another process moved th
 OPEN_CALL_STATES = (
     S.READY, S.RETRYABLE, S.SENT, S.ACCEPTED, S.UNKNOWN, S.STILL_UNKNOWN, S.NOT_COMMITTED, S.HUMAN_REVIEW,
 )  # fmt: skip
-
-_BREAKER = Breaker._meta.db_table
-# Raw SQL for the one thing the ORM cannot say: create the row unless a concurrent writer just did (then the
-# conditional UPDATE decides), as services.breakers' first opening does.
-_CREATE_FORCED = (
-    f"INSERT INTO {_BREAKER} (tool_id, state, opened_at, probes_reserved, probe_lease_until, updated_at) "
-    "VALUES (%s, %s, %s, 0, NULL, %s) ON CONFLICT (tool_id) DO NOTHING"
-)
 
 
 class BreakerOperationRefused(Exception):
@@ -267,13 +261,8 @@ def breaker_force_open(*, tool_id: int, user, actor: Actor, reason: str) -> Brea
 
 def _force(shown: BreakerPreview, now: datetime) -> bool:
     """The stored state `shown` read → forced_open; False when the row is not in that state any more."""
-    if shown.updated_at is None:  # no row: the breaker never opened
-        with connection.cursor() as cursor:
-            stamp = connection.ops.adapt_datetimefield_value(now)
-            cursor.execute(_CREATE_FORCED, [shown.tool_id, FORCED_OPEN, stamp, stamp])
-            if cursor.rowcount:
-                return True
-        return False  # a concurrent opener created it first: read what it wrote
+    if shown.updated_at is None:  # no row: the breaker never opened (False: a concurrent opener created it first)
+        return breaker_create(shown.tool_id, FORCED_OPEN, now=now)
     return bool(
         Breaker.objects.filter(tool_id=shown.tool_id, state=shown.stored).update(
             state=FORCED_OPEN, opened_at=now, probes_reserved=0, probe_lease_until=None, updated_at=now

@@ -48,10 +48,20 @@ _COUNT = (
     "RETURNING successes + failures"
 )
 _BREAKER = Breaker._meta.db_table
-_CREATE_OPEN = (
+_CREATE = (
     f"INSERT INTO {_BREAKER} (tool_id, state, opened_at, probes_reserved, probe_lease_until, updated_at) "
     "VALUES (%s, %s, %s, 0, NULL, %s) ON CONFLICT (tool_id) DO NOTHING"
 )
+
+
+def breaker_create(tool_id: int, state: str, *, now: datetime) -> bool:
+    """The first row of a tool's breaker, in `state` (opened now); False when a concurrent writer created it first
+    (its caller then moves the existing row by a conditional UPDATE). One INSERT … ON CONFLICT DO NOTHING: raw SQL,
+    because the ORM's bulk_create(ignore_conflicts=True) does not say whether the row was inserted."""
+    with connection.cursor() as cursor:
+        stamp = connection.ops.adapt_datetimefield_value(now)
+        cursor.execute(_CREATE, [tool_id, state, stamp, stamp])
+        return bool(cursor.rowcount)
 
 
 def breaker_reserve_probe(tool: Tool, *, now: datetime, policy: BreakerPolicy | None = None) -> bool:
@@ -175,10 +185,7 @@ def _trip(
     with transaction.atomic():
         won = 0
         if not row_exists:
-            with connection.cursor() as cursor:
-                stamp = connection.ops.adapt_datetimefield_value(now)
-                cursor.execute(_CREATE_OPEN, [tool.pk, OPEN, stamp, stamp])
-                won = cursor.rowcount
+            won = breaker_create(tool.pk, OPEN, now=now)
         if not won:  # the row exists (or a concurrent opener just created it): only a closed breaker opens
             won = closed.update(state=OPEN, opened_at=now, probes_reserved=0, probe_lease_until=None, updated_at=now)
         if won:

@@ -52,19 +52,20 @@ from recovery.selectors.queues import Queue, QueueFilters, queue_page
 from recovery.services.action_execution import action_execute
 from recovery.services.action_plans import (
     ACTION_BY_NAME,
+    APPROVE_PERMISSION,
     ActionRefused,
     PlanError,
     action_event,
     build_plan,
     call_facts,
+    clean_reason,
     options_for,
+    require_role,
 )
 
 B, Item = BulkStatus, BulkItemStatus
-APPROVE_PERMISSION = "recovery.approve_action"
 BULK_ACTIONS = ("reconcile_now", "escalate", "replay_same_key", "grant_approval", "abandon")
 BULK_MAX = 500
-REASON_MAX = 2000
 OPEN = (B.PREVIEWED, B.REQUESTED)
 LIVE = (B.APPROVED, B.EXECUTING)
 SWEEP_LIMIT = 100
@@ -74,23 +75,6 @@ _RELATED = ("task__tenant", "step", "tool__provider", "claimed_by")
 
 def _ttl() -> timedelta:
     return timedelta(seconds=settings.RECOVERY_ACTION_TTL_S)
-
-
-def _require(user, permission: str, what: str) -> None:
-    if not (user.is_active and user.has_perm(permission)):
-        role = "reviewer" if permission == REVIEW_PERMISSION else "approver"
-        raise ActionRefused("role", f"{what} needs the {role} role ({permission})")
-
-
-def _reason(reason: str) -> str:
-    reason = (reason or "").strip()
-    if not reason:
-        raise ActionRefused(
-            "reason", "Give a reason: it is recorded with the bulk and read by the other person.", field="reason"
-        )
-    if len(reason) > REASON_MAX:
-        raise ActionRefused("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
-    return reason
 
 
 def _event(event: AuditAction, bulk: BulkAction, actor: Actor, *, reason: str = "", **evidence) -> None:
@@ -185,7 +169,7 @@ def bulk_preview(
 ) -> BulkAction:
     """Freeze the selection (`call_ids`, or every call matching `filters` when call_ids is None) and store it as a
     PREVIEWED bulk with every item's answer. Sends nothing, changes no call."""
-    _require(user, REVIEW_PERMISSION, "Previewing a bulk action")
+    require_role(user, REVIEW_PERMISSION, "Previewing a bulk action")
     if action not in BULK_ACTIONS:
         names = ", ".join(ACTION_BY_NAME[name].label.lower() for name in BULK_ACTIONS)
         raise ActionRefused("forbidden", f"{action!r} is not a bulk action: one of {names}.", field="action")
@@ -269,8 +253,8 @@ def _expired_refusal(bulk: BulkAction, actor: Actor, now: datetime) -> ActionRef
 
 def bulk_request(*, bulk_id: int, user, actor: Actor, reason: str, selection_hash: str) -> BulkAction:
     """PREVIEWED → REQUESTED with a reason, for the selection the reviewer read (its hash)."""
-    _require(user, REVIEW_PERMISSION, "Requesting a bulk action")
-    reason = _reason(reason)
+    require_role(user, REVIEW_PERMISSION, "Requesting a bulk action")
+    reason = clean_reason(reason, recorded_with="the bulk")
     now = timezone.now()
     bulk = _load(bulk_id)
     if bulk.status != B.PREVIEWED:
@@ -301,7 +285,7 @@ def bulk_request(*, bulk_id: int, user, actor: Actor, reason: str, selection_has
 
 
 def _decidable(bulk_id: int, user, actor: Actor, what: str, now: datetime) -> BulkAction:
-    _require(user, APPROVE_PERMISSION, what)
+    require_role(user, APPROVE_PERMISSION, what)
     bulk = _load(bulk_id)
     if bulk.status != B.REQUESTED:
         raise _not_pending(bulk)
@@ -315,7 +299,7 @@ def _decidable(bulk_id: int, user, actor: Actor, what: str, now: datetime) -> Bu
 def bulk_approve(*, bulk_id: int, user, actor: Actor, reason: str) -> BulkAction:
     """REQUESTED → APPROVED by a second person; its execution is enqueued on commit. Every item is re-checked when
     the worker reaches it, so the approval cannot act on a call that moved since the freeze."""
-    reason = _reason(reason)
+    reason = clean_reason(reason, recorded_with="the bulk")
     now = timezone.now()
     bulk = _decidable(bulk_id, user, actor, "Approving a bulk action", now)
     with transaction.atomic():
@@ -331,7 +315,7 @@ def bulk_approve(*, bulk_id: int, user, actor: Actor, reason: str) -> BulkAction
 
 def bulk_reject(*, bulk_id: int, user, actor: Actor, reason: str) -> BulkAction:
     """REQUESTED → REJECTED by a second person, with a reason: no item runs."""
-    reason = _reason(reason)
+    reason = clean_reason(reason, recorded_with="the bulk")
     now = timezone.now()
     bulk = _decidable(bulk_id, user, actor, "Rejecting a bulk action", now)
     with transaction.atomic():
