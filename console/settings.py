@@ -101,6 +101,10 @@ RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAUL
 RECOVERY_RECONCILE_EVERY_S = env_int("RECOVERY_RECONCILE_EVERY_S", 2, minimum=1)
 RECOVERY_SWEEP_EVERY_S = env_int("RECOVERY_SWEEP_EVERY_S", 5, minimum=1)
 RECOVERY_NO_SUBMISSION_EVERY_S = env_int("RECOVERY_NO_SUBMISSION_EVERY_S", 5, minimum=1)
+# Metrics (SPEC §17): how often the fold adds new audit events to the rollups that pages and /metrics read (the
+# figures are at most this old), and the most a run folds before it leaves the rest to the next one.
+RECOVERY_METRICS_FOLD_EVERY_S = env_int("RECOVERY_METRICS_FOLD_EVERY_S", 10, minimum=1)
+RECOVERY_METRICS_FOLD_MAX_S = env_int("RECOVERY_METRICS_FOLD_MAX_S", 30, minimum=1)
 # Reconciliation: status queries in flight per worker, and how long a worker's claim on a call lasts.
 RECOVERY_CHECKS_IN_FLIGHT = env_int("RECOVERY_CHECKS_IN_FLIGHT", 8, minimum=1)
 RECOVERY_CHECK_LEASE_S = env_int("RECOVERY_CHECK_LEASE_S", 60, minimum=5)

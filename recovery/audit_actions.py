@@ -16,6 +16,7 @@ class AuditAction(StrEnum):
     CALL_CLAIMED = "call.claimed"
     CALL_RELEASED = "call.released"
     CALL_REPLAYED = "call.replayed"  # replay reconciliation sent its one same-key replay (SPEC §10.1)
+    CALL_CHECKED = "call.checked"  # a reconcile receipt that moved nothing (the metrics count every check)
     # a compensation ledger entry (SPEC §12): made, moved by recovery.transitions.transition_entry, checked
     COMPENSATION_STARTED = "compensation.started"
     COMPENSATION_TRANSITION = "compensation.transition"

@@ -36,6 +36,7 @@ PERIODIC: list[Periodic] = [
     Periodic(name="actions-due", every_s=settings.RECOVERY_ACTIONS_EVERY_S, func=jobs.actions_due),
     Periodic(name="reconcile-due", every_s=settings.RECOVERY_RECONCILE_EVERY_S, func=jobs.reconcile_due),
     Periodic(name="sweep-sent", every_s=settings.RECOVERY_SWEEP_EVERY_S, func=jobs.sweep_sent),
+    Periodic(name="metrics-fold", every_s=settings.RECOVERY_METRICS_FOLD_EVERY_S, func=jobs.metrics_fold),
     Periodic(name="flag-no-submission", every_s=settings.RECOVERY_NO_SUBMISSION_EVERY_S, func=jobs.flag_no_submission),
     Periodic(
         name="audit-checkpoint",

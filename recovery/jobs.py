@@ -9,12 +9,23 @@ from __future__ import annotations
 
 import logging
 
+from django.conf import settings
 from django.utils import timezone
 
 from recovery.audit import Actor
 from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
 from recovery.queueing import enqueue_now, worker_name
-from recovery.services import actions, breaker_operations, bulk, compensations, reconcile, sagas, sweeper, tasks
+from recovery.services import (
+    actions,
+    breaker_operations,
+    bulk,
+    compensations,
+    metrics,
+    reconcile,
+    sagas,
+    sweeper,
+    tasks,
+)
 
 logger = logging.getLogger("recovery.jobs")
 
@@ -46,6 +57,11 @@ def check_compensation(entry_id: int) -> None:
 def reconcile_call(call_id: int) -> None:
     """An immediate check of one call (`POST .../calls/{id}/reconcile`, a provider's callback)."""
     reconcile.reconcile_call(call_id, worker=worker_name())
+
+
+def metrics_fold() -> int:
+    """Periodic: fold the audit events past the metrics watermark into the rollups (SPEC §17)."""
+    return metrics.metrics_fold(seconds=settings.RECOVERY_METRICS_FOLD_MAX_S)
 
 
 def sweep_sent() -> int:

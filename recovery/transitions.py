@@ -59,6 +59,10 @@ def transition_call(
         raise ValueError(f"transition_call() cannot change {', '.join(bad)} through `changes`")
     if expressions := sorted(name for name, value in changes.items() if isinstance(value, Combinable)):
         raise ValueError(f"transition_call() writes plain values: {', '.join(expressions)} is an expression")
+    if changes.get("outcome") and (evidence is None or isinstance(evidence, dict)):
+        # The outcome a move sets (retry_exhausted, poll_budget_exhausted, duplicate_effect...) is part of its story,
+        # and what the metrics fold counts budget exhaustion and human takeovers by (recovery.engine.metrics).
+        evidence = {**(evidence or {}), "outcome": changes["outcome"]}
     now = timezone.now()
     # No savepoint: a refused UPDATE changes nothing, so there is nothing to roll back to, and the conflict is
     # raised after the block, which leaves a caller's transaction usable. Two statements fewer per transition.

@@ -416,7 +416,12 @@ def _bypassed_single_shot(admitting: _Admitting, facts: Facts) -> Admission:
         Call.objects.filter(pk=call.pk).update(attempts_count=number)
         call.attempts_count = number
         reason = f"policy-bypassing single shot ({gate.reason}): {outcome.error}"
-        evidence = {"attempt_id": attempt.attempt_id, "gate": gate.reason, "row": outcome.row}
+        evidence = {
+            "attempt_id": attempt.attempt_id,
+            "gate": gate.reason,
+            "row": outcome.row,
+            "class": outcome.failure.failure_class if outcome.failure else "",
+        }
         if call.side_effect == "write":
             if call.state != S.HUMAN_REVIEW:
                 transition_call(

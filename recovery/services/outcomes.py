@@ -270,6 +270,9 @@ def settle(
             "row": outcome.row,
             "error": outcome.error,
             "http_status": facts.http_status,
+            # what the metrics fold counts (recovery.engine.metrics): the failure class and the decision's route
+            "class": outcome.failure.failure_class if outcome.failure else "",
+            "route": decision.route if decision else "",
         },
         changes=_changes_for(target, outcome, policy, now=now, decision=decision),
     )

@@ -24,7 +24,8 @@ from django.db import connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery.audit import Actor, appends_at_commit
+from recovery.audit import Actor, append_event, appends_at_commit
+from recovery.audit_actions import AuditAction
 from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
 from recovery.hot_path import insert
 from recovery.models import BreakerState, Call, Receipt, ReceiptSource, Tool
@@ -367,15 +368,33 @@ def _apply_to(call: Call, answer, *, worker, source=ReceiptSource.POLL, actor=No
     final = decided.steps[-1] if decided.steps else before
     changes = _counters(call, answer, checks, final, now, decided, worker=worker)
     receipt = _receipt(call, answer, source, before, final, bool(decided.steps), event_id, now)
+    evidence = {"receipt": receipt.pk, "observed": answer.observed, "provider_status": answer.provider_status}
     if decided.steps:
         reason = _reason(answer, decided, source)
-        evidence = {"receipt": receipt.pk, "observed": answer.observed, "provider_status": answer.provider_status}
         for index, target in enumerate(decided.steps):
+            # The first step carries the receipt's source: the metrics count one check per receipt, not per step.
+            first = index == 0
             transition_call(
-                call, target, actor=actor, reason=reason, evidence=evidence, changes=changes if index == 0 else {}
+                call,
+                target,
+                actor=actor,
+                reason=reason,
+                evidence={**evidence, "source": source} if first else evidence,
+                changes=changes if first else {},
             )
     else:
         Call.objects.filter(pk=call.pk).update(**changes)
+        # A check that moved nothing is still a check: its event is how the metrics fold counts it, in commit order.
+        append_event(
+            action=AuditAction.CALL_CHECKED,
+            actor=actor,
+            task_id=call.task_id,
+            call_id=call.pk,
+            from_state=before,
+            to_state=before,
+            reason=_reason(answer, decided, source),
+            evidence={**evidence, "source": source},
+        )
     return receipt
 
 

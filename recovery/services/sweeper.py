@@ -15,6 +15,7 @@ from django.db.models import Min
 from django.utils import timezone
 
 from recovery.audit import Actor, appends_at_commit
+from recovery.engine.types import OUTCOME_UNKNOWN, TRANSIENT
 from recovery.models import Call
 from recovery.registry.policy import reconcile_policy
 from recovery.services.outcomes import check_at_once
@@ -51,7 +52,13 @@ def _sweep_one(pk: int, now: datetime) -> bool:
         if call is None or call.state != S.SENT or call.sent_at + timedelta(seconds=call.outcome_timeout_s) > now:
             return False  # an outcome (or another sweeper) got there first
         reason = f"no outcome {call.outcome_timeout_s} s after the attempt was sent"
-        evidence = {"sent_at": call.sent_at.isoformat(), "outcome_timeout_s": call.outcome_timeout_s}
+        # "class": how the metrics count an attempt with no outcome (a write's effect is unknown; a read had none)
+        failure_class = OUTCOME_UNKNOWN if call.side_effect == "write" else TRANSIENT
+        evidence = {
+            "sent_at": call.sent_at.isoformat(),
+            "outcome_timeout_s": call.outcome_timeout_s,
+            "class": failure_class,
+        }
         if call.side_effect == "write":
             first = reconcile_policy(call.tool).first_check_s
             changes = {"next_check_at": now + timedelta(seconds=first)}
