@@ -3,7 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
-from console.views import actions, audit, auth, bulk, calls, operations, overview, queues, tasks
+from console.views import actions, audit, auth, bulk, calls, metrics, operations, overview, queues, tasks
 from recovery.api import api
 
 console_patterns = [
@@ -15,6 +15,7 @@ console_patterns = [
     *calls.urlpatterns,
     *tasks.urlpatterns,
     *overview.urlpatterns,
+    *metrics.urlpatterns,
     *audit.urlpatterns,
     *operations.urlpatterns,
     *actions.urlpatterns,

@@ -590,14 +590,6 @@ class AuditEvent(models.Model):
             models.Index(fields=["action", "created_at"], name="audit_action_idx"),
             models.Index(fields=["actor_label", "created_at"], name="audit_actor_idx"),
             models.Index(fields=["created_at"], name="audit_time_idx"),
-            # The overview's chart: only transitions into or out of UNKNOWN / STILL_UNKNOWN, with both states (an
-            # index-only scan of a day's few rows, instead of every event of the day from the heap).
-            models.Index(
-                fields=["created_at", "from_state", "to_state"],
-                name="audit_unknown_flow_idx",
-                condition=Q(to_state__in=[CallState.UNKNOWN, CallState.STILL_UNKNOWN])
-                | Q(from_state__in=[CallState.UNKNOWN, CallState.STILL_UNKNOWN]),
-            ),
         ]
 
     def __str__(self) -> str:

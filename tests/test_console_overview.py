@@ -1,5 +1,9 @@
-"""The overview (SPEC §15.2): open items per queue and the oldest, SLA breaches per risk, open breakers, failures by
-class over the last day and the UNKNOWN flow chart — every number checked against data the real services wrote.
+"""The overview (SPEC §15.2): open items per queue and the oldest, SLA breaches per risk, open breakers, the day's
+headline metrics, failures by class over the last day and the UNKNOWN flow chart — every number checked against
+data the real services wrote.
+
+The day's figures are read from the metrics rollups, which the page never folds: the tests that read them run
+recovery.services.metrics.metrics_fold() after writing their story, as the periodic job would.
 
 Calls are added, admitted and reported through recovery.services.calls, .attempts and .outcomes, settled by
 recovery.services.reconcile and breakers opened by recovery.services.breakers / status_breakers. To place a story
@@ -18,6 +22,7 @@ from unittest import mock
 import pytest
 from django.utils import timezone
 
+from console.charts import PLOT_H
 from console.views.overview import flow_chart
 from recovery.audit import Actor
 from recovery.engine.canonical import canonical_json
@@ -29,6 +34,7 @@ from recovery.selectors.overview import HourFlow
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.breakers import breaker_record
 from recovery.services.calls import call_add
+from recovery.services.metrics import metrics_fold
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import apply_answer
 from recovery.services.status_breakers import status_breaker_record
@@ -256,6 +262,7 @@ def test_it_counts_the_last_days_failures_by_class(people, world):
     assert attempt(rejected, REJECTED) == "RETRYABLE"  # invalid_arguments: repair
     lookup = add_call(world, "order.lookup")
     assert attempt(lookup, UNAVAILABLE) == "RETRYABLE"
+    metrics_fold()
 
     body = signed_in(people, VIEWER).get("/overview/").content.decode()
     table = section(body, "failures-table")
@@ -286,6 +293,7 @@ def test_the_chart_counts_calls_entering_and_leaving_unknown_per_hour(people, wo
     long_ago = unknown(world, "refund.create", ago=timedelta(hours=30))  # entered before the chart's day
     settle(long_ago)  # left now
     unknown(world, "email.send", ago=timedelta(minutes=1))
+    metrics_fold()
 
     response = signed_in(people, VIEWER).get("/overview/")
     body = response.content.decode()
@@ -319,18 +327,72 @@ def test_the_chart_counts_calls_entering_and_leaving_unknown_per_hour(people, wo
     assert "style=" not in body.split("<main", 1)[1] and "<script" not in body.split("<main", 1)[1]
 
 
+def test_the_headline_figures_link_to_their_sections_of_the_metrics_page(people, world):
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
+    assert "No metrics fold has run yet" in page_text(section(body, "headline-figures"))
+
+    settled = unknown(world, "refund.create", ago=timedelta(hours=2))
+    with clock(timedelta(hours=1, minutes=10)):  # 50 minutes in UNKNOWN
+        settle(settled)
+    unknown(world, "email.send", ago=timedelta(minutes=20))
+    with clock(timedelta(minutes=10)):
+        assert attempt(add_call(world, "refund.create"), NO_REFERENCE) == "HUMAN_REVIEW"
+    assert attempt(add_call(world, "order.lookup"), UNAVAILABLE) == "RETRYABLE"  # a read: in no rate
+    metrics_fold()
+
+    client = signed_in(people, VIEWER)
+    body = client.get("/overview/").content.decode()
+    tiles = body[body.index('id="headline-figures"') : body.index('id="failures"')]
+
+    def tile(key: str) -> tuple[str, str]:
+        markup = tiles.split(f'data-figure="{key}">', 1)[1].split("</li>", 1)[0]
+        link = markup.split('href="', 1)[1].split('"', 1)[0]
+        return link, page_text(markup)
+
+    # Writes: two refunds and an email; the first refund and the email entered UNKNOWN, and reconciliation settled
+    # the refund alone. The 50 minutes fall in the (30 min, 1 h] bucket: p95 30 + 30 x 0.95 = 58.5 min.
+    assert tile("unknown_outcome_rate") == (
+        "/overview/metrics/#unknown_outcome_rate",
+        "Unknown-outcome rate 66.7 % 2 of 3",
+    )
+    assert tile("reconcile_success_rate") == (
+        "/overview/metrics/#reconcile_success_rate",
+        "Reconcile success rate 50 % 1 of 2",
+    )
+    assert tile("duplicate_effect_rate") == (
+        "/overview/metrics/#duplicate_effect_rate",
+        "Duplicate side-effect rate 0 % 0 of 3",
+    )
+    assert tile("human_takeovers") == ("/overview/metrics/#human_takeovers", "Human takeovers 1")
+    assert tile("time_to_resolution") == (
+        "/overview/metrics/#time_to_resolution",
+        "Time to resolution of queue items p95 58 min 30 s median 45 min · 1 resolved",
+    )
+    # Each link lands on the section of that id, which shows the same number.
+    metrics = client.get("/overview/metrics/").content.decode()
+    for key in ("unknown_outcome_rate", "reconcile_success_rate", "duplicate_effect_rate", "human_takeovers"):
+        assert f'<section class="figure" id="{key}" data-figure="{key}"' in metrics
+    rate = metrics.split('data-figure="unknown_outcome_rate"', 1)[1]
+    assert '<p class="figure-value" data-value="0.666667">66.7 %</p>' in rate.split("</section>", 1)[0]
+    assert "from the metrics rollups as of" in page_text(section(body, "headline-figures"))
+
+
 def test_the_chart_scales_its_bars_to_the_tallest_hour():
     start = datetime(2026, 1, 1, tzinfo=UTC)
     flow = [HourFlow(start=start + timedelta(hours=i), entered=i % 4, settled=0) for i in range(24)]
     flow[5] = HourFlow(start=flow[5].start, entered=7, settled=3)
     chart = flow_chart(flow)
-    heights = [float(bar.height) for bar in chart["entered"]]
-    assert [t.label for t in chart["grid"]] == ["0", "5", "10"]  # 7 rounds up to a top of 10
-    assert max(heights) == pytest.approx(178 * 7 / 10, abs=0.1)  # 178: the plot's height in SVG units
-    assert heights[0] == 0 and float(chart["settled"][5].height) == pytest.approx(178 * 3 / 10, abs=0.1)
-    assert chart["entered"][5].label.endswith("UTC: 7 entered")
+    heights = [float(bar.height) for bar in chart.bars("entered")]
+    assert PLOT_H == 178  # the plot's height in SVG units
+    assert [t.label for t in chart.grid] == ["0", "5", "10"]  # 7 rounds up to a top of 10
+    assert max(heights) == pytest.approx(178 * 7 / 10, abs=0.1)
+    assert heights[0] == 0 and float(chart.bars("settled")[5].height) == pytest.approx(178 * 3 / 10, abs=0.1)
+    assert chart.bars("entered")[5].label == "05:00 UTC: 7 entered"
+    # Every third hour is labelled, and the last; that one ends at the plot's edge rather than running past it.
+    assert [t.label for t in chart.ticks] == [f"{h:02}:00" for h in range(0, 24, 3)] + ["23:00"]
+    assert (chart.ticks[-1].anchor, chart.ticks[-1].x, chart.ticks[0].anchor) == ("end", "712", "middle")
     empty = flow_chart([HourFlow(start=start, entered=0, settled=0)] * 24)
-    assert {bar.height for bar in empty["entered"]} == {"0"} and [t.label for t in empty["grid"]] == ["0", "1"]
+    assert {bar.height for bar in empty.bars("entered")} == {"0"} and [t.label for t in empty.grid] == ["0", "1"]
 
 
 # --- fixed statements ----------------------------------------------------------------------------------------------
@@ -380,6 +442,7 @@ def _bulk_attempts(calls: list[Call], classes: tuple[str, ...]) -> None:
 def test_the_overview_runs_the_same_statements_for_few_or_many_calls_attempts_events_and_breakers(people, world):
     client = signed_in(people, VIEWER)
     unknown(world, "refund.create", ago=timedelta(minutes=30))
+    metrics_fold()
     few, _ = statements(client, "/overview/")
 
     refund, email, lookup = (Tool.objects.get(name=n) for n in ("refund.create", "email.send", "order.lookup"))
@@ -394,6 +457,7 @@ def test_the_overview_runs_the_same_statements_for_few_or_many_calls_attempts_ev
     for tool in [refund, lookup, *more]:
         for _ in range(10):
             breaker_record(tool, counts_as_failure=True, probe=False, now=now)
+    metrics_fold()
     many, response = statements(client, "/overview/")
     body = response.content.decode()
 

@@ -1,8 +1,10 @@
-"""The overview and operations pages in a real browser (SPEC §15.2, §15.7, §18): a viewer signs in, reads the
-overview (the UNKNOWN flow chart drawn as inline SVG and coloured by the page's stylesheet), the breakers page and a
-drill run whose log and results carry hostile text — shown as text, never run, with no CSP violation anywhere.
+"""The overview and operations pages in a real browser (SPEC §15.2, §15.7, §17, §18): a viewer signs in, reads the
+overview (the UNKNOWN flow chart drawn as inline SVG and coloured by the page's stylesheet), follows a headline
+figure to its section of the metrics page, then reads the breakers page and a drill run whose log and results carry
+hostile text — shown as text, never run, with no CSP violation anywhere.
 
-Screenshots go to var/test-artifacts/browser/ (overview.png, breakers.png, drill-run.png), replaced on every run.
+Screenshots go to var/test-artifacts/browser/ (overview.png, metrics.png, breakers.png, drill-run.png), replaced on
+every run.
 Like tests/test_console_browser.py, it drives Debian's Chromium (/usr/bin/chromium) and skips without it (fails under
 REQUIRE_SERVICES=1). The browser fixtures come from tests/browser.py.
 """
@@ -16,19 +18,21 @@ from django.utils import timezone
 
 from recovery.models import Tool
 from recovery.services.breakers import breaker_record
+from recovery.services.metrics import metrics_fold
 from tests.browser import ARTIFACTS
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
 from tests.test_console_operations import drill_result, stored_run
 from tests.test_console_overview import add_call, attempt, clock, make_world, settle, unknown
 
 pytestmark = pytest.mark.django_db(transaction=True)
-SHOTS = ("overview.png", "breakers.png", "drill-run.png")
+SHOTS = ("overview.png", "metrics.png", "breakers.png", "drill-run.png")
 
 
 @pytest.fixture
 def story(console_people):
     """A day of work as the services leave it: UNKNOWN refunds entered and settled over the last hours, failures of
-    several classes, an open breaker, and a stored drill run with hostile text in its results and log."""
+    several classes, an open breaker, and a stored drill run with hostile text in its results and log; folded into
+    the metrics, as the periodic job would."""
     task = make_world()
     for hours in (20, 14, 9, 6, 5, 3, 2):
         call = unknown(task, "refund.create", ago=timedelta(hours=hours, minutes=10))
@@ -41,6 +45,7 @@ def story(console_people):
     refund = Tool.objects.get(name="refund.create")
     for _ in range(2):
         breaker_record(refund, counts_as_failure=True, probe=False, now=timezone.now() - timedelta(minutes=4))
+    metrics_fold()
     run = stored_run(
         [
             drill_result("timeout after send"),
@@ -78,6 +83,25 @@ def test_a_viewer_reads_the_overview_the_breakers_and_a_drill_run(open_console, 
     console.assert_clean()
     console.shot("overview")
 
+    # A headline figure opens its section of the metrics page: 7 refunds went UNKNOWN and the email too, of 8 writes.
+    page.locator('[data-figure="unknown_outcome_rate"] a').click()
+    page.wait_for_url("**/overview/metrics/#unknown_outcome_rate")
+    rate = page.locator('section[data-figure="unknown_outcome_rate"]')
+    assert rate.locator(".figure-value").inner_text() == "100 %"
+    assert rate.locator(".figure-detail").inner_text() == "8 of 8"
+    assert (
+        rate.locator("svg.metric-chart rect.bar").first.evaluate("r => getComputedStyle(r).fill") == "rgb(10, 88, 202)"
+    )
+    assert page.locator("section.figure svg.metric-chart").count() == 16
+    assert page.get_by_role("link", name="Metrics").get_attribute("aria-current") == "page"
+    page.locator("#id_window").select_option("7d")
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_url("**/overview/metrics/?window=7d*")
+    assert page.locator('section[data-figure="attempts"] tbody tr').count() == 28
+    console.assert_clean()
+    console.shot("metrics")
+
+    page.goto(page.url.split("/overview/", 1)[0] + "/overview/")
     page.get_by_role("link", name="breakers and retry paths").click()
     page.wait_for_url("**/operations/breakers/")
     refund = page.locator("#breakers tr", has_text="refund.create")

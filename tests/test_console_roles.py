@@ -46,6 +46,10 @@ EVERY_ROLE = {SIGNED_OUT: "sign-in", NO_ROLE: 403}
 MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("GET", "/", {**EVERY_ROLE, "*": "->/overview/"}),
     ("GET", "/overview/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/overview/metrics/", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/overview/metrics/?window=7d&tool=refund.create&tenant=acme", {**EVERY_ROLE, "*": 200}),
+    ("GET", "/overview/metrics/?window=1y", {**EVERY_ROLE, "*": 400}),  # a bad filter: a field error, not a 500
+    ("POST", "/overview/metrics/", {"*": 405}),  # pages are read with GET
     ("GET", "/queues/unknown/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/queues/human-review/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/queues/calls/", {**EVERY_ROLE, "*": 200}),

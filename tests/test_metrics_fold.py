@@ -351,7 +351,8 @@ def recompute() -> Counter:
                 put(m.BUDGET_EXHAUSTED, ev["outcome"], at=hour)
             if e["to_state"] == S.HUMAN_REVIEW:
                 person = e["actor_kind"] == "user" or "action_request" in ev
-                put(m.HUMAN_TAKEOVERS, ev.get("outcome") or ("escalated" if person else "other"), at=hour)
+                why = ev.get("outcome") or ("escalated" if person else ev.get("class") or "other")
+                put(m.HUMAN_TAKEOVERS, why, at=hour)
             was = next((q for q, states in queues.items() if e["from_state"] in states), "")
             now = next((q for q, states in queues.items() if e["to_state"] in states), "")
             if was != now:

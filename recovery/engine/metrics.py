@@ -41,7 +41,7 @@ HUMAN_TAKEOVERS = "human_takeovers"  # [reason] a call moved to HUMAN_REVIEW
 BUDGET_EXHAUSTED = "budget_exhausted"  # [outcome] a call ended on an exhausted budget
 TASK_OUTCOMES = "task_outcomes"  # [outcome] a task submitted or abandoned
 QUEUE_ENTRIES = "queue_entries"  # [queue] a call entered a queue's states (the overview's flow chart)
-RESOLUTIONS = "resolutions"  # [queue|le] a queue item resolved, in a histogram bucket (cumulative: le)
+RESOLUTIONS = "resolutions"  # [queue|le] a queue item resolved, in the one bucket it falls in (readers add them up)
 RESOLUTION_MS = "resolution_ms"  # [queue] the milliseconds those items waited, summed
 BREAKER_OPEN_MS = "breaker_open_ms"  # [] milliseconds the tool's breaker was not closed within the hour
 BREAKER_OPENINGS = "breaker_openings"  # [] times the tool's breaker opened (or was forced open)
@@ -237,7 +237,7 @@ def _fold_transition(event: EventView, ev: Mapping[str, Any], mark: CallMark, ad
             add(UNKNOWN_CALLS, at=_first_attempt(event, mark, add))
     if dst == S.HUMAN_REVIEW:
         mark.human = True
-        add(HUMAN_TAKEOVERS, outcome or ("escalated" if by_person else "other"))
+        add(HUMAN_TAKEOVERS, takeover_reason(outcome, by_person, ev))
     elif by_person:
         mark.human = True
     if src in _UNKNOWN and dst in _SETTLED and mark.unknown and not mark.settled and not mark.human:
@@ -252,6 +252,16 @@ def _fold_transition(event: EventView, ev: Mapping[str, Any], mark: CallMark, ad
         add(COMMITTED_CALLS, at=cohort)
         add(COMMITTED_RETRIES, n=max(mark.attempts - 1, 0), at=cohort)
     _fold_queues(event, mark, add)
+
+
+def takeover_reason(outcome: str, by_person: bool, evidence: Mapping[str, Any]) -> str:
+    """Why a call went to HUMAN_REVIEW: the outcome its move set; an operator's escalation; else the failure class
+    of the attempt that sent it there (a hard stop, an approvable authorization); "other" when nothing says."""
+    if outcome:
+        return outcome
+    if by_person:
+        return "escalated"
+    return str(evidence.get("class") or "other")
 
 
 def queue_of(state: str) -> str:
@@ -404,8 +414,9 @@ FIGURES: tuple[Figure, ...] = (
         title="Reconcile checks",
         kind="count",
         series=RECONCILE_CHECKS,
-        doc="Reconcile receipts by what they observed (committed, not_committed, pending, unknown, error...): "
-        "status queries, signed callbacks and idempotent replays. Hour of the check.",
+        doc="Reconcile receipts of unsettled calls (UNKNOWN, STILL_UNKNOWN, ACCEPTED) by what they observed "
+        "(committed, not_committed, pending, failed...): status queries, signed callbacks and idempotent replays. "
+        "Hour of the check. A late callback for a call settled already is kept as a receipt, not counted here.",
     ),
     Figure(
         key="human_takeovers",

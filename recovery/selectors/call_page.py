@@ -396,6 +396,8 @@ def _probe_entry(probe: DuplicateProbe) -> TimelineEntry:
 
 def _audit_entry(event: AuditEvent) -> TimelineEntry:
     moved = f" {event.from_state} → {event.to_state}" if event.from_state and event.to_state else ""
+    if event.from_state and event.from_state == event.to_state:
+        moved = f" (stays {event.to_state})"  # a check or a replay that moved nothing
     if not event.from_state and event.to_state:
         moved = f" → {event.to_state}"
     operator_action = event.action in REQUEST_EVENTS

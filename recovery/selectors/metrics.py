@@ -92,8 +92,10 @@ def metrics_report(
     window: str = DEFAULT_WINDOW,
     tool_id: int | None = None,
     tenant_ids: tuple[int, ...] | None = None,
+    with_queues: bool = True,
 ) -> MetricsReport:
-    """The figures of `window` up to `now`, for one tool or all, for the given tenants or all (tenant_ids None)."""
+    """The figures of `window` up to `now`, for one tool or all, for the given tenants or all (tenant_ids None);
+    `with_queues` False leaves out the current queue sizes (a reader that counts its queues itself)."""
     win = WINDOWS[window]
     now_s = int(now.timestamp())
     first = now_s // win.step * win.step - (win.points - 1) * win.step
@@ -121,7 +123,7 @@ def metrics_report(
         end=now,
         now=now,
         figures=figures,
-        queues=queue_sizes(tool_id=tool_id, tenant_ids=tenant_ids),
+        queues=queue_sizes(tool_id=tool_id, tenant_ids=tenant_ids) if with_queues else {},
         folded_at=folded_at,
         lag_s=(now - folded_at).total_seconds() if folded_at else None,
         grid={series: {label: tuple(v) for label, v in labels.items()} for series, labels in grid.items()},

@@ -1,12 +1,14 @@
 """Reads of the overview (SPEC §15.2): open items per queue and the age of the oldest, SLA breaches per risk, open
-breakers, failures by class over the last day, and how many calls entered and left UNKNOWN per hour.
+breakers, pending approvals, and over the last day the headline metrics, failures by class and how many calls
+entered and left UNKNOWN per hour.
 
-Six statements whatever the data's size, each bounded by what it shows rather than by the tables' size: the open
-queues (the backlog, found by `call_queue_idx`), the breakers that are not closed (a few rows), a day of attempts
-(by `attempt_tool_time_idx`), a day of UNKNOWN transitions (by `audit_unknown_flow_idx`) and the pending approvals
-(by `action_status_idx`: requested and not expired). Measured on PostgreSQL with 1,000,000 calls (25,000 open),
-3,000,000 attempts (31,000 in the last day) and 3,300,000 audit events: about 100, 70 and 2 ms for the three that
-read data, 170 ms in all (before the pending approvals were counted).
+Six statements whatever the data's size, each bounded by what it shows rather than by the history's size: the open
+queues (the backlog, found by `call_queue_idx`), the breakers that are not closed (two small statements), the
+pending approvals (by `action_status_idx`: requested and not expired), and the metrics report of the last 24 hours
+(recovery.selectors.metrics: a day of hourly rollups and the fold's watermark). The day's failures, attempts and
+UNKNOWN flow used to be scans of the attempts and the audit trail (70 ms with 3,000,000 attempts); they are now read
+from the rollups the metrics-fold job keeps, whose rows are bounded by hours x tools x labels, not by the calls — so
+they are as fresh as the last fold (every RECOVERY_METRICS_FOLD_EVERY_S), which the page says.
 """
 
 from __future__ import annotations
@@ -15,20 +17,28 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Min, Q
-from django.db.models.functions import TruncHour
 
 from recovery.engine import breaker as rules
+from recovery.engine import metrics as m
 from recovery.engine.types import CLOSED, FAILURE_CLASSES, HALF_OPEN, OPEN
-from recovery.models import Attempt, AuditEvent, Breaker, Call, StatusBreaker, Tool
+from recovery.models import Breaker, Call, StatusBreaker
 from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.approvals import pending_approvals_count
+from recovery.selectors.metrics import FigureValue, MetricsReport, metrics_report
 from recovery.states import CallState
 
 S = CallState
 UNKNOWN_STATES = (S.UNKNOWN, S.STILL_UNKNOWN)  # the UNKNOWN queue (states.UNSETTLED), in the index's order
 QUEUE_STATES = {"unknown": UNKNOWN_STATES, "human-review": (S.HUMAN_REVIEW,)}
-DAY = timedelta(hours=24)
-HOURS = 24
+WINDOW = "24h"  # recovery.selectors.metrics.WINDOWS: 24 hourly points, the current (partial) hour last
+# The figures of SPEC §17 the overview heads with, each a link to its section of the metrics page.
+HEADLINES = (
+    "unknown_outcome_rate",
+    "reconcile_success_rate",
+    "duplicate_effect_rate",
+    "human_takeovers",
+    "time_to_resolution",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,24 +81,30 @@ class Overview:
     sla: list[SlaBreaches]
     breakers: list[OpenBreaker]
     failures: list[tuple[str, int]]  # every failure class of SPEC §3 with its count, in the SPEC's order
-    attempts: int  # attempts made over the same day, failed or not
-    flow: list[HourFlow]  # HOURS hours, oldest first, the current (partial) hour last
+    attempts: int  # attempts whose outcome came over the same day, failed or not
+    flow: list[HourFlow]  # 24 hours, oldest first, the current (partial) hour last
     pending_approvals: int  # action requests waiting for a second person (recovery.selectors.approvals)
+    headlines: tuple[FigureValue, ...]  # the HEADLINES figures over the day
+    since: datetime  # the start of the day's first hour: what "the last 24 hours" counts from
+    folded_at: datetime | None  # the day's figures include every event up to then (None: never folded)
 
 
 def overview(*, now: datetime, sla: dict[str, int]) -> Overview:
     """The overview at `now`; `sla` is the seconds an open item of each risk may wait (settings.RECOVERY_SLA_S)."""
     queues, breaches = _queues(now, sla)
-    failures, attempts = _failures(now)
+    report = metrics_report(now=now, window=WINDOW, with_queues=False)
     return Overview(
         now=now,
         queues=queues,
         sla=breaches,
         breakers=_open_breakers(now),
-        failures=failures,
-        attempts=attempts,
-        flow=_flow(now),
+        failures=_failures(report),
+        attempts=int(report.figure("attempts").value or 0),
+        flow=_flow(report),
         pending_approvals=pending_approvals_count(now=now),
+        headlines=tuple(report.figure(key) for key in HEADLINES),
+        since=report.start,
+        folded_at=report.folded_at,
     )
 
 
@@ -169,43 +185,20 @@ def _epoch(value: datetime | None) -> float | None:
     return value.timestamp() if value is not None else None
 
 
-def _failures(now: datetime) -> tuple[list[tuple[str, int]], int]:
-    """Attempts made over the last day by failure class ("" for none: committed, accepted or not reported yet).
-
-    `tool_id IN (SELECT id FROM tool)` is true of every attempt, and there for the plan: PostgreSQL then walks
-    `attempt_tool_time_idx` (tool, created_at) once per tool over the day's range, instead of reading the whole
-    index for a time range it does not lead with (70 ms instead of 170 ms with 3,000,000 attempts).
-    """
-    rows = (
-        Attempt.objects.filter(tool_id__in=Tool.objects.values("id"), created_at__gte=now - DAY)
-        .values("failure_class")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    counted = {row["failure_class"]: row["n"] for row in rows}
+def _failures(report: MetricsReport) -> list[tuple[str, int]]:
+    """The day's failed attempts by failure class: every class of SPEC §3 in its order (0 when none failed so), then
+    any other class the rollups hold, by name."""
+    counted = {label: int(n) for label, n in report.figure("failures").by_label}
     known = [(name, counted.get(name, 0)) for name in FAILURE_CLASSES]
-    other = sorted((name, n) for name, n in counted.items() if name and name not in FAILURE_CLASSES)
-    return known + other, sum(counted.values())
+    return known + sorted((name, n) for name, n in counted.items() if name not in FAILURE_CLASSES)
 
 
-def _flow(now: datetime) -> list[HourFlow]:
-    """Per hour over the last HOURS hours (the current one last), how many calls entered the UNKNOWN queue and how
-    many left it, from the transitions' audit events (recovery.transitions writes from_state and to_state). A move
-    between UNKNOWN and STILL_UNKNOWN stays in the queue and counts as neither. One statement on
-    `audit_unknown_flow_idx`, whose predicate is this filter: it holds only these transitions."""
-    first = now.replace(minute=0, second=0, microsecond=0) - timedelta(hours=HOURS - 1)
-    unknown = UNKNOWN_STATES
-    entered = Q(to_state__in=unknown) & ~Q(from_state__in=unknown)
-    settled = Q(from_state__in=unknown) & ~Q(to_state__in=unknown)
-    rows = (
-        AuditEvent.objects.filter(Q(to_state__in=unknown) | Q(from_state__in=unknown), created_at__gte=first)
-        .annotate(hour=TruncHour("created_at"))
-        .values("hour")
-        # Counting created_at (never null), not id: then the index holds every column the statement reads, and
-        # PostgreSQL answers from it alone (an index-only scan: the audit table is append-only, its pages all-visible).
-        .annotate(entered=Count("created_at", filter=entered), settled=Count("created_at", filter=settled))
-        .order_by()
-    )
-    by_hour = {row["hour"]: (row["entered"], row["settled"]) for row in rows}
-    hours = [first + timedelta(hours=i) for i in range(HOURS)]
-    return [HourFlow(start=h, entered=by_hour.get(h, (0, 0))[0], settled=by_hour.get(h, (0, 0))[1]) for h in hours]
+def _flow(report: MetricsReport) -> list[HourFlow]:
+    """Per hour of the day, the calls that entered the UNKNOWN queue (from a state outside it) and those that left it
+    (to any state outside it: committed, not committed, human review, approved replay); a move between UNKNOWN and
+    STILL_UNKNOWN stays in the queue and counts as neither. The fold's queue entries and its resolutions of the
+    "unknown" queue (every histogram bucket: each resolution is in exactly one)."""
+    entered = report.points(m.QUEUE_ENTRIES, lambda label: label == "unknown")
+    settled = report.points(m.RESOLUTIONS, lambda label: m.split_bucket_label(label)[0] == "unknown")
+    starts = [point.start for point in report.figure("attempts").series]
+    return [HourFlow(start=h, entered=e, settled=s) for h, e, s in zip(starts, entered, settled, strict=True)]

@@ -384,7 +384,9 @@ def _apply_to(call: Call, answer, *, worker, source=ReceiptSource.POLL, actor=No
             )
     else:
         Call.objects.filter(pk=call.pk).update(**changes)
-        # A check that moved nothing is still a check: its event is how the metrics fold counts it, in commit order.
+    if not decided.steps and before in RECONCILABLE:
+        # A check of an unsettled call that moved nothing is still a check: its event is how the metrics fold counts
+        # it, in commit order. (A late callback for a call settled already is kept as a receipt, and is no check.)
         append_event(
             action=AuditAction.CALL_CHECKED,
             actor=actor,
