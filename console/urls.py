@@ -27,6 +27,7 @@ admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttle
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
+    path("metrics", include("console.views.prometheus")),  # Prometheus text (SPEC §17): token or role protected
     path("sign-in/", auth.SignInView.as_view(), name="sign-in"),
     path("sign-out/", auth_views.LogoutView.as_view(next_page="sign-in"), name="sign-out"),
     path("", include((console_patterns, "console"))),

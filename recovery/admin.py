@@ -161,8 +161,11 @@ class ToolAdmin(RegistryAdmin):
 class ApiTokenAdmin(admin.ModelAdmin):
     # Tokens are issued by `manage.py create_api_token` (the secret is shown once); here they are only revoked,
     # through the same service as `revoke_api_token`, so every revocation is an audit event.
-    list_display = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["name", "prefix", "digest", "tenants", "created_by", "created_at", "last_used_at", "revoked_at"]
+    list_display = ["name", "scope", "prefix", "created_at", "last_used_at", "revoked_at"]
+    list_filter = ["scope"]
+    readonly_fields = [
+        "name", "scope", "prefix", "digest", "tenants", "created_by", "created_at", "last_used_at", "revoked_at",
+    ]  # fmt: skip
     fields = readonly_fields
     actions = ["revoke"]
 

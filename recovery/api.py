@@ -2,6 +2,9 @@
 
 Bearer tokens scoped to tenants; another tenant's objects answer 404; every 4xx carries field-level errors; unknown
 fields are rejected; a rejected request stores nothing; a denied admission (409) is an answer and is stored.
+
+Runtime tokens use every endpoint; metrics tokens only GET /api/v1/metrics (and the Prometheus /metrics): every other
+endpoint answers them 403 `wrong_token_scope` (services.tokens.token_require_scope).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 from django.urls import register_converter
+from django.utils import timezone
 from ninja import NinjaAPI, Status
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
@@ -29,6 +33,7 @@ from recovery.api_answers import (
     CompensationAttemptOut,
     ErrorOut,
     GateOut,
+    MetricsOut,
     NotAdmittedOut,
     OutcomeOut,
     ReconcileAcceptedOut,
@@ -44,24 +49,27 @@ from recovery.api_inputs import (
     CandidateIn,
     CompensationAttemptIn,
     CompleteIn,
+    MetricsWindow,
     OutcomeIn,
     SagaAbortIn,
     TaskIn,
     Text,
     WaitMs,
 )
+from recovery.api_metrics import SCOPES, metrics_answer, metrics_scope
 from recovery.audit import Actor
 from recovery.engine import storable
 from recovery.engine.storable import check_storable
-from recovery.models import Attempt, Call, Task, Tenant
+from recovery.models import Attempt, Call, Task, Tenant, TokenScope
 from recovery.registry import with_alternates
+from recovery.selectors.metrics import DEFAULT_WINDOW, metrics_report
 from recovery.selectors.tasks_calls import allowed_tools, call_detail, call_in_tenants, task_summary
 from recovery.services import callbacks, calls, sagas, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit, gate_ask
 from recovery.services.compensation_runtime import compensation_admit, compensation_report, entry_of
 from recovery.services.errors import ServiceError, field_errors_json
 from recovery.services.outcomes import attempt_report, facts_of
-from recovery.services.tokens import token_authenticate
+from recovery.services.tokens import token_authenticate, token_require_scope
 from recovery.states import RECONCILABLE
 
 # --- the API -------------------------------------------------------------------------------------------------------
@@ -98,9 +106,14 @@ class BoundedJsonParser(Parser):
 
 
 class TokenAuth(HttpBearer):
+    def __init__(self, scopes: tuple[str, ...] = (TokenScope.RUNTIME,)):
+        super().__init__()
+        self.scopes = scopes
+
     def authenticate(self, request: HttpRequest, token: str):
         api_token = token_authenticate(token)
         if api_token is not None:
+            token_require_scope(api_token, self.scopes)  # a column of the row just read: no statement
             request.api_token = api_token
             request.tenant_ids = api_token.tenant_ids
         return api_token
@@ -569,3 +582,16 @@ def report_compensation(request, compensation_id: Text, attempt_id: AttemptId, p
     wire = payload.model_dump(mode="json", exclude_unset=True)  # as the worker's own send reads it: JSON
     entry = _entry(request, compensation_id)
     return Status(200, compensation_report(entry, attempt_id=attempt_id, wire=wire, actor=_actor(request)))
+
+
+# --- metrics (SPEC §17) ---------------------------------------------------------------------------------------------
+
+
+@api.get("/metrics", auth=TokenAuth(scopes=SCOPES), response={200: MetricsOut, **ERRORS}, tags=["metrics"], **TYPED)
+def metrics(request, window: MetricsWindow = DEFAULT_WINDOW, tool: Text | None = None, tenant: Text | None = None):
+    """The figures of SPEC §17 over a window (24h, 7d or 30d), summed over the token's tenants (or for the one named
+    by `tenant`), for every tool or the one named by `tool`; runtime and metrics tokens alike. Counts come from the
+    rollups the metrics fold keeps (`folded_at`, `lag_s` say how recent); `queues` are the sizes now."""
+    tenant_ids, tool_id = metrics_scope(request.api_token, tenant=tenant, tool=tool)
+    report = metrics_report(now=timezone.now(), window=window, tool_id=tool_id, tenant_ids=tenant_ids)
+    return Status(200, metrics_answer(report))

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.compensation_states import EntryState
 from recovery.engine.classify import EFFECTS
+from recovery.engine.metrics import FIGURES
 from recovery.engine.reconcile import Observation
 from recovery.engine.types import (
     ERROR_KINDS,
@@ -31,6 +32,7 @@ from recovery.engine.types import (
     STAGES,
 )
 from recovery.models import BreakerState, ReceiptSource, Risk, SideEffect, TaskOutcome, TaskStatus
+from recovery.selectors.metrics import WINDOWS
 from recovery.states import CallState
 
 # --- the vocabularies, closed ---------------------------------------------------------------------------------------
@@ -53,6 +55,9 @@ BreakerStateName = Literal[tuple(BreakerState.values)]  # type: ignore[valid-typ
 Phase = Literal[PHASES]  # type: ignore[valid-type]
 Stage = Literal[STAGES]  # type: ignore[valid-type]
 Effect = Literal[EFFECTS]  # type: ignore[valid-type]
+FigureKey = Literal[tuple(figure.key for figure in FIGURES)]  # type: ignore[valid-type]
+FigureKind = Literal[tuple(dict.fromkeys(figure.kind for figure in FIGURES))]  # type: ignore[valid-type]
+WindowName = Literal[tuple(WINDOWS)]  # type: ignore[valid-type]
 
 JsonObject = dict[str, Any]
 
@@ -531,3 +536,46 @@ class CompensationAttemptOut(Answer):
     http_status: int | None = _("The reply's status, once reported.")
     row: str = _("The §3 row that read the reply (refusal: a listed refusal code), once reported.")
     label: str = _("What the reply meant: committed, refused, timeout_after_send, ...")
+
+
+# --- metrics (SPEC §17) ---------------------------------------------------------------------------------------------
+
+
+class MetricLabelOut(Answer):
+    label: str = _("The label: an outcome, a failure class, a route, a queue ...")
+    value: float = _("Its count in the window (for time to resolution: the queue's 95th percentile, seconds).")
+
+
+class MetricPointOut(Answer):
+    start: str = _("Where the point's step begins, ISO 8601 (UTC).")
+    value: float | None = _("The figure over that step (null: nothing to divide, or no sample).")
+
+
+class MetricFigureOut(Answer):
+    """One figure of SPEC §17 over the window."""
+
+    key: FigureKey = _("The figure, a stable name: unknown_outcome_rate, reconcile_success_rate, ...")
+    title: str = _("Its title as the console shows it.")
+    kind: FigureKind = _("count (a sum by label), rate (a share 0..1), ratio (a mean), quantiles or duration.")
+    doc: str = _("What it counts and how, in a few sentences.")
+    unit: str = _("The unit of `value` (`s` for seconds; empty: a count or a share).")
+    value: float | None = _("The window's figure: a count, a share, a mean, seconds, or the p95 (quantiles).")
+    numerator: int | None = _("Rates and ratios: what was divided (null for other kinds).")
+    denominator: int | None = _("Rates and ratios: what it was divided by (null for other kinds).")
+    median: float | None = _("Quantiles: the median, seconds (null for other kinds or no sample).")
+    count: int | None = _("Quantiles: the items resolved; duration: the breaker openings (null otherwise).")
+    by_label: list[MetricLabelOut] = _("The figure by label, largest first (empty when it has none).")
+    series: list[MetricPointOut] = _("The figure at each step of the window, oldest first.")
+
+
+class MetricsOut(Answer):
+    """The metrics of SPEC §17 over a window, for the token's tenants (or the one asked for)."""
+
+    window: WindowName = _("The window: 24h (hourly steps), 7d (6-hour steps) or 30d (daily steps).")
+    start: str = _("Where the window's first step begins, ISO 8601 (UTC).")
+    end: str = _("Where it ends: now, ISO 8601 (UTC).")
+    folded_at: str | None = _("The figures count every event up to this time, ISO 8601 (null: never folded).")
+    lag_s: float | None = _("Seconds between `folded_at` and `end` (null: never folded).")
+    step_s: int = _("Seconds per point of each figure's series.")
+    queues: dict[str, int] = _("Items in each queue now: unknown, human_review, compensation.")
+    figures: list[MetricFigureOut] = _("Every figure, in the console's order.")

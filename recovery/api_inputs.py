@@ -19,6 +19,7 @@ from recovery.call_watch import MAX_WAIT_MS
 from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.selectors.context import ACTION_ATTEMPT_PREFIX
+from recovery.selectors.metrics import WINDOWS
 
 # --- inputs -------------------------------------------------------------------------------------------------------
 
@@ -39,6 +40,8 @@ Text = Annotated[str, AfterValidator(_text)]
 # GET /calls/{id}'s long poll (recovery.call_watch): the version seen, and how long to wait for another one.
 CallVersion = Annotated[int, Field(ge=0, le=MAX_INT)]
 WaitMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
+# GET /metrics' window (recovery.selectors.metrics).
+MetricsWindow = Literal[tuple(WINDOWS)]  # type: ignore[valid-type]
 
 
 def _not_an_operator_replay(value: str) -> str:

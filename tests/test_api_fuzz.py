@@ -73,6 +73,7 @@ OPERATIONS = [
     "GET /api/v1/tasks/{task_id}/compensation",
     "POST /api/v1/compensations/{compensation_id}/attempts",
     "POST /api/v1/compensations/{compensation_id}/attempts/{attempt_id}/outcome",
+    "GET /api/v1/metrics",
 ]
 
 CHECKS = [
@@ -356,11 +357,17 @@ def positive_hooks(world: World, operation, *, swap: bool) -> HookDispatcher:
     valid_body, valid_parameters = validators(operation)
 
     def known_query(query: dict, always: bool = False) -> st.SearchStrategy:
-        if "tenant" not in query:
+        if "tenant" not in query and "tool" not in query:
             return st.just(query)
         known = st.sampled_from(world.external_ids).map(
-            lambda e: query | {"tenant": world.tenant} | ({"external_id": e} if "external_id" in query else {})
+            lambda e: (
+                query
+                | ({"tenant": world.tenant} if "tenant" in query else {})
+                | ({"external_id": e} if "external_id" in query else {})
+            )
         )
+        if "tool" in query:  # GET /metrics?tool=: a registered tool
+            known = known.flatmap(lambda q: st.sampled_from([q | {"tool": tool} for tool in TOOLS]))
         return known if always else st.one_of(known, known, known, st.just(query))
 
     def known_body(path: str, body: dict, always: bool = False) -> st.SearchStrategy:

@@ -5,6 +5,8 @@ whose every figure is worked out by hand below, and a fault drill whose metrics 
 # ruff: noqa: F811  (the `world` and `stage` fixtures are imported from the modules that define them)
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.utils import timezone
 
@@ -12,7 +14,9 @@ from recovery import jobs
 from recovery.engine import metrics as m
 from recovery.models import Call, Tool
 from recovery.selectors.metrics import metrics_report, metrics_totals
+from tests.console import signed_in
 from tests.test_drills import BACKLOG, passed, stage  # noqa: F401  (the drill stage fixture)
+from tests.test_metrics_endpoints import samples
 from tests.test_reconcile import _attempt, _due_now, _lose_reply, _refund_call, world  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,3 +126,46 @@ def test_after_the_backlog_drill_its_tool_shows_what_the_drill_observed(stage):
     assert dict(report.figure("reconcile_checks").by_label) == {"committed": BACKLOG}
     assert report.figure("human_takeovers").value == 0
     assert report.figure("time_to_resolution").count == BACKLOG
+
+
+def _page_values(html: str) -> dict[str, str]:
+    """Each figure's number on the metrics page, as its `data-value` says."""
+    return dict(re.findall(r'data-figure="([a-z_]+)".*?data-value="([^"]*)"', html, flags=re.S))
+
+
+def test_the_page_the_json_and_prometheus_show_the_same_scripted_figures(world, people):
+    scripted_history(world)
+    api = world["client"]
+    answer = api.session.get(f"{api.base_url}/metrics", params={"window": "24h"}, timeout=10)
+    assert answer.status_code == 200, answer.text
+    figures = {figure["key"]: figure for figure in answer.json()["figures"]}
+    for key, labels in EXPECTED_COUNTS.items():
+        assert {row["label"]: row["value"] for row in figures[key]["by_label"]} == labels, key
+    for key, (numerator, denominator) in EXPECTED_RATES.items():
+        assert (figures[key]["numerator"], figures[key]["denominator"]) == (numerator, denominator), key
+    assert answer.json()["queues"] == {"unknown": 0, "human_review": 1, "compensation": 0}
+
+    scraped = api.session.get(world["url"] + "/metrics", timeout=10)
+    assert scraped.status_code == 200, scraped.text
+    got = samples(scraped.text)
+    tool = (("tool", "refund.create"),)
+    for outcome, n in EXPECTED_COUNTS["attempts"].items():
+        assert got[("recovery_attempts_total", (("outcome", outcome), *tool))] == n
+    for result, n in EXPECTED_COUNTS["reconcile_checks"].items():
+        assert got[("recovery_reconcile_checks_total", (("result", result), *tool))] == n
+    assert got[("recovery_write_calls_total", tool)] == 4
+    assert got[("recovery_unknown_outcomes_total", tool)] == 2
+    assert got[("recovery_unknown_settled_total", tool)] == 1
+    assert got[("recovery_duplicate_side_effects_total", tool)] == 0
+    assert got[("recovery_human_takeovers_total", (("reason", "poll_budget_exhausted"), *tool))] == 1
+    assert got[("recovery_task_outcomes_total", (("outcome", "completed"),))] == 1
+    assert got[("recovery_task_outcomes_total", (("outcome", "abandoned"),))] == 1
+    assert got[("recovery_time_to_resolution_seconds_count", (("queue", "unknown"),))] == 2
+    assert got[("recovery_queue_items", (("queue", "human_review"),))] == 1
+
+    html = signed_in(people, "viewer").get("/overview/metrics/?window=24h").content.decode()
+    shown = _page_values(html)
+    for key, labels in EXPECTED_COUNTS.items():
+        assert float(shown[key]) == sum(labels.values()), key
+    for key, (numerator, denominator) in EXPECTED_RATES.items():
+        assert float(shown[key]) == pytest.approx(numerator / denominator), key

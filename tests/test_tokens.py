@@ -6,6 +6,7 @@ import hashlib
 import hmac
 import io
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -138,7 +139,12 @@ def test_it_writes_an_audit_event_without_the_secret(issued, actor):
     token_revoke(name=token.name, actor=actor)
     events = list(AuditEvent.objects.values())
     assert [e["action"] for e in events] == ["api_token.created", "api_token.revoked"]
-    assert events[0]["evidence"] == {"name": "support-agent", "prefix": raw[:12], "tenants": ["acme", "globex"]}
+    assert events[0]["evidence"] == {
+        "name": "support-agent",
+        "prefix": raw[:12],
+        "scope": "runtime",
+        "tenants": ["acme", "globex"],
+    }
     dumped = json.dumps(events, default=str)
     assert raw not in dumped and raw[12:] not in dumped and token.digest not in dumped
 
@@ -169,3 +175,48 @@ def test_the_revoke_command_revokes(issued):
     assert token_authenticate(raw) is None
     with pytest.raises(CommandError, match="already revoked"):
         call_command("revoke_api_token", "support-agent", stdout=io.StringIO())
+
+
+# --- scopes: runtime (the machine API) or metrics (GET /api/v1/metrics and /metrics only) --------------------------
+
+
+def test_a_token_is_a_runtime_token_unless_asked(issued):
+    token, raw = issued
+    assert token.scope == "runtime" and token_authenticate(raw).scope == "runtime"
+
+
+def test_it_issues_a_metrics_token_and_audits_its_scope(tenants, actor):
+    _, raw = token_create(name="prometheus", tenants=["acme"], scope="metrics", actor=actor)
+    assert token_authenticate(raw).scope == "metrics"
+    event = AuditEvent.objects.get(action="api_token.created")
+    assert event.evidence["scope"] == "metrics" and event.reason == "metrics token for acme"
+
+
+def test_it_refuses_an_unknown_scope_and_stores_nothing(tenants, actor):
+    with pytest.raises(ValueError, match="unknown token scope 'admin': use one of runtime, metrics"):
+        token_create(name="root", tenants=["acme"], scope="admin", actor=actor)
+    assert not ApiToken.objects.exists() and not AuditEvent.objects.exists()
+
+
+def test_the_command_issues_a_metrics_token(tenants):
+    out = io.StringIO()
+    call_command("create_api_token", "prometheus", "--tenant", "acme", "--scope", "metrics", stdout=out)
+    token = ApiToken.objects.get(name="prometheus")
+    assert token.scope == "metrics"
+    assert f"created metrics API token 'prometheus' ({token.prefix}" in out.getvalue()
+
+
+def test_the_command_refuses_an_unknown_scope(tenants):
+    with pytest.raises(CommandError, match="invalid choice: 'admin'"):
+        call_command("create_api_token", "root", "--tenant", "acme", "--scope", "admin", stdout=io.StringIO())
+    assert not ApiToken.objects.exists()
+
+
+def test_the_admin_lists_and_filters_tokens_by_scope(tenants, actor, admin_client):
+    token_create(name="prometheus", tenants=["acme"], scope="metrics", actor=actor)
+    token_create(name="support-agent", tenants=["acme"], actor=actor)
+    listed = admin_client.get("/admin/recovery/apitoken/?scope__exact=metrics")
+    assert listed.status_code == 200
+    body = listed.content.decode()
+    assert "prometheus" in body and "support-agent" not in body
+    assert re.search(r'class="field-scope">\s*(Metrics|metrics)\s*<', body)

@@ -462,8 +462,8 @@ FIGURES: tuple[Figure, ...] = (
         series=BREAKER_OPEN_MS,
         unit="s",
         doc="Seconds tool breakers spent open, half-open or forced open within the window (a breaker still open "
-        "counts up to now), and how many times they opened. Breakers are shared by every tenant: a tenant "
-        "filter shows none.",
+        "counts up to now), and how many times they opened. Breakers are shared by every tenant: a view of some "
+        "tenants shows those of the tools they may use.",
     ),
     Figure(
         key="compensations",

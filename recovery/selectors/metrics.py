@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db.models import BigIntegerField, Count, ExpressionWrapper, F, Q, QuerySet, Sum, Value
+from django.db.models import BigIntegerField, Count, Exists, ExpressionWrapper, F, Q, QuerySet, Sum, Value
 
 from recovery.engine import metrics as m
 from recovery.models import AuditEvent, Breaker, Call, MetricFold, MetricRollup, MetricTotal, Tenant, Tool
@@ -100,8 +100,15 @@ def metrics_report(
     now_s = int(now.timestamp())
     first = now_s // win.step * win.step - (win.points - 1) * win.step
     point = ExpressionWrapper((F("start") - Value(first)) / Value(win.step), output_field=BigIntegerField())
+    scope, shared_tools = _scope(tool_id, tenant_ids), None
+    if tenant_ids is not None:
+        # Breakers are every tenant's (kept under tenant 0): some tenants see those of the tools they may use.
+        shared_tools = set(_tools_of(tenant_ids).values_list("id", flat=True))
+        if tool_id:
+            shared_tools &= {tool_id}
+        scope |= Q(tenant_id=0, series__in=SHARED_SERIES, tool_id__in=sorted(shared_tools))
     rows = (
-        MetricRollup.objects.filter(_scope(tool_id, tenant_ids), period=win.period, start__gte=first)
+        MetricRollup.objects.filter(scope, period=win.period, start__gte=first)
         .annotate(point=point)
         .values("point", "series", "label")
         .annotate(n=Sum("value"))
@@ -113,8 +120,10 @@ def metrics_report(
             grid[row["series"]][row["label"]][row["point"]] += row["n"]
     fold = MetricFold.objects.filter(key="audit").values_list("open_breakers", "folded_at").first()
     open_breakers, folded_at = fold if fold else ({}, None)
-    if tenant_ids is None:
-        _add_open_breakers(grid, open_breakers or {}, tool_id, first, win, now_s)
+    opened = {int(tool): since for tool, since in (open_breakers or {}).items()}
+    if shared_tools is not None:
+        opened = {tool: since for tool, since in opened.items() if tool in shared_tools}
+    _add_open_breakers(grid, opened, tool_id, first, win, now_s)
     starts = [datetime.fromtimestamp(first + i * win.step, tz=UTC) for i in range(win.points)]
     figures = tuple(_figure(figure, grid, starts) for figure in m.FIGURES)
     return MetricsReport(
@@ -294,6 +303,12 @@ def metrics_totals(*, now: datetime, tenant_ids: tuple[int, ...] | None = None) 
         folded_at=fold[1],
         unfolded_since=next(iter(unfolded), None),
     )
+
+
+def _tools_of(tenant_ids: tuple[int, ...]) -> QuerySet[Tool]:
+    """The tools any of the tenants may use, by their ids."""
+    every_tool = Exists(Tenant.objects.filter(pk__in=tenant_ids, all_tools=True))
+    return Tool.objects.filter(Q(tenants__in=tenant_ids) | Q(every_tool)).distinct()
 
 
 def tools_of_tenants(tenants: list[Tenant]) -> QuerySet[Tool]:

@@ -1,5 +1,9 @@
 """API tokens for agent runtimes (SPEC §16): issued once, stored as a peppered HMAC, scoped to tenants, revocable.
 
+A token also has a scope (TokenScope): `runtime` tokens drive the machine API; `metrics` tokens only read the
+metrics (GET /api/v1/metrics and the Prometheus scrape at /metrics), so a scraper's credential cannot register or
+report a call. The scope is a column of the token row, so checking it costs the API nothing.
+
 A token is `rc_` + 43 URL-safe characters. Its first 12 characters (`prefix`) find the row and are safe to show in
 lists; the row keeps only HMAC-SHA256(RECOVERY_TOKEN_PEPPER, token), so a copy of the table alone can neither be
 replayed nor brute-forced offline. The plaintext exists once, in token_create()'s return value.
@@ -21,7 +25,8 @@ from django.utils import timezone
 from recovery.audit import Actor, append_event
 from recovery.audit_actions import AuditAction
 from recovery.hot_path import token_links
-from recovery.models import ApiToken, Tenant
+from recovery.models import ApiToken, Tenant, TokenScope
+from recovery.services.errors import ServiceError
 
 TOKEN_SCHEME = "rc_"
 PREFIX_LENGTH = 12
@@ -39,14 +44,20 @@ def token_digest(raw: str) -> str:
     return hmac.new(pepper.encode(), raw.encode(), hashlib.sha256).hexdigest()
 
 
-def token_create(*, name: str, tenants: list[str], actor: Actor, created_by=None) -> tuple[ApiToken, str]:
-    """Issue a token for `tenants` (names, each of which must exist); returns the row and the plaintext, once.
+def token_create(
+    *, name: str, tenants: list[str], actor: Actor, scope: str = TokenScope.RUNTIME, created_by=None
+) -> tuple[ApiToken, str]:
+    """Issue a token of `scope` (runtime or metrics) for `tenants` (names, each of which must exist); returns the row
+    and the plaintext, once.
 
-    Raises ValueError, storing nothing, for a blank or taken name, no tenants, or a tenant that does not exist.
+    Raises ValueError, storing nothing, for a blank or taken name, an unknown scope, no tenants, or a tenant that
+    does not exist.
     """
     name = name.strip()
     if not name or len(name) > ApiToken._meta.get_field("name").max_length:
         raise ValueError("a token name must be 1 to 100 characters")
+    if scope not in TokenScope.values:
+        raise ValueError(f"unknown token scope {scope!r}: use one of {', '.join(TokenScope.values)}")
     wanted = sorted(set(tenants))
     if not wanted:
         raise ValueError("a token must be scoped to at least one tenant")
@@ -60,7 +71,7 @@ def token_create(*, name: str, tenants: list[str], actor: Actor, created_by=None
         try:
             with transaction.atomic():  # a concurrent create of the same name loses here, not in the outer block
                 token = ApiToken.objects.create(
-                    name=name, prefix=raw[:PREFIX_LENGTH], digest=token_digest(raw), created_by=created_by
+                    name=name, scope=scope, prefix=raw[:PREFIX_LENGTH], digest=token_digest(raw), created_by=created_by
                 )
         except IntegrityError:
             raise ValueError(f"an API token named {name!r} already exists: revoke it or choose another name") from None
@@ -68,8 +79,8 @@ def token_create(*, name: str, tenants: list[str], actor: Actor, created_by=None
         append_event(
             action=AuditAction.API_TOKEN_CREATED,
             actor=actor,
-            reason=f"scoped to {', '.join(wanted)}",
-            evidence={"name": name, "prefix": token.prefix, "tenants": wanted},
+            reason=f"{scope} token for {', '.join(wanted)}",
+            evidence={"name": name, "prefix": token.prefix, "scope": scope, "tenants": wanted},
         )
     return token, raw
 
@@ -94,6 +105,19 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | N
             token.last_used_at = now
     token.tenant_ids = {tenant.pk for tenant in token.tenants.all()}
     return token
+
+
+def token_require_scope(token: ApiToken, scopes: tuple[str, ...]) -> None:
+    """Refuse (403 wrong_token_scope) a live token of a scope the endpoint does not take: a real token of the wrong
+    kind is told so, rather than given the 401 of a bad token, which would send its owner looking for a typo."""
+    if token.scope not in scopes:
+        raise ServiceError(
+            403,
+            "wrong_token_scope",
+            f"this is a {token.scope} token, and this endpoint takes {' or '.join(scopes)} tokens: "
+            f"use one issued with `manage.py create_api_token --scope {scopes[0]}`",
+            detail={"token_scope": token.scope, "accepted_scopes": list(scopes)},
+        )
 
 
 def _live_token_with_tenants(prefix: str) -> ApiToken | None:
