@@ -133,7 +133,7 @@ def _page_values(html: str) -> dict[str, str]:
     return dict(re.findall(r'data-figure="([a-z_]+)".*?data-value="([^"]*)"', html, flags=re.S))
 
 
-def test_the_page_the_json_and_prometheus_show_the_same_scripted_figures(world, people):
+def test_the_page_the_json_and_prometheus_show_the_same_scripted_figures(world, console_people):
     scripted_history(world)
     api = world["client"]
     answer = api.session.get(f"{api.base_url}/metrics", params={"window": "24h"}, timeout=10)
@@ -163,7 +163,7 @@ def test_the_page_the_json_and_prometheus_show_the_same_scripted_figures(world, 
     assert got[("recovery_time_to_resolution_seconds_count", (("queue", "unknown"),))] == 2
     assert got[("recovery_queue_items", (("queue", "human_review"),))] == 1
 
-    html = signed_in(people, "viewer").get("/overview/metrics/?window=24h").content.decode()
+    html = signed_in(console_people, "viewer").get("/overview/metrics/?window=24h").content.decode()
     shown = _page_values(html)
     for key, labels in EXPECTED_COUNTS.items():
         assert float(shown[key]) == sum(labels.values()), key

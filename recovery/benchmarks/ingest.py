@@ -37,8 +37,8 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from importlib.metadata import version
 from urllib.parse import quote
@@ -243,7 +243,7 @@ def _pepper() -> str:
     return settings.RECOVERY_TOKEN_PEPPER
 
 
-def _database_url() -> str:
+def connection_url() -> str:
     db = connection.settings_dict
     auth = quote(db["USER"] or "", safe="")
     if db["PASSWORD"]:
@@ -263,10 +263,9 @@ class Server:
     pid: int
 
 
-@contextmanager
-def serve(app: str, database_url: str, **extra_env: str) -> Iterator[Server]:
-    """gunicorn serving `app` (module:callable) with DEBUG off against `database_url`, until the block ends."""
-    port = _free_port()
+def server_env(database_url: str, **extra_env: str) -> dict[str, str]:
+    """The environment of a process of the benchmark's (a server, a job loop): production settings, DEBUG off,
+    against `database_url`, with this process's secrets."""
     env = dict(os.environ)
     env.update(**extra_env)
     env.update(
@@ -280,6 +279,14 @@ def serve(app: str, database_url: str, **extra_env: str) -> Iterator[Server]:
         SECURE_SSL_REDIRECT="0",
         LOG_LEVEL="WARNING",
     )
+    return env
+
+
+@contextmanager
+def serve(app: str, database_url: str, **extra_env: str) -> Iterator[Server]:
+    """gunicorn serving `app` (module:callable) with DEBUG off against `database_url`, until the block ends."""
+    port = _free_port()
+    env = server_env(database_url, **extra_env)
     command = [sys.executable, "-m", "gunicorn", app, "--bind", f"127.0.0.1:{port}"]
     command += ["--workers", str(WORKERS), "--threads", str(THREADS), "--log-level", "warning"]
     with tempfile.TemporaryFile() as log:
@@ -298,14 +305,15 @@ def serve(app: str, database_url: str, **extra_env: str) -> Iterator[Server]:
 
 
 def _wait_ready(process: subprocess.Popen, url: str, log) -> None:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if process.poll() is not None:
             break
         try:
             requests.get(f"{url}/api/v1/calls/0", timeout=5)
             return
-        except requests.ConnectionError:
+        # gunicorn listens before its workers have booted (seconds on a busy machine): a request may wait that long
+        except (requests.ConnectionError, requests.Timeout):
             time.sleep(0.1)
     log.seek(0)
     raise RuntimeError(f"gunicorn did not start: {log.read()[-2000:].decode(errors='replace')}")
@@ -426,7 +434,7 @@ def raw_psycopg(dsn: str, token: str, warm: list[int], jobs: list[int]) -> float
         return round(len(jobs) / (time.perf_counter() - start), 1)
 
 
-def _wait_disconnected(name: str, timeout: float = 15) -> None:
+def wait_disconnected(name: str, timeout: float = 15) -> None:
     """Servers are stopped: wait until their sessions have left, so the test database can be dropped."""
     deadline = time.monotonic() + timeout
     with connection.cursor() as cursor:
@@ -442,6 +450,41 @@ def _wait_disconnected(name: str, timeout: float = 15) -> None:
 # --- the benchmark -------------------------------------------------------------------------------------------------
 
 
+def interleaved_rounds(
+    fixture: Fixture,
+    servers: dict[str, Server],
+    per_round: int,
+    *,
+    rounds: int = ROUNDS,
+    around: Mapping[str, Callable[[], AbstractContextManager]] | None = None,
+) -> tuple[dict[str, list[dict]], dict[str, list[int]]]:
+    """`rounds` rounds of `per_round` attempts per series (a label and its server), each on fresh calls, the series
+    in a rotating order, so that a drift in what else the machine runs weighs on all alike: each series' rounds and
+    the calls they used. `around[label]`, if given, makes the context each of that series' rounds runs in (the
+    metrics benchmark's fold process: the same server with and without it)."""
+    warm, labels = CLIENTS * WARM_UP, list(servers)
+    runs: dict[str, list[dict]] = {label: [] for label in labels}
+    all_calls: dict[str, list[int]] = {label: [] for label in labels}
+    for n in range(rounds):
+        for label in labels[n % len(labels) :] + labels[: n % len(labels)]:
+            calls = fixture.bulk_calls(warm + per_round, f"{label}-{n}")
+            all_calls[label] += calls
+            with (around or {}).get(label, nullcontext)():
+                runs[label].append(measured_round(servers[label], fixture.token, calls[:warm], calls[warm:]))
+    return runs, all_calls
+
+
+def rates(runs: dict[str, list[dict]]) -> dict[str, float]:
+    """Each series' attempts per second: the median of its rounds."""
+    return {label: statistics.median(r["attempts_per_s"] for r in rounds) for label, rounds in runs.items()}
+
+
+def check_committed(all_calls: dict[str, list[int]]) -> None:
+    for label, calls in all_calls.items():
+        if (done := committed(calls)) != len(calls):
+            raise AssertionError(f"{label}: {len(calls) - done} of {len(calls)} calls did not end COMMITTED")
+
+
 def bench_ingest(count: int = 1000) -> dict:
     if connection.vendor != "postgresql":
         return {
@@ -451,7 +494,7 @@ def bench_ingest(count: int = 1000) -> dict:
         }
     fixture = Fixture.create()
     warm = CLIENTS * WARM_UP
-    dsn = _database_url()
+    dsn = connection_url()
 
     # What one attempt costs in statements, and proof that the baseline does the same work. Probes of one tool
     # (bulk calls cycle through the tools), so all but the first find that tool's breaker bucket already there.
@@ -477,32 +520,22 @@ def bench_ingest(count: int = 1000) -> dict:
         lambda c: product_statements(fixture.token, c, sql=False), fixture.bulk_calls(3 * per_tool, "o")[::per_tool]
     )
 
-    # ROUNDS rounds, each on fresh calls, the three servers in a rotating order (a drift in what else the machine runs
-    # weighs on all alike): the product, its ORM twin (RECOVERY_HOT_PATH_SQL off, STYLE.md: the raw statement stays
-    # only while the ORM misses a target) and the bare baseline. Each figure is the median of its rounds.
+    # The product, its ORM twin (RECOVERY_HOT_PATH_SQL off, STYLE.md: the raw statement stays only while the ORM
+    # misses a target) and the bare baseline, in interleaved rounds.
     per_round = max(count // ROUNDS, 50)
-    labels = ("product", "orm", "bare")
-    runs: dict[str, list[dict]] = {label: [] for label in labels}
-    all_calls: dict[str, list[int]] = {label: [] for label in labels}
     with (
         serve(PRODUCT_APP, dsn) as product_server,
         serve(PRODUCT_APP, dsn, RECOVERY_HOT_PATH_SQL="0") as orm_server,
         serve(BARE_APP, dsn) as bare_server,
     ):
         servers = {"product": product_server, "orm": orm_server, "bare": bare_server}
-        for n in range(ROUNDS):
-            for label in labels[n % 3 :] + labels[: n % 3]:
-                calls = fixture.bulk_calls(warm + per_round, f"{label}-{n}")
-                all_calls[label] += calls
-                runs[label].append(measured_round(servers[label], fixture.token, calls[:warm], calls[warm:]))
+        runs, all_calls = interleaved_rounds(fixture, servers, per_round)
     raw_calls = fixture.bulk_calls(warm + count, "raw")
     raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
     all_calls["raw"] = raw_calls
-    for label, calls in all_calls.items():
-        if (done := committed(calls)) != len(calls):
-            raise AssertionError(f"{label}: {len(calls) - done} of {len(calls)} calls did not end COMMITTED")
-    _wait_disconnected(connection.settings_dict["NAME"])
-    rate = {label: statistics.median(r["attempts_per_s"] for r in rounds) for label, rounds in runs.items()}
+    check_committed(all_calls)
+    wait_disconnected(connection.settings_dict["NAME"])
+    rate = rates(runs)
 
     kinds = Counter(sig.split()[0] for sig in product_sig)
     return {

@@ -10,7 +10,9 @@ state_changed_at spread over 90 days; some with status checks and a last receipt
 half of those claims expired) and the rest COMMITTED, FAILED_PERMANENT, HUMAN_REVIEW, NOT_COMMITTED, READY,
 RETRYABLE, SENT, ACCEPTED or COMPENSATED; tenants skewed (the first has ~4.5x the last one's tasks); ids in time
 order. Then VACUUM ANALYZE (plain ANALYZE inside a transaction, as in the test) and, if allowed, a CHECKPOINT.
-Not loaded: decisions, gate decisions, receipts, audit events, which the queue page does not read.
+Not loaded: decisions, gate decisions, receipts, which no benchmark reads; audit events only with
+`extra=audit_load.AUDIT_HISTORY` (the metrics benchmark's: the history each call's row implies, about 6 events
+per call), not by default, which the queue page does not read.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from datetime import UTC, datetime
+from typing import Protocol
 
 from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
+from django.db.models import Model
 
 from recovery.audit import Actor
 from recovery.models import Attempt, Call, Step, Task, Tenant, Tool
@@ -197,19 +201,27 @@ class _Layout:
         self.task_at = array("d", (start + k * spacing + rng.uniform(0, spacing) for k in range(self.tasks)))
 
 
+SUBMITTED_S = 300  # a task whose calls all ended is submitted this long after it was created
+
+
+def _task_outcome(layout: _Layout, k: int) -> str:
+    """Task k's outcome: "" while one of its calls is still open, else "failed" or "completed"."""
+    states = [STATES[s] for s in layout.state[k * CALLS_PER_TASK : (k + 1) * CALLS_PER_TASK]]
+    if any(state in _OPEN for state in states):
+        return ""
+    return "failed" if "FAILED_PERMANENT" in states else "completed"
+
+
 def _task_lines(layout: _Layout, first_id: int, tenant_ids: list[int], rng: random.Random) -> Iterator[str]:
     goals = ("refund the duplicate charge", "move the order to express", "close the account", "issue a credit note")
     budget = json.dumps({"max_rounds": 12, "token_budget": 200000, "deadline_s": 3600})
-    failed = STATES.index("FAILED_PERMANENT")
     for k in range(layout.tasks):
         task_id, at = first_id + k, layout.task_at[k]
-        states = layout.state[k * CALLS_PER_TASK : (k + 1) * CALLS_PER_TASK]
         created, deadline, rounds = _ts(at), _ts(at + 3600), 1 + rng.randrange(8)
-        if any(STATES[s] in _OPEN for s in states):
-            status, outcome, submission, updated, closed = "open", "", N, _ts(at + 60), N
+        if not (outcome := _task_outcome(layout, k)):
+            status, submission, updated, closed = "open", N, _ts(at + 60), N
         else:
-            status, outcome = "submitted", "failed" if failed in states else "completed"
-            submission, updated = '{"summary": "done", "artifacts": []}', _ts(at + 300)
+            status, submission, updated = "submitted", '{"summary": "done", "artifacts": []}', _ts(at + SUBMITTED_S)
             closed = updated
         yield (
             f"{task_id}\t{tenant_ids[layout.tenant[k]]}\trun-{task_id}\tagent-{k % 12}\t{goals[k % 4]}\t{status}\t"
@@ -246,9 +258,15 @@ class _Calls:
         self.sent_at = array("d", bytes(8 * layout.calls))
         self.arguments: list[str] = [""] * layout.calls
         self.fingerprint: list[str] = [""] * layout.calls
+        # What the audit history needs (audit_load): each call's last state change, version and status checks.
+        self.changed = array("d", bytes(8 * layout.calls))
+        self.version, self.checks = bytearray(layout.calls), bytearray(layout.calls)
+        self.receipts: dict[int, str] = {}  # the last receipt's status, for the calls that have one
+        self.outcomes: dict[int, str] = {}  # the call's outcome, for the calls that have one
+        self.now = time.time()
 
     def lines(self, rng: random.Random) -> Iterator[str]:
-        layout, ids, now = self.layout, self.ids, time.time()
+        layout, ids, now = self.layout, self.ids, self.now
         per_step = CALLS_PER_STEP
         for i in range(layout.calls):
             k, j = divmod(i, CALLS_PER_TASK)
@@ -292,6 +310,11 @@ class _Calls:
                 if state == "COMMITTED" and call_id % 20 == 0:  # settled by a status check
                     version, checks, receipt_status, effects = 2 * attempts + 1, 1, "committed", 1
                     receipt_at = _ts(changed)
+            self.changed[i], self.version[i], self.checks[i] = changed, version, checks
+            if receipt_status:
+                self.receipts[i] = receipt_status
+            if outcome:
+                self.outcomes[i] = outcome
             updated = _ts(changed)
             yield (
                 f"{call_id}\t{self.tenant_ids[layout.tenant[k]]}\t{task_id}\t{step_id}\t{tool.pk}\t"
@@ -390,9 +413,21 @@ ATTEMPT_COLUMNS = (
 _LOADED = (Task, Step, Call, Attempt)
 
 
-def load(calls: int = CALLS, *, unknown: int | None = None, seed: int = 19) -> dict:
+class Extra(Protocol):
+    """More rows a load COPYs in its transaction, after the calls' (recovery.benchmarks.audit_load's history)."""
+
+    models: tuple[type[Model], ...]  # their tables: ids taken, foreign keys dropped and checked, sequences set
+
+    def prepare(self) -> None: ...  # before the transaction (rows it names: a token)
+
+    def copy(self, cursor, calls: _Calls, ids: dict[str, int]) -> dict[str, int]: ...
+
+
+def load(calls: int = CALLS, *, unknown: int | None = None, seed: int = 19, extra: Extra | None = None) -> dict:
     """Load the registry, users and `calls` calls (see the module's docstring); return what was loaded and how long
-    it took. PostgreSQL only."""
+    it took. PostgreSQL only. `extra`: more rows, as recovery.benchmarks.audit_load.AUDIT_HISTORY the audit events
+    the loaded rows imply and their chains' heads.
+    Loading again adds as many calls more, with ids, audit seq and chains after the ones there."""
     unknown = calls // UNKNOWN_PER_CALLS if unknown is None else unknown
     if not 0 <= unknown <= calls:
         raise ValueError(f"unknown must be between 0 and calls ({calls}), not {unknown}")
@@ -404,18 +439,23 @@ def load(calls: int = CALLS, *, unknown: int | None = None, seed: int = 19) -> d
     tenant_ids = list(
         Tenant.objects.filter(name__startswith=f"{PREFIX}-").order_by("name").values_list("pk", flat=True)
     )
+    if extra is not None:
+        extra.prepare()
     layout = _Layout(calls, unknown, tools, tenant_ids, rng)
-    tables = [model._meta.db_table for model in _LOADED]
+    loaded = (*_LOADED, *extra.models) if extra is not None else _LOADED
+    tables = [model._meta.db_table for model in loaded]
     rows = {}
     with transaction.atomic(), connection.cursor() as wrapper:
         cursor = wrapper.cursor  # psycopg's own cursor, for COPY
-        ids = {model._meta.model_name: _next_id(cursor, model._meta.db_table) for model in _LOADED}
+        ids = {model._meta.model_name: _next_id(cursor, model._meta.db_table) for model in loaded}
         call_rows = _Calls(layout, ids, tools, tenant_ids, reviewers)
         with _foreign_keys_dropped(cursor, tables):
             rows["tasks"] = _copy(cursor, tables[0], TASK_COLUMNS, _task_lines(layout, ids["task"], tenant_ids, rng))
             rows["steps"] = _copy(cursor, tables[1], STEP_COLUMNS, _step_lines(layout, ids["step"], ids["task"]))
             rows["calls"] = _copy(cursor, tables[2], CALL_COLUMNS, call_rows.lines(rng))
             rows["attempts"] = _copy(cursor, tables[3], ATTEMPT_COLUMNS, _attempt_lines(call_rows, ids["attempt"]))
+            if extra is not None:
+                rows.update(extra.copy(cursor, call_rows, ids))
         for table in tables:
             cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT MAX(id) FROM {table}))")
     copied = time.perf_counter()

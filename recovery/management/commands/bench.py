@@ -20,6 +20,11 @@ console's data. Benchmarks:
   the sandbox's own speed and with its writes held 400 ms), run through the demo runtime until COMMITTED on a tool a
   duplicate probe proved safe, against a bare client retrying once with the same key at the same sandbox: wall time
   per intent, duplicates, people, how each settled (see recovery/benchmarks/replay.py).
+- metrics: the `/metrics` scrape, the metrics page (24 hours, 30 days), the overview and `GET /api/v1/metrics` at
+  1,000,000 calls (`--calls`) against the same reads at 10,000, in one database grown between them by COPY with the
+  calls' audit history, folded by the product's fold and checked against the rows; then ingest with and without the
+  periodic fold running (PostgreSQL only; loading and folding take the better part of an hour at full size; see
+  recovery/benchmarks/metrics.py).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from django.utils import timezone
 
 from recovery.audit import Actor
 from recovery.benchmarks.ingest import bench_ingest
+from recovery.benchmarks.metrics import bench_metrics
 from recovery.benchmarks.queue import CALLS, bench_queue
 from recovery.benchmarks.reconcile import bench_reconcile
 from recovery.benchmarks.replay import bench_replay
@@ -256,7 +262,9 @@ BENCHMARKS = {
     "reconcile": bench_reconcile,
     "queue": bench_queue,
     "replay": bench_replay,
+    "metrics": bench_metrics,
 }
+SIZED = ("queue", "metrics")  # the benchmarks that `--calls` sizes
 
 
 class Command(BaseCommand):
@@ -268,10 +276,13 @@ class Command(BaseCommand):
             "--count",
             type=int,
             help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800; "
-            "queue 30 requests per page; replay 50 intents per case)",
+            "queue 30 requests per page; replay 50 intents per case; metrics 30 requests per read)",
         )
         parser.add_argument(
-            "--calls", type=int, default=CALLS, help=f"queue: calls to load (default {CALLS:,}; 3 attempts each)"
+            "--calls",
+            type=int,
+            default=CALLS,
+            help=f"queue, metrics: calls to load (default {CALLS:,}; 3 attempts each)",
         )
         parser.add_argument("--json", dest="json_path", help="also write the results to this file")
 
@@ -290,7 +301,7 @@ class Command(BaseCommand):
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
         try:
             results = [
-                BENCHMARKS[name](*([count] if count else []), **({"calls": calls} if name == "queue" else {}))
+                BENCHMARKS[name](*([count] if count else []), **({"calls": calls} if name in SIZED else {}))
                 for name in (names or BENCHMARKS)
             ]
         finally:
