@@ -3,7 +3,7 @@
 Everything here reads the rollups the fold keeps (recovery.services.metrics) and the current queue sizes and breaker
 states — never the history they were counted from — so a page costs the same at ten calls and at ten million: a
 window's rollup rows are bounded by its points, tools and labels, and a view over every tenant reads the tenant-0
-rows the fold keeps for it. Four statements for a report, five or six for the totals, whatever the data's size.
+rows the fold keeps for it. Four statements for a report (six for some tenants), five to seven for the totals, whatever the data's size.
 """
 
 from __future__ import annotations
@@ -106,6 +106,10 @@ def metrics_report(
         shared_tools = set(_tools_of(tenant_ids).values_list("id", flat=True))
         if tool_id:
             shared_tools &= {tool_id}
+        if every_tenant(tenant_ids):
+            # Every tenant's sum is kept already (tenant 0): read it rather than add up each tenant's rows (a token
+            # of all 20 tenants read 20 times the rows, 3.6 to 8.9 times slower at 1,000,000 calls).
+            scope = _scope(tool_id, None) & ~Q(series__in=SHARED_SERIES)
         scope |= Q(tenant_id=0, series__in=SHARED_SERIES, tool_id__in=sorted(shared_tools))
     rows = (
         MetricRollup.objects.filter(scope, period=win.period, start__gte=first)
@@ -270,7 +274,9 @@ SHARED_SERIES = (m.BREAKER_OPEN_MS, m.BREAKER_OPENINGS)
 def metrics_totals(*, now: datetime, tenant_ids: tuple[int, ...] | None = None) -> Totals:
     """Every series' count since the beginning, per tool and label (summed over `tenant_ids`, or every tenant)."""
     scope = _scope(None, tenant_ids)
-    if tenant_ids is not None:
+    if tenant_ids is not None and every_tenant(tenant_ids):
+        scope = Q(tenant_id=0)  # every tenant's sum, kept as such (see metrics_report)
+    elif tenant_ids is not None:
         scope |= Q(tenant_id=0, series__in=SHARED_SERIES)
     rows = (
         MetricTotal.objects.filter(scope)
@@ -303,6 +309,11 @@ def metrics_totals(*, now: datetime, tenant_ids: tuple[int, ...] | None = None) 
         folded_at=fold[1],
         unfolded_since=next(iter(unfolded), None),
     )
+
+
+def every_tenant(tenant_ids: tuple[int, ...]) -> bool:
+    """Whether the tenants are all there are (a scraper's token, say): their sum is the tenant-0 rollups'."""
+    return not Tenant.objects.exclude(pk__in=tenant_ids).exists()
 
 
 def _tools_of(tenant_ids: tuple[int, ...]) -> QuerySet[Tool]:
