@@ -222,14 +222,17 @@ def measure(pages: dict[str, tuple[Client, str]], count: int) -> dict[str, dict]
     }
 
 
-def _rollup_rows() -> dict[str, int]:
-    """The all-tenant rollup rows the 24-hour and 30-day windows read (the data behind the ratios)."""
+def _data_shape() -> dict[str, int]:
+    """What the reads read besides fixed rows (the data behind the ratios): the all-tenant rollup rows of the 24-hour
+    and 30-day windows, and the open items of the queues (the backlog the overview and the queue sizes count)."""
     now = int(time.time())
     tenant0 = MetricRollup.objects.filter(tenant_id=0)
+    queued = [state for states in m.QUEUES.values() for state in states]
     return {
         "rollup_rows": MetricRollup.objects.count(),
         "rollup_rows_24h": tenant0.filter(period=m.HOUR, start__gte=now - m.DAY).count(),
         "rollup_rows_30d": tenant0.filter(period=m.DAY, start__gte=now - 30 * m.DAY).count(),
+        "open_items": Call.objects.filter(state__in=queued).count(),
     }
 
 
@@ -386,14 +389,14 @@ def bench_metrics(
         progress(f"timing {', '.join(pages)} at {small:,} calls")
         timed = {"small": measure(pages, count)}
         progress(f"at {small:,} calls: {json.dumps(timed['small'])}")
-        rows = {"small": _rollup_rows()}
+        rows = {"small": _data_shape()}
         disk = disk_check(_database_bytes() - before, small, calls)
         progress(f"growing to {calls:,} calls needs about {disk['disk_needed_gb']} GB ({disk['disk_free_gb']} free)")
         stages["big"] = _stage(calls - small, seed=20, progress=progress)
         progress(f"timing at {calls:,} calls")
         timed["big"] = measure(reads(token), count)  # signed in again: the loader reset the users' passwords
         progress(f"at {calls:,} calls: {json.dumps(timed['big'])}")
-        rows["big"] = _rollup_rows()
+        rows["big"] = _data_shape()
     progress("ingest without and with the fold")
     ingest = ingest_with_fold(ingest_attempts, rounds=ingest_rounds, every=fold_every)
     return _report(count, small, calls, stages, timed, rows, disk, ingest)

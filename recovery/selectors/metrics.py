@@ -3,7 +3,8 @@
 Everything here reads the rollups the fold keeps (recovery.services.metrics) and the current queue sizes and breaker
 states — never the history they were counted from — so a page costs the same at ten calls and at ten million: a
 window's rollup rows are bounded by its points, tools and labels, and a view over every tenant reads the tenant-0
-rows the fold keeps for it. Four statements for a report (six for some tenants), five to seven for the totals, whatever the data's size.
+rows the fold keeps for it. Four statements for a report (six for some tenants), five to seven for the totals,
+whatever the data's size.
 """
 
 from __future__ import annotations
