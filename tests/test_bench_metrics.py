@@ -23,7 +23,9 @@ README_KEYS = (
 )  # fmt: skip
 
 
-def test_the_metrics_benchmark_loads_folds_checks_and_times_both_sizes():
+def test_the_metrics_benchmark_loads_folds_checks_and_times_both_sizes(console_people):
+    # console_people: the role groups the benchmark's users are given (an earlier transactional test's flush removed
+    # them; on a migrated database they are there).
     result = bench_metrics(2, calls=1000, small=100, ingest_attempts=40, ingest_rounds=2, fold_every=1)
 
     missing = [key for key in README_KEYS if key not in result]

@@ -369,7 +369,7 @@ def recompute() -> Counter:
 
 
 def _stored() -> Counter:
-    rows = MetricRollup.objects.filter(period=m.HOUR).exclude(tenant_id=0)
+    rows = MetricRollup.objects.filter(period=m.HOUR).exclude(tenant_id=0).exclude(tool_id=m.ALL_TOOLS)
     return +Counter(
         {(r.start, r.tenant_id, r.tool_id, r.series, r.label): r.value for r in rows if r.series not in _NOT_CALLS}
     )
@@ -379,12 +379,21 @@ _NOT_CALLS = {m.TASK_OUTCOMES, m.PROBES, m.COMPENSATIONS, m.ACTIONS, m.BREAKER_O
 
 
 def _levels_add_up() -> None:
-    """Tenant 0 is the sum of every tenant; a day the sum of its hours; a total the sum of everything."""
+    """Tenant 0 is the sum of every tenant; ALL_TOOLS the sum of every tool; a day the sum of its hours; a total the
+    sum of everything."""
+    tools: Counter = Counter()
+    all_tools: Counter = Counter()
+    for r in MetricRollup.objects.all():
+        if r.tool_id == m.ALL_TOOLS:
+            all_tools[(r.period, r.start, r.tenant_id, r.series, r.label)] += r.value
+        else:
+            tools[(r.period, r.start, r.tenant_id, r.series, r.label)] += r.value
+    assert +all_tools == +tools
     hourly: Counter = Counter()
     by_all: Counter = Counter()
     daily: Counter = Counter()
     totals: Counter = Counter()
-    for r in MetricRollup.objects.all():
+    for r in MetricRollup.objects.exclude(tool_id=m.ALL_TOOLS):
         if r.period == m.HOUR and r.tenant_id:
             hourly[(r.start, r.tool_id, r.series, r.label)] += r.value
             daily[(r.start // m.DAY * m.DAY, r.tenant_id, r.tool_id, r.series, r.label)] += r.value
@@ -394,7 +403,7 @@ def _levels_add_up() -> None:
     stored_days = Counter(
         {
             (r.start, r.tenant_id, r.tool_id, r.series, r.label): r.value
-            for r in MetricRollup.objects.filter(period=m.DAY).exclude(tenant_id=0)
+            for r in MetricRollup.objects.filter(period=m.DAY).exclude(tenant_id=0).exclude(tool_id=m.ALL_TOOLS)
         }
     )
     stored_totals = Counter(

@@ -40,3 +40,37 @@ def test_0014_stores_no_attempt_limit_as_null_and_back():
         assert Call.objects.get(pk=limited).max_attempts == 3
     finally:
         _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes("recovery")[0])
+
+
+def test_0023_adds_every_tools_sum_to_rollups_folded_before_it_and_back():
+    before, after = ("recovery", "0022_drop_audit_unknown_flow_idx"), ("recovery", "0023_metric_rollup_all_tools")
+    apps = _migrate(before)
+    try:
+        Rollup = apps.get_model("recovery", "MetricRollup")
+        hour = 1_700_000_000 // 3600 * 3600
+        for tenant, tool, series, label, n in [
+            (0, 3, "attempts", "committed", 5),
+            (0, 4, "attempts", "committed", 2),
+            (0, 4, "attempts", "failed", 1),
+            (7, 3, "attempts", "committed", 5),
+            (0, 0, "task_outcomes", "completed", 4),
+        ]:
+            Rollup.objects.create(
+                period=3600, start=hour, tenant_id=tenant, tool_id=tool, series=series, label=label, value=n
+            )
+
+        Rollup = _migrate(after).get_model("recovery", "MetricRollup")
+        summed = Rollup.objects.filter(tool_id=-1, period=3600, start=hour)
+        sums = {(r.tenant_id, r.series, r.label): r.value for r in summed}
+        assert sums == {
+            (0, "attempts", "committed"): 7,
+            (0, "attempts", "failed"): 1,
+            (7, "attempts", "committed"): 5,
+            (0, "task_outcomes", "completed"): 4,
+        }
+        assert Rollup.objects.exclude(tool_id=-1).count() == 5  # the per-tool rows as they were
+
+        Rollup = _migrate(before).get_model("recovery", "MetricRollup")
+        assert not Rollup.objects.filter(tool_id=-1).exists() and Rollup.objects.count() == 5
+    finally:
+        _migrate(MigrationExecutor(connection).loader.graph.leaf_nodes("recovery")[0])

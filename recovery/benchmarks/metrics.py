@@ -126,7 +126,7 @@ def check_rollups() -> dict:
         .annotate(n=Sum("value"))
     )
     hours = dict(
-        MetricRollup.objects.filter(period=m.HOUR, tenant_id=0, series__in=CHECKED)
+        MetricRollup.objects.filter(period=m.HOUR, tenant_id=0, tool_id=m.ALL_TOOLS, series__in=CHECKED)
         .values_list("series")
         .annotate(n=Sum("value"))
     )
@@ -223,10 +223,11 @@ def measure(pages: dict[str, tuple[Client, str]], count: int) -> dict[str, dict]
 
 
 def _data_shape() -> dict[str, int]:
-    """What the reads read besides fixed rows (the data behind the ratios): the all-tenant rollup rows of the 24-hour
-    and 30-day windows, and the open items of the queues (the backlog the overview and the queue sizes count)."""
+    """What the reads read besides fixed rows (the data behind the ratios): the all-tenant, all-tool rollup rows of
+    the 24-hour and 30-day windows, and the open items of the queues (the backlog the overview and the queue sizes
+    count)."""
     now = int(time.time())
-    tenant0 = MetricRollup.objects.filter(tenant_id=0)
+    tenant0 = MetricRollup.objects.filter(tenant_id=0, tool_id=m.ALL_TOOLS)
     queued = [state for states in m.QUEUES.values() for state in states]
     return {
         "rollup_rows": MetricRollup.objects.count(),

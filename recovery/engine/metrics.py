@@ -29,6 +29,8 @@ from recovery.states import CallState
 S = CallState
 HOUR = 3600
 DAY = 86_400
+# The rollups' tool id of every tool's sum (a read without a tool filter); 0 is "about no tool" (tasks).
+ALL_TOOLS = -1
 
 # --- the stored series -----------------------------------------------------------------------------------------------
 # Counted by event time (label in brackets)

@@ -2,9 +2,9 @@
 
 Everything here reads the rollups the fold keeps (recovery.services.metrics) and the current queue sizes and breaker
 states — never the history they were counted from — so a page costs the same at ten calls and at ten million: a
-window's rollup rows are bounded by its points, tools and labels, and a view over every tenant reads the tenant-0
-rows the fold keeps for it. Four statements for a report (six for some tenants), five to seven for the totals,
-whatever the data's size.
+window's rollup rows are bounded by its points and labels (a view of every tool reads the fold's sum over the tools,
+of every tenant its sum over the tenants). Four statements for a report (six for some tenants), five to seven for the
+totals, whatever the data's size.
 """
 
 from __future__ import annotations
@@ -83,8 +83,10 @@ class MetricsReport:
 
 
 def _scope(tool_id: int | None, tenant_ids: tuple[int, ...] | None) -> Q:
+    """The rollup rows of one tool, or every tool's sum (ALL_TOOLS: a window's rows then do not grow with the number
+    of tools), for every tenant (tenant 0) or some."""
     scope = Q(tenant_id=0) if tenant_ids is None else Q(tenant_id__in=tenant_ids)
-    return scope & Q(tool_id=tool_id) if tool_id else scope
+    return scope & Q(tool_id=tool_id or m.ALL_TOOLS)
 
 
 def metrics_report(
@@ -243,7 +245,8 @@ QUEUE_STATES = {name: tuple(sorted(states)) for name, states in m.QUEUES.items()
 
 
 def queue_sizes(*, tool_id: int | None = None, tenant_ids: tuple[int, ...] | None = None) -> dict[str, int]:
-    """Items in each queue now: one count of the open backlog by state (call_queue_idx), never of settled history."""
+    """Items in each queue now: one count of the open backlog by state (an index-only scan of call_backlog_idx),
+    never of settled history."""
     calls = Call.objects.filter(state__in=[s for states in QUEUE_STATES.values() for s in states])
     if tool_id:
         calls = calls.filter(tool_id=tool_id)
@@ -274,7 +277,7 @@ SHARED_SERIES = (m.BREAKER_OPEN_MS, m.BREAKER_OPENINGS)
 
 def metrics_totals(*, now: datetime, tenant_ids: tuple[int, ...] | None = None) -> Totals:
     """Every series' count since the beginning, per tool and label (summed over `tenant_ids`, or every tenant)."""
-    scope = _scope(None, tenant_ids)
+    scope = Q(tenant_id=0) if tenant_ids is None else Q(tenant_id__in=tenant_ids)  # totals are per tool only
     if tenant_ids is not None and every_tenant(tenant_ids):
         scope = Q(tenant_id=0)  # every tenant's sum, kept as such (see metrics_report)
     elif tenant_ids is not None:

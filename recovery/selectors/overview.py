@@ -3,11 +3,11 @@ breakers, pending approvals, and over the last day the headline metrics, failure
 entered and left UNKNOWN per hour.
 
 Six statements whatever the data's size, each bounded by what it shows rather than by the history's size: the open
-queues (the backlog, found by `call_queue_idx`), the breakers that are not closed (two small statements), the
+queues (the backlog, counted from `call_backlog_idx`), the breakers that are not closed (two small statements), the
 pending approvals (by `action_status_idx`: requested and not expired), and the metrics report of the last 24 hours
 (recovery.selectors.metrics: a day of hourly rollups and the fold's watermark). The day's failures, attempts and
 UNKNOWN flow used to be scans of the attempts and the audit trail (70 ms with 3,000,000 attempts); they are now read
-from the rollups the metrics-fold job keeps, whose rows are bounded by hours x tools x labels, not by the calls — so
+from the rollups the metrics-fold job keeps, whose rows are bounded by hours x labels, not by the calls — so
 they are as fresh as the last fold (every RECOVERY_METRICS_FOLD_EVERY_S), which the page says.
 """
 
@@ -112,9 +112,8 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
     """Open items per queue and risk, the oldest, and the SLA breaches, in one statement.
 
     Exact counts, unlike the navigation's capped ones: the overview is opened, not polled every few seconds. The
-    rows are the open backlog only (state IN ... reads `call_queue_idx`), never the settled history; the risk is
-    read from each open call's row, so the cost grows with the backlog (25,000 open items: about 100 ms), not with
-    the million settled calls.
+    rows are the open backlog only, never the settled history, counted from `call_backlog_idx` alone (an index-only
+    scan: 25,000 open items among 1,000,000 calls in 13 ms, against 85 ms reading each open call's row).
     """
     late = Q()
     for risk, seconds in sla.items():

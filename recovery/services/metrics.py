@@ -5,8 +5,8 @@ global head's lock, which its transaction holds to its end (recovery.audit), so 
 before it is too, and reading `seq > watermark` never skips one that commits late. Each batch runs in one
 transaction that locks the watermark row (a second fold, on another scheduler, skips the run), reads the events with
 their calls' tool, tenant and side effect, folds them (recovery.engine.metrics), adds the counts to the hourly and
-daily rollups and to the totals, stores the touched calls' marks and moves the watermark: all or nothing, so a
-killed fold neither loses nor doubles a count.
+daily rollups (per tenant and for every tenant, per tool and for every tool) and to the totals, stores the touched
+calls' marks and moves the watermark: all or nothing, so a killed fold neither loses nor doubles a count.
 
 Pages and scrapes read the rollups (recovery.selectors.metrics), never the history they were counted from.
 """
@@ -20,7 +20,7 @@ from datetime import datetime
 from django.db import connection, transaction
 from django.utils import timezone
 
-from recovery.engine.metrics import DAY, HOUR, CallMark, EventView, FoldState, Key, fold_event
+from recovery.engine.metrics import ALL_TOOLS, DAY, HOUR, CallMark, EventView, FoldState, Key, fold_event
 from recovery.models import AuditEvent, MetricCallMark, MetricFold, MetricRollup, MetricTotal, Tool
 
 WATERMARK = "audit"
@@ -144,16 +144,17 @@ _ADD_TOTAL = (
 
 
 def _add(counts: Counter[Key]) -> None:
-    """Add each count to its hour and its day, for its tenant and for every tenant (tenant 0), and to the totals."""
+    """Add each count to its hour and its day, for its tenant and for every tenant (tenant 0), each for its tool and
+    for every tool (ALL_TOOLS); and to the totals, per tool (what Prometheus exports)."""
     rollups: Counter[tuple[int, int, int, int, str, str]] = Counter()
     totals: Counter[tuple[int, int, str, str]] = Counter()
     for (hour, tenant, tool, series, label), n in counts.items():
         if not n:
             continue
-        tenants = {0, tenant}
-        for scope in tenants:
-            rollups[(HOUR, hour, scope, tool, series, label)] += n
-            rollups[(DAY, hour // DAY * DAY, scope, tool, series, label)] += n
+        for scope in {0, tenant}:
+            for level in (tool, ALL_TOOLS):
+                rollups[(HOUR, hour, scope, level, series, label)] += n
+                rollups[(DAY, hour // DAY * DAY, scope, level, series, label)] += n
             totals[(scope, tool, series, label)] += n
     _upsert(_ADD_ROLLUP, _ROLLUP_COLUMNS, [(*key, n) for key, n in sorted(rollups.items())])
     _upsert(_ADD_TOTAL, _TOTAL_COLUMNS, [(*key, n) for key, n in sorted(totals.items())])
