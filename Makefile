@@ -12,6 +12,7 @@ $(VENV)/.installed-run: requirements.txt
 
 $(VENV)/.installed-dev: requirements.txt requirements-dev.txt $(VENV)/.installed-run
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-otlp-test.txt
 	touch $@
 
 install: $(VENV)/.installed-run
