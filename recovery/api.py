@@ -57,6 +57,7 @@ from recovery.api_inputs import (
     WaitMs,
 )
 from recovery.api_metrics import SCOPES, metrics_answer, metrics_scope
+from recovery.api_otlp import router as otlp_router
 from recovery.audit import Actor
 from recovery.engine import storable
 from recovery.engine.storable import check_storable
@@ -128,6 +129,7 @@ api = NinjaAPI(
     docs_url="/docs",
     parser=BoundedJsonParser(),
 )
+api.add_router("/otlp", otlp_router)  # POST /otlp/v1/traces: OpenTelemetry trace ingest (recovery/api_otlp.py)
 
 
 def _error(request, status: int, code: str, message: str, field_errors=(), detail=None):

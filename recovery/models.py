@@ -204,7 +204,11 @@ class Task(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["tenant", "external_id"], name="task_unique_external_id"),
         ]
-        indexes = [models.Index(fields=["status", "deadline"], name="task_status_deadline_idx")]
+        indexes = [
+            models.Index(fields=["status", "deadline"], name="task_status_deadline_idx"),
+            # A runtime's tasks (the per-runtime tools of the breakers page: recovery.selectors.observed).
+            models.Index(fields=["tenant", "agent"], name="task_tenant_agent_idx"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.tenant.name}/{self.external_id}"
@@ -263,6 +267,9 @@ class Call(models.Model):
     # Replay reconciliation (SPEC §10.1): set by a conditional UPDATE before the one same-key replay is sent, so a
     # call is replayed by reconciliation at most once, whatever happens to the worker or its lease.
     replay_reconciled_at = models.DateTimeField(null=True, blank=True)
+    # Observed, not protected: made from an OpenTelemetry span after the fact (recovery.services.observed), never
+    # admitted before it was sent. Its attempts are after-the-fact reports (SPEC §8.1, §21).
+    observed = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -314,6 +321,11 @@ class Call(models.Model):
                 condition=Q(state__in=sorted(RECONCILABLE)),
             ),
             models.Index(fields=["sent_at"], name="call_sent_idx", condition=Q(state=CallState.SENT)),
+            # An observed write intent seen again, in any trace of the tenant (recovery.services.observed): only the
+            # observed calls, a small part of the table.
+            models.Index(
+                fields=["tenant", "tool", "fingerprint"], name="call_observed_intent_idx", condition=Q(observed=True)
+            ),
         ]
         permissions = [
             ("review_call", "Can claim calls, preview and request actions"),
@@ -1169,3 +1181,73 @@ class MetricFold(models.Model):
 
     def __str__(self) -> str:
         return f"metrics folded to #{self.seq}"
+
+
+# --- OpenTelemetry trace ingest (SPEC §21): spans recorded as observed calls (recovery.services.observed) -----------
+
+
+class SpanOutcome(models.TextChoices):
+    RECORDED = "recorded"  # an observed call's attempt, reported after the fact
+    POSSIBLE_DUPLICATE = "possible_duplicate"  # another execution of an observed write's intent: human review
+    PROTECTED = "protected"  # the span of a call admission already knows (its key): linked, nothing added
+    UNKNOWN_TOOL = "unknown_tool"  # no registry entry among the tenant's tools: recorded with its name, no call
+
+
+class ObservedSpan(models.Model):
+    """One `execute_tool` span as received, stored once per (tenant, trace id, span id) however often an exporter
+    resends it, with what it became: the call and attempt it reported, or only its tool's name."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    trace_id = models.CharField(max_length=32)  # lowercase hex, as OTLP/JSON writes it
+    span_id = models.CharField(max_length=16)
+    task = models.ForeignKey(Task, on_delete=models.PROTECT, related_name="observed_spans")  # the trace's task
+    call = models.ForeignKey(Call, null=True, blank=True, on_delete=models.PROTECT, related_name="observed_spans")
+    attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    agent = models.CharField(max_length=200)  # gen_ai.agent.name, else the resource's service.name
+    tool_name = models.CharField(max_length=200)  # gen_ai.tool.name, registered or not
+    tool_call_id = models.CharField(max_length=200, blank=True)  # gen_ai.tool.call.id
+    idempotency_key = models.CharField(max_length=255, blank=True)  # the span's own (attribute or derived)
+    has_arguments = models.BooleanField(default=False)  # gen_ai.tool.call.arguments was in the span
+    outcome = models.CharField(max_length=24, choices=SpanOutcome.choices)
+    started_at = models.DateTimeField(null=True, blank=True)
+    received_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "trace_id", "span_id"], name="observed_span_unique"),
+        ]
+        indexes = [models.Index(fields=["task", "started_at"], name="observed_span_task_idx")]
+
+    def __str__(self) -> str:
+        return f"span {self.trace_id}/{self.span_id} ({self.tool_name}: {self.outcome})"
+
+
+class ObservedTool(models.Model):
+    """Per tenant, runtime (agent) and tool name: how many `execute_tool` spans arrived, and when the last did. Kept
+    by the ingest in each span's transaction, so the per-runtime view reads a row per tool, not the spans."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="+")
+    agent = models.CharField(max_length=200)
+    tool_name = models.CharField(max_length=200)
+    tool = models.ForeignKey(Tool, null=True, blank=True, on_delete=models.PROTECT, related_name="+")  # None: unknown
+    spans = models.PositiveBigIntegerField(default=0)
+    last_seen_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "agent", "tool_name"], name="observed_tool_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.agent}: {self.tool_name} ({self.spans} spans)"
+
+
+class ObservedTally(models.Model):
+    """Per tenant, the spans that arrived without the GenAI `execute_tool` attributes: counted, otherwise ignored."""
+
+    tenant = models.OneToOneField(Tenant, on_delete=models.PROTECT, related_name="+")
+    spans_ignored = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.spans_ignored} spans ignored"

@@ -61,6 +61,7 @@ MIRRORS: dict[Any, str] = {
 # Operations the client leaves out, and why: it is an agent runtime's client, and these are read by something else.
 NOT_FOR_RUNTIMES = {
     "GET /api/v1/metrics": "the metrics (SPEC §17), read by dashboards and scrapers; tested in test_metrics_endpoints",
+    "POST /api/v1/otlp/v1/traces": "OpenTelemetry trace ingest (SPEC §21), sent by OTLP exporters; test_otlp_ingest",
 }
 
 # What each client method returns, for the operation it sends: (operation, status) -> the client's type.

@@ -74,6 +74,7 @@ OPERATIONS = [
     "POST /api/v1/compensations/{compensation_id}/attempts",
     "POST /api/v1/compensations/{compensation_id}/attempts/{attempt_id}/outcome",
     "GET /api/v1/metrics",
+    "POST /api/v1/otlp/v1/traces",
 ]
 
 CHECKS = [

@@ -56,6 +56,9 @@ class AttemptRequest:
     credential_version: int | None = None
     evidence: tuple[str, ...] = ()
     outcome: Facts | None = None
+    # False for an after-the-fact report that did not carry the arguments (an OpenTelemetry span without them,
+    # recovery.services.observed): admission cannot check what it was not told, so preflight skips the schema.
+    arguments_known: bool = True
 
     def as_json(self) -> dict[str, Any]:
         """The request as hashed: a repeated request is recognised by it."""
@@ -68,6 +71,8 @@ class AttemptRequest:
         }
         if self.outcome is not None:
             wire["outcome"] = facts_json(self.outcome)
+        if not self.arguments_known:
+            wire["arguments_known"] = False
         return wire
 
 
@@ -108,12 +113,13 @@ def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor) -> Admis
         return _replay(stored, digest)
     now = timezone.now()
     candidate, tool = _candidate(call, request)
-    gate = _evaluate(call, candidate, tool, now)
+    known = request.arguments_known
+    gate = _evaluate(call, candidate, tool, now, arguments_known=known)
     probe = gate.uses_probe
     if probe and not breaker_reserve_probe(tool, now=now):
         # Another admission reserved the half-open probe between our gate and our reservation: the gate answers
         # again, without a probe — a degrade denial with the fallback (or an admission, if that probe closed it).
-        gate = _evaluate(call, candidate, tool, now, probe_taken=True)
+        gate = _evaluate(call, candidate, tool, now, probe_taken=True, arguments_known=known)
         probe = False
     admitting = _Admitting(
         call=call,
@@ -184,11 +190,17 @@ def _candidate(call: Call, request: AttemptRequest) -> tuple[Candidate, Tool]:
     return candidate, tool
 
 
-def _evaluate(call: Call, candidate: Candidate, tool: Tool, now: datetime, *, probe_taken: bool = False) -> Gate:
+def _evaluate(
+    call: Call, candidate: Candidate, tool: Tool, now: datetime, *, probe_taken: bool = False, arguments_known=True
+) -> Gate:
     """The gate's answer. `probe_taken`: this admission lost the half-open probe to another one after the gate had
-    offered it, so the gate is asked again (the breaker read afresh) knowing that no probe is left."""
+    offered it, so the gate is asked again (the breaker read afresh) knowing that no probe is left.
+    `arguments_known` False: no schema to check them against (AttemptRequest.arguments_known)."""
     policy = tool_policy(call.tool)
     candidate_policy = tool_policy(tool) if tool.pk != call.tool_id else None
+    if not arguments_known:
+        policy = replace(policy, args_schema={})
+        candidate_policy = replace(candidate_policy, args_schema={}) if candidate_policy else None
     context, view = gate_context(
         call,
         tool=policy,

@@ -1,0 +1,324 @@
+"""Observed calls (SPEC §21): OpenTelemetry `execute_tool` spans recorded as calls and after-the-fact attempts.
+
+A runtime that does not ask for admission yet still exports its traces; each tool span it sent (read by
+recovery.otlp) becomes what the runtime would have reported: the trace is a task, the span a call on the registered
+tool of that name, and its outcome one single shot (SPEC §8.1) through the admission service itself — so what the
+gate would have answered is computed and stored with it, and a write it would have denied is flagged
+`policy_bypassed` and goes to HUMAN_REVIEW as a possible duplicate. The call is marked `observed`.
+
+- A span whose key (or, for a write with arguments, whose arguments) an observed call of the tenant already carries
+  is another execution of that intent: a second attempt of that call, in the same trace or another. The gate then
+  answers as it would have (a committed or unknown write is never admitted again: human review); a span with
+  neither arguments nor a key of its own is never taken for a repeat.
+- A span whose key is that of a call admission already protects is that attempt's own trace: linked, nothing added.
+- A span of a tool the tenant has no registry entry for is recorded with its name (`unknown_tool`) and no call.
+- A span is stored once per (tenant, trace id, span id): an exporter resending a batch changes nothing.
+- Each span is one transaction: stored whole or not at all (then rejected, with the reason); the audit events of
+  its task, call and attempt are appended at its commit. Every state change goes through recovery.transitions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Max
+from django.utils import timezone
+
+from recovery.audit import Actor, append_event, appends_at_commit
+from recovery.audit_actions import AuditAction
+from recovery.engine.fingerprint import fingerprint
+from recovery.engine.types import TIME_ELAPSED
+from recovery.hot_path import call_for_attempt
+from recovery.models import (
+    Attempt,
+    Call,
+    ObservedSpan,
+    ObservedTally,
+    ObservedTool,
+    SideEffect,
+    SpanOutcome,
+    Step,
+    Task,
+    TaskStatus,
+    Tenant,
+    Tool,
+)
+from recovery.otlp import Batch, RejectedSpan, ToolSpan
+from recovery.registry import tool_policy
+from recovery.selectors.tasks_calls import allowed_tools
+from recovery.services.attempts import AttemptRequest, attempt_admit
+from recovery.services.errors import ServiceError, field_errors_json
+from recovery.services.outcomes import facts_of
+from recovery.services.tasks import task_create
+from recovery.states import CallState
+from recovery.transitions import TransitionConflict
+
+S = CallState
+RESENT = "resent"  # a span stored before (an exporter's resend): nothing changes
+TRIES = 3  # a span that lost a race (the same call moved by another request) is recorded again, up to this often
+SHOWN_REJECTIONS = 10  # rejections named one by one in the answer's message
+
+
+@dataclass(kw_only=True)
+class IngestReport:
+    """What became of a request's spans, for the OTLP answer (`partial_success`) and for tests."""
+
+    outcomes: Counter = field(default_factory=Counter)  # SpanOutcome values and RESENT
+    unknown_tools: list[str] = field(default_factory=list)
+    rejected: list[RejectedSpan] = field(default_factory=list)
+    ignored: int = 0
+
+    def message(self) -> str:
+        """The answer's error_message: the rejections, then what was not recorded as a plain observed call."""
+        parts = []
+        if self.rejected:
+            shown = "; ".join(
+                f"span {r.trace_id}/{r.span_id} {r.field}: {r.problem}" for r in self.rejected[:SHOWN_REJECTIONS]
+            )
+            more = len(self.rejected) - SHOWN_REJECTIONS
+            parts.append(f"{_n(len(self.rejected), 'span')} rejected: {shown}" + (f"; {more} more" if more > 0 else ""))
+        if self.ignored:
+            parts.append(f"{_n(self.ignored, 'span')} without gen_ai.operation.name execute_tool counted and ignored")
+        if self.unknown_tools:
+            names = ", ".join(sorted(set(self.unknown_tools)))
+            parts.append(
+                f"{_n(len(self.unknown_tools), 'span')} of tools not registered for the tenant recorded: {names}"
+            )
+        if duplicates := self.outcomes[SpanOutcome.POSSIBLE_DUPLICATE]:
+            parts.append(f"{_n(duplicates, 'repeated write')} sent to human review as possible duplicates")
+        if resent := self.outcomes[RESENT]:
+            parts.append(f"{_n(resent, 'span')} already stored (a resent batch): kept once")
+        return " | ".join(parts)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def spans_ingest(*, batch: Batch, tenants: list[Tenant], actor: Actor) -> IngestReport:
+    """Record a request's tool spans (in start-time order), count its other spans per tenant; `tenants`: the
+    token's. A span refused here is rejected alone; the others are stored."""
+    by_name = {tenant.name: tenant for tenant in tenants}
+    only = tenants[0] if len(tenants) == 1 else None
+    report = IngestReport(rejected=list(batch.rejected), ignored=sum(batch.ignored.values()))
+    tools: dict[int, dict[str, Tool]] = {}
+    for span in batch.tool_spans:
+        tenant = by_name.get(span.tenant) if span.tenant is not None else only
+        if tenant is None:
+            report.rejected.append(_tenant_refusal(span, len(tenants)))
+            continue
+        if tenant.pk not in tools:
+            tools[tenant.pk] = {tool.name: tool for tool in allowed_tools(tenant)}
+        try:
+            outcome = _record_retrying(span, tenant, tools[tenant.pk].get(span.tool), actor)
+        except ServiceError as exc:
+            fields = field_errors_json(exc.field_errors)
+            name = fields[0]["field"] if fields else "span"
+            report.rejected.append(
+                RejectedSpan(trace_id=span.trace_id, span_id=span.span_id, field=name, problem=exc.message)
+            )
+            continue
+        report.outcomes[outcome] += 1
+        if outcome == SpanOutcome.UNKNOWN_TOOL:
+            report.unknown_tools.append(span.tool)
+    _count_ignored(batch.ignored, by_name, only)
+    return report
+
+
+def _tenant_refusal(span: ToolSpan, held: int) -> RejectedSpan:
+    if span.tenant is not None:
+        problem = f"this token is not scoped to tenant {span.tenant!r}"
+    else:
+        problem = f"required: this token is scoped to {held} tenants, name the span's (resource attribute)"
+    return RejectedSpan(trace_id=span.trace_id, span_id=span.span_id, field="recovery.tenant", problem=problem)
+
+
+def _record_retrying(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> str:
+    for attempt in range(TRIES):
+        try:
+            return _record(span, tenant, tool, actor)
+        except (TransitionConflict, IntegrityError) as exc:
+            lost = exc
+        except ServiceError as exc:
+            if exc.status != 409 or attempt == TRIES - 1:
+                raise
+            lost = exc
+    raise ServiceError(409, "conflict", f"the span lost {TRIES} races with concurrent writes: send it again ({lost})")
+
+
+class _AlreadyStored(Exception):
+    """Another request stored this span first: everything this one did for it is rolled back."""
+
+
+def _record(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> str:
+    """One span, in one transaction: its task, its row, its call and attempt (or only its row), the tally."""
+    if ObservedSpan.objects.filter(tenant=tenant, trace_id=span.trace_id, span_id=span.span_id).exists():
+        return RESENT
+    now = timezone.now()
+    try:
+        with transaction.atomic(), appends_at_commit():
+            task = _task(span, tenant, actor)
+            row = _claim(span, tenant, task, now)
+            row.outcome = _report(span, row, task, tool, actor) if tool is not None else SpanOutcome.UNKNOWN_TOOL
+            row.save(update_fields=["call", "attempt", "outcome"])
+            _tally(span, tenant, tool, now)
+    except _AlreadyStored:
+        return RESENT
+    return row.outcome
+
+
+def _task(span: ToolSpan, tenant: Tenant, actor: Actor) -> Task:
+    """The trace's task: found by (tenant, trace id), or created for it."""
+    task = Task.objects.filter(tenant=tenant, external_id=span.trace_id).first()
+    if task is None:
+        goal = f"the tool calls of OpenTelemetry trace {span.trace_id}, as the runtime reported them"
+        task, _ = task_create(
+            tenant=tenant, external_id=span.trace_id, agent=span.agent, goal=goal, budget={}, actor=actor
+        )
+    return task
+
+
+def _claim(span: ToolSpan, tenant: Tenant, task: Task, now: datetime) -> ObservedSpan:
+    """The span's row, first: a concurrent request with the same span waits on its unique key, then stops."""
+    row = ObservedSpan(
+        tenant=tenant,
+        trace_id=span.trace_id,
+        span_id=span.span_id,
+        task=task,
+        agent=span.agent,
+        tool_name=span.tool,
+        tool_call_id=span.tool_call_id,
+        idempotency_key=span.key,
+        has_arguments=span.arguments is not None,
+        outcome=SpanOutcome.RECORDED,
+        started_at=span.started_at,
+        received_at=now,
+    )
+    try:
+        with transaction.atomic():
+            row.save(force_insert=True)
+    except IntegrityError:
+        raise _AlreadyStored from None
+    return row
+
+
+def _report(span: ToolSpan, row: ObservedSpan, task: Task, tool: Tool, actor: Actor) -> str:
+    """The span's call (an existing one whose intent it repeats, or a new observed one) and its attempt."""
+    existing = _same_intent(span, row.tenant, tool)
+    if existing is not None and not existing.observed:
+        row.call = existing  # the trace of an attempt admission already recorded
+        return SpanOutcome.PROTECTED
+    if existing is None and task.status != TaskStatus.OPEN:
+        raise ServiceError(409, "task_closed", f"the trace's task {task.pk} is {task.status}: no new calls")
+    call = existing or _observed_call(span, task, tool, actor)
+    row.call = call
+    loaded = call_for_attempt(call.pk, [row.tenant_id], attempt_id=span.attempt_id)
+    request = AttemptRequest(
+        attempt_id=span.attempt_id,
+        arguments=span.arguments,
+        evidence=(TIME_ELAPSED,) if loaded.attempts_count else (),  # an observed retry: judged on its backoff
+        outcome=facts_of(span.facts),
+        arguments_known=span.arguments is not None,
+    )
+    # The attempt id is the span's, and the span's row above is unique: no other request reports this attempt, so
+    # admission never answers it from a stored one after rolling back a race (which would leave audit events queued).
+    attempt_admit(call=loaded, request=request, actor=actor)
+    row.attempt, bypassed = _attempt_of(call, span.attempt_id)
+    repeated = existing is not None and bypassed and call.side_effect == SideEffect.WRITE
+    return SpanOutcome.POSSIBLE_DUPLICATE if repeated else SpanOutcome.RECORDED
+
+
+def _same_intent(span: ToolSpan, tenant: Tenant, tool: Tool) -> Call | None:
+    """The call that already carries this span's intent: the same key, or — for a write whose arguments the span
+    names — an observed call with the same fingerprint that has not failed for good."""
+    by_key = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=span.key).first()
+    if by_key is not None or span.arguments is None or tool.side_effect != SideEffect.WRITE:
+        return by_key
+    same = Call.objects.filter(
+        tenant=tenant, tool=tool, fingerprint=fingerprint(tool.name, span.arguments), observed=True
+    )
+    return same.exclude(state=S.FAILED_PERMANENT).order_by("pk").first()
+
+
+def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call:
+    """A new observed call in a step of its own, READY until its attempt moves it (recovery.transitions)."""
+    policy = tool_policy(tool)
+    arguments = span.arguments if span.arguments is not None else {}
+    index = (Step.objects.filter(task=task).aggregate(last=Max("index"))["last"] or 0) + 1
+    step, _ = Step.objects.get_or_create(task=task, index=index, defaults={"name": span.tool[:200]})
+    print_ = fingerprint(tool.name, arguments)
+    try:
+        with transaction.atomic():
+            call = Call.objects.create(
+                tenant=task.tenant,
+                task=task,
+                step=step,
+                tool=tool,
+                idempotency_key=span.key,
+                arguments=arguments,
+                fingerprint=print_,
+                side_effect=tool.side_effect,
+                risk=tool.risk,
+                max_attempts=policy.budgets.max_attempts,
+                outcome_timeout_s=tool.outcome_timeout_s,
+                observed=True,
+            )
+    except IntegrityError:
+        raise ServiceError(
+            409, "conflict", "another request recorded a call with this key at the same moment"
+        ) from None
+    append_event(
+        action=AuditAction.CALL_ADDED,
+        actor=actor,
+        task_id=task.pk,
+        call_id=call.pk,
+        to_state=call.state,
+        reason=f"{tool.name} step {index}, observed in trace {span.trace_id}",
+        evidence={
+            "idempotency_key": call.idempotency_key,
+            "fingerprint": print_,
+            "observed": {"trace_id": span.trace_id, "span_id": span.span_id, "arguments": span.arguments is not None},
+        },
+    )
+    return call
+
+
+def _attempt_of(call: Call, attempt_id: str) -> tuple[Attempt, bool]:
+    pk, bypassed = Attempt.objects.filter(call=call, attempt_id=attempt_id).values_list("pk", "policy_bypassed").get()
+    return Attempt(pk=pk, call=call, attempt_id=attempt_id, policy_bypassed=bypassed), bypassed
+
+
+def _tally(span: ToolSpan, tenant: Tenant, tool: Tool | None, now: datetime) -> None:
+    """One more span of this runtime's tool, last in the span's transaction (its row is locked only to the commit)."""
+    rows = ObservedTool.objects.filter(tenant=tenant, agent=span.agent, tool_name=span.tool)
+    if rows.update(spans=F("spans") + 1, last_seen_at=now, tool=tool):
+        return
+    try:
+        with transaction.atomic():
+            ObservedTool.objects.create(
+                tenant=tenant, agent=span.agent, tool_name=span.tool, tool=tool, spans=1, last_seen_at=now
+            )
+    except IntegrityError:  # a concurrent first span of the same tool made the row
+        rows.update(spans=F("spans") + 1, last_seen_at=now, tool=tool)
+
+
+def _count_ignored(ignored: Counter, by_name: dict[str, Tenant], only: Tenant | None) -> None:
+    """Add the spans without GenAI attributes to their tenants' counters (a tenant the token holds, or its only one)."""
+    now = timezone.now()
+    per_tenant: Counter = Counter()
+    for name, count in ignored.items():
+        tenant = by_name.get(name) if name is not None else only
+        if tenant is not None:
+            per_tenant[tenant.pk] += count
+    for tenant_id, count in per_tenant.items():
+        rows = ObservedTally.objects.filter(tenant_id=tenant_id)
+        if rows.update(spans_ignored=F("spans_ignored") + count, updated_at=now):
+            continue
+        try:
+            with transaction.atomic():
+                ObservedTally.objects.create(tenant_id=tenant_id, spans_ignored=count, updated_at=now)
+        except IntegrityError:
+            rows.update(spans_ignored=F("spans_ignored") + count, updated_at=now)
