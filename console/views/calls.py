@@ -27,7 +27,8 @@ from recovery.actions import actions_for
 from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
-from recovery.selectors.call_page import CallStatus, call_page, call_status
+from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status
+from recovery.selectors.observed import admission_of, call_spans
 
 REFRESH_S = 5
 
@@ -102,8 +103,20 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
             {"receipt": r, "diagnostic_ref": diagnostic_refs.get(r.diagnostic_id, "")} for r in page.receipts
         ],
         "seen_form": seen,
+        "observation": _observation(page) if current.observed else None,
     }
     return render_page(request, "console/call.html", context, status=200 if valid else 400)
+
+
+def _observation(page: CallPage) -> dict:
+    """An observed call's spans, and attempt by attempt what admission answered (the gate answers already read)."""
+    answers = {g.attempt_id: admission_of(g) for g in page.gates if g.attempt_id and not g.dry_run}
+    spans = call_spans(page.call)
+    return {
+        "spans": spans,
+        "without_arguments": bool(spans) and not any(s.has_arguments for s in spans),
+        "attempts": [{"attempt": a, "answer": answers.get(a.pk)} for a in page.attempts],
+    }
 
 
 def _offered(call_id: int, action) -> dict:

@@ -31,6 +31,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, url_pattern
 from recovery.audit import Actor
 from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
+from recovery.selectors.observed import runtimes
 from recovery.selectors.operations import (
     breaker_operation_page,
     breakers_page,
@@ -60,6 +61,7 @@ def breakers(request: HttpRequest) -> HttpResponse:
     quiet = [tool.tool for tool in page.tools if not tool.history]
     context = {
         "page": page,
+        "runtimes": runtimes(),
         "now": now,
         "quiet": quiet,
         "reviewer": request.user.has_perm(REVIEW),

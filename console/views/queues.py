@@ -25,6 +25,7 @@ from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
 from recovery.audit import Actor
 from recovery.models import Call
+from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
 from recovery.services.action_plans import ACTION_BY_NAME
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
@@ -134,6 +135,7 @@ def _decorate(
     )
     if queue.compensation:
         claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
+    answers = admission_answers(row["id"] for row in rows if row["observed"])  # one statement, if any is observed
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
@@ -143,6 +145,8 @@ def _decorate(
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
         row["held"] = held = Call.claim_live(row["claimed_by_id"], row["claim_until"], now)
         row["entry"] = _entry_text(row) if queue.compensation else ""
+        answer = answers.get(pk)
+        row["admission"] = answer.text if answer else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
         if can_review and not held:
             row["button"], row["button_label"], row["button_url"] = "claim", "Claim", claim_url.format(pk)
@@ -168,7 +172,7 @@ def _entry_text(row: dict) -> str:
 _SHOWN = (
     "id", "open_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk", "state",
     "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label", "entry",
+    "button_label", "entry", "admission",
 )  # fmt: skip
 
 

@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from recovery.audit import AuditReport, chain_key, verify_chain
 from recovery.models import AuditEvent, Task, TaskStatus
 from recovery.selectors.compensations import effect_story, task_compensations
+from recovery.selectors.observed import TaskObservation, task_observation
 from recovery.selectors.tasks_calls import task_summary
 
 
@@ -99,16 +100,22 @@ class TaskPage:
     events: list[AuditEvent]
     chain: str
     report: AuditReport
+    observation: TaskObservation  # its observed calls and the spans of its trace (SPEC §21)
 
 
 def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
-    """Everything the task page shows, or None for an unknown id (7 statements, whatever the task's size)."""
+    """Everything the task page shows, or None for an unknown id (10 statements, whatever the task's size)."""
     task = Task.objects.select_related("tenant").filter(pk=task_id).first()
     if task is None:
         return None
     summary = task_summary(task)
     calls = {brief["call_id"]: brief for key, *_ in _GROUPS for brief in summary[key]}
     _chains(calls, task_compensations(task.pk))
+    observation = task_observation(task.pk)
+    for call_id, brief in calls.items():
+        brief["observed"] = call_id in observation.observed_calls
+        answer = observation.observed_calls.get(call_id)
+        brief["admission"] = answer.text if answer else ""
     facts = [
         FactGroup(key=key, title=title, meaning=meaning, calls=summary[key], always=always)
         for key, title, meaning, always in _GROUPS
@@ -127,6 +134,7 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
         events=events,
         chain=chain,
         report=verify_chain(chain, events=events),
+        observation=observation,
     )
 
 
