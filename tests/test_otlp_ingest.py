@@ -14,6 +14,7 @@ import base64
 import gzip
 import itertools
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -161,6 +162,7 @@ class World:
             return exporter.export(spans), answers
         finally:
             exporter.shutdown()
+            session.close()  # the live server's thread keeps its database connection while ours is open
 
     def post(self, body: bytes, media: str = PROTOBUF, *, token=None, **headers) -> requests.Response:
         headers = {"Authorization": f"Bearer {token or self.token}", "Content-Type": media, **headers}
@@ -333,6 +335,27 @@ def test_a_resent_batch_is_stored_once(world):
     [call] = calls_of(trace_of(spans[0]))
     assert call.state == "COMMITTED" and call.attempts.count() == 1
     assert ObservedSpan.objects.count() == 1 and ObservedTool.objects.get(tool_name="refund.create").spans == 1
+
+
+@pytest.mark.postgres
+def test_the_same_batch_sent_twice_at_once_is_stored_once(world):
+    agent = world.agent()
+    with agent.run():
+        agent.refund(key="refund-raced")
+        agent.lookup()
+    body = protobuf_of(agent.finished())
+    replies = []
+
+    threads = [threading.Thread(target=lambda: replies.append(world.post(body))) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+
+    assert [reply.status_code for reply in replies] == [200, 200]
+    assert sorted(partial(reply)[0] for reply in replies) == [0, 0]  # nothing rejected: one stored, one resent
+    assert ObservedSpan.objects.count() == 2 and Call.objects.count() == 2 and Attempt.objects.count() == 2
+    assert Task.objects.count() == 1
 
 
 def test_an_unknown_tool_is_recorded_with_its_name(world):

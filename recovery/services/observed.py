@@ -10,7 +10,8 @@ gate would have answered is computed and stored with it, and a write it would ha
   is another execution of that intent: a second attempt of that call, in the same trace or another. The gate then
   answers as it would have (a committed or unknown write is never admitted again: human review); a span with
   neither arguments nor a key of its own is never taken for a repeat.
-- A span whose key is that of a call admission already protects is that attempt's own trace: linked, nothing added.
+- A span whose key is that of a call admission already protects (registered through the API, with an attempt) is
+  that attempt's own trace: linked, nothing added. A registered call without an attempt gets the span as its first.
 - A span of a tool the tenant has no registry entry for is recorded with its name (`unknown_tool`) and no call.
 - A span is stored once per (tenant, trace id, span id): an exporter resending a batch changes nothing.
 - Each span is one transaction: stored whole or not at all (then rejected, with the reason); the audit events of
@@ -208,7 +209,7 @@ def _claim(span: ToolSpan, tenant: Tenant, task: Task, now: datetime) -> Observe
 def _report(span: ToolSpan, row: ObservedSpan, task: Task, tool: Tool, actor: Actor) -> str:
     """The span's call (an existing one whose intent it repeats, or a new observed one) and its attempt."""
     existing = _same_intent(span, row.tenant, tool)
-    if existing is not None and not existing.observed:
+    if existing is not None and not existing.observed and existing.attempts_count:
         row.call = existing  # the trace of an attempt admission already recorded
         return SpanOutcome.PROTECTED
     if existing is None and task.status != TaskStatus.OPEN:
