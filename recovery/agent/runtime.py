@@ -10,7 +10,9 @@
 each new attempt is admitted by the console, carries the evidence the console asked for (`time_elapsed` after the
 delay it named, `state_verified` after a receipt proved nothing happened), and a denial's `required_next.action`
 says what to do instead — wait, wait for reconciliation, degrade, ask a person, or stop. What it sees is reported
-as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception).
+as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception). `drive_call` is
+the same loop for a call whose request the caller's own code sends (recovery.agent.recovered wraps tool functions
+in it).
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ HUMAN_REVIEW = "human_review"  # left for a reviewer (an approval, an unsettled 
 FAILED = "failed"  # the console said stop (attempts spent, a final failure, a refused intent)
 UNSETTLED = "unsettled"  # still settling when the agent's patience ran out; reconciliation goes on without it
 BLOCKED = "blocked"  # a dependency failed or the agent must replan: nothing was sent
+RETRY_LATER = "retry_later"  # the console said wait longer than the agent's max_wait_s: nothing is in flight
+
+# One admitted attempt's request, sent by the caller's code: given the attempt's number, send it and answer the outcome
+# facts (recovery.client.facts_from_response / facts_from_exception) and the value to hand back if the call commits.
+Send = Callable[[int], tuple[dict, Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,6 +143,8 @@ class AttemptRecord:
     call_state: str = ""
     route: str = ""
     breaker_state: str = ""  # the tool's breaker as the console answered (an outcome's report, a breaker denial)
+    public_message: str = ""  # what the console says a model may read about this round (SPEC §3)
+    value: Any = None  # what the send handed back (the provider's result, or a wrapped tool function's value)
 
 
 @dataclass(kw_only=True)
@@ -157,7 +166,8 @@ class CallResult:
 class Agent:
     """One agent runtime for one tenant. `log` gets one line per step; `sleep` is how it waits (tests may pass a
     recording one). `before_send(tool, key, attempt_number)` runs just before each request leaves (drills use it to
-    take the provider down for one attempt)."""
+    take the provider down for one attempt). `max_wait_s` (None: no limit) bounds a `retry_after` wait: a longer one
+    ends the call RETRY_LATER instead of sleeping through it."""
 
     def __init__(
         self,
@@ -171,11 +181,13 @@ class Agent:
         patience_s: float = 120.0,
         max_rounds: int = 12,
         before_send: Callable[[str, str, int], None] | None = None,
+        max_wait_s: float | None = None,
     ) -> None:
         self.client, self.tools, self.tenant, self.name = client, tools, tenant, name
         self.log, self.sleep = log, sleep
         self.patience_s, self.max_rounds = patience_s, max_rounds
         self.before_send = before_send
+        self.max_wait_s = max_wait_s
         self.calls: dict[int, list[int]] = {}  # task id → the calls this agent added to it
         self.session = requests.Session()
         no_retries = HTTPAdapter(max_retries=0)  # the console decides every retry (SPEC §6: one layer retries)
@@ -225,49 +237,77 @@ class Agent:
         ref = self.client.add_call(
             task_id, step=step, tool=tool, arguments=arguments, idempotency_key=key, depends_on=depends_on
         )
-        self.calls.setdefault(task_id, []).append(ref.call_id)
-        outcome = CallResult(tool=tool, key=key, call_id=ref.call_id, outcome="", state=ref.state)
+
+        def send(number: int) -> tuple[dict, Any]:
+            return self._send(tool, key, arguments)
+
+        return self.drive_call(
+            task_id, ref.call_id, state=ref.state, tool=tool, key=key, send=send, patience_s=patience_s
+        )
+
+    def drive_call(
+        self,
+        task_id: int,
+        call_id: int,
+        *,
+        tool: str,
+        key: str,
+        send: Send,
+        state: str = "",
+        patience_s: float | None = None,
+        arguments: dict | None = None,
+        evidence: tuple[str, ...] = (),
+        attempt_id: Callable[[int], str] | None = None,
+    ) -> CallResult:
+        """Drive an added call (`call_id`, last seen in `state`) until it is settled, degraded, left for a person, or
+        refused: admit each attempt, let `send` make its request, report the facts, obey the answer (run_call's loop).
+
+        `arguments` (None: the call's) are repaired arguments the attempts carry, with `evidence` claimed by the first
+        admission (`args_changed`); `attempt_id(number)` names each attempt (default "<key>-a<number>")."""
+        calls = self.calls.setdefault(task_id, [])
+        if call_id not in calls:
+            calls.append(call_id)
+        outcome = CallResult(tool=tool, key=key, call_id=call_id, outcome="", state=state)
         deadline = time.monotonic() + (self.patience_s if patience_s is None else patience_s)
-        evidence: tuple[str, ...] = ()
+        name = attempt_id or (lambda number: f"{key}-a{number}")
         for number in range(1, self.max_rounds + 1):
-            attempt_id = f"{key}-a{number}"
+            attempt = name(number)
             try:
-                self.client.admit(ref.call_id, attempt_id, evidence=evidence)
+                self.client.admit(call_id, attempt, arguments=arguments, evidence=evidence)
             except NotAdmitted as denied:
                 record = AttemptRecord(
-                    attempt_id=attempt_id,
+                    attempt_id=attempt,
                     admitted=False,
                     denied=denied.gate.get("reason", ""),
                     required_next=denied.required_next,
                     call_state=denied.detail.get("call_state", ""),
                     breaker_state=(denied.required_next.get("detail") or {}).get("breaker", ""),
+                    public_message=denied.gate.get("public_message", ""),
                 )
                 outcome.attempts.append(record)
                 self.log(f"  {tool} [{key}] not admitted: {record.denied} → {_action(record.required_next)}")
+                if record.denied == "committed":  # it took effect before this run: it is never sent again
+                    return self._done(outcome, COMMITTED, detail="committed before", state="COMMITTED")
                 evidence = self._follow(outcome, record.required_next, deadline, task_id)
                 if outcome.outcome:
                     return outcome
                 continue
-            record, answer = self._send_and_report(ref.call_id, tool, key, arguments, attempt_id, number)
+            record, answer = self._send_and_report(call_id, tool, key, attempt, number, send)
             outcome.attempts.append(record)
             outcome.state = answer.call_state
             if answer.call_state == "COMMITTED":
-                return self._done(outcome, COMMITTED, record.facts.get("result"))
+                return self._done(outcome, COMMITTED, record.value)
             evidence = self._follow(outcome, answer.required_next, deadline, task_id)
             if outcome.outcome:
                 return outcome
         return self._done(outcome, FAILED, detail=f"gave up after {self.max_rounds} rounds")
 
-    def _send_and_report(
-        self, call_id: int, tool: str, key: str, arguments: dict, attempt_id: str, number: int
-    ) -> tuple[AttemptRecord, OutcomeAnswer]:
+    def _send(self, tool: str, key: str, arguments: dict) -> tuple[dict, Any]:
+        """The request of `tool` as its registry binding describes it, with the call's key on a write."""
         binding = self.tools[tool]
         headers = dict(binding.headers)
         if binding.side_effect == "write":
             headers["Idempotency-Key"] = key
-        if self.before_send:
-            self.before_send(tool, key, number)
-        sent_at = time.time()
         try:
             response = self.session.request(
                 binding.method,
@@ -279,6 +319,15 @@ class Agent:
             facts = facts_from_response(response)
         except requests.RequestException as exc:
             facts = facts_from_exception(exc)
+        return facts, facts.get("result")
+
+    def _send_and_report(
+        self, call_id: int, tool: str, key: str, attempt_id: str, number: int, send: Send
+    ) -> tuple[AttemptRecord, OutcomeAnswer]:
+        if self.before_send:
+            self.before_send(tool, key, number)
+        sent_at = time.time()
+        facts, value = send(number)
         answer = self.client.report(call_id, attempt_id, facts)
         decision = answer.decision or {}
         record = AttemptRecord(
@@ -290,6 +339,8 @@ class Agent:
             route=decision.get("route", ""),
             required_next=answer.required_next,
             breaker_state=answer.breaker_state,
+            public_message=decision.get("public_message") or (answer.failure or {}).get("public_message", ""),
+            value=value,
         )
         seen = f"HTTP {facts['http_status']}" if "http_status" in facts else facts.get("error", {}).get("kind", "?")
         card = f"; {decision.get('route')}, {_action(answer.required_next)}" if decision else ""
@@ -300,7 +351,11 @@ class Agent:
         """Do what `required_next` says; the evidence the next attempt carries, or set `outcome.outcome` to end."""
         action = required_next.get("action", "stop")
         if action == "retry_after":
-            self.sleep(required_next.get("after_ms", 0) / 1000)
+            wait_s = required_next.get("after_ms", 0) / 1000
+            if self.max_wait_s is not None and wait_s > min(self.max_wait_s, max(0.0, deadline - time.monotonic())):
+                self._done(outcome, RETRY_LATER, detail=f"retry after {wait_s:.1f} s: longer than the agent waits")
+                return ()
+            self.sleep(wait_s)
             return ("time_elapsed",)
         if action == "wait_for_reconcile":
             detail = required_next.get("detail") or {}
