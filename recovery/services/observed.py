@@ -150,40 +150,39 @@ def _record_retrying(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: A
     raise ServiceError(409, "conflict", f"the span lost {TRIES} races with concurrent writes: send it again ({lost})")
 
 
-class _AlreadyStored(Exception):
-    """Another request stored this span first: everything this one did for it is rolled back."""
-
-
 def _record(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> str:
-    """One span, in one transaction: its task, its row, its call and attempt (or only its row), the tally."""
+    """One span, in one transaction: its task, its row, its call and attempt (or only its row), the tally.
+
+    The span's row is inserted first: a concurrent request with the same span waits on its unique key, then fails
+    (IntegrityError: all it did is rolled back) and, tried again, finds the span stored. So no other request ever
+    reports this span's attempt, and admission never answers it from a stored one after rolling back a race."""
     if ObservedSpan.objects.filter(tenant=tenant, trace_id=span.trace_id, span_id=span.span_id).exists():
         return RESENT
     now = timezone.now()
-    try:
-        with transaction.atomic(), appends_at_commit():
-            task = _task(span, tenant, actor)
-            row = _claim(span, tenant, task, now)
-            row.outcome = _report(span, row, task, tool, actor) if tool is not None else SpanOutcome.UNKNOWN_TOOL
-            row.save(update_fields=["call", "attempt", "outcome"])
-            _tally(span, tenant, tool, now)
-    except _AlreadyStored:
-        return RESENT
+    with transaction.atomic(), appends_at_commit():
+        task = _task(span, tenant, actor)
+        row = _claim(span, tenant, task, now)
+        row.outcome = _report(span, row, task, tool, actor) if tool is not None else SpanOutcome.UNKNOWN_TOOL
+        row.save(update_fields=["call", "attempt", "outcome"])
+        _tally(span, tenant, tool, now)
     return row.outcome
 
 
 def _task(span: ToolSpan, tenant: Tenant, actor: Actor) -> Task:
-    """The trace's task: found by (tenant, trace id), or created for it."""
-    task = Task.objects.filter(tenant=tenant, external_id=span.trace_id).first()
-    if task is None:
-        goal = f"the tool calls of OpenTelemetry trace {span.trace_id}, as the runtime reported them"
+    """The trace's task: found by (tenant, trace id), or created for it (task_create answers the existing one)."""
+    goal = f"the tool calls of OpenTelemetry trace {span.trace_id}, as the runtime reported them"
+    try:
         task, _ = task_create(
             tenant=tenant, external_id=span.trace_id, agent=span.agent, goal=goal, budget={}, actor=actor
         )
+    except ServiceError as exc:
+        if exc.code != "task_exists":
+            raise
+        task = Task.objects.get(pk=exc.detail["existing_task"])  # made by the API, or for another agent
     return task
 
 
 def _claim(span: ToolSpan, tenant: Tenant, task: Task, now: datetime) -> ObservedSpan:
-    """The span's row, first: a concurrent request with the same span waits on its unique key, then stops."""
     row = ObservedSpan(
         tenant=tenant,
         trace_id=span.trace_id,
@@ -198,61 +197,68 @@ def _claim(span: ToolSpan, tenant: Tenant, task: Task, now: datetime) -> Observe
         started_at=span.started_at,
         received_at=now,
     )
-    try:
-        with transaction.atomic():
-            row.save(force_insert=True)
-    except IntegrityError:
-        raise _AlreadyStored from None
+    row.save(force_insert=True)
     return row
+
+
+@dataclass(frozen=True)
+class _Intent:
+    """A call that already carries a span's intent, as much of it as deciding needs."""
+
+    pk: int
+    observed: bool
+    attempts_count: int
 
 
 def _report(span: ToolSpan, row: ObservedSpan, task: Task, tool: Tool, actor: Actor) -> str:
     """The span's call (an existing one whose intent it repeats, or a new observed one) and its attempt."""
     existing = _same_intent(span, row.tenant, tool)
     if existing is not None and not existing.observed and existing.attempts_count:
-        row.call = existing  # the trace of an attempt admission already recorded
+        row.call_id = existing.pk  # the trace of an attempt admission already recorded
         return SpanOutcome.PROTECTED
     if existing is None and task.status != TaskStatus.OPEN:
         raise ServiceError(409, "task_closed", f"the trace's task {task.pk} is {task.status}: no new calls")
-    call = existing or _observed_call(span, task, tool, actor)
-    row.call = call
-    loaded = call_for_attempt(call.pk, [row.tenant_id], attempt_id=span.attempt_id)
+    row.call_id = existing.pk if existing else _observed_call(span, task, tool, actor).pk
+    call = call_for_attempt(row.call_id, [row.tenant_id], attempt_id=span.attempt_id)
     request = AttemptRequest(
         attempt_id=span.attempt_id,
         arguments=span.arguments,
-        evidence=(TIME_ELAPSED,) if loaded.attempts_count else (),  # an observed retry: judged on its backoff
+        evidence=(TIME_ELAPSED,) if call.attempts_count else (),  # an observed retry: judged on its backoff
         outcome=facts_of(span.facts),
         arguments_known=span.arguments is not None,
     )
-    # The attempt id is the span's, and the span's row above is unique: no other request reports this attempt, so
-    # admission never answers it from a stored one after rolling back a race (which would leave audit events queued).
-    attempt_admit(call=loaded, request=request, actor=actor)
+    attempt_admit(call=call, request=request, actor=actor)
     row.attempt, bypassed = _attempt_of(call, span.attempt_id)
     repeated = existing is not None and bypassed and call.side_effect == SideEffect.WRITE
     return SpanOutcome.POSSIBLE_DUPLICATE if repeated else SpanOutcome.RECORDED
 
 
-def _same_intent(span: ToolSpan, tenant: Tenant, tool: Tool) -> Call | None:
+_INTENT = ("pk", "observed", "attempts_count")
+
+
+def _same_intent(span: ToolSpan, tenant: Tenant, tool: Tool) -> _Intent | None:
     """The call that already carries this span's intent: the same key, or — for a write whose arguments the span
-    names — an observed call with the same fingerprint that has not failed for good."""
-    by_key = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=span.key).first()
-    if by_key is not None or span.arguments is None or tool.side_effect != SideEffect.WRITE:
-        return by_key
-    same = Call.objects.filter(
-        tenant=tenant, tool=tool, fingerprint=fingerprint(tool.name, span.arguments), observed=True
-    )
-    return same.exclude(state=S.FAILED_PERMANENT).order_by("pk").first()
+    names — an observed call with the same fingerprint that has not failed for good (the oldest)."""
+    by_key = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=span.key).values_list(*_INTENT)[:1]
+    if by_key or span.arguments is None or tool.side_effect != SideEffect.WRITE:
+        return _Intent(*by_key[0]) if by_key else None
+    print_ = fingerprint(tool.name, span.arguments)
+    same = Call.objects.filter(tenant=tenant, tool=tool, fingerprint=print_, observed=True)
+    found = same.exclude(state=S.FAILED_PERMANENT).order_by("pk").values_list(*_INTENT)[:1]
+    return _Intent(*found[0]) if found else None
 
 
 def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call:
-    """A new observed call in a step of its own, READY until its attempt moves it (recovery.transitions)."""
+    """A new observed call in a step of its own, READY until its attempt moves it (recovery.transitions). A
+    concurrent span of the same trace taking the same step, or a call with the same key, is a conflict: the span is
+    recorded again (and then finds that call)."""
     policy = tool_policy(tool)
     arguments = span.arguments if span.arguments is not None else {}
     index = (Step.objects.filter(task=task).aggregate(last=Max("index"))["last"] or 0) + 1
-    step, _ = Step.objects.get_or_create(task=task, index=index, defaults={"name": span.tool[:200]})
     print_ = fingerprint(tool.name, arguments)
     try:
         with transaction.atomic():
+            step = Step.objects.create(task=task, index=index, name=span.tool[:200])
             call = Call.objects.create(
                 tenant=task.tenant,
                 task=task,
@@ -268,9 +274,7 @@ def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call
                 observed=True,
             )
     except IntegrityError:
-        raise ServiceError(
-            409, "conflict", "another request recorded a call with this key at the same moment"
-        ) from None
+        raise ServiceError(409, "conflict", "another request recorded this step or key at the same moment") from None
     append_event(
         action=AuditAction.CALL_ADDED,
         actor=actor,
@@ -288,8 +292,9 @@ def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call
 
 
 def _attempt_of(call: Call, attempt_id: str) -> tuple[Attempt, bool]:
-    pk, bypassed = Attempt.objects.filter(call=call, attempt_id=attempt_id).values_list("pk", "policy_bypassed").get()
-    return Attempt(pk=pk, call=call, attempt_id=attempt_id, policy_bypassed=bypassed), bypassed
+    rows = Attempt.objects.filter(call_id=call.pk, attempt_id=attempt_id)
+    pk, bypassed = rows.values_list("pk", "policy_bypassed").get()
+    return Attempt(pk=pk, call_id=call.pk, attempt_id=attempt_id, policy_bypassed=bypassed), bypassed
 
 
 def _tally(span: ToolSpan, tenant: Tenant, tool: Tool | None, now: datetime) -> None:

@@ -25,6 +25,8 @@ console's data. Benchmarks:
   calls' audit history, folded by the product's fold and checked against the rows; then ingest with and without the
   periodic fold running (PostgreSQL only; loading and folding take the better part of an hour at full size; see
   recovery/benchmarks/metrics.py).
+- otlp: OpenTelemetry `execute_tool` spans ingested per second (in-process, and through the whole stack with the test
+  client) beside single-shot attempts per second, in the same run (see recovery/benchmarks/otlp.py).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from django.utils import timezone
 from recovery.audit import Actor
 from recovery.benchmarks.ingest import bench_ingest
 from recovery.benchmarks.metrics import bench_metrics
+from recovery.benchmarks.otlp import bench_otlp
 from recovery.benchmarks.queue import CALLS, bench_queue
 from recovery.benchmarks.reconcile import bench_reconcile
 from recovery.benchmarks.replay import bench_replay
@@ -263,6 +266,7 @@ BENCHMARKS = {
     "queue": bench_queue,
     "replay": bench_replay,
     "metrics": bench_metrics,
+    "otlp": bench_otlp,
 }
 SIZED = ("queue", "metrics")  # the benchmarks that `--calls` sizes
 
@@ -276,7 +280,7 @@ class Command(BaseCommand):
             "--count",
             type=int,
             help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800; "
-            "queue 30 requests per page; replay 50 intents per case; metrics 30 requests per read)",
+            "queue 30 requests per page; replay 50 intents per case; metrics 30 requests per read; otlp 1000 spans)",
         )
         parser.add_argument(
             "--calls",
