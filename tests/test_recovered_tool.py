@@ -16,6 +16,7 @@ import contextvars
 import json
 import threading
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -177,6 +178,27 @@ def test_a_refund_answered_at_once_hands_the_model_the_functions_own_result(stag
 
 
 @live
+def test_a_lookup_made_twice_in_a_task_reads_the_provider_twice(stage, langchain):
+    url, api_key = stage.sandbox.url, stage.sandbox.api_key
+
+    def lookup(order_id: str) -> dict:
+        """Read an order's status and totals."""
+        reply = recovered.http().get(f"{url}/orders/{order_id}", headers={"Authorization": f"Bearer {api_key}"})
+        reply.raise_for_status()
+        return reply.json()
+
+    tool = recovered.tool(stage.tool("order.lookup"), key="lookup-{order_id}")(lookup)
+    with open_task(stage, "lookups") as opened:
+        answers = [through_langchain(tool, {"order_id": "O-31"}) for _ in range(2)]
+
+    for answer in answers:
+        assert (answer["status"], answer["message"]) == ("committed", "The drill.order.lookup call succeeded.")
+        assert (answer["result"]["order_id"], answer["result"]["status"]) == ("O-31", "paid")
+    assert len(stage.sandbox.requests(path_prefix="/orders/O-31")) == 2
+    assert Call.objects.filter(task_id=opened.id, state="COMMITTED").count() == 2
+
+
+@live
 def test_an_unknown_outcome_is_never_sent_again_even_when_the_model_calls_the_tool_again(stage, langchain):
     refund = recovered_refund(stage)
     stage.sandbox.fault(route="/refunds", kind="commit_then_drop", times=1)
@@ -264,6 +286,28 @@ def test_hostile_provider_error_text_never_reaches_the_model(stage, agents_sdk, 
 
 
 @live
+def test_a_retry_after_is_waited_out_or_handed_to_the_model_when_longer_than_the_runtime_waits(stage, langchain):
+    refund = recovered_refund(stage)
+    stage.sandbox.fault(route="/refunds", kind="rate_limit", retry_after_s=2, times=1)
+
+    with open_task(stage, "rate-limited", max_wait_s=0.5) as opened:
+        later = through_langchain(refund, {"order_id": "O-4290", "amount_cents": 200})
+    with open_task(stage, "rate-limited"):  # the model tries again, as told: the runtime waits what is left
+        done = through_langchain(refund, {"order_id": "O-4290", "amount_cents": 200})
+
+    assert later == {
+        "status": "retry_later",
+        "message": "The tool is temporarily unavailable; retry after 2000 ms.",
+        "next": "retry_after",
+    }
+    assert done["status"] == "committed" and done["result"]["amount_cents"] == 200
+    first, second = posts(stage, refund_key(opened, "O-4290"))
+    assert (first["status"], second["status"]) == (429, 200)
+    gap = datetime.fromisoformat(second["at"]) - datetime.fromisoformat(first["at"])
+    assert gap.total_seconds() >= 2.0
+
+
+@live
 def test_a_function_that_retries_by_itself_is_stopped_after_the_failed_request(stage, agents_sdk):
     url, api_key = stage.sandbox.url, stage.sandbox.api_key
     refused: list[str] = []
@@ -337,11 +381,13 @@ def test_the_langchain_schema_is_the_undecorated_functions(langchain):
     plain = refund_function("http://provider.invalid", "k")
     wrapped = recovered.tool(REFUND, key="refund-{order_id}")(plain)
 
-    before, after = langchain_tool(plain), langchain_tool(wrapped)
+    for make in (langchain_tool, langchain_tool(parse_docstring=True)):
+        before, after = make(plain), make(wrapped)
 
-    assert convert_to_openai_tool(after) == convert_to_openai_tool(before)
-    assert after.tool_call_schema.model_json_schema() == before.tool_call_schema.model_json_schema()
-    assert after.args == before.args
+        assert convert_to_openai_tool(after) == convert_to_openai_tool(before)
+        assert after.tool_call_schema.model_json_schema() == before.tool_call_schema.model_json_schema()
+        assert (after.name, after.description, after.args) == (before.name, before.description, before.args)
+    assert after.args["amount_cents"]["description"] == "How much to refund, in cents."
 
 
 @live
@@ -410,11 +456,13 @@ def test_tasks_in_two_threads_keep_their_own_keys_and_asyncio_calls_share_their_
 
 
 @live
-def test_a_thread_started_by_hand_joins_the_open_task_when_told(stage):
+def test_a_thread_started_by_hand_joins_the_open_task_when_told(stage, langchain):
     refund = recovered_refund(stage)
     seen: dict[str, Any] = {}
 
     with open_task(stage, "handmade-thread") as opened:
+        # LangChain's ainvoke runs a sync tool in its executor, with the context copied: the task follows.
+        seen["executor"] = asyncio.run(langchain_tool(refund).ainvoke({"order_id": "O-4999", "amount_cents": 100}))
         bare = threading.Thread(target=lambda: seen.update(bare=refund("O-5000", 100)))
         copied = threading.Thread(
             target=contextvars.copy_context().run, args=(lambda: seen.update(copied=refund("O-5001", 100)),)
@@ -429,5 +477,5 @@ def test_a_thread_started_by_hand_joins_the_open_task_when_told(stage):
             thread.join(60)
 
     assert seen["bare"]["status"] == "refused"
-    assert (seen["copied"]["status"], seen["joined"]["status"]) == ("committed", "committed")
-    assert [r["key"] for r in posts(stage)] == [refund_key(opened, "O-5001"), refund_key(opened, "O-5002")]
+    assert [seen[way]["status"] for way in ("executor", "copied", "joined")] == ["committed"] * 3
+    assert [r["key"] for r in posts(stage)] == [refund_key(opened, f"O-{n}") for n in (4999, 5001, 5002)]

@@ -112,10 +112,20 @@ class RecoveredTask:
         self.id, self.external_id = opened.id, opened.external_id
         self._steps = itertools.count(max((step["index"] for step in opened.steps or []), default=0) + 1)
         self._lock = threading.Lock()
+        self._side_effects: dict[str, str] | None = None
 
     def next_step(self) -> int:
         with self._lock:
             return next(self._steps)
+
+    def side_effect(self, tool_name: str) -> str:
+        """The tool's side-effect class as the tenant's capabilities say (asked once per task); "write" when unknown,
+        which is the careful reading (the console refuses a tool that is not a capability anyway)."""
+        with self._lock:
+            if self._side_effects is None:
+                found = self.agent.client.capabilities(self.agent.tenant)
+                self._side_effects = {tool["name"]: tool["side_effect"] for tool in found}
+            return self._side_effects.get(tool_name, "write")
 
     def scoped_key(self, key: str) -> str:
         """The call's idempotency key: the intent's key within this task, so two tasks never share one."""
@@ -325,7 +335,8 @@ def tool(
     `key` names the intent: a template over the arguments ("refund-{order_id}"), a callable given the arguments dict,
     or None (a digest of the arguments: the same arguments, the same intent). It is scoped to the open task
     ("<external id>:<key>"), so two tasks never share one; the same key again within the task finds the same call, and
-    with other arguments repairs it while nothing was executed. `arguments` maps the function's arguments to the call's
+    with other arguments repairs it while nothing was executed. A read tool's every call is a new observation (its key
+    gets a suffix of its own). `arguments` maps the function's arguments to the call's
     (default: all of them, defaults applied, without the frameworks' context parameters). `timeout` applies to a
     provider request that names none; `provider_ref_header` is the reply header carrying the provider's reference.
 
@@ -417,6 +428,7 @@ class _Run:
         self.noun = _noun(spec.name)
         self.nonce = secrets.token_hex(6)  # attempt ids of this run: never an earlier run's stored admission
         self.exchanges: list[_Exchange] = []
+        self.read = False
 
     def go(self, args: tuple, kwargs: dict) -> RecoveredResult:
         try:
@@ -425,7 +437,11 @@ class _Run:
             return _said(BLOCKED, "The arguments do not match the tool's parameters; nothing was sent.", "repair_args")
         bound.apply_defaults()
         arguments = self.spec.call_arguments(bound)
-        key = self.opened.scoped_key(self.spec.intent_key(arguments))
+        intent = self.spec.intent_key(arguments)
+        self.read = self.opened.side_effect(self.spec.name) == "read"
+        if self.read:  # each read is a fresh observation: its own call, never an earlier answer found again
+            intent = f"{intent}-{self.nonce}"
+        key = self.opened.scoped_key(intent)
         try:
             ref = self.client.add_call(
                 self.opened.id,
@@ -503,7 +519,8 @@ class _Run:
         if outcome == COMMITTED:
             replied = last is not None and 200 <= (last.facts.get("http_status") or 0) < 300
             if replied and last.call_state == "COMMITTED":
-                return _said(COMMITTED, f"The {noun} took effect.", None, result=last.value)
+                done = f"The {self.spec.name} call succeeded." if _SAFE_WORD.fullmatch(self.spec.name) else "Done."
+                return _said(COMMITTED, done if self.read else f"The {noun} took effect.", None, result=last.value)
             if result.sent:  # a status check or the provider's callback settled it: its reply was lost or unusable
                 message = f"The {noun} took effect: the provider confirmed it, though its reply did not say so. It "
                 return _said(COMMITTED, message + "was made once; do not repeat it.", None, result=None)
