@@ -10,7 +10,7 @@ $(VENV)/.installed-run: requirements.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
 	touch $@
 
-$(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-adoption.txt $(VENV)/.installed-run
+$(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-adoption.txt requirements-otlp-test.txt $(VENV)/.installed-run
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements-dev.txt -r requirements-adoption.txt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-otlp-test.txt
 	touch $@

@@ -321,7 +321,7 @@ class _Calls:
                 f"run-{task_id}:{j // per_step + 1}:{j % per_step}\t{arguments}\t{fingerprint}\t{tool.side_effect}\t"
                 f"{tool.risk}\t{state}\t{version}\t{updated}\t{outcome}\t5\t{attempts}\t"
                 f"{_ts(sent) if attempts else N}\t30\t{provider_ref}\t{checks}\t{receipt_at}\t{receipt_status}\t"
-                f"{next_check}\t\t{N}\t{claimed_by}\t{claim_until}\t{effects}\tf\t{_ts(created)}\t{updated}\n"
+                f"{next_check}\t\t{N}\t{claimed_by}\t{claim_until}\t{effects}\tf\t{_ts(created)}\t{updated}\tf\n"
             )
 
 
@@ -330,7 +330,7 @@ CALL_COLUMNS = (
     "side_effect", "risk", "state", "version", "state_changed_at", "outcome", "max_attempts", "attempts_count",
     "sent_at", "outcome_timeout_s", "provider_ref", "checks_made", "last_receipt_at", "last_receipt_status",
     "next_check_at", "check_lease_owner", "check_lease_until", "claimed_by_id", "claim_until", "effects_observed",
-    "duplicate_effect", "created_at", "updated_at",
+    "duplicate_effect", "created_at", "updated_at", "observed",
 )  # fmt: skip
 
 # The outcome part of an attempt row (connection_opened .. failure_class), per kind of outcome.
