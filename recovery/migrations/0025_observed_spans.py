@@ -1,10 +1,22 @@
 """OpenTelemetry trace ingest (SPEC §21, docs/otlp-ingest.md): calls marked observed, the spans as received (stored
-once per trace and span id), the tools each runtime was seen calling, and the per-tenant count of ignored spans."""
+once per trace and span id), the tools each runtime was seen calling, and the per-tenant count of ignored spans.
+SQLite rebuilds the call table to add its column, which loses its guards: they are dropped first and installed again
+after, as in 0012 and 0014."""
 
 import django.db.models.deletion
 import django.utils.timezone
 from django.conf import settings
 from django.db import migrations, models
+
+from recovery import dbguards
+
+
+def install(apps, schema_editor):
+    dbguards.install(schema_editor)
+
+
+def uninstall(apps, schema_editor):
+    dbguards.uninstall_sqlite(schema_editor)
 
 
 class Migration(migrations.Migration):
@@ -59,11 +71,13 @@ class Migration(migrations.Migration):
                 ("last_seen_at", models.DateTimeField(default=django.utils.timezone.now)),
             ],
         ),
+        migrations.RunPython(uninstall, migrations.RunPython.noop),
         migrations.AddField(
             model_name="call",
             name="observed",
             field=models.BooleanField(default=False),
         ),
+        migrations.RunPython(install, migrations.RunPython.noop),
         migrations.AddIndex(
             model_name="call",
             index=models.Index(
