@@ -35,6 +35,9 @@ def test_the_metrics_benchmark_loads_folds_checks_and_times_both_sizes(console_p
     assert result["big_checked"]["attempts"] > result["small_checked"]["attempts"]
     assert (result["small_load"]["calls"], result["big_load"]["calls"]) == (100, 900)
     assert result["big_load"]["attempts"] == 3 * 900
+    # The history grows, the backlog the queues hold does not: the growth leaves no call in a reviewer's queue.
+    assert result["small_open_items"] > 0 and result["big_open_items"] == result["small_open_items"]
+    assert result["big_load"]["unknown"] == 0 and result["big_load"]["queued"] is False
     # Every loaded event folded; the audit trail's global head at its last event, each task's at its chain's end.
     loaded = result["small_load"]["audit_events"] + result["big_load"]["audit_events"]
     assert result["small_fold_events"] + result["big_fold_events"] >= loaded

@@ -61,6 +61,7 @@ STATE_MIX = (
 )
 STATES = (UNKNOWN, *(state for state, _ in STATE_MIX))
 _CUMULATIVE = [share for _, share in STATE_MIX]
+QUEUED = {UNKNOWN, "HUMAN_REVIEW"}  # a reviewer's queue holds the call (the overview and the queue sizes count them)
 _OPEN = {UNKNOWN, "HUMAN_REVIEW", "READY", "RETRYABLE", "SENT", "ACCEPTED"}  # the task is still open
 _DONE = {"COMMITTED", "ACCEPTED", "COMPENSATED"}  # the call has a provider reference
 N = r"\N"  # NULL in COPY's text format
@@ -170,23 +171,27 @@ class _Layout:
     """What every call is (state, tool, attempts) and every task (tenant, time), drawn before anything is written:
     a task's status depends on its calls, a call's attempt count on the exact total."""
 
-    def __init__(self, calls: int, unknown: int, tools: list[Tool], tenant_ids: list[int], rng: random.Random):
+    def __init__(
+        self, calls: int, unknown: int, tools: list[Tool], tenant_ids: list[int], rng: random.Random, queued: bool
+    ):
         self.calls, self.tasks = calls, -(-calls // CALLS_PER_TASK)
         self.state = bytearray(calls)  # index into STATES
         self.tool = bytearray(calls)  # index into tools
         self.attempts = bytearray(calls)
         write_tools = [n for n, tool in enumerate(tools) if tool.side_effect == "write"]
         unknown_at = set(rng.sample(range(calls), unknown))
-        ready = STATES.index("READY")
+        ready, committed = STATES.index("READY"), STATES.index("COMMITTED")
         for i in range(calls):
             if i in unknown_at:
                 self.tool[i] = rng.choice(write_tools)
             else:
                 self.state[i] = 1 + bisect.bisect_left(_CUMULATIVE, rng.random())
+                if not queued and STATES[self.state[i]] in QUEUED:
+                    self.state[i] = committed  # the same draws, so the rest of the mix is the queued load's
                 self.tool[i] = rng.randrange(len(tools))
             self.attempts[i] = 0 if self.state[i] == ready else 1 + rng.randrange(5)
         # Exactly ATTEMPTS_PER_CALL per call in all: COMMITTED calls take up the difference.
-        committed, missing = STATES.index("COMMITTED"), ATTEMPTS_PER_CALL * calls - sum(self.attempts)
+        missing = ATTEMPTS_PER_CALL * calls - sum(self.attempts)
         step = 1 if missing > 0 else -1
         for i in range(calls):
             if not missing:
@@ -423,12 +428,23 @@ class Extra(Protocol):
     def copy(self, cursor, calls: _Calls, ids: dict[str, int]) -> dict[str, int]: ...
 
 
-def load(calls: int = CALLS, *, unknown: int | None = None, seed: int = 19, extra: Extra | None = None) -> dict:
+def load(
+    calls: int = CALLS,
+    *,
+    unknown: int | None = None,
+    seed: int = 19,
+    extra: Extra | None = None,
+    queued: bool = True,
+) -> dict:
     """Load the registry, users and `calls` calls (see the module's docstring); return what was loaded and how long
     it took. PostgreSQL only. `extra`: more rows, as recovery.benchmarks.audit_load.AUDIT_HISTORY the audit events
     the loaded rows imply and their chains' heads.
-    Loading again adds as many calls more, with ids, audit seq and chains after the ones there."""
+    Loading again adds as many calls more, with ids, audit seq and chains after the ones there. `queued` False: none
+    of the calls is left in a reviewer's queue (UNKNOWN, HUMAN_REVIEW; `unknown` must be 0): history that grows
+    while the backlog stays what it was, the calls a queued draw would have made COMMITTED instead."""
     unknown = calls // UNKNOWN_PER_CALLS if unknown is None else unknown
+    if unknown and not queued:
+        raise ValueError("calls left in UNKNOWN are queued: unknown must be 0 when queued is False")
     if not 0 <= unknown <= calls:
         raise ValueError(f"unknown must be between 0 and calls ({calls}), not {unknown}")
     started = time.perf_counter()
@@ -441,7 +457,7 @@ def load(calls: int = CALLS, *, unknown: int | None = None, seed: int = 19, extr
     )
     if extra is not None:
         extra.prepare()
-    layout = _Layout(calls, unknown, tools, tenant_ids, rng)
+    layout = _Layout(calls, unknown, tools, tenant_ids, rng, queued)
     loaded = (*_LOADED, *extra.models) if extra is not None else _LOADED
     tables = [model._meta.db_table for model in loaded]
     rows = {}
@@ -473,6 +489,7 @@ def load(calls: int = CALLS, *, unknown: int | None = None, seed: int = 19, extr
     return {
         **rows,
         "unknown": unknown,
+        "queued": queued,
         "tenants": len(tenant_ids),
         "tools": len(tools),
         "load_s": round(time.perf_counter() - started, 1),
