@@ -20,7 +20,7 @@ from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import duplicate_intent
 from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
-from recovery.models import Call, Step, Task, TaskStatus
+from recovery.models import Call, Step, Task, TaskStatus, Tool
 from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
@@ -130,31 +130,17 @@ def call_add(
                     dep, _ = Step.objects.get_or_create(task=task, index=index)
                     deps.append(dep)
                 step.depends_on.add(*deps)
-            call = Call.objects.create(
-                tenant=tenant,
+            call = call_insert(
                 task=task,
                 step=step,
                 tool=tool,
                 idempotency_key=idempotency_key,
                 arguments=arguments,
                 fingerprint=print_,
-                side_effect=tool.side_effect,
-                risk=tool.risk,
-                max_attempts=max_attempts,  # None: no limit
-                outcome_timeout_s=tool.outcome_timeout_s,
-            )
-            append_event(
-                action=AuditAction.CALL_ADDED,
+                max_attempts=max_attempts,
                 actor=actor,
-                task_id=task.pk,
-                call_id=call.pk,
-                to_state=call.state,
                 reason=f"{tool.name} step {step_index}",
-                evidence={
-                    "idempotency_key": idempotency_key,
-                    "fingerprint": print_,
-                    "preflight_errors": len(preflight),
-                },
+                evidence={"preflight_errors": len(preflight)},
             )
     except IntegrityError:
         # A concurrent add of the same key won: answer as for a repeated request.
@@ -163,6 +149,49 @@ def call_add(
             raise
         return _same_key(existing, task, print_)
     return _added(call, created=True, preflight=preflight)
+
+
+def call_insert(
+    *,
+    task: Task,
+    step: Step,
+    tool: Tool,
+    idempotency_key: str,
+    arguments: dict,
+    fingerprint: str,
+    max_attempts: int | None,
+    actor: Actor,
+    reason: str,
+    evidence: dict,
+    observed: bool = False,
+) -> Call:
+    """Insert a new call (READY) and its `call.added` audit event, inside the caller's transaction: the one way a
+    call row comes to be, whether a runtime registered it (call_add) or a trace reported it after the fact
+    (services.observed, `observed`). The evidence always carries the key and the fingerprint."""
+    call = Call.objects.create(
+        tenant=task.tenant,
+        task=task,
+        step=step,
+        tool=tool,
+        idempotency_key=idempotency_key,
+        arguments=arguments,
+        fingerprint=fingerprint,
+        side_effect=tool.side_effect,
+        risk=tool.risk,
+        max_attempts=max_attempts,  # None: no limit
+        outcome_timeout_s=tool.outcome_timeout_s,
+        observed=observed,
+    )
+    append_event(
+        action=AuditAction.CALL_ADDED,
+        actor=actor,
+        task_id=task.pk,
+        call_id=call.pk,
+        to_state=call.state,
+        reason=reason,
+        evidence={"idempotency_key": idempotency_key, "fingerprint": fingerprint, **evidence},
+    )
+    return call
 
 
 def _check_compensation(compensation: dict, tool, tools: dict) -> None:

@@ -28,8 +28,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event, appends_at_commit
-from recovery.audit_actions import AuditAction
+from recovery.audit import Actor, appends_at_commit
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.types import TIME_ELAPSED
 from recovery.hot_path import call_for_attempt
@@ -51,6 +50,7 @@ from recovery.otlp import Batch, RejectedSpan, ToolSpan
 from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools
 from recovery.services.attempts import AttemptRequest, attempt_admit
+from recovery.services.calls import call_insert
 from recovery.services.errors import ServiceError, field_errors_json
 from recovery.services.outcomes import facts_of
 from recovery.services.tasks import task_create
@@ -259,35 +259,27 @@ def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call
     try:
         with transaction.atomic():
             step = Step.objects.create(task=task, index=index, name=span.tool[:200])
-            call = Call.objects.create(
-                tenant=task.tenant,
+            call = call_insert(
                 task=task,
                 step=step,
                 tool=tool,
                 idempotency_key=span.key,
                 arguments=arguments,
                 fingerprint=print_,
-                side_effect=tool.side_effect,
-                risk=tool.risk,
                 max_attempts=policy.budgets.max_attempts,
-                outcome_timeout_s=tool.outcome_timeout_s,
+                actor=actor,
+                reason=f"{tool.name} step {index}, observed in trace {span.trace_id}",
+                evidence={
+                    "observed": {
+                        "trace_id": span.trace_id,
+                        "span_id": span.span_id,
+                        "arguments": span.arguments is not None,
+                    }
+                },
                 observed=True,
             )
     except IntegrityError:
         raise ServiceError(409, "conflict", "another request recorded this step or key at the same moment") from None
-    append_event(
-        action=AuditAction.CALL_ADDED,
-        actor=actor,
-        task_id=task.pk,
-        call_id=call.pk,
-        to_state=call.state,
-        reason=f"{tool.name} step {index}, observed in trace {span.trace_id}",
-        evidence={
-            "idempotency_key": call.idempotency_key,
-            "fingerprint": print_,
-            "observed": {"trace_id": span.trace_id, "span_id": span.span_id, "arguments": span.arguments is not None},
-        },
-    )
     return call
 
 
