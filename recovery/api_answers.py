@@ -441,6 +441,9 @@ class CallOut(Answer):
     idempotency_key: str = _("Its idempotency key (stable for the intent).")
     arguments: JsonObject = _("Its arguments.")
     provider_ref: str | None = _("The provider's reference for the effect, if known.")
+    observed: bool = _(
+        "Reported after the fact by OpenTelemetry traces (docs/otlp-ingest.md), not admitted before it was sent."
+    )
     attempts_made: int = _("Attempts admitted so far.")
     max_attempts: int | None = _("Its attempt limit (null: none).")
     checks_made: int = _("Status checks made with the provider.")

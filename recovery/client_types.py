@@ -200,6 +200,7 @@ class CallDetail(TypedDict):
     idempotency_key: str
     arguments: dict[str, Any]
     provider_ref: str | None
+    observed: bool
     attempts_made: int
     max_attempts: int | None
     checks_made: int

@@ -103,6 +103,9 @@ class Tool(models.Model):
     retry_path_changed_at = models.DateTimeField(null=True, blank=True)
     retry_path_reason = models.TextField(blank=True)  # the probe's decision, or the approved action's reason
     provider_ref_field = models.CharField(max_length=100, blank=True)
+    # How an intent's key derives from the arguments ("refund-{order_id}") for a caller that names none: the key of an
+    # OpenTelemetry span without recovery.idempotency_key, scoped to its trace (recovery.services.observed).
+    key_template = models.CharField(max_length=200, blank=True)
     request = models.JSONField(default=dict, blank=True)  # {method, path, body}: replays, probes, dry runs
     args_schema = models.JSONField(default=dict, blank=True)
     result_schema = models.JSONField(default=dict, blank=True)

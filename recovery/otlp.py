@@ -226,6 +226,7 @@ class ToolSpan:
     arguments: dict | None  # None: the span did not carry them
     facts: dict
     started_at: datetime | None
+    template_key: str | None = None  # the tool's key template filled (recovery.services.observed)
 
     @property
     def attempt_id(self) -> str:
@@ -240,7 +241,7 @@ class ToolSpan:
 
     @property
     def key(self) -> str:
-        return self.idempotency_key or self.derived_key
+        return self.idempotency_key or self.template_key or self.derived_key
 
     @property
     def intent_known(self) -> bool:

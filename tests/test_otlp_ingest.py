@@ -306,6 +306,35 @@ def test_a_repeated_write_goes_to_human_review_as_a_possible_duplicate(world):
     assert ObservedSpan.objects.get(trace_id=trace_of(later[-1]), tool_name="refund.create").call_id == keyed.pk
 
 
+def test_the_registrys_key_template_names_the_intent_of_spans_without_a_key(world):
+    registry = sandbox_registry(world.sandbox.url)
+    refund = next(tool for tool in registry["tools"] if tool["name"] == "refund.create")
+    refund["key_template"] = "refund-{order_id}"
+    load_registry(registry, actor=Actor.system("tests"))
+    agent = world.agent()
+    with agent.run():
+        agent.refund(arguments={"order_id": "O-77", "amount_cents": 500})
+        # The model tries again with another amount: another fingerprint, the same order's refund by the template.
+        agent.refund(arguments={"order_id": "O-77", "amount_cents": 700})
+        agent.refund(arguments={"amount_cents": 300})  # the template's argument is missing: a key of its own
+    spans = agent.finished()
+
+    _, answers = world.export(spans)
+
+    trace = trace_of(spans[0])
+    assert "1 repeated write sent to human review as possible duplicates" in partial(answers[0])[1]
+    templated, own = calls_of(trace)
+    assert templated.idempotency_key == f"{trace}:refund-O-77"
+    assert (templated.state, templated.attempts.count()) == ("HUMAN_REVIEW", 2)
+    assert own.idempotency_key.startswith(f"otlp-{trace}-") and own.attempts.count() == 1
+    outcomes = list(ObservedSpan.objects.order_by("started_at").values_list("idempotency_key", "outcome"))
+    assert outcomes == [
+        (templated.idempotency_key, "recorded"),
+        (templated.idempotency_key, "possible_duplicate"),
+        (own.idempotency_key, "recorded"),
+    ]
+
+
 def test_spans_with_neither_arguments_nor_a_key_are_never_taken_for_a_repeat(world):
     agent = world.agent()
     with agent.run():
@@ -507,9 +536,8 @@ def test_a_token_reaches_only_its_own_tenants_calls(world):
     rejected, message = partial(world.post(protobuf_of(intruder.finished()), token=world.other))
     assert rejected == 1 and "recovery.tenant: this token is not scoped to tenant 'demo'" in message
     assert Call.objects.count() == 1 and call.attempts.count() == 1
-    assert (
-        requests.get(f"{world.url}/api/v1/calls/{call.pk}", headers=_bearer(world.token), timeout=5).status_code == 200
-    )
+    mine = requests.get(f"{world.url}/api/v1/calls/{call.pk}", headers=_bearer(world.token), timeout=5)
+    assert mine.status_code == 200 and mine.json()["observed"] is True  # the API says how it came to be known
     assert world.post(b"", token="not-a-token").status_code == 401
 
 

@@ -378,6 +378,25 @@ def test_templates_use_only_the_tools_arguments(db):
     assert "takes no argument 'amount'" in errors[f"$.tools[{pay}].compensation.args.amount"]
 
 
+def test_a_key_template_names_the_tools_arguments_and_at_least_one(db):
+    data = example()
+    refund, lookup = index(data, "refund.create"), index(data, "order.lookup")
+    data["tools"][refund]["key_template"] = "refund-{order}"
+    data["tools"][lookup]["key_template"] = "lookup"
+
+    errors = {error.path: error.message for error in validate_registry(data)}
+
+    assert "{order} is not an argument of this tool" in errors[f"$.tools[{refund}].key_template"]
+    assert "names no argument" in errors[f"$.tools[{lookup}].key_template"]
+    assert len(errors) == 2
+
+    data["tools"][refund]["key_template"] = "refund-{order_id}"
+    del data["tools"][lookup]["key_template"]
+    assert validate_registry(data) == []
+    load_registry(data, actor=Actor.system("tests"))
+    assert Tool.objects.get(name="refund.create").key_template == "refund-{order_id}"
+
+
 def test_alternates_must_be_other_tools_with_the_same_side_effect(db):
     data = example()
     lookup = index(data, "order.lookup")

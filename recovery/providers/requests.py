@@ -52,6 +52,12 @@ class ProviderRequest:
         return {"method": self.method, "url": self.url, "headers": dict(self.shown_headers), "body": self.body}
 
 
+def filled_key(template: str, arguments: dict) -> str:
+    """A tool's key template (the registry's `key_template`) filled with a call's arguments as a path is filled, not
+    quoted; TemplateError when an argument it names is missing or null."""
+    return _fill_text(template, arguments, quoted=False)
+
+
 def _values(call: Call) -> dict:
     # The key wins over an argument of the same name: it is the one thing a replay must not change.
     return {**(call.arguments if isinstance(call.arguments, dict) else {}), "idempotency_key": call.idempotency_key}

@@ -272,6 +272,7 @@ TOOL = {
     "risk": Key(choice("low", "high")),
     "replay_safe": Key(boolean),
     "provider_ref_field": Key(dotted),
+    "key_template": Key(string(200, empty=False)),
     "args_schema": Key(json_schema(arguments=True), required=True),
     "result_schema": Key(json_schema()),
     "required_result_fields": Key(string_list(dotted)),
@@ -317,6 +318,15 @@ def _check_placeholders(ctx: Context, template: Any, path: str, allowed, roots: 
                 continue
             known = ", ".join(sorted(roots | (allowed or set())))
             ctx.error(where, f"{{{placeholder}}} is not an argument of this tool (known: {known})")
+
+
+def _check_key_template(ctx: Context, template: str, path: str, args: frozenset[str] | None) -> None:
+    """A key template names arguments only, at least one: a template without one would make every call of the tool
+    in a trace the same intent."""
+    if not placeholders(template):
+        ctx.error(path, "names no argument: every call of this tool in a trace would be one intent (e.g. {order_id})")
+        return
+    _check_placeholders(ctx, template, path, args, frozenset())
 
 
 def _check_request(ctx: Context, tool: dict, path: str, args: frozenset[str] | None) -> None:
@@ -469,6 +479,8 @@ def _check_tool(ctx: Context, tool: Any, path: str) -> None:
     args = _argument_names(tool, passed)
     if "request" in passed:
         _check_request(ctx, tool, child(path, "request"), args)
+    if "key_template" in passed:
+        _check_key_template(ctx, tool["key_template"], child(path, "key_template"), args)
     if "status_query" in passed and tool["status_query"] is not None:
         _check_status_query(ctx, tool["status_query"], child(path, "status_query"))
     _check_replay_reconcile(ctx, tool, path, passed)

@@ -42,6 +42,7 @@ TOOL_FIELDS = (
     "risk",
     "replay_safe",
     "provider_ref_field",
+    "key_template",
     "args_schema",
     "result_schema",
     "required_result_fields",

@@ -269,6 +269,7 @@ def call_detail(call: Call) -> dict:
         "idempotency_key": call.idempotency_key,
         "arguments": call.arguments,
         "provider_ref": call.provider_ref or None,
+        "observed": call.observed,
         "attempts_made": call.attempts_count,
         "max_attempts": call.max_attempts,
         "checks_made": call.checks_made,

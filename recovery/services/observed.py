@@ -21,7 +21,7 @@ gate would have answered is computed and stored with it, and a write it would ha
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.db import IntegrityError, transaction
@@ -46,7 +46,8 @@ from recovery.models import (
     Tenant,
     Tool,
 )
-from recovery.otlp import Batch, RejectedSpan, ToolSpan
+from recovery.otlp import KEY_PATTERN, Batch, RejectedSpan, ToolSpan
+from recovery.providers.requests import TemplateError, filled_key
 from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools
 from recovery.services.attempts import AttemptRequest, attempt_admit
@@ -158,6 +159,7 @@ def _record(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> 
     reports this span's attempt, and admission never answers it from a stored one after rolling back a race."""
     if ObservedSpan.objects.filter(tenant=tenant, trace_id=span.trace_id, span_id=span.span_id).exists():
         return RESENT
+    span = _with_template_key(span, tool)
     now = timezone.now()
     with transaction.atomic(), appends_at_commit():
         task = _task(span, tenant, actor)
@@ -166,6 +168,19 @@ def _record(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> 
         row.save(update_fields=["call", "attempt", "outcome"])
         _tally(span, tenant, tool, now)
     return row.outcome
+
+
+def _with_template_key(span: ToolSpan, tool: Tool | None) -> ToolSpan:
+    """The span with the key its tool's registry template gives it, scoped to the trace (`<trace id>:<filled>`, as a
+    recovered tool scopes its keys to its task), when it names no key of its own and its arguments fill the template
+    into a valid key; else the span as it is (its derived key: recovery.otlp.ToolSpan.derived_key)."""
+    if tool is None or not tool.key_template or span.idempotency_key is not None or span.arguments is None:
+        return span
+    try:
+        key = f"{span.trace_id}:{filled_key(tool.key_template, span.arguments)}"
+    except TemplateError:
+        return span  # an argument the template names is missing
+    return replace(span, template_key=key) if KEY_PATTERN.match(key) else span
 
 
 def _task(span: ToolSpan, tenant: Tenant, actor: Actor) -> Task:
