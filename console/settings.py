@@ -57,6 +57,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Before anything reads the host or redirects to HTTPS: load balancers probe /healthz and /readyz by IP.
+    "console.health.HealthMiddleware",
     # First, so that every answer under /api/ — the other middleware's included — is the API's JSON envelope.
     "console.middleware.ApiEdgeMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -95,6 +97,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # Absent REDIS_URL means background jobs run on the in-process scheduler (the embedded default).
 REDIS_URL = redis_url_from_env("REDIS_URL")
+# How long a web process keeps what /readyz found (console/health.py): a probe every second costs one statement per
+# this many seconds.
+RECOVERY_READY_CACHE_S = env_int("RECOVERY_READY_CACHE_S", 2, minimum=0)
 RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 300}}
 # How often the periodic jobs (recovery/cron.py) run: check the calls whose status check is due, sweep SENT
 # calls past their outcome timeout, and flag open tasks past their deadline without a submission.

@@ -1,0 +1,109 @@
+"""Health probes for load balancers and orchestrators (docs/deploy.md): `/healthz` and `/readyz`, JSON, no
+authentication, no data.
+
+`/healthz` says the process is up and answering: it reads nothing. `/readyz` says it can serve: the database answers
+and every migration this code knows is applied (503 otherwise, with the reason). Redis and the scheduler's holder are
+reported in its body but never fail it: the API keeps answering through a Redis outage (jobs wait), and taking every
+web process out of the load balancer for it would turn a degraded console into a dead one.
+
+Probes come by IP, often over plain HTTP from inside the network, so the middleware answering them is the first in
+the chain: no host check (ALLOWED_HOSTS), no HTTPS redirect, no session, no CSRF. What `/readyz` found is kept for
+RECOVERY_READY_CACHE_S per process, so a probe every second costs the database one statement per interval.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.migrations.loader import MigrationLoader
+from django.db.migrations.recorder import MigrationRecorder
+from django.http import JsonResponse
+
+HEALTHZ, READYZ = "/healthz", "/readyz"
+REDIS_TIMEOUT_S = 0.5
+
+_lock = threading.Lock()
+_cached: tuple[float, int, dict[str, Any]] | None = None  # (monotonic time, status, body)
+_known: frozenset[tuple[str, str]] | None = None  # the migrations on disk: the code's, fixed for the process
+
+
+class HealthMiddleware:
+    """Answers /healthz and /readyz before any other middleware sees the request."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        path = request.path_info.rstrip("/")
+        if path == HEALTHZ:
+            return _json(200, {"status": "up"})
+        if path == READYZ:
+            return _json(*readiness())
+        return self.get_response(request)
+
+
+def _json(status: int, body: dict) -> JsonResponse:
+    response = JsonResponse(body, status=status)
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+def readiness() -> tuple[int, dict[str, Any]]:
+    """(HTTP status, body): 200 when the database answers and no migration is pending, else 503."""
+    global _cached
+    now = time.monotonic()
+    with _lock:
+        if _cached is not None and now - _cached[0] < settings.RECOVERY_READY_CACHE_S:
+            return _cached[1], _cached[2]
+    database = _database()
+    ready = database["ok"] and database.get("pending_migrations") == 0
+    body = {"status": "ready" if ready else "not_ready", "database": database, **_jobs()}
+    status = 200 if ready else 503
+    with _lock:
+        _cached = (now, status, body)
+    return status, body
+
+
+def _database() -> dict[str, Any]:
+    global _known
+    started = time.perf_counter()
+    try:
+        if _known is None:
+            _known = frozenset(MigrationLoader(None, ignore_no_migrations=True).graph.nodes)  # squashes applied
+        applied = set(MigrationRecorder(connection).applied_migrations())  # one statement: the database answers
+    except DatabaseError as exc:
+        connection.close_if_unusable_or_obsolete()
+        return {"ok": False, "error": type(exc).__name__}
+    finally:
+        elapsed_ms = round((time.perf_counter() - started) * 1000, 1)
+    pending = sorted(f"{app}.{name}" for app, name in _known - applied)
+    found = {"ok": True, "ms": elapsed_ms, "pending_migrations": len(pending)}
+    return {**found, "pending": pending} if pending else found
+
+
+def _jobs() -> dict[str, Any]:
+    """Redis and the scheduler's holder (recovery.cron): reported, never failing the probe."""
+    if not settings.REDIS_URL:
+        return {"redis": {"configured": False}, "scheduler": {"mode": "in-process"}}
+    import redis
+
+    from recovery.cron import Scheduler
+
+    client = redis.Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
+    )
+    try:
+        with client.pipeline(transaction=False) as pipe:
+            holder, lease_ms = pipe.get(Scheduler.LOCK_KEY).pttl(Scheduler.LOCK_KEY).execute()
+    except redis.RedisError as exc:
+        return {"redis": {"configured": True, "ok": False, "error": type(exc).__name__}, "scheduler": {"holder": None}}
+    finally:
+        client.close()
+    scheduler = {"holder": holder.decode(errors="replace") if holder else None}
+    if holder:
+        scheduler["lease_ms"] = max(int(lease_ms), 0)
+    return {"redis": {"configured": True, "ok": True}, "scheduler": scheduler}
