@@ -329,6 +329,70 @@ def test_it_runs_runjobs_burst_on_rq(queue, var_dir, tmp_path, settings):
     assert queue.failed_job_registry.count == 0
 
 
+def test_runjobs_roles_need_redis(var_dir):
+    result = _manage("runjobs", "--role", "scheduler", var_dir=var_dir)
+    assert result.returncode != 0 and "--role scheduler needs REDIS_URL" in result.stderr
+
+
+def _spawn(*args: str, var_dir: Path, redis_url: str, log: Path) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
+    env.update(DEBUG="1", RECOVERY_VAR_DIR=str(var_dir), REDIS_URL=redis_url, RECOVERY_SCHEDULER_LEASE_S="2")
+    with open(log, "a") as out:
+        return subprocess.Popen(
+            [sys.executable, "manage.py", "runjobs", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+
+
+def _holder_pid(queue, wait_s: float) -> int | None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        holder = queue.connection.get(Scheduler.LOCK_KEY)
+        if holder:
+            return int(holder.decode().split(":")[1])
+        time.sleep(0.1)
+    return None
+
+
+def test_scheduler_candidates_and_workers_run_apart_and_a_standby_takes_over_within_the_lease(
+    queue, var_dir, tmp_path, settings
+):
+    log = tmp_path / "runjobs.log"
+    candidates = [_spawn("--role", "scheduler", var_dir=var_dir, redis_url=settings.REDIS_URL, log=log) for _ in "ab"]
+    worker = _spawn("--role", "worker", var_dir=var_dir, redis_url=settings.REDIS_URL, log=log)
+    processes = [*candidates, worker]
+    try:
+        holder = _holder_pid(queue, 60)
+        assert holder in {c.pid for c in candidates}, log.read_text()[-2000:]
+        # The periodic jobs reach the worker: the holder enqueues them, the worker (no scheduler of its own) runs them.
+        deadline = time.monotonic() + 60
+        while "Successfully completed recovery.jobs.metrics_fold()" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-2000:]
+            time.sleep(0.2)
+
+        os.kill(holder, signal.SIGKILL)  # the holder dies without releasing its lock
+        killed_at = time.monotonic()
+        standby = next(c for c in candidates if c.pid != holder)
+        while _holder_pid(queue, 0.2) != standby.pid and time.monotonic() - killed_at < 10:
+            pass
+        took_over_s = time.monotonic() - killed_at
+        assert _holder_pid(queue, 0.2) == standby.pid and took_over_s <= 2 + 1, (took_over_s, log.read_text()[-2000:])
+        assert worker.poll() is None  # killing the scheduler holder did not stop the worker
+
+        worker.kill()  # nor the reverse
+        worker.wait(10)
+        time.sleep(2.5)  # longer than the lease: the holder kept renewing it
+        assert standby.poll() is None and _holder_pid(queue, 0.2) == standby.pid
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in processes:
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
 # Periodic runs that nothing can block ------------------------------------------------------------------------------
 
 

@@ -6,6 +6,11 @@ Without REDIS_URL: the in-process runner in the foreground until Ctrl-C (useful 
 `manage.py run` already runs it next to runserver).
 
 --burst does what is due now and exits: each periodic job once, then whatever is queued. Tests and drills use it.
+
+--role splits the two on several machines (docs/deploy.md): `worker` runs only the RQ worker (as many as needed,
+anywhere), `scheduler` only a scheduler candidate (run two, on different machines: one holds the lock, the other
+takes over within RECOVERY_SCHEDULER_LEASE_S of its death). Killing one never stops the other. `all` (the default)
+runs both, the scheduler in a child process.
 """
 
 from __future__ import annotations
@@ -18,13 +23,14 @@ from urllib.parse import urlsplit
 
 import django_rq
 from django.conf import settings
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
 from recovery import inprocess, queueing
 from recovery.cron import PERIODIC, Scheduler
 from recovery.schedule import describe
 
+ROLES = ("all", "worker", "scheduler")
 # A worker's maintenance (failing jobs whose worker died, freeing their ids) every minute instead of rq's ten.
 MAINTENANCE_INTERVAL_S = 60
 
@@ -36,21 +42,47 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst", action="store_true", help="run each periodic job once and everything queued, then exit"
         )
+        parser.add_argument(
+            "--role",
+            choices=ROLES,
+            default="all",
+            help="with REDIS_URL: 'worker' (an RQ worker only), 'scheduler' (a scheduler candidate only) or 'all'",
+        )
 
-    def handle(self, *args, burst: bool, **options):
-        if settings.REDIS_URL:
-            self._run_rq(burst)
+    def handle(self, *args, burst: bool, role: str, **options):
+        if role != "all" and not settings.REDIS_URL:
+            raise CommandError(f"--role {role} needs REDIS_URL: without Redis one process runs everything in-process")
+        if role == "scheduler":
+            if burst:
+                raise CommandError("--burst is a worker's: a scheduler candidate runs until stopped")
+            self._run_scheduler()
+        elif settings.REDIS_URL:
+            self._run_rq(burst, periodic=role == "all")
         else:
             self._run_in_process(burst)
 
-    def _run_rq(self, burst: bool) -> None:
-        queue = queueing.get_queue()
+    def _run_scheduler(self) -> None:
+        scheduler = Scheduler(queueing.get_queue())
         self.stdout.write(
-            f"jobs: RQ worker on queue 'default' at {redacted(settings.REDIS_URL)}; "
-            f"periodic: {describe(PERIODIC)}{' (once: burst)' if burst else ''}"
+            f"jobs: scheduler candidate {scheduler.name} at {redacted(settings.REDIS_URL)}; "
+            f"periodic: {describe(PERIODIC)}"
         )
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        scheduler.run(stop)
+
+    def _run_rq(self, burst: bool, *, periodic: bool) -> None:
+        """An RQ worker; `periodic`: and a scheduler candidate beside it (rq's own scheduler, which any worker runs
+        under rq's lock, only moves delayed jobs onto the queue)."""
+        queue = queueing.get_queue()
+        schedule = describe(PERIODIC) + (" (once: burst)" if burst else "") if periodic else "not here (--role worker)"
+        self.stdout.write(f"jobs: RQ worker on queue 'default' at {redacted(settings.REDIS_URL)}; periodic: {schedule}")
         connections.close_all()  # work horses are forked: they must not inherit a database socket
         worker = django_rq.get_worker("default", maintenance_interval=MAINTENANCE_INTERVAL_S)
+        if not periodic:
+            worker.work(burst=burst, with_scheduler=True)
+            return
         if burst:
             scheduler = Scheduler(queue)
             scheduler.tick()
