@@ -113,11 +113,15 @@ def database_from_env(name: str, *, sqlite_default: Path) -> dict:
     if scheme in {"postgres", "postgresql", "pgsql"}:
         config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
         config["ENGINE"] = "django.db.backends.postgresql"
-        if env_bool("DATABASE_PREPARED_STATEMENTS", True):
+        # Behind PgBouncer in transaction mode (docs/deploy.md) a server connection serves another client between
+        # two transactions: nothing may outlive one — no prepared statement, no cursor held open between queries.
+        pooled = env_bool("DATABASE_TRANSACTION_POOLING", False)
+        if pooled:
+            config["DISABLE_SERVER_SIDE_CURSORS"] = True
+        if env_bool("DATABASE_PREPARED_STATEMENTS", not pooled):
             # Parameters bound by the server and statements prepared after 5 runs (psycopg's own defaults, which
             # Django turns off for the sake of transaction-pooling proxies): the hot path's statements are parsed
-            # and planned once per connection instead of on every request. Set DATABASE_PREPARED_STATEMENTS=0
-            # behind PgBouncer in transaction mode.
+            # and planned once per connection instead of on every request. Off behind PgBouncer.
             config.setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
         if not config.get("NAME"):
             raise ImproperlyConfigured(f"{name} must name a database: postgres://user@host:5432/dbname")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connections, transaction
-from django.db.models import Exists, OuterRef, signals
+from django.db.models import Exists, OuterRef, Q, QuerySet, signals
 from django.utils import timezone
 
 from recovery import dbguards
@@ -447,13 +447,27 @@ class AuditReport:
         return self.problem is None
 
 
+def keyset_pages(rows: QuerySet, after: Callable[[Any], Q], *, size: int) -> Iterator[Any]:
+    """The rows of an ordered queryset, `size` at a time, each page its own query past the last row (`after(row)`:
+    the rows the order puts after it) — never a server-side cursor held open across pages, which PgBouncer's
+    transaction pooling cannot carry, and never the whole result in memory (psycopg's client-side cursor would
+    hold it all)."""
+    page = rows
+    while True:
+        chunk = list(page[:size])
+        yield from chunk
+        if len(chunk) < size:
+            return
+        page = rows.filter(after(chunk[-1]))
+
+
 def _verify_global(using: str) -> tuple[int, str | None]:
     head = AuditChainHead.objects.using(using).filter(key=GLOBAL).first()
     purged = purged_ranges(using)
     count = last_seq = 0
     last_hash, first_keyed = "", None
     rows = AuditEvent.objects.using(using).order_by("seq").values_list("seq", "hash", "hmac")
-    for seq, hash_, mac in rows.iterator(chunk_size=5000):
+    for seq, hash_, mac in keyset_pages(rows, lambda row: Q(seq__gt=row[0]), size=5000):
         count += 1
         if seq != last_seq + 1 and not _covered(last_seq + 1, seq - 1, purged):
             return count, f"global sequence gap: event #{last_seq + 1} is missing (next present is #{seq})"
@@ -537,7 +551,8 @@ def verify_chain(key: str, using: str = "default", *, events: list[AuditEvent] |
     """One chain; `events`: the chain's events already read in order (a page that shows them verifies what it
     shows, with one more statement for the head instead of a second read)."""
     if events is None:
-        events = AuditEvent.objects.using(using).filter(chain=key).order_by("chain_seq").iterator(chunk_size=2000)
+        chain = AuditEvent.objects.using(using).filter(chain=key).order_by("chain_seq")
+        events = keyset_pages(chain, lambda event: Q(chain_seq__gt=event.chain_seq), size=2000)
     count, chains, problem, unkeyed = verify_events(events, using)
     if problem is None and count == 0 and AuditChainHead.objects.using(using).filter(key=key, length__gt=0).exists():
         problem = f"chain {key} has a head but no events: they were removed"
@@ -548,7 +563,11 @@ def verify_all(using: str = "default") -> AuditReport:
     total, problem = _verify_global(using)
     if problem:
         return AuditReport(events=total, chains=0, problem=problem)
-    events = AuditEvent.objects.using(using).order_by("chain", "chain_seq").iterator(chunk_size=5000)
+    events = keyset_pages(
+        AuditEvent.objects.using(using).order_by("chain", "chain_seq"),
+        lambda e: Q(chain__gt=e.chain) | Q(chain=e.chain, chain_seq__gt=e.chain_seq),
+        size=5000,
+    )
     count, chains, problem, unkeyed = verify_events(events, using)
     if problem is None:
         orphan = (

@@ -133,6 +133,86 @@ class TcpProxy:
                 self._open -= {source, sink}
 
 
+class Nginx:
+    """Debian's nginx with the shipped deploy/nginx.conf in front of `upstreams` (host:port), on a free port of
+    127.0.0.1: the file as an operator installs it, only its addresses and paths put in (the upstream servers, the
+    port, the static root, the proxy settings' path), inside a minimal main configuration of its own."""
+
+    BINARY = "/usr/sbin/nginx"
+
+    def __init__(self, upstreams: list[str], *, static_root: Path, workdir: Path) -> None:
+        self.port, self.tls_port, self.workdir = free_port(), free_port(), workdir
+        self.url, self.tls_url = f"http://127.0.0.1:{self.port}", f"https://127.0.0.1:{self.tls_port}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        certificate, key = workdir / "cert.pem", workdir / "key.pem"
+        made = subprocess.run(
+            [
+                *("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1"),
+                *("-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(certificate)),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert made.returncode == 0, made.stderr
+        site = (ROOT / "deploy" / "nginx.conf").read_text()
+        servers = "".join(f"    server {address} max_fails=0;\n" for address in upstreams)
+        replaced = {
+            "    server 127.0.0.1:8000 max_fails=0;  # one line per web process: 10.0.0.11:8000, 10.0.0.12:8000...\n": (
+                servers
+            ),
+            "listen 80;": f"listen 127.0.0.1:{self.port};",
+            "listen 443 ssl;": f"listen 127.0.0.1:{self.tls_port} ssl;",
+            "/etc/ssl/certs/recovery-console.pem": str(certificate),
+            "/etc/ssl/private/recovery-console.key": str(key),
+            "/srv/recovery-console/static/": f"{static_root}/",
+            "/etc/nginx/recovery-console-proxy.conf": str(ROOT / "deploy" / "nginx-proxy.conf"),
+        }
+        for old, new in replaced.items():
+            assert old in site, f"deploy/nginx.conf no longer has {old!r}"
+            site = site.replace(old, new)
+        temp = {name: workdir / name for name in ("body", "proxy", "fastcgi", "uwsgi", "scgi")}
+        for path in temp.values():
+            path.mkdir(parents=True, exist_ok=True)
+        user = "user root root;\n" if os.geteuid() == 0 else ""
+        (workdir / "nginx.conf").write_text(
+            f"{user}daemon off;\nworker_processes 1;\npid {workdir}/nginx.pid;\nerror_log {workdir}/error.log;\n"
+            "events { worker_connections 1024; }\n"
+            f"http {{\ninclude /etc/nginx/mime.types;\naccess_log {workdir}/access.log;\n"
+            f"client_body_temp_path {temp['body']};\nproxy_temp_path {temp['proxy']};\n"
+            f"fastcgi_temp_path {temp['fastcgi']};\nuwsgi_temp_path {temp['uwsgi']};\nscgi_temp_path {temp['scgi']};\n"
+            f"{site}\n}}\n"
+        )
+        self.certificate = certificate  # what a client verifies the HTTPS server with
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> Nginx:
+        command = [self.BINARY, "-p", str(self.workdir), "-c", str(self.workdir / "nginx.conf")]
+        checked = subprocess.run([*command, "-t"], capture_output=True, text=True, timeout=30)
+        assert checked.returncode == 0, checked.stderr
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return self
+            time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError(f"nginx did not start: {self.error_log()[-2000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def error_log(self) -> str:
+        path = self.workdir / "error.log"
+        return path.read_text() if path.exists() else ""
+
+
 def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
@@ -160,22 +240,21 @@ def production_env(**extra: str) -> dict[str, str]:
 class WebServer:
     """The console under gunicorn on a free port (`env` as given: see production_env), stopped on exit."""
 
-    def __init__(self, env: dict[str, str], *, log_path: Path, workers: int = 1, threads: int = 4) -> None:
+    def __init__(
+        self, env: dict[str, str], *, log_path: Path, workers: int = 1, threads: int = 4, shipped: bool = False
+    ) -> None:
+        """`shipped`: with deploy/gunicorn.conf.py (its workers and threads from `workers` and `threads` through
+        the environment, as an operator sets them), else gunicorn's defaults with those counts."""
         self.env, self.log_path = env, log_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.command = [
-            sys.executable,
-            "-m",
-            "gunicorn",
-            "console.wsgi:application",
-            "--bind",
-            f"127.0.0.1:{self.port}",
-            "--workers",
-            str(workers),
-            "--threads",
-            str(threads),
-        ]
+        bind = f"127.0.0.1:{self.port}"
+        if shipped:
+            self.env = {**env, "GUNICORN_BIND": bind, "WEB_CONCURRENCY": str(workers), "GUNICORN_THREADS": str(threads)}
+            self.command = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "deploy" / "gunicorn.conf.py")]
+        else:
+            self.command = [sys.executable, "-m", "gunicorn", "console.wsgi:application", "--bind", bind]
+            self.command += ["--workers", str(workers), "--threads", str(threads)]
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> WebServer:
@@ -188,7 +267,7 @@ class WebServer:
             try:
                 # A cold first request (Django's URLs, views and templates loaded) may take seconds on a busy
                 # machine: a timeout is "not ready yet", like a refused connection, never a leaked server.
-                requests.get(self.url + "/sign-in/", timeout=10)
+                requests.get(self.url + "/sign-in/", timeout=10, allow_redirects=False)
                 return self
             except requests.RequestException:
                 time.sleep(0.1)

@@ -125,6 +125,18 @@ def test_postgres_prepares_statements_unless_told_not_to(monkeypatch, tmp_path):
     assert "server_side_binding" not in options and "prepare_threshold" not in options
 
 
+def test_behind_a_transaction_pooler_nothing_outlives_a_transaction(monkeypatch, tmp_path):
+    monkeypatch.setenv(VAR, "postgres://console@pgbouncer.internal:6432/recovery")
+    monkeypatch.delenv("DATABASE_PREPARED_STATEMENTS", raising=False)
+    monkeypatch.setenv("DATABASE_TRANSACTION_POOLING", "1")
+    config = database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3")
+    assert config["DISABLE_SERVER_SIDE_CURSORS"] is True
+    assert "server_side_binding" not in config.get("OPTIONS", {})
+    assert "prepare_threshold" not in config.get("OPTIONS", {})
+    monkeypatch.setenv("DATABASE_TRANSACTION_POOLING", "0")
+    assert not database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3").get("DISABLE_SERVER_SIDE_CURSORS")
+
+
 def test_it_reads_a_sqlite_url(monkeypatch, tmp_path):
     path = tmp_path / "elsewhere.sqlite3"
     monkeypatch.setenv(VAR, f"sqlite:///{path}")
