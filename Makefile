@@ -23,8 +23,11 @@ run: $(VENV)/.installed-run
 
 # The whole suite. Tests needing PostgreSQL, Redis or Chromium skip with the reason when those are missing;
 # REQUIRE_SERVICES=1 turns each such skip into a failure.
+# The suite on TEST_WORKERS processes (one per core by default), each module whole in one of them; the slowest
+# tests named at the end, so CI's time budget shows where it goes.
+TEST_WORKERS ?= auto
 test: $(VENV)/.installed-dev
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # Ratios against baselines measured in the same run; use DATABASE_URL=postgres://... for the SPEC §19 figures.
 # Production settings (DEBUG off), with secrets generated for this run unless the environment gives them.

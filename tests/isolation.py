@@ -22,6 +22,7 @@ import redis
 CLAIM_KEY = "recovery-console:test-run-claim"
 CLAIM_TTL_S = 6 * 3600
 INHERITED = "RECOVERY_TEST_REDIS_URL"
+CLAIMED_FOR = "RECOVERY_TEST_REDIS_CLAIMED_FOR"  # the pytest-xdist worker (or "main") the inherited claim is for
 
 
 def _holder() -> str:

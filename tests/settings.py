@@ -26,11 +26,15 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):  # noqa: F405
     DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}  # noqa: F405
 
 # Jobs the tests enqueue go to a Redis database this run claimed (tests/isolation.py), never to the queues a real
-# worker reads; processes the tests start inherit the claim.
+# worker reads; processes the tests start inherit the claim. Each pytest-xdist worker is a run of its own (its own
+# test database too): it inherits the environment of the process that started it, so a claim counts as inherited
+# only when it was made for the same worker — the processes its tests start share it, the other workers do not.
 if REDIS_URL:  # noqa: F405
-    from tests.isolation import INHERITED, claim_redis_database
+    from tests.isolation import CLAIMED_FOR, INHERITED, claim_redis_database
 
-    if not os.environ.get(INHERITED):
+    run = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    if not os.environ.get(INHERITED) or os.environ.get(CLAIMED_FOR) != run:
         os.environ[INHERITED] = claim_redis_database(REDIS_URL)  # noqa: F405
+        os.environ[CLAIMED_FOR] = run
     REDIS_URL = os.environ["REDIS_URL"] = os.environ[INHERITED]
     RQ_QUEUES = {"default": {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 300}}

@@ -477,3 +477,43 @@ def test_a_hostile_tool_name_is_shown_as_text(people, world):
     body = signed_in(people, VIEWER).get("/overview/").content.decode()
     assert HOSTILE_IMG not in body
     assert "&lt;img src=x onerror=window.__pwned=1&gt;" in section(body, "breakers-table")
+
+
+# --- who runs the jobs (docs/deploy.md) ------------------------------------------------------------------------------
+
+
+def test_the_embedded_default_says_the_web_process_runs_the_jobs(people, settings):
+    settings.REDIS_URL = ""
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
+    assert "This web process runs the background jobs itself" in page_text(section(body, "job-processes"))
+
+
+def test_it_shows_each_worker_with_its_heartbeat_and_the_scheduler_holder(people, rq_queue):
+    from rq import Worker
+
+    from recovery.cron import Scheduler
+
+    worker = Worker(["default"], connection=rq_queue.connection, name="jobs-1.w1")
+    worker.register_birth()  # what a starting worker writes to Redis: its name, host, pid and a heartbeat
+    try:
+        rq_queue.connection.set(Scheduler.LOCK_KEY, "jobs-2:4242:ab12cd34", px=8000)
+        text = page_text(section(signed_in(people, VIEWER).get("/overview/").content.decode(), "job-processes"))
+    finally:
+        worker.register_death()
+    assert "Scheduler: jobs-2:4242:ab12cd34 holds the lock" in text and "s left of its lease" in text
+    assert "jobs-1.w1" in text and f"pid {worker.pid}" in text
+    beat = worker.last_heartbeat.replace(tzinfo=UTC) if worker.last_heartbeat.tzinfo is None else worker.last_heartbeat
+    assert f"{beat:%Y-%m-%d %H:%M:%S} UTC" in text  # its last heartbeat, with how long ago
+
+    rq_queue.connection.delete(Scheduler.LOCK_KEY)
+    text = page_text(section(signed_in(people, VIEWER).get("/overview/").content.decode(), "job-processes"))
+    assert "No scheduler holds the lock" in text and "No worker is running" in text
+
+
+def test_an_unreachable_redis_is_said_and_the_overview_still_answers(people, settings):
+    from tests.servers import free_port
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    response = signed_in(people, VIEWER).get("/overview/")
+    assert response.status_code == 200
+    assert "Redis is unreachable" in page_text(section(response.content.decode(), "job-processes"))

@@ -83,7 +83,10 @@ def test_a_refund_whose_reply_is_lost_after_commit_is_committed_by_a_receipt_wit
 
     assert transitions(call_id) == [("READY", "SENT"), ("SENT", "UNKNOWN"), ("UNKNOWN", "COMMITTED")]
     receipt = settling_receipt(call_id)
-    assert (receipt.source, receipt.local_state_before, receipt.local_state_after) == ("poll", "UNKNOWN", "COMMITTED")
+    # The provider's own word settles it: the status check's receipt, or — on a machine slow enough that the check
+    # comes after the 30 s the callback is held back — the callback's (the scenario's pinned end allows both).
+    assert receipt.source in ("poll", "callback")
+    assert (receipt.local_state_before, receipt.local_state_after) == ("UNKNOWN", "COMMITTED")
     assert Attempt.objects.filter(call_id=call_id).count() == 1
     assert [r["outcome"] for r in writes(stage, key)] == ["dropped_after_commit"]
     assert stage.sandbox.ledger(key)["effects"] == 1

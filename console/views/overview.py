@@ -23,6 +23,7 @@ from django.views.decorators.http import require_GET
 from console.charts import Chart, bar_chart
 from console.views.common import VIEW, age_text, render_page
 from console.views.metrics import figure_text, seconds_text
+from recovery.selectors.job_processes import job_processes
 from recovery.selectors.metrics import FigureValue
 from recovery.selectors.overview import HourFlow
 from recovery.selectors.overview import overview as read_overview
@@ -81,6 +82,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "headlines": headlines(data.headlines),
         "since": data.since,
         "folded_at": data.folded_at,
+        "jobs": job_processes(),
     }
     return render_page(request, "console/overview.html", context)
 

@@ -1,0 +1,73 @@
+"""Who runs the background jobs now (docs/deploy.md), for the overview: the RQ workers registered in Redis with their
+last heartbeat, and the scheduler candidate holding the lock (recovery.cron) with what is left of its lease.
+
+Read from Redis only, never from the database; an unreachable Redis is an answer ("unreachable"), not an error, so
+the overview stays up through an outage. Without REDIS_URL the web process runs the jobs itself (recovery.inprocess).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.conf import settings
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerView:
+    name: str
+    host: str
+    pid: int | None
+    state: str  # rq's: idle, busy, suspended, started...
+    last_heartbeat: datetime | None
+    current_job: str  # "" when idle
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobProcesses:
+    mode: str  # "rq" or "in-process"
+    reachable: bool = True
+    error: str = ""
+    workers: list[WorkerView] = field(default_factory=list)
+    holder: str | None = None  # the scheduler candidate holding the lock
+    lease_s: float | None = None  # what is left of its lease: it renews it every tick
+
+
+def job_processes() -> JobProcesses:
+    if not settings.REDIS_URL:
+        return JobProcesses(mode="in-process")
+    import redis
+    from rq import Worker
+
+    from recovery import queueing
+    from recovery.cron import Scheduler
+
+    queue = queueing.get_queue()
+    try:
+        workers = Worker.all(connection=queue.connection)
+        with queue.connection.pipeline(transaction=False) as pipe:
+            holder, lease_ms = pipe.get(Scheduler.LOCK_KEY).pttl(Scheduler.LOCK_KEY).execute()
+        found = [_view(worker) for worker in workers]
+    except redis.RedisError as exc:
+        return JobProcesses(mode="rq", reachable=False, error=type(exc).__name__)
+    found.sort(key=lambda w: (w.host, w.name))
+    return JobProcesses(
+        mode="rq",
+        workers=found,
+        holder=holder.decode(errors="replace") if holder else None,
+        lease_s=max(int(lease_ms), 0) / 1000 if holder else None,
+    )
+
+
+def _view(worker) -> WorkerView:
+    beat = worker.last_heartbeat
+    if beat is not None and beat.tzinfo is None:
+        beat = beat.replace(tzinfo=UTC)  # rq writes UTC
+    return WorkerView(
+        name=worker.name,
+        host=worker.hostname or "",
+        pid=worker.pid,
+        state=str(worker.get_state()),
+        last_heartbeat=beat,
+        current_job=worker.get_current_job_id() or "",
+    )
