@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: run test bench lint format install
+.PHONY: test-pgbouncer run test bench lint format install
 
 $(VENV)/.installed-run: requirements.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ run: $(VENV)/.installed-run
 TEST_WORKERS ?= auto
 test: $(VENV)/.installed-dev
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
+
+# The API, job, reconcile, action and drill modules again, every connection through PgBouncer in transaction mode
+# (docs/deploy.md; needs PostgreSQL in DATABASE_URL and Debian's pgbouncer). CI runs it after `make test`.
+PGBOUNCER_MODULES = tests/test_api.py tests/test_api_lifecycle.py tests/test_jobs.py tests/test_reconcile.py \
+	tests/test_actions.py tests/test_action_execution.py tests/test_drills.py
+test-pgbouncer: $(VENV)/.installed-dev
+	RECOVERY_TEST_PGBOUNCER=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PGBOUNCER_MODULES)
 
 # Ratios against baselines measured in the same run; use DATABASE_URL=postgres://... for the SPEC §19 figures.
 # Production settings (DEBUG off), with secrets generated for this run unless the environment gives them.

@@ -213,6 +213,69 @@ class Nginx:
         return path.read_text() if path.exists() else ""
 
 
+class PgBouncer:
+    """Debian's PgBouncer in transaction mode on a free port of 127.0.0.1, in front of the PostgreSQL at
+    `host:port` (every database name passed through as it is), trusting its local clients as the server does."""
+
+    BINARY = "/usr/sbin/pgbouncer"
+
+    def __init__(self, host: str, port: int, *, user: str, workdir: Path, pool_size: int = 20) -> None:
+        self.port, self.workdir, self.user = free_port(), workdir, user
+        workdir.mkdir(parents=True, exist_ok=True)
+        (workdir / "users.txt").write_text(f'"{user}" ""\n')
+        (workdir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={host} port={port}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {self.port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {workdir / 'users.txt'}\nadmin_users = {user}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = 1000\n"
+            "server_reset_query =\nignore_startup_parameters = extra_float_digits,options\n"
+            f"logfile = {workdir / 'pgbouncer.log'}\npidfile = {workdir / 'pgbouncer.pid'}\n"
+        )
+        self.process: subprocess.Popen | None = None
+
+    def __enter__(self) -> PgBouncer:
+        command = [self.BINARY, str(self.workdir / "pgbouncer.ini")]
+        if os.geteuid() == 0:
+            command[1:1] = ["-u", "postgres"]  # it refuses to run as root
+            subprocess.run(["chown", "-R", "postgres", str(self.workdir)], check=True)
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and self.process.poll() is None:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return self
+            time.sleep(0.05)
+        self.__exit__()
+        raise RuntimeError(f"pgbouncer did not start: {self.log()[-2000:]}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def transactions(self, database: str) -> int:
+        """How many transactions PgBouncer has passed to `database` so far (its admin console's SHOW STATS)."""
+        import psycopg
+
+        with psycopg.connect(
+            host="127.0.0.1", port=self.port, dbname="pgbouncer", user=self.user, autocommit=True
+        ) as admin:
+            cursor = admin.cursor()
+            cursor.execute("SHOW STATS")
+            names = [column.name for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
+        return sum(int(row["total_xact_count"]) for row in rows if row["database"] == database)
+
+    def log(self) -> str:
+        path = self.workdir / "pgbouncer.log"
+        return path.read_text() if path.exists() else ""
+
+
 def _close(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)

@@ -488,10 +488,13 @@ def test_the_embedded_default_says_the_web_process_runs_the_jobs(people, setting
     assert "This web process runs the background jobs itself" in page_text(section(body, "job-processes"))
 
 
-def test_it_shows_each_worker_with_its_heartbeat_and_the_scheduler_holder(people, rq_queue):
+def test_it_shows_each_worker_with_its_heartbeat_and_the_scheduler_holder(people, rq_queue, settings):
     from rq import Worker
 
     from recovery.cron import Scheduler
+    from tests.isolation import flush
+
+    flush(settings.REDIS_URL)  # no worker an earlier test registered (and killed) in this run's database
 
     worker = Worker(["default"], connection=rq_queue.connection, name="jobs-1.w1")
     worker.register_birth()  # what a starting worker writes to Redis: its name, host, pid and a heartbeat

@@ -7,7 +7,7 @@ flush of a production database wipes the audit trail with it, so it is logged lo
 import logging
 
 from django.core.management.commands.flush import Command as FlushCommand
-from django.db import connections
+from django.db import connections, transaction
 
 from recovery import dbguards
 
@@ -22,8 +22,11 @@ class Command(FlushCommand):
         logger.warning(
             "flush: audit maintenance switch on for database %r (every audit row is deleted)", options["database"]
         )
-        dbguards.set_maintenance(connection, True, local=False)
-        try:
-            return super().handle(**options)
-        finally:
-            dbguards.set_maintenance(connection, False, local=False)
+        # One transaction, the switch local to it: behind PgBouncer in transaction mode a session setting would be
+        # set on one server connection, the truncation run on another, and the switch left on for whoever came next.
+        with transaction.atomic(using=options["database"]):
+            dbguards.set_maintenance(connection, True, local=True)
+            try:
+                return super().handle(**options)
+            finally:
+                dbguards.set_maintenance(connection, False, local=True)
