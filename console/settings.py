@@ -109,6 +109,11 @@ RECOVERY_NO_SUBMISSION_EVERY_S = env_int("RECOVERY_NO_SUBMISSION_EVERY_S", 5, mi
 # Metrics (SPEC §17): how often the fold adds new audit events to the rollups that pages and /metrics read (the
 # figures are at most this old), and the most a run folds before it leaves the rest to the next one.
 RECOVERY_METRICS_FOLD_EVERY_S = env_int("RECOVERY_METRICS_FOLD_EVERY_S", 10, minimum=1)
+# Retention (docs/deploy.md): the receipts, gate answers and response bodies of calls settled this many days ago, in
+# tasks that are closed, are removed by a periodic job (0: kept forever). The calls, their attempts, decision cards,
+# the audit trail and the metrics' rollups are never removed.
+RECOVERY_RETENTION_DAYS = env_int("RECOVERY_RETENTION_DAYS", 0, minimum=0)
+RECOVERY_RETENTION_EVERY_S = env_int("RECOVERY_RETENTION_EVERY_S", 3600, minimum=60)
 RECOVERY_METRICS_FOLD_MAX_S = env_int("RECOVERY_METRICS_FOLD_MAX_S", 30, minimum=1)
 # Reconciliation: status queries in flight per worker, and how long a worker's claim on a call lasts.
 RECOVERY_CHECKS_IN_FLIGHT = env_int("RECOVERY_CHECKS_IN_FLIGHT", 8, minimum=1)

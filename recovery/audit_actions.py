@@ -78,6 +78,7 @@ class AuditAction(StrEnum):
     # the trail itself
     AUDIT_VERIFIED = "audit.verified"
     AUDIT_MAINTENANCE = "audit.maintenance"
+    RETENTION_PRUNED = "retention.pruned"  # settled calls' receipts, gate answers and response bodies removed
 
     @classmethod
     def request_entered(cls, status: str) -> AuditAction:

@@ -22,6 +22,7 @@ from recovery.services import (
     compensations,
     metrics,
     reconcile,
+    retention,
     sagas,
     sweeper,
     tasks,
@@ -62,6 +63,22 @@ def reconcile_call(call_id: int) -> None:
 def metrics_fold() -> int:
     """Periodic: fold the audit events past the metrics watermark into the rollups (SPEC §17)."""
     return metrics.metrics_fold(seconds=settings.RECOVERY_METRICS_FOLD_MAX_S)
+
+
+def prune_settled_history() -> int:
+    """Periodic: remove the settled history past RECOVERY_RETENTION_DAYS (recovery.services.retention); calls pruned."""
+    days = settings.RECOVERY_RETENTION_DAYS
+    pruned = retention.retention_prune(now=timezone.now(), days=days, actor=Actor.job("retention"))
+    if pruned.calls:
+        logger.info(
+            "retention: %d calls past %d days: %d receipts, %d gate answers, %d response bodies removed",
+            pruned.calls,
+            days,
+            pruned.receipts,
+            pruned.gate_decisions,
+            pruned.attempt_bodies,
+        )
+    return pruned.calls
 
 
 def sweep_sent() -> int:

@@ -273,6 +273,9 @@ class Call(models.Model):
     # Observed, not protected: made from an OpenTelemetry span after the fact (recovery.services.observed), never
     # admitted before it was sent. Its attempts are after-the-fact reports (SPEC §8.1, §21).
     observed = models.BooleanField(default=False)
+    # When retention removed its settled history — receipts, gate answers, response bodies (recovery.services.
+    # retention); null while it is all here. Its states, attempts, decision cards and audit trail are never removed.
+    history_pruned_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
