@@ -123,6 +123,16 @@ def database_from_env(name: str, *, sqlite_default: Path) -> dict:
             # Django turns off for the sake of transaction-pooling proxies): the hot path's statements are parsed
             # and planned once per connection instead of on every request. Off behind PgBouncer.
             config.setdefault("OPTIONS", {}).update(server_side_binding=True, prepare_threshold=5)
+        if env_bool("DATABASE_POOL", False):
+            # Django's psycopg pool, for web processes (docs/deploy.md): a process keeps DATABASE_POOL_MAX connections
+            # open and lends one per request (no persistent connection per thread). Never in forked work horses:
+            # `runjobs` turns it off for itself.
+            config["CONN_MAX_AGE"] = 0
+            config.setdefault("OPTIONS", {})["pool"] = {
+                "min_size": env_int("DATABASE_POOL_MIN", 2, minimum=0),
+                "max_size": env_int("DATABASE_POOL_MAX", 8, minimum=1),
+                "timeout": 10,
+            }
         if not config.get("NAME"):
             raise ImproperlyConfigured(f"{name} must name a database: postgres://user@host:5432/dbname")
         return config

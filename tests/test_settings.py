@@ -137,6 +137,17 @@ def test_behind_a_transaction_pooler_nothing_outlives_a_transaction(monkeypatch,
     assert not database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3").get("DISABLE_SERVER_SIDE_CURSORS")
 
 
+def test_a_web_process_may_use_djangos_connection_pool(monkeypatch, tmp_path):
+    monkeypatch.setenv(VAR, "postgres://console@db.internal:5432/recovery")
+    monkeypatch.setenv("DATABASE_POOL", "1")
+    monkeypatch.setenv("DATABASE_POOL_MAX", "12")
+    config = database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3")
+    assert config["CONN_MAX_AGE"] == 0  # Django refuses a pool beside persistent connections
+    assert config["OPTIONS"]["pool"] == {"min_size": 2, "max_size": 12, "timeout": 10}
+    monkeypatch.delenv("DATABASE_POOL")
+    assert "pool" not in database_from_env(VAR, sqlite_default=tmp_path / "db.sqlite3").get("OPTIONS", {})
+
+
 def test_it_reads_a_sqlite_url(monkeypatch, tmp_path):
     path = tmp_path / "elsewhere.sqlite3"
     monkeypatch.setenv(VAR, f"sqlite:///{path}")

@@ -7,6 +7,8 @@ task each, and created beforehand in bulk (not measured). Series:
 - product: the whole API (console.wsgi) served by gunicorn;
 - orm: the same, with RECOVERY_HOT_PATH_SQL off — the hot path's one raw statement (the task's counters moved and
   read back by UPDATE ... RETURNING) replaced by its ORM twin (an UPDATE and a SELECT);
+- pool: the product with Django's psycopg connection pool (DATABASE_POOL=1: connections lent per request from a
+  pool per process) instead of a persistent connection per thread (CONN_MAX_AGE);
 - bare: recovery.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
   psycopg over one persistent connection per worker, served by gunicorn with the same settings;
 - raw psycopg: bare_wsgi.single_shot in a loop from this process, no HTTP.
@@ -526,9 +528,10 @@ def bench_ingest(count: int = 1000) -> dict:
     with (
         serve(PRODUCT_APP, dsn) as product_server,
         serve(PRODUCT_APP, dsn, RECOVERY_HOT_PATH_SQL="0") as orm_server,
+        serve(PRODUCT_APP, dsn, DATABASE_POOL="1") as pool_server,
         serve(BARE_APP, dsn) as bare_server,
     ):
-        servers = {"product": product_server, "orm": orm_server, "bare": bare_server}
+        servers = {"product": product_server, "orm": orm_server, "pool": pool_server, "bare": bare_server}
         runs, all_calls = interleaved_rounds(fixture, servers, per_round)
     raw_calls = fixture.bulk_calls(warm + count, "raw")
     raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
@@ -553,6 +556,9 @@ def bench_ingest(count: int = 1000) -> dict:
         "orm_twin_attempts_per_s": round(rate["orm"], 1),
         "orm_twin_ratio": round(rate["orm"] / rate["bare"], 2),
         "orm_twin_statements_per_attempt": len(orm),
+        # The product with Django's psycopg pool (DATABASE_POOL=1) instead of a persistent connection per thread.
+        "pool_attempts_per_s": round(rate["pool"], 1),
+        "pool_ratio_to_product": round(rate["pool"] / rate["product"], 2),
         "raw_psycopg_attempts_per_s": raw_rate,
         "statements_per_attempt": len(product),
         "target_statements_per_attempt": TARGET_STATEMENTS,

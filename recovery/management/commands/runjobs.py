@@ -50,6 +50,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args, burst: bool, role: str, **options):
+        # Work horses are forked: a connection pool (DATABASE_POOL, for web processes) must not be copied into them.
+        connections["default"].settings_dict.get("OPTIONS", {}).pop("pool", None)
         if role != "all" and not settings.REDIS_URL:
             raise CommandError(f"--role {role} needs REDIS_URL: without Redis one process runs everything in-process")
         if role == "scheduler":
