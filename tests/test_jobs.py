@@ -7,6 +7,7 @@ real queues are never touched; without Redis they skip, unless REQUIRE_SERVICES=
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -338,9 +339,22 @@ def _spawn(*args: str, var_dir: Path, redis_url: str, log: Path) -> subprocess.P
     env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DJANGO_SETTINGS_MODULE"}}
     env.update(DEBUG="1", RECOVERY_VAR_DIR=str(var_dir), REDIS_URL=redis_url, RECOVERY_SCHEDULER_LEASE_S="2")
     with open(log, "a") as out:
+        # A session of its own: killing "the worker" kills its process tree (rq's scheduler process and work horses
+        # are its children), as losing its machine would; none is left behind to write to the run's Redis database.
         return subprocess.Popen(
-            [sys.executable, "manage.py", "runjobs", *args], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+            [sys.executable, "manage.py", "runjobs", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
+
+
+def _kill9(process: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait(10)
 
 
 def _holder_pid(queue, wait_s: float) -> int | None:
@@ -369,7 +383,7 @@ def test_scheduler_candidates_and_workers_run_apart_and_a_standby_takes_over_wit
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
 
-        os.kill(holder, signal.SIGKILL)  # the holder dies without releasing its lock
+        _kill9(next(c for c in candidates if c.pid == holder))  # the holder dies without releasing its lock
         killed_at = time.monotonic()
         standby = next(c for c in candidates if c.pid != holder)
         while _holder_pid(queue, 0.2) != standby.pid and time.monotonic() - killed_at < 10:
@@ -378,19 +392,20 @@ def test_scheduler_candidates_and_workers_run_apart_and_a_standby_takes_over_wit
         assert _holder_pid(queue, 0.2) == standby.pid and took_over_s <= 2 + 1, (took_over_s, log.read_text()[-2000:])
         assert worker.poll() is None  # killing the scheduler holder did not stop the worker
 
-        worker.kill()  # nor the reverse
-        worker.wait(10)
+        _kill9(worker)  # nor the reverse
         time.sleep(2.5)  # longer than the lease: the holder kept renewing it
         assert standby.poll() is None and _holder_pid(queue, 0.2) == standby.pid
     finally:
         for process in processes:
-            if process.poll() is None:
-                process.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
         for process in processes:
             try:
                 process.wait(20)
             except subprocess.TimeoutExpired:
-                process.kill()
+                _kill9(process)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)  # whatever of its tree outlived it
 
 
 # Periodic runs that nothing can block ------------------------------------------------------------------------------
