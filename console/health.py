@@ -91,19 +91,19 @@ def _jobs() -> dict[str, Any]:
         return {"redis": {"configured": False}, "scheduler": {"mode": "in-process"}}
     import redis
 
-    from recovery.cron import Scheduler
+    from recovery.selectors.job_processes import scheduler_holder
 
+    # A client of its own with short timeouts: a probe must answer within its deadline through a Redis outage.
     client = redis.Redis.from_url(
         settings.REDIS_URL, socket_connect_timeout=REDIS_TIMEOUT_S, socket_timeout=REDIS_TIMEOUT_S
     )
     try:
-        with client.pipeline(transaction=False) as pipe:
-            holder, lease_ms = pipe.get(Scheduler.LOCK_KEY).pttl(Scheduler.LOCK_KEY).execute()
+        holder, lease_ms = scheduler_holder(client)
     except redis.RedisError as exc:
         return {"redis": {"configured": True, "ok": False, "error": type(exc).__name__}, "scheduler": {"holder": None}}
     finally:
         client.close()
-    scheduler = {"holder": holder.decode(errors="replace") if holder else None}
+    scheduler = {"holder": holder}
     if holder:
-        scheduler["lease_ms"] = max(int(lease_ms), 0)
+        scheduler["lease_ms"] = lease_ms
     return {"redis": {"configured": True, "ok": True}, "scheduler": scheduler}

@@ -133,6 +133,28 @@ class TcpProxy:
                 self._open -= {source, sink}
 
 
+def _listening(process: subprocess.Popen, port: int, wait_s: float = 15) -> bool:
+    """Whether `process` listens on 127.0.0.1:`port` within `wait_s` (False: it died or never did)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and process.poll() is None:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _stop(process: subprocess.Popen | None, wait_s: float = 10) -> None:
+    """SIGTERM, then SIGKILL if it has not ended within `wait_s`."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(wait_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 class Nginx:
     """Debian's nginx with the shipped deploy/nginx.conf in front of `upstreams` (host:port), on a free port of
     127.0.0.1: the file as an operator installs it, only its addresses and paths put in (the upstream servers, the
@@ -191,22 +213,13 @@ class Nginx:
         checked = subprocess.run([*command, "-t"], capture_output=True, text=True, timeout=30)
         assert checked.returncode == 0, checked.stderr
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return self
-            time.sleep(0.05)
+        if _listening(self.process, self.port):
+            return self
         self.__exit__()
         raise RuntimeError(f"nginx did not start: {self.error_log()[-2000:]}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _stop(self.process)
 
     def error_log(self) -> str:
         path = self.workdir / "error.log"
@@ -241,22 +254,13 @@ class PgBouncer:
             command[1:1] = ["-u", "postgres"]  # it refuses to run as root
             subprocess.run(["chown", "-R", "postgres", str(self.workdir)], check=True)
         self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and self.process.poll() is None:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return self
-            time.sleep(0.05)
+        if _listening(self.process, self.port):
+            return self
         self.__exit__()
         raise RuntimeError(f"pgbouncer did not start: {self.log()[-2000:]}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _stop(self.process)
 
     def transactions(self, database: str) -> int:
         """How many transactions PgBouncer has passed to `database` so far (its admin console's SHOW STATS)."""
@@ -341,13 +345,7 @@ class WebServer:
         raise RuntimeError(f"gunicorn did not start:\n{self.log()[-3000:]}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        _stop(self.process, 20)
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import requests
-from django.db import connection
 from django.db.migrations.recorder import MigrationRecorder
 
 from recovery.cron import Scheduler
@@ -75,10 +74,9 @@ def test_it_names_the_scheduler_holder_and_its_lease(db, client, rq_queue):
     assert 0 < body["scheduler"]["lease_ms"] <= 9000
 
 
+@pytest.mark.postgres  # the dead database is a PostgreSQL address nothing listens on; the live one is the suite's
 @pytest.mark.django_db(transaction=True)
 def test_in_production_settings_probes_by_ip_get_no_redirect_and_a_dead_database_is_not_ready(tmp_path):
-    if connection.vendor != "postgresql":
-        pytest.skip("the dead database is a PostgreSQL address nothing listens on; the live one is the suite's")
     secure = dict(ALLOWED_HOSTS="console.example.com", SECURE_SSL_REDIRECT="1", RECOVERY_READY_CACHE_S="0")
     env = production_env(DATABASE_URL=database_url(), RECOVERY_TOKEN_PEPPER="health-pepper", **secure)
     with WebServer(env, log_path=tmp_path / "live.log") as web:

@@ -33,6 +33,18 @@ class JobProcesses:
     lease_s: float | None = None  # what is left of its lease: it renews it every tick
 
 
+def scheduler_holder(client) -> tuple[str | None, int | None]:
+    """The scheduler candidate holding the lock (recovery.cron) and the milliseconds left of its lease, in one round
+    trip on `client` (a redis.Redis); (None, None) when nobody holds it. Redis errors are the caller's."""
+    from recovery.cron import Scheduler
+
+    with client.pipeline(transaction=False) as pipe:
+        holder, lease_ms = pipe.get(Scheduler.LOCK_KEY).pttl(Scheduler.LOCK_KEY).execute()
+    if not holder:
+        return None, None
+    return holder.decode(errors="replace"), max(int(lease_ms), 0)
+
+
 def job_processes() -> JobProcesses:
     if not settings.REDIS_URL:
         return JobProcesses(mode="in-process")
@@ -40,22 +52,17 @@ def job_processes() -> JobProcesses:
     from rq import Worker
 
     from recovery import queueing
-    from recovery.cron import Scheduler
 
     queue = queueing.get_queue()
     try:
         workers = Worker.all(connection=queue.connection)
-        with queue.connection.pipeline(transaction=False) as pipe:
-            holder, lease_ms = pipe.get(Scheduler.LOCK_KEY).pttl(Scheduler.LOCK_KEY).execute()
+        holder, lease_ms = scheduler_holder(queue.connection)
         found = [_view(worker) for worker in workers]
     except redis.RedisError as exc:
         return JobProcesses(mode="rq", reachable=False, error=type(exc).__name__)
     found.sort(key=lambda w: (w.host, w.name))
     return JobProcesses(
-        mode="rq",
-        workers=found,
-        holder=holder.decode(errors="replace") if holder else None,
-        lease_s=max(int(lease_ms), 0) / 1000 if holder else None,
+        mode="rq", workers=found, holder=holder, lease_s=lease_ms / 1000 if lease_ms is not None else None
     )
 
 
