@@ -7,7 +7,8 @@ import pytest
 from django.db.models import F
 
 from recovery.benchmarks.queue import bench_queue
-from recovery.models import Attempt, Call, Step, Task
+from recovery.benchmarks.queue_load import BYTES_PER_CALL, disk_check, load
+from recovery.models import Attempt, Call, Step, Task, Tool
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -45,6 +46,26 @@ def test_the_queue_benchmark_loads_measures_and_reports():
     assert result["statements_product_first"] == result["statements_product_deep"]
     assert result["statements_constant"] is True
     assert result["statements_bare_first"] == result["statements_bare_deep"] == 1
+    # The call page: its statements the same for the queue's call with the fewest attempts and the one with the most.
+    assert result["call_few_attempts"] < result["call_many_attempts"]
+    assert result["statements_call_few"] == result["statements_call_many"]
+    assert result["call_many_median_ms"] > 0
+    # The disk it took, against the estimate the loader checks free space with before it writes anything.
+    assert 0 < result["database_bytes_added"] <= result["disk_estimate_bytes"]
+    assert result["disk_free_bytes"] is None or result["disk_free_bytes"] > result["disk_estimate_bytes"]
     missing = [key for key in README_KEYS if key not in result]
     assert not missing, missing
     assert all(result[f"{page}_median_ms"] > 0 for page in ("product_first", "bare_deep", "admin_deep"))
+
+
+def test_a_load_larger_than_the_free_disk_is_refused_before_anything_is_written():
+    free = disk_check(1)["disk_free_bytes"]
+    if free is None:
+        pytest.skip("the database server's data directory is not visible from here (a remote server)")
+    too_many = int(free / BYTES_PER_CALL) + 1
+
+    with pytest.raises(ValueError, match=r"needs about .* GB free|GB free") as refused:
+        load(too_many)
+
+    assert f"loading {too_many:,} calls needs about" in str(refused.value)
+    assert not Call.objects.exists() and not Tool.objects.exists()

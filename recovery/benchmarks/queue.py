@@ -45,6 +45,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import get_user_model
 from django.db import connection
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse
 from django.template import engines
 from django.test import Client, override_settings
@@ -222,6 +223,14 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
     for name, (changelist, per_page) in changelists.items():
         pages[f"{name}_first"] = (admin_client, changelist)
         pages[f"{name}_deep"] = (admin_client, f"{changelist}&p={depth // per_page + 1}")
+    # The call page (SPEC §19: statements constant in its attempts): the queue's call with the fewest attempts and
+    # the one with the most, among the first thousand by id; timed beside the queue pages, no baseline of its own.
+    sample = Call.objects.filter(state=UNKNOWN, pk__in=Call.objects.filter(state=UNKNOWN).order_by("pk")[:1000])
+    counted = list(sample.annotate(n=Count("attempts")).order_by("n", "pk").values_list("pk", "n"))
+    (few, few_n), (many, many_n) = counted[0], counted[-1]
+    pages["call_few"] = (product, reverse("console:call", kwargs={"call_id": few}))
+    pages["call_many"] = (product, reverse("console:call", kwargs={"call_id": many}))
+    _CALL_ATTEMPTS.update(few=few_n, many=many_n)
     for which in ("first", "deep"):
         shown = _ids(PRODUCT_IDS, _get(*pages[f"product_{which}"]))
         if len(shown) != PAGE_SIZE or _ids(BARE_IDS, _get(*pages[f"bare_{which}"])) != shown:
@@ -236,6 +245,9 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
             if _ids(ADMIN_IDS, _get(*pages[f"{name}_{which}"])) != admin_rows:
                 raise AssertionError(f"the {name} {which} page does not show its rows at offset {offset}")
     return pages
+
+
+_CALL_ATTEMPTS: dict[str, int] = {}  # the attempts of the two call pages measured
 
 
 def _reading(page: str):
@@ -279,6 +291,7 @@ def measure(count: int, *, depth: int = DEPTH) -> dict:
     for name, number in statements.items():
         result[f"statements_{name}"] = number
     result["deep_url"] = pages["product_deep"][1]
+    result["call_few_attempts"], result["call_many_attempts"] = _CALL_ATTEMPTS["few"], _CALL_ATTEMPTS["many"]
     return result
 
 
@@ -312,7 +325,10 @@ def bench_queue(count: int = 30, *, calls: int = CALLS, unknown: int | None = No
         "target_product_bare_max": TARGET_BARE,
         "target_admin_product_min": TARGET_ADMIN,
     }
-    result["statements_constant"] = result["statements_product_first"] == result["statements_product_deep"]
+    result["statements_constant"] = (
+        result["statements_product_first"] == result["statements_product_deep"]
+        and result["statements_call_few"] == result["statements_call_many"]
+    )
     # STYLE.md: the page's SQL (recovery/selectors/queues.py) stays only while its ORM twin misses the target.
     result["orm_twin_meets_target"] = all(
         result[f"ratio_product_orm_bare_{w}"] <= TARGET_BARE for w in ("first", "deep")
