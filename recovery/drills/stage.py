@@ -306,10 +306,11 @@ class JobWorkers:
         self.processes: list[subprocess.Popen] = []
         self._numbers = count()
 
-    def start(self) -> subprocess.Popen:
+    def start(self, *args: str) -> subprocess.Popen:
+        """One more `runjobs` process (`args`: its options, as `--role worker`)."""
         with open(self.log_dir / f"runjobs-{os.getpid()}-{next(self._numbers)}.log", "a") as out:
             child = subprocess.Popen(
-                [sys.executable, str(settings.BASE_DIR / "manage.py"), "runjobs"],
+                [sys.executable, str(settings.BASE_DIR / "manage.py"), "runjobs", *args],
                 cwd=settings.BASE_DIR,
                 env=self.env,
                 stdout=out,
