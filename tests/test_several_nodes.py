@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
 
 from recovery.drills.nodes import REFUNDS, run_nodes
 from recovery.drills.servers import Nginx, PgBouncer
@@ -63,3 +64,9 @@ def test_two_thousand_refunds_survive_a_killed_web_process_worker_and_scheduler_
     assert result.counts["calls the killed worker was checking"] > 0  # it died mid-check
     # nginx carried every runtime request; the killed web process cost the runtimes a resend, not an error.
     assert result.counts["requests through nginx"] >= 4 * REFUNDS
+
+
+def test_the_command_says_what_it_needs_before_starting_anything(settings):
+    settings.REDIS_URL = ""
+    with pytest.raises(CommandError, match=r"needs (Redis|PostgreSQL)"):
+        call_command("nodes", "--refunds", "20")
