@@ -14,6 +14,7 @@ import json
 
 import pytest
 import requests
+from playwright.sync_api import expect
 
 from recovery.audit import Actor
 from recovery.client import RecoveryClient, facts_from_exception, facts_from_response
@@ -69,8 +70,9 @@ def test_a_reviewer_bulk_escalates_ticked_rows_an_approver_approves_and_results_
     page.get_by_label(f"Select call {third}").check()
     # The list redraws itself every few seconds: the ticks stay.
     page.evaluate("() => new Promise(done => document.addEventListener('htmx:afterSettle', done, {once: true}))")
-    assert page.get_by_label(f"Select call {first}").is_checked()
-    assert not page.get_by_label(f"Select call {second}").is_checked()
+    expect(page.get_by_label(f"Select call {first}")).to_be_checked()
+    expect(page.get_by_label(f"Select call {third}")).to_be_checked()
+    expect(page.get_by_label(f"Select call {second}")).not_to_be_checked()
     page.locator("#bulk-action").select_option(label="Escalate to human review")
     with page.expect_navigation():
         page.get_by_role("button", name="Preview for the selected rows").click()

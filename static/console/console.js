@@ -63,7 +63,16 @@
     known = new Set(rows().map(function (r) { return r.dataset.id; }));
   }
 
+  function restoreTicks() {
+    document.querySelectorAll('#rows input[type="checkbox"][name="call"]').forEach(function (box) {
+      box.checked = picked.has(box.value);
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", remember);
+  // The ticks come back in the same task as the swap (afterSwap), so no moment shows the redrawn rows unticked (the
+  // settle comes a few milliseconds later and another refresh may land in between); and again after the settle.
+  document.addEventListener("htmx:afterSwap", restoreTicks);
   // After the settle, not the swap: htmx's settle step puts back the new markup's class attributes (it first copies
   // the old ones onto elements with the same id, for CSS transitions), which would wipe the marks made on afterSwap.
   document.addEventListener("htmx:afterSettle", function (event) {
@@ -74,9 +83,7 @@
       rows().forEach(function (r) { if (!known.has(r.dataset.id)) r.classList.add("new"); });
     }
     remember();
-    document.querySelectorAll('#rows input[type="checkbox"][name="call"]').forEach(function (box) {
-      box.checked = picked.has(box.value);
-    });
+    restoreTicks();
     const row = current();
     if (row) { row.classList.add("current"); row.setAttribute("aria-selected", "true"); }
   });
