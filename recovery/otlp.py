@@ -131,6 +131,7 @@ def decode(body: bytes, media: str) -> ExportTraceServiceRequest:
     if not isinstance(data, dict):
         raise OtlpError("an OTLP/JSON ExportTraceServiceRequest is a JSON object with resourceSpans")
     _check_unicode(data)
+    _check_shape(data)
     _ids_to_base64(data)
     try:
         return json_format.ParseDict(data, ExportTraceServiceRequest(), ignore_unknown_fields=True)
@@ -152,6 +153,41 @@ def _check_unicode(data: dict) -> None:
                 except UnicodeEncodeError:
                     raise OtlpError("text must be valid Unicode, not a lone surrogate escape") from None
         pending.extend(item.values() if isinstance(item, dict) else item if isinstance(item, list) else [])
+
+
+def _check_shape(data: dict) -> None:
+    """Objects where the API's document says objects go, arrays where arrays go, ids as text: checked here, because
+    protobuf's JSON parser reads a `null` anywhere as "not set" and would take `"spanId": null` for a span without an
+    id, or `"resourceSpans": null` for an empty request, where the sender sent something else."""
+
+    def expect(parent: dict, names: tuple[str, ...], kind: type, where: str) -> list:
+        for name in names:
+            if name in parent:
+                value = parent[name]
+                if not isinstance(value, kind):
+                    what = "an object" if kind is dict else "an array"
+                    raise OtlpError(f"{where}{name} must be {what}", field=f"{where}{name}")
+                return value if kind is list else [value]
+        return []
+
+    def each(items: list, where: str) -> list[tuple[str, dict]]:
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise OtlpError(f"{where}[{i}] must be an object", field=f"{where}[{i}]")
+        return [(f"{where}[{i}].", item) for i, item in enumerate(items)]
+
+    for r, resource in each(expect(data, ("resourceSpans", "resource_spans"), list, ""), "resourceSpans"):
+        expect(resource, ("resource",), dict, r)
+        for s, scope in each(expect(resource, ("scopeSpans", "scope_spans"), list, r), f"{r}scopeSpans"):
+            expect(scope, ("scope",), dict, s)
+            for n, span in each(expect(scope, ("spans",), list, s), f"{s}spans"):
+                for name, size in _ID_FIELDS.items():
+                    if name in span and not isinstance(span[name], str):
+                        raise OtlpError(
+                            f"{name} must be {size * 2} hexadecimal digits (OTLP/JSON ids are hex), not "
+                            f"{type(span[name]).__name__ if span[name] is not None else 'null'}",
+                            field=f"{n}{name}",
+                        )
 
 
 _ID_FIELDS = {"traceId": 16, "spanId": 8, "parentSpanId": 8, "trace_id": 16, "span_id": 8, "parent_span_id": 8}

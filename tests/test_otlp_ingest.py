@@ -487,7 +487,27 @@ def test_a_body_over_the_limit_once_decompressed_is_refused_and_nothing_is_store
         (PROTOBUF, b"\xff\xff\xff not protobuf", {}, 400, "invalid_otlp", "body"),
         (JSON, b"[1, 2]", {}, 400, "invalid_otlp", "body"),
         (JSON, b"{not json", {}, 400, "invalid_otlp", "body"),
-        (JSON, b'{"resourceSpans": 5}', {}, 400, "invalid_otlp", "body"),
+        (JSON, b'{"resourceSpans": 5}', {}, 400, "invalid_otlp", "resourceSpans"),
+        # protobuf's JSON parser would read a null as "not set": a span without an id, an empty request
+        (JSON, b'{"resourceSpans": null}', {}, 400, "invalid_otlp", "resourceSpans"),
+        (
+            JSON,
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "4bf92f3577b34da6a3ce929d0e0e4736", '
+            b'"spanId": null}]}]}]}',
+            {},
+            400,
+            "invalid_otlp",
+            "resourceSpans[0].scopeSpans[0].spans[0].spanId",
+        ),
+        (
+            JSON,
+            b'{"resourceSpans": [{"scopeSpans": [{"spans": [7]}]}]}',
+            {},
+            400,
+            "invalid_otlp",
+            "resourceSpans[0].scopeSpans[0].spans[0]",
+        ),
+        (JSON, b'{"resourceSpans": [{"resource": null}]}', {}, 400, "invalid_otlp", "resourceSpans[0].resource"),
         (
             JSON,
             b'{"resourceSpans": [{"scopeSpans": [{"spans": [{"traceId": "zz", "spanId": "00f067aa0ba902b7"}]}]}]}',
