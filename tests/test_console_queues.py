@@ -3,6 +3,8 @@ fixed number of SQL statements whatever the page's size or depth."""
 
 from __future__ import annotations
 
+import html
+import re
 from datetime import timedelta
 
 from django.db import connection
@@ -158,3 +160,39 @@ def test_an_htmx_request_of_an_ended_session_is_sent_to_sign_in_as_a_whole_page(
     )
     assert response.status_code == 204
     assert response["HX-Redirect"] == "/sign-in/?next=%2Fqueues%2Funknown%2F%3Frisk%3Dhigh"
+
+
+def test_all_calls_shows_every_state_by_default_oldest_first_and_one_state_when_asked(people, make_call):
+    now = timezone.now()
+    made = []
+    for i, state in enumerate(["READY", "COMMITTED", "UNKNOWN", "FAILED_PERMANENT", "HUMAN_REVIEW"]):
+        call = make_call(state)
+        Call.objects.filter(pk=call.pk).update(state_changed_at=now - timedelta(minutes=10 - i))
+        made.append(call)
+    client = signed_in(people, "viewer")
+
+    page = client.get("/queues/calls/").content.decode()
+
+    positions = [page.index(f'data-id="{c.pk}"') for c in made]
+    assert positions == sorted(positions) and page.count('data-id="') == 5  # every state, oldest first
+    assert '<option value="" selected>every state here</option>' in page
+    one = client.get("/queues/calls/?state=COMMITTED").content.decode()
+    assert one.count('data-id="') == 1 and f'data-id="{made[1].pk}"' in one
+
+
+def test_all_calls_pages_through_every_state_with_the_same_statements(people, make_call):
+    now = timezone.now()
+    for i in range(120):
+        call = make_call(["READY", "COMMITTED", "UNKNOWN"][i % 3])
+        Call.objects.filter(pk=call.pk).update(state_changed_at=now - timedelta(minutes=200 - i))
+    client = signed_in(people, "viewer")
+    seen, url, counts = [], "/queues/calls/", []
+    while url:
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get(url).content.decode()
+        counts.append(len(queries))
+        seen += [int(pk) for pk in re.findall(r'data-id="(\d+)"', page)]
+        found = re.search(r'<a href="([^"]+)" rel="next">', page)
+        url = html.unescape(found[1]) if found else ""
+    assert len(seen) == 120 == len(set(seen))
+    assert len(set(counts)) == 1, counts

@@ -15,14 +15,14 @@ import json
 from datetime import timedelta
 
 from django import forms
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
-from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page
+from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page, requires
 from recovery.actions import actions_for
 from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
@@ -42,7 +42,7 @@ class SeenForm(forms.Form):
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def call(request: HttpRequest, call_id: int) -> HttpResponse:
     now = timezone.now()
     seen = SeenForm(request.GET)

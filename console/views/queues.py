@@ -12,7 +12,7 @@ from html import escape
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -22,7 +22,7 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_GET, require_POST
 
 from console.forms import QueueFilterForm, cursor_param
-from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
+from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, requires, url_pattern
 from recovery.audit import Actor
 from recovery.models import Call
 from recovery.selectors.observed import admission_answers
@@ -38,14 +38,14 @@ BULK_FILTERS = ("state", "tool", "tenant", "risk", "age", "q", "sort")  # what a
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def home(request: HttpRequest) -> HttpResponse:
     return redirect("console:overview")
 
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def queue(request: HttpRequest, slug: str) -> HttpResponse:
     current = QUEUES.get(slug)
     if current is None:
@@ -96,7 +96,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def counts(request: HttpRequest) -> HttpResponse:
     """The navigation's live queue counts (an htmx partial)."""
     return render(request, "console/base.html#counts", {"counts": nav_counts()})
@@ -104,7 +104,7 @@ def counts(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def claim(request: HttpRequest, call_id: int) -> HttpResponse:
     try:
         taken = call_claim(call_id=call_id, user=request.user, actor=Actor.for_user(request.user))
@@ -115,7 +115,7 @@ def claim(request: HttpRequest, call_id: int) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def release(request: HttpRequest, call_id: int) -> HttpResponse:
     if call_release(call_id=call_id, user=request.user, actor=Actor.for_user(request.user)):
         return _after_claim(request, call_id, f"Released call {call_id}.")
