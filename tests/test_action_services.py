@@ -43,6 +43,7 @@ from recovery.models import (
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import load_registry
 from recovery.roles import APPROVER, REVIEWER
+from recovery.selectors.waiting import asked_for, why_waiting
 from recovery.services import action_execution
 from recovery.services.action_plans import CHECKS
 from recovery.services.actions import (
@@ -1050,3 +1051,13 @@ def test_a_compensation_ignores_the_tasks_spent_rounds_and_past_deadline(world):
     assert done.result["entry_state"] == "committed" and Call.objects.get(pk=call.pk).state == "COMPENSATED"
     budget = next(c for c in done.plan["checks"] if c["check"] == "task_budget")
     assert budget["passed"] and "not counted" in budget["detail"]
+
+
+def test_a_call_waiting_for_an_approval_says_so_in_its_queue(world):
+    call = _approval_call(world)
+
+    asked = asked_for([call.pk])
+
+    assert why_waiting(call.state, call.outcome, call.checks_made, asked[call.pk]) == (
+        "the provider needs an approval before it may run again"
+    )

@@ -40,7 +40,7 @@ def test_every_role_reads_the_queues_and_only_reviewers_claim(people, make_call)
         client = signed_in(people, role)
         page = client.get("/queues/unknown/")
         assert page.status_code == 200, role
-        assert call.idempotency_key not in page.content.decode()  # the key is not a column
+        assert f'<code class="key">{call.idempotency_key}</code>' in page.content.decode()  # the key is a column
         assert (b'data-action="claim"' in page.content) == (role == "reviewer"), role
         status = client.post(f"/calls/{call.pk}/claim/").status_code
         assert status == (302 if role == "reviewer" else 403), role
@@ -196,3 +196,18 @@ def test_all_calls_pages_through_every_state_with_the_same_statements(people, ma
         url = html.unescape(found[1]) if found else ""
     assert len(seen) == 120 == len(set(seen))
     assert len(set(counts)) == 1, counts
+
+
+def test_each_row_says_why_it_waits_and_links_to_the_call_by_its_name(people, make_call, registry):
+    checking = make_call("UNKNOWN", checks_made=2)
+    used_up = make_call("HUMAN_REVIEW", outcome="poll_budget_exhausted")
+    asked = make_call("HUMAN_REVIEW", outcome="human_review_required")
+    client = signed_in(people, "viewer")
+
+    unknown = client.get("/queues/unknown/").content.decode()
+    review = client.get("/queues/human-review/").content.decode()
+
+    row = unknown[unknown.index(f'id="call-{checking.pk}"') :]
+    assert f">call {checking.pk}</a>" in row and "outcome unknown: 2 status checks so far" in row
+    assert "status checks used up without an answer" in review[review.index(f'id="call-{used_up.pk}"') :]
+    assert "the recovery engine asks a person" in review[review.index(f'id="call-{asked.pk}"') :]

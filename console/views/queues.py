@@ -27,9 +27,11 @@ from recovery.audit import Actor
 from recovery.models import Call
 from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
+from recovery.selectors.waiting import asked_for, why_waiting
 from recovery.services.action_plans import ACTION_BY_NAME
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
+from recovery.states import CallState
 
 REFRESH_S = 5
 BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
@@ -136,6 +138,7 @@ def _decorate(
     if queue.compensation:
         claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
     answers = admission_answers(row["id"] for row in rows if row["observed"])  # one statement, if any is observed
+    asked = asked_for(row["id"] for row in rows if row["state"] == CallState.HUMAN_REVIEW)  # one, if any
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
@@ -145,6 +148,7 @@ def _decorate(
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
         row["held"] = held = Call.claim_live(row["claimed_by_id"], row["claim_until"], now)
         row["entry"] = _entry_text(row) if queue.compensation else ""
+        row["why"] = row["entry"] or why_waiting(row["state"], row["outcome"], row["checks_made"], asked.get(pk, ""))
         answer = answers.get(pk)
         row["admission"] = answer.text if answer else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
@@ -172,7 +176,7 @@ def _entry_text(row: dict) -> str:
 _SHOWN = (
     "id", "open_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk", "state",
     "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label", "entry", "admission",
+    "button_label", "entry", "admission", "why", "idempotency_key",
 )  # fmt: skip
 
 
