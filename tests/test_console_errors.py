@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import path
 
 from console import urls as console_urls
+from console.templatetags import console_tags
 from recovery.roles import APPROVER, REVIEWER, VIEWER
 from tests.console import NO_ROLE, page_text, signed_in
 from tests.servers import ROOT
@@ -116,3 +117,15 @@ def test_under_make_run_s_debug_a_refusal_is_printed_once_at_info(tmp_path):
 
     printed = [line for line in done.stderr.splitlines() if "Conflict: /api/v1/calls/7/attempts" in line]
     assert len(printed) == 1 and " INFO django.request " in printed[0], done.stderr
+
+
+@pytest.mark.parametrize(
+    "seconds, words", [(86400, "1 d"), (90, "1 min 30 s"), (5400, "1 h 30 min"), (45, "45 s"), (0, "0 s")]
+)
+def test_durations_read_as_people_write_them(seconds, words):
+    assert console_tags.duration(seconds) == words
+
+
+def test_a_worker_is_named_by_its_machine_and_process():
+    assert console_tags.worker("vm:11097:139762824357568") == "vm, process 11097"
+    assert console_tags.worker("doomed") == "doomed"
