@@ -40,10 +40,7 @@ class QueueFilterForm(forms.Form):
     def __init__(self, data, *, queue: Queue, tools: list[tuple[int, str]], tenants: list[tuple[int, str]]):
         super().__init__(data)
         self.queue = queue
-        first = "" if len(queue.states) <= 3 else queue.states[0]
-        self.fields["state"].choices = ([("", "every state here")] if not first else []) + [
-            (state, state) for state in queue.states
-        ]
+        self.fields["state"].choices = [("", "every state here")] + [(state, state) for state in queue.states]
         self.fields["tool"].choices = [("", "every tool"), *((str(pk), name) for pk, name in tools)]
         self.fields["tenant"].choices = [("", "every tenant"), *((str(pk), name) for pk, name in tenants)]
 
@@ -86,8 +83,6 @@ class QueueFilterForm(forms.Form):
     def filters(self) -> QueueFilters:
         data = self.cleaned_data
         states = (data["state"],) if data.get("state") else self.queue.states
-        if len(self.queue.states) > 3 and not data.get("state"):
-            states = (self.queue.states[0],)  # "all calls" shows one state at a time, so its index orders the page
         return QueueFilters(
             states=states,
             tool_id=int(data["tool"]) if data.get("tool") else None,

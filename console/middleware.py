@@ -97,3 +97,28 @@ class HtmxSignInRedirectMiddleware:
 def _local_path(url: str) -> str:
     parts = urlsplit(url)
     return parts.path + (f"?{parts.query}" if parts.query else "")
+
+
+class ConsoleErrorPagesMiddleware:
+    """With DEBUG on (`make run`), Django answers a missing page or an uncaught exception with its technical pages —
+    every URL pattern, a traceback with settings. Outside the API, this puts the console's own 404 and 500 pages in
+    their place unless RECOVERY_TECHNICAL_ERRORS is set (a developer's explicit choice). With DEBUG off Django calls
+    the console's handlers itself (console/urls.py), and this does nothing."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        response = self.get_response(request)
+        if (
+            settings.DEBUG
+            and not settings.RECOVERY_TECHNICAL_ERRORS
+            and response.status_code in (404, 500)
+            and not getattr(response, "console_error_page", False)
+            and not request.path_info.startswith(API_PREFIX)
+            and response.get("Content-Type", "").startswith("text/html")
+        ):
+            from console.views import errors
+
+            return errors.not_found(request) if response.status_code == 404 else errors.server_error(request)
+        return response

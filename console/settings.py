@@ -61,6 +61,8 @@ MIDDLEWARE = [
     "console.health.HealthMiddleware",
     # First, so that every answer under /api/ — the other middleware's included — is the API's JSON envelope.
     "console.middleware.ApiEdgeMiddleware",
+    # DEBUG's technical 404 and 500 pages replaced by the console's own unless RECOVERY_TECHNICAL_ERRORS is set.
+    "console.middleware.ConsoleErrorPagesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -231,10 +233,23 @@ X_FRAME_OPTIONS = "DENY"
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 
+# Django's technical pages (DEBUG's URL list and tracebacks) instead of the console's 404 and 500 pages.
+RECOVERY_TECHNICAL_ERRORS = env_bool("RECOVERY_TECHNICAL_ERRORS", False)
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    # The API's refusals (409: admission's gate, a stale version, a call that is not reconcilable) are answers the
+    # protocol expects, not trouble: logged at INFO, where Django would log every 4xx as a WARNING.
+    "filters": {"expected_refusals": {"()": "console.logs.ExpectedRefusals"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Django's own console handler (DEBUG only) beside the root's printed every django.* line twice: one handler,
+    # the root's, prints everything once.
+    "loggers": {
+        "django": {"handlers": [], "propagate": True},
+        "django.request": {"filters": ["expected_refusals"]},
+        "django.server": {"handlers": [], "propagate": True, "filters": ["expected_refusals"]},
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
 }

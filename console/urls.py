@@ -1,5 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
+from django.http import HttpResponsePermanentRedirect
+from django.templatetags.static import static
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
@@ -22,13 +24,24 @@ console_patterns = [
     *bulk.urlpatterns,
 ]
 
+
+def favicon(request):
+    """Browsers and tools that ask for /favicon.ico without reading the page's icon link."""
+    return HttpResponsePermanentRedirect(static("console/favicon.svg"))
+
+
 admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttled like the console's
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("metrics", include("console.views.prometheus")),  # Prometheus text (SPEC §17): token or role protected
+    path("favicon.ico", favicon),
     path("sign-in/", auth.SignInView.as_view(), name="sign-in"),
     path("sign-out/", auth_views.LogoutView.as_view(next_page="sign-in"), name="sign-out"),
     path("", include((console_patterns, "console"))),
 ]
+
+handler403 = "console.views.errors.forbidden"
+handler404 = "console.views.errors.not_found"
+handler500 = "console.views.errors.server_error"

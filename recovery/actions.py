@@ -364,3 +364,41 @@ def actions_for(
             )
         )
     return options
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recommendation:
+    name: str  # an action allowed now
+    why: str
+
+
+def recommended(
+    options: Collection[ActionOption],
+    *,
+    state: str,
+    outcome: str,
+    asked: str = "",
+    retry_path: str = "",
+    replay_safe: bool = False,
+) -> Recommendation | None:
+    """The action the call page leads with, among those `options` allows now: what the engine asked for (its
+    latest card's required_next: an approval), else what settles an unknown outcome soonest — a status check while
+    checks can still answer; once they are used up, a same-key replay when the provider is proven to deduplicate by
+    the key (the retry path is safe), else an escalation to a person. None when nothing allowed fits."""
+    allowed = {o.name for o in options if o.allowed}
+    if asked == "request_approval" and "grant_approval" in allowed:
+        return Recommendation(name="grant_approval", why="the provider refused it pending an approval")
+    exhausted = outcome == "poll_budget_exhausted" or state == S.STILL_UNKNOWN
+    if state == S.UNKNOWN and not exhausted and "reconcile_now" in allowed:
+        return Recommendation(name="reconcile_now", why="a status check by its key settles it without a resend")
+    if exhausted or state == S.HUMAN_REVIEW:
+        if "replay_same_key" in allowed and (retry_path == "safe" or replay_safe):
+            proof = "proven by a duplicate probe" if retry_path == "safe" else "as its registry entry declares"
+            return Recommendation(
+                name="replay_same_key",
+                why=f"the provider deduplicates by this key ({proof}): a same-key replay settles it with no second "
+                "effect",
+            )
+        if state != S.HUMAN_REVIEW and "escalate" in allowed:
+            return Recommendation(name="escalate", why="its status checks are used up: a person decides")
+    return None

@@ -37,6 +37,7 @@ class AuditAction(StrEnum):
     ACTION_REJECTED = "action.rejected"
     ACTION_STALE = "action.stale"
     ACTION_EXPIRED = "action.expired"
+    ACTION_WITHDRAWN = "action.withdrawn"
     ACTION_EXECUTING = "action.executing"
     ACTION_EXECUTED = "action.executed"
     ACTION_FAILED = "action.failed"

@@ -286,6 +286,8 @@ class Call(models.Model):
         indexes = [
             # Queues: one state, oldest first, keyset on (state_changed_at, id).
             models.Index(fields=["state", "state_changed_at", "id"], name="call_queue_idx"),
+            # All calls in every state: the same order without the state, so its page reads 51 rows and stops.
+            models.Index(fields=["state_changed_at", "id"], name="call_changed_idx"),
             # The UNKNOWN queue spans two states: one index in page order, so a page reads its 51 rows and stops.
             models.Index(
                 fields=["state_changed_at", "id"],
@@ -772,6 +774,7 @@ class ActionStatus(models.TextChoices):
     REJECTED = "rejected"  # the second person said no (with a reason)
     STALE = "stale"  # the call moved (its version) or the plan changed since the preview: preview again
     EXPIRED = "expired"  # nobody decided before expires_at
+    WITHDRAWN = "withdrawn"  # the requester took it back before anyone decided
     EXECUTING = "executing"  # one worker claimed it (conditional UPDATE) and holds the lease
     EXECUTED = "executed"  # done; `result` says what happened
     FAILED = "failed"  # the execution could not run (e.g. the gate refused); `result` says why

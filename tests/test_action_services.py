@@ -13,6 +13,7 @@ import itertools
 import json
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -42,6 +43,7 @@ from recovery.models import (
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import load_registry
 from recovery.roles import APPROVER, REVIEWER
+from recovery.selectors.waiting import asked_for, why_waiting
 from recovery.services import action_execution
 from recovery.services.action_plans import CHECKS
 from recovery.services.actions import (
@@ -51,6 +53,7 @@ from recovery.services.actions import (
     action_preview,
     action_reject,
     action_request,
+    action_withdraw,
     actions_expire_due,
 )
 from recovery.services.attempts import Admission, AttemptRequest, attempt_admit
@@ -184,6 +187,10 @@ class World:
         user = self.people[who]
         return action_reject(request_id=req.pk, user=user, actor=Actor.for_user(user), reason=reason)
 
+    def withdraw(self, req: ActionRequest, who: str = "reviewer", reason: str = "asked for the wrong call"):
+        user = self.people[who]
+        return action_withdraw(request_id=req.pk, user=user, actor=Actor.for_user(user), reason=reason)
+
     def requested(self, call: Call, action: str, **evidence) -> ActionRequest:
         return self.request(self.preview(call, action, **evidence))
 
@@ -197,6 +204,10 @@ class World:
 
     def posts(self, key: str) -> list[dict]:
         return [r for r in self.sandbox.requests(key=key) if r["method"] == "POST"]
+
+
+def fresh_request(req: ActionRequest) -> ActionRequest:
+    return ActionRequest.objects.get(pk=req.pk)
 
 
 def fresh(call: Call) -> Call:
@@ -710,6 +721,56 @@ def test_two_approvers_at_once_approve_once_and_it_executes_once(world):
     assert world.sandbox.ledger(call.idempotency_key)["effects"] == 1
 
 
+# --- withdrawal ---------------------------------------------------------------------------------------------------
+
+
+def test_the_requester_withdraws_a_pending_request_and_nobody_can_approve_it_after(world):
+    call = world.unknown_call()
+    req = world.requested(call, "escalate")
+
+    withdrawn = world.withdraw(req)
+
+    assert (withdrawn.status, withdrawn.decision_reason) == (A.WITHDRAWN, "asked for the wrong call")
+    assert request_events(req)[-1] == ("action.withdrawn", "user:reviewer")
+    assert refused("not_pending", world.approve, req).message == (
+        "This request is withdrawn now: nothing more can be done with it."
+    )
+    assert world.jobs.jobs == [] and fresh(call).state == "UNKNOWN"
+
+
+def test_only_the_requester_withdraws_and_only_while_nobody_has_decided(world):
+    call = world.unknown_call()
+    req = world.requested(call, "escalate")
+    refused("role", world.withdraw, req, who="approver")
+    refused("role", world.withdraw, req, who="reviewer2")
+    refused("reason", world.withdraw, req, reason="  ")
+    assert fresh_request(req).status == A.REQUESTED  # nothing changed by the refusals
+    world.approve(req)
+    refused("not_pending", world.withdraw, req)
+    assert [name for name, _ in request_events(req)].count("action.withdrawn") == 0
+
+
+@pytest.mark.postgres
+def test_a_withdrawal_racing_an_approval_one_wins_in_every_round(world):
+    wins = Counter()
+    for _ in range(10):
+        call = world.unknown_call()
+        req = world.requested(call, "escalate")
+
+        results = _at_once(lambda req=req: world.withdraw(req), lambda req=req: world.approve(req))
+
+        won = [r for r in results if isinstance(r, ActionRequest)]
+        lost = [r for r in results if isinstance(r, ActionRefused)]
+        assert len(won) == 1 and len(lost) == 1 and lost[0].code == "not_pending", results
+        final = fresh_request(req).status
+        assert final == won[0].status and final in (A.WITHDRAWN, A.APPROVED)
+        names = [name for name, _ in request_events(req)]
+        assert names.count("action.withdrawn") + names.count("action.approved") == 1
+        wins[final] += 1
+        world.jobs.run()  # an approved escalation executes once; a withdrawn one has no job
+    assert sum(wins.values()) == 10
+
+
 # --- approval_granted: one admission -------------------------------------------------------------------------------
 
 
@@ -990,3 +1051,13 @@ def test_a_compensation_ignores_the_tasks_spent_rounds_and_past_deadline(world):
     assert done.result["entry_state"] == "committed" and Call.objects.get(pk=call.pk).state == "COMPENSATED"
     budget = next(c for c in done.plan["checks"] if c["check"] == "task_budget")
     assert budget["passed"] and "not counted" in budget["detail"]
+
+
+def test_a_call_waiting_for_an_approval_says_so_in_its_queue(world):
+    call = _approval_call(world)
+
+    asked = asked_for([call.pk])
+
+    assert why_waiting(call.state, call.outcome, call.checks_made, asked[call.pk]) == (
+        "the provider needs an approval before it may run again"
+    )

@@ -327,6 +327,33 @@ def test_an_approver_rejects_with_a_reason_and_nothing_runs(people, payments):
     assert signed_in(people, APPROVER).get("/approvals/").context["rows"] == []
 
 
+def test_the_requester_withdraws_a_pending_request_from_its_page(people, payments):
+    call = in_human_review()
+    made = requested(people, call)
+    mine = signed_in(people, REVIEWER)
+    assert 'id="withdraw-form"' in _html(mine.get(f"/actions/{made.pk}/"))
+    # A colleague sees no such form and is refused if they post it anyway; nothing changed.
+    other = signed_in(people, "reviewer2")
+    assert 'id="withdraw-form"' not in _html(other.get(f"/actions/{made.pk}/"))
+    refused = other.post(f"/actions/{made.pk}/withdraw/", {"withdraw-reason": "not mine to take back"})
+    assert refused.status_code == 403 and "Only the person who requested" in _html(refused)
+    empty = mine.post(f"/actions/{made.pk}/withdraw/", {"withdraw-reason": ""})
+    assert empty.status_code == 400 and _field_error(_html(empty), "id_withdraw-reason") == "This field is required."
+    made.refresh_from_db()
+    assert made.status == ActionStatus.REQUESTED
+
+    done = mine.post(f"/actions/{made.pk}/withdraw/", {"withdraw-reason": "wrong order: I meant the other refund"})
+
+    assert done.status_code == 302
+    made.refresh_from_db()
+    assert made.status == ActionStatus.WITHDRAWN
+    status = page_text(_section(_html(mine.get(f"/actions/{made.pk}/")), "status-h"))
+    assert "Status: withdrawn" in status and "withdrawn by its requester reviewer" in status
+    assert "wrong order: I meant the other refund" in status
+    assert signed_in(people, APPROVER).get("/approvals/").context["rows"] == []
+    assert Call.objects.get(pk=call.pk).state == "HUMAN_REVIEW"
+
+
 def test_the_requester_cannot_approve_their_own_request(people, payments, both):
     call = in_human_review()
     made = requested(people, call, who="both")

@@ -154,7 +154,7 @@ def test_it_shows_each_breakers_state_window_and_history(people, registry):
     search = row(body, f'id="tool-{busy.pk}"')
     assert "closed" in search and "5 calls: 3 failed, 2 succeeded" in search
     assert "60 % / opens at 50 % below min calls (10)" in search
-    assert "window 60 s in 10 s buckets; min 10 calls; cooldown 30 s; 1 probe, lease 60 s" in search
+    assert "window 1 min in 10 s buckets; min 10 calls; cooldown 30 s; 1 probe, lease 1 min" in search
     assert "no calls" in row(body, f'id="tool-{quiet.pk}"')
 
     history = body.split(f'id="history-{flapping.pk}"', 1)[1].split("</table>", 1)[0]
@@ -237,7 +237,7 @@ def test_it_shows_each_providers_status_endpoint_breaker(people, registry):
     payments = text(table.split('<th scope="row">payments</th>', 1)[1].split("</tr>", 1)[0])
     assert payments.startswith("half_open") and "probe out until" in payments
     assert "5 of 5 status queries failed in 60 s" in payments  # its history, from the audit trail
-    assert "window 60 s; min 5 checks; opens at 50 %; cooldown 30 s" in payments
+    assert "window 1 min; min 5 checks; opens at 50 %; cooldown 30 s" in payments
     shipping = text(table.split(f'<th scope="row">{quiet.name}</th>', 1)[1].split("</tr>", 1)[0])
     assert shipping.startswith("closed") and "none in 7 days" in shipping
 

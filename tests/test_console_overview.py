@@ -503,7 +503,7 @@ def test_it_shows_each_worker_with_its_heartbeat_and_the_scheduler_holder(people
         text = page_text(section(signed_in(people, VIEWER).get("/overview/").content.decode(), "job-processes"))
     finally:
         worker.register_death()
-    assert "Scheduler: jobs-2:4242:ab12cd34 holds the lock" in text and "s left of its lease" in text
+    assert "Scheduler: jobs-2, process 4242 holds the lock" in text and "s left of its lease" in text
     assert "jobs-1.w1" in text and f"pid {worker.pid}" in text
     beat = worker.last_heartbeat.replace(tzinfo=UTC) if worker.last_heartbeat.tzinfo is None else worker.last_heartbeat
     assert f"{beat:%Y-%m-%d %H:%M:%S} UTC" in text  # its last heartbeat, with how long ago

@@ -152,7 +152,7 @@ def test_a_probe_is_its_own_timeline_entry_with_its_decision_and_its_action_requ
     assert 'data-decision="retry_path_safe"' in _row(panel, f"probe-{safe.pk}")
     unsafe_row = page_text(_row(panel, f"probe-{bad.pk}"))
     assert "new_business_id" in unsafe_row and "second_effect" in unsafe_row and "retry_path_unsafe" in unsafe_row
-    assert "2 of 1 expected" in unsafe_row and "1 h 30 min old (5400 s)" in unsafe_row
+    assert "2 of 1 expected" in unsafe_row and "1 h 30 min old" in unsafe_row
     assert 'href="#probes-h">Duplicate probes (2)' in html
 
 
@@ -237,11 +237,11 @@ def test_the_tools_page_shows_its_retry_path_why_and_since_when_and_its_latest_p
     row = text(_row(probes, f"probe-{bad.pk}"))
     assert "retry_path_unsafe" in row and UNSAFE_DETAIL in row and "decided the retry path now" in row
     assert "new_business_id → second_effect" in row and "business id re_882 (first re_881)" in row
-    assert "2 of 1 expected" in row and calls[1].idempotency_key in row and "1 min old (90 s)" in row
+    assert "2 of 1 expected" in row and calls[1].idempotency_key in row and "1 min old" in row
     assert f'href="/calls/{calls[1].pk}/#probe-{bad.pk}"' in _row(probes, f"probe-{bad.pk}")
     unread_row = text(_row(probes, f"probe-{unread.pk}"))
     assert "inconclusive" in unread_row and "no reply" in unread_row and "? of 1 expected" in unread_row
-    assert "1 h 30 min old (5400 s)" in text(_row(probes, f"probe-{safe.pk}"))
+    assert "1 h 30 min old" in text(_row(probes, f"probe-{safe.pk}"))
 
 
 def test_a_tool_never_probed_says_so(people, refunds, registry):

@@ -3,6 +3,8 @@ fixed number of SQL statements whatever the page's size or depth."""
 
 from __future__ import annotations
 
+import html
+import re
 from datetime import timedelta
 
 from django.db import connection
@@ -38,7 +40,7 @@ def test_every_role_reads_the_queues_and_only_reviewers_claim(people, make_call)
         client = signed_in(people, role)
         page = client.get("/queues/unknown/")
         assert page.status_code == 200, role
-        assert call.idempotency_key not in page.content.decode()  # the key is not a column
+        assert f'<code class="key">{call.idempotency_key}</code>' in page.content.decode()  # the key is a column
         assert (b'data-action="claim"' in page.content) == (role == "reviewer"), role
         status = client.post(f"/calls/{call.pk}/claim/").status_code
         assert status == (302 if role == "reviewer" else 403), role
@@ -158,3 +160,54 @@ def test_an_htmx_request_of_an_ended_session_is_sent_to_sign_in_as_a_whole_page(
     )
     assert response.status_code == 204
     assert response["HX-Redirect"] == "/sign-in/?next=%2Fqueues%2Funknown%2F%3Frisk%3Dhigh"
+
+
+def test_all_calls_shows_every_state_by_default_oldest_first_and_one_state_when_asked(people, make_call):
+    now = timezone.now()
+    made = []
+    for i, state in enumerate(["READY", "COMMITTED", "UNKNOWN", "FAILED_PERMANENT", "HUMAN_REVIEW"]):
+        call = make_call(state)
+        Call.objects.filter(pk=call.pk).update(state_changed_at=now - timedelta(minutes=10 - i))
+        made.append(call)
+    client = signed_in(people, "viewer")
+
+    page = client.get("/queues/calls/").content.decode()
+
+    positions = [page.index(f'data-id="{c.pk}"') for c in made]
+    assert positions == sorted(positions) and page.count('data-id="') == 5  # every state, oldest first
+    assert '<option value="" selected>every state here</option>' in page
+    one = client.get("/queues/calls/?state=COMMITTED").content.decode()
+    assert one.count('data-id="') == 1 and f'data-id="{made[1].pk}"' in one
+
+
+def test_all_calls_pages_through_every_state_with_the_same_statements(people, make_call):
+    now = timezone.now()
+    for i in range(120):
+        call = make_call(["READY", "COMMITTED", "UNKNOWN"][i % 3])
+        Call.objects.filter(pk=call.pk).update(state_changed_at=now - timedelta(minutes=200 - i))
+    client = signed_in(people, "viewer")
+    seen, url, counts = [], "/queues/calls/", []
+    while url:
+        with CaptureQueriesContext(connection) as queries:
+            page = client.get(url).content.decode()
+        counts.append(len(queries))
+        seen += [int(pk) for pk in re.findall(r'data-id="(\d+)"', page)]
+        found = re.search(r'<a href="([^"]+)" rel="next">', page)
+        url = html.unescape(found[1]) if found else ""
+    assert len(seen) == 120 == len(set(seen))
+    assert len(set(counts)) == 1, counts
+
+
+def test_each_row_says_why_it_waits_and_links_to_the_call_by_its_name(people, make_call, registry):
+    checking = make_call("UNKNOWN", checks_made=2)
+    used_up = make_call("HUMAN_REVIEW", outcome="poll_budget_exhausted")
+    asked = make_call("HUMAN_REVIEW", outcome="human_review_required")
+    client = signed_in(people, "viewer")
+
+    unknown = client.get("/queues/unknown/").content.decode()
+    review = client.get("/queues/human-review/").content.decode()
+
+    row = unknown[unknown.index(f'id="call-{checking.pk}"') :]
+    assert f">call {checking.pk}</a>" in row and "outcome unknown: 2 status checks so far" in row
+    assert "status checks used up without an answer" in review[review.index(f'id="call-{used_up.pk}"') :]
+    assert "the recovery engine asks a person" in review[review.index(f'id="call-{asked.pk}"') :]

@@ -104,6 +104,8 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("POST", "/actions/{request}/request/", {**EVERY_ROLE, REVIEWER: 400, "*": 403}),  # no reason: a field error
     ("POST", "/actions/{request}/approve/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
     ("POST", "/actions/{request}/reject/", {**EVERY_ROLE, APPROVER: 400, "*": 403}),
+    # A reviewer's form is checked first (400: no reason); the service then refuses anyone but the requester.
+    ("POST", "/actions/{request}/withdraw/", {**EVERY_ROLE, REVIEWER: 400, "*": 403}),
     ("POST", "/actions/999999999/approve/", {**EVERY_ROLE, APPROVER: 404, "*": 403}),
     ("GET", "/actions/{request}/request/", {"*": 405}),
     ("GET", "/actions/{request}/approve/", {"*": 405}),

@@ -42,6 +42,31 @@ def utc(value) -> str:
 
 
 @register.filter
+def duration(value) -> str:
+    """A setting in seconds as a person reads it, in its two largest units: 86400 → "1 d", 90 → "1 min 30 s",
+    5400 → "1 h 30 min", 45 → "45 s"."""
+    if value is None or value == "":
+        return ""
+    left = round(float(value))
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60), ("s", 1)):
+        whole, left = divmod(left, size)
+        if whole:
+            parts.append(f"{whole} {unit}")
+    return " ".join(parts[:2]) or "0 s"
+
+
+@register.filter
+def worker(value) -> str:
+    """A process as the jobs name it ("host:pid:thread-or-token") in words: "host, process 11097"; anything else as
+    it is."""
+    parts = str(value or "").split(":")
+    if len(parts) >= 2 and parts[1].isdigit():
+        return f"{parts[0]}, process {parts[1]}"
+    return str(value or "")
+
+
+@register.filter
 def receipt_source(value) -> str:
     """A receipt's source in the pages' words: "idempotent replay (replay reconciliation)" for replay
     reconciliation's one same-key replay (SPEC §10.1), the stored value otherwise."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import path, reverse
@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires
 from recovery.actions import ACTIONS
 from recovery.audit import Actor
 from recovery.models import ActionRequest, ActionStatus, Call
@@ -35,7 +35,14 @@ from recovery.selectors.approvals import (
 )
 from recovery.selectors.bulk import bulks_waiting
 from recovery.services.action_plans import action_options
-from recovery.services.actions import ActionRefused, action_approve, action_preview, action_reject, action_request
+from recovery.services.actions import (
+    ActionRefused,
+    action_approve,
+    action_preview,
+    action_reject,
+    action_request,
+    action_withdraw,
+)
 
 LABELS = {a.name: a.label for a in ACTIONS}
 # The actions that settle a call on a person's word: their preview carries the evidence (SPEC §15.4).
@@ -92,7 +99,7 @@ def _status(refused: ActionRefused) -> int:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def preview(request: HttpRequest, call_id: int, action: str) -> HttpResponse:
     if action not in LABELS:
         raise Http404("No such action.")
@@ -138,7 +145,7 @@ def _preview_refused(request, call: Call, action: str, evidence_form, *, error: 
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def action_page(request: HttpRequest, request_id: int) -> HttpResponse:
     if request.htmx:
         # Only a page drawn while a worker held the request polls its status block: once the execution is over,
@@ -159,7 +166,9 @@ def _render(request: HttpRequest, request_id: int, *, status: int = 200, **forms
     return render_page(request, "console/action.html", _context(request, page, **forms_), status=status)
 
 
-def _context(request: HttpRequest, page, *, request_form=None, approve_form=None, reject_form=None, error="") -> dict:
+def _context(
+    request: HttpRequest, page, *, request_form=None, approve_form=None, reject_form=None, withdraw_form=None, error=""
+) -> dict:
     req, now = page.request, timezone.now()
     user = request.user
     plan = req.plan if isinstance(req.plan, dict) else {}
@@ -202,6 +211,8 @@ def _context(request: HttpRequest, page, *, request_form=None, approve_form=None
         "request_form": request_form or RequestForm(initial={"plan_hash": req.plan_hash}),
         "approve_form": approve_form or ReasonForm(prefix="approve"),
         "reject_form": reject_form or ReasonForm(prefix="reject"),
+        "can_withdraw": req.status == ActionStatus.REQUESTED and own and not expired,
+        "withdraw_form": withdraw_form or ReasonForm(prefix="withdraw"),
         "offer_again": _offer_again(req, user, reviewer=reviewer, done=page.stale or expired, now=now),
         "preview_url": reverse("console:action-preview", args=[req.call_id, req.action]),
         "preview_evidence": evidence if req.action in EVIDENCE_ACTIONS else {},
@@ -245,7 +256,7 @@ def _shown_request(sent: dict, role: str = "") -> dict:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def request_action(request: HttpRequest, request_id: int) -> HttpResponse:
     form = RequestForm(request.POST)
     if not form.is_valid():
@@ -277,7 +288,7 @@ def _after_request(done) -> str:
 
 @require_POST
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(APPROVE)
 def approve(request: HttpRequest, request_id: int) -> HttpResponse:
     return _decide(
         request, request_id, "approve", action_approve, "Approved: a worker executes it once ({status} now)."
@@ -286,7 +297,20 @@ def approve(request: HttpRequest, request_id: int) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(REVIEW)
+def withdraw(request: HttpRequest, request_id: int) -> HttpResponse:
+    return _decide(
+        request,
+        request_id,
+        "withdraw",
+        action_withdraw,
+        "Withdrawn: nothing will run, and nobody can approve it any more.",
+    )
+
+
+@require_POST
+@login_required
+@requires(APPROVE)
 def reject(request: HttpRequest, request_id: int) -> HttpResponse:
     return _decide(
         request,
@@ -324,7 +348,7 @@ def _decide(request: HttpRequest, request_id: int, verb: str, service, done: str
 
 @require_GET
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(APPROVE)
 def approvals(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     rows = []
@@ -361,5 +385,6 @@ urlpatterns = [
     path("actions/<int:request_id>/request/", request_action, name="action-request"),
     path("actions/<int:request_id>/approve/", approve, name="action-approve"),
     path("actions/<int:request_id>/reject/", reject, name="action-reject"),
+    path("actions/<int:request_id>/withdraw/", withdraw, name="action-withdraw"),
     path("approvals/", approvals, name="approvals"),
 ]

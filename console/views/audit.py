@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, QueryDict, StreamingHttpResponse
 from django.shortcuts import redirect
@@ -35,7 +35,7 @@ from django.utils.html import format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import EXPORT, VERIFY, VIEW, render_page
+from console.views.common import EXPORT, VERIFY, VIEW, render_page, requires
 from recovery.audit import Actor, chain_key
 from recovery.models import ActorKind
 from recovery.selectors.audit import EXPORT_COLUMNS, AuditFilters, audit_export_rows, audit_page, match_of
@@ -186,7 +186,7 @@ class AuditSearchForm(forms.Form):
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def audit(request: HttpRequest) -> HttpResponse:
     form = AuditSearchForm(request.GET)
     return _search_page(request, form)
@@ -240,7 +240,7 @@ def _with(query: QueryDict, **extra: str) -> str:
 
 @require_GET
 @login_required
-@permission_required(EXPORT, raise_exception=True)
+@requires(EXPORT)
 def audit_export(request: HttpRequest) -> HttpResponse:
     """Every event the filters match, oldest first, streamed: a large trail is never held in memory at once."""
     form = AuditSearchForm(request.GET)
@@ -325,7 +325,7 @@ def _batched(lines: Iterator[str], size: int = 64 * 1024) -> Iterator[bytes]:
 
 @require_POST
 @login_required
-@permission_required(VERIFY, raise_exception=True)
+@requires(VERIFY)
 def audit_verify_view(request: HttpRequest) -> HttpResponse:
     """Verify the whole trail, or the task chain named by `task`; the result is shown on the audit page."""
     target = request.POST.get("next", "")

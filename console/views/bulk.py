@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import path, reverse
@@ -24,7 +24,7 @@ from django_htmx.http import HttpResponseClientRefresh
 
 from console.forms import QueueFilterForm
 from console.views.actions import ReasonForm
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires
 from console.views.queues import BULK_FILTERS
 from recovery.audit import Actor
 from recovery.models import BulkAction, BulkItemStatus, BulkStatus
@@ -78,7 +78,7 @@ def _status(refused: ActionRefused) -> int:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def preview(request: HttpRequest, slug: str) -> HttpResponse:
     queue = QUEUES.get(slug)
     if queue is None:
@@ -119,7 +119,7 @@ def _back(request: HttpRequest, url: str, message: str) -> HttpResponse:
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
     if request.htmx:
         page = bulk_page(bulk_id)
@@ -177,7 +177,7 @@ def _context(request, page, *, request_form=None, approve_form=None, reject_form
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def request_bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
     form = RequestForm(request.POST)
     if not form.is_valid():
@@ -201,14 +201,14 @@ def request_bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(APPROVE)
 def approve(request: HttpRequest, bulk_id: int) -> HttpResponse:
     return _decide(request, bulk_id, "approve", bulk_approve, "Approved: a worker executes every item once.")
 
 
 @require_POST
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(APPROVE)
 def reject(request: HttpRequest, bulk_id: int) -> HttpResponse:
     return _decide(request, bulk_id, "reject", bulk_reject, "Rejected: no item will run.")
 

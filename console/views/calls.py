@@ -15,15 +15,15 @@ import json
 from datetime import timedelta
 
 from django import forms
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
-from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page
-from recovery.actions import actions_for
+from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page, requires
+from recovery.actions import actions_for, recommended
 from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
@@ -42,7 +42,7 @@ class SeenForm(forms.Form):
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def call(request: HttpRequest, call_id: int) -> HttpResponse:
     now = timezone.now()
     seen = SeenForm(request.GET)
@@ -78,33 +78,54 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         retry_path=tool.retry_path,
         held_by=held_by,
     )
+    latest = page.latest_decision
+    asked = latest.required_next.get("action", "") if latest and isinstance(latest.required_next, dict) else ""
+    advice = recommended(
+        actions,
+        state=current.state,
+        outcome=current.outcome,
+        asked=asked,
+        retry_path=tool.retry_path,
+        replay_safe=tool.replay_safe,
+    )
     diagnostic_refs = {d.pk: d.ref for d in page.diagnostics}
     numbers = {a.pk: a.number for a in page.attempts}
-    context = _status_context(request, page.status, seen_values, now) | {
-        "page": page,
-        "task": current.task,
-        "actions": actions,
-        "allowed_actions": [_offered(current.pk, a) for a in actions if a.allowed],
-        "forbidden_actions": [a for a in actions if not a.allowed],
-        "action_requests": [
-            {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
-            for r in page.action_requests
-        ],
-        "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
-        "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
-        "earlier_cards": [
-            {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
-            for d in page.decisions[:-1]
-        ],
-        "attempt_rows": [
-            {"attempt": a, "diagnostic_ref": diagnostic_refs.get(a.diagnostic_id, "")} for a in page.attempts
-        ],
-        "receipt_rows": [
-            {"receipt": r, "diagnostic_ref": diagnostic_refs.get(r.diagnostic_id, "")} for r in page.receipts
-        ],
-        "seen_form": seen,
-        "observation": _observation(page) if current.observed else None,
-    }
+    context = (
+        _status_context(request, page.status, seen_values, now)
+        | {
+            "page": page,
+            "task": current.task,
+            "actions": actions,
+            "allowed_actions": sorted(  # the recommended one first, the rest in the catalogue's order
+                (
+                    _offered(current.pk, a) | {"recommended": advice is not None and a.name == advice.name}
+                    for a in actions
+                    if a.allowed
+                ),
+                key=lambda offer: not offer["recommended"],
+            ),
+            "recommendation": advice,
+            "forbidden_actions": [a for a in actions if not a.allowed],
+            "action_requests": [
+                {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
+                for r in page.action_requests
+            ],
+            "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
+            "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
+            "earlier_cards": [
+                {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
+                for d in page.decisions[:-1]
+            ],
+            "attempt_rows": [
+                {"attempt": a, "diagnostic_ref": diagnostic_refs.get(a.diagnostic_id, "")} for a in page.attempts
+            ],
+            "receipt_rows": [
+                {"receipt": r, "diagnostic_ref": diagnostic_refs.get(r.diagnostic_id, "")} for r in page.receipts
+            ],
+            "seen_form": seen,
+            "observation": _observation(page) if current.observed else None,
+        }
+    )
     return render_page(request, "console/call.html", context, status=200 if valid else 400)
 
 

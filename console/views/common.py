@@ -4,7 +4,9 @@ htmx partial, and how ages and row links are written."""
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import wraps
 
+from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.shortcuts import render
 from django.urls import reverse
@@ -17,6 +19,22 @@ DIAGNOSTIC = "recovery.view_diagnostic"  # reviewers, approvers, admins: the red
 APPROVE = "recovery.approve_action"
 EXPORT = "recovery.export_audit"
 VERIFY = "recovery.verify_audit"  # admins
+
+
+def requires(permission: str):
+    """The view needs `permission`; without it, 403 — raised with the permission's name, so the 403 page can say
+    which roles have it (console/views/errors.py)."""
+
+    def decorator(view):
+        @wraps(view)
+        def wrapped(request, *args, **kwargs):
+            if not request.user.has_perm(permission):
+                raise PermissionDenied(permission)
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorator
 
 
 def nav_counts() -> dict[str, str]:

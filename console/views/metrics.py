@@ -19,14 +19,14 @@ from urllib.parse import urlencode
 
 from django import forms
 from django.conf import settings
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.charts import Chart, bar_chart
-from console.views.common import VIEW, age_text, render_page
+from console.views.common import VIEW, age_text, render_page, requires
 from recovery.engine.metrics import DAY, HOUR
 from recovery.selectors.metrics import DEFAULT_WINDOW, WINDOWS, FigureValue, Window, metrics_report
 from recovery.selectors.queues import queue_options
@@ -87,7 +87,7 @@ class FigureView:
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def metrics(request: HttpRequest) -> HttpResponse:
     tools, tenants = queue_options()
     form = MetricsFilterForm(request.GET, tools=tools, tenants=tenants)

@@ -21,14 +21,14 @@ from datetime import timedelta
 from django import forms
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, url_pattern
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires, url_pattern
 from recovery.audit import Actor
 from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
 from recovery.selectors.observed import runtimes
@@ -54,7 +54,7 @@ KEY_ROWS = 50  # per drill, the key rows drawn: those that failed first, then th
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def breakers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     page = breakers_page(now=now)
@@ -109,7 +109,7 @@ def _status(refused: BreakerOperationRefused) -> int:
 
 @require_http_methods(["GET", "POST"])
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def breaker_operation(request: HttpRequest, tool_id: int, operation: str) -> HttpResponse:
     """The dry run of a force open or a reset (GET, changes nothing) and its confirmation (POST)."""
     kind = OPERATIONS.get(operation)
@@ -167,7 +167,7 @@ def _slug(kind: str) -> str:
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def breaker_operation_detail(request: HttpRequest, operation_id: int) -> HttpResponse:
     return _detail(request, operation_id)
 
@@ -206,7 +206,7 @@ def _detail(request, operation_id: int, *, status: int = 200, error: str = "", *
 
 @require_POST
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(APPROVE)
 def breaker_reset_approve(request: HttpRequest, operation_id: int) -> HttpResponse:
     return _decide(
         request, operation_id, "approve", breaker_approve_reset, "Reset applied: {tool}'s breaker is closed."
@@ -215,7 +215,7 @@ def breaker_reset_approve(request: HttpRequest, operation_id: int) -> HttpRespon
 
 @require_POST
 @login_required
-@permission_required(APPROVE, raise_exception=True)
+@requires(APPROVE)
 def breaker_reset_reject(request: HttpRequest, operation_id: int) -> HttpResponse:
     return _decide(
         request, operation_id, "reject", breaker_reject_reset, "Reset rejected: {tool}'s breaker stays as it is."
@@ -244,7 +244,7 @@ def _decide(request, operation_id: int, verb: str, service, done: str) -> HttpRe
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def tool(request: HttpRequest, tool_id: int) -> HttpResponse:
     page = tool_page(tool_id)
     if page is None:
@@ -260,7 +260,7 @@ class RunsForm(forms.Form):
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def drills(request: HttpRequest) -> HttpResponse:
     form = RunsForm(request.GET)
     if form.is_valid():
@@ -286,7 +286,7 @@ def drills(request: HttpRequest) -> HttpResponse:
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def drill(request: HttpRequest, run_id: int) -> HttpResponse:
     run = drill_run(run_id)
     if run is None:

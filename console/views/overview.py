@@ -14,14 +14,14 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django.conf import settings
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.charts import Chart, bar_chart
-from console.views.common import VIEW, age_text, render_page
+from console.views.common import VIEW, age_text, render_page, requires
 from console.views.metrics import figure_text, seconds_text
 from recovery.selectors.job_processes import job_processes
 from recovery.selectors.metrics import FigureValue
@@ -33,7 +33,7 @@ QUEUE_TITLES = {"unknown": "Unknown outcome", "human-review": "Human review"}
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def overview(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     data = read_overview(now=now, sla=settings.RECOVERY_SLA_S)

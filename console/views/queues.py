@@ -12,7 +12,7 @@ from html import escape
 
 from django.conf import settings
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -22,14 +22,16 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_GET, require_POST
 
 from console.forms import QueueFilterForm, cursor_param
-from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, url_pattern
+from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, requires, url_pattern
 from recovery.audit import Actor
 from recovery.models import Call
 from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
+from recovery.selectors.waiting import asked_for, why_waiting
 from recovery.services.action_plans import ACTION_BY_NAME
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
+from recovery.states import CallState
 
 REFRESH_S = 5
 BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
@@ -38,14 +40,14 @@ BULK_FILTERS = ("state", "tool", "tenant", "risk", "age", "q", "sort")  # what a
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def home(request: HttpRequest) -> HttpResponse:
     return redirect("console:overview")
 
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def queue(request: HttpRequest, slug: str) -> HttpResponse:
     current = QUEUES.get(slug)
     if current is None:
@@ -96,7 +98,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def counts(request: HttpRequest) -> HttpResponse:
     """The navigation's live queue counts (an htmx partial)."""
     return render(request, "console/base.html#counts", {"counts": nav_counts()})
@@ -104,7 +106,7 @@ def counts(request: HttpRequest) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def claim(request: HttpRequest, call_id: int) -> HttpResponse:
     try:
         taken = call_claim(call_id=call_id, user=request.user, actor=Actor.for_user(request.user))
@@ -115,7 +117,7 @@ def claim(request: HttpRequest, call_id: int) -> HttpResponse:
 
 @require_POST
 @login_required
-@permission_required(REVIEW, raise_exception=True)
+@requires(REVIEW)
 def release(request: HttpRequest, call_id: int) -> HttpResponse:
     if call_release(call_id=call_id, user=request.user, actor=Actor.for_user(request.user)):
         return _after_claim(request, call_id, f"Released call {call_id}.")
@@ -136,6 +138,7 @@ def _decorate(
     if queue.compensation:
         claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
     answers = admission_answers(row["id"] for row in rows if row["observed"])  # one statement, if any is observed
+    asked = asked_for(row["id"] for row in rows if row["state"] == CallState.HUMAN_REVIEW)  # one, if any
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
@@ -145,6 +148,7 @@ def _decorate(
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
         row["held"] = held = Call.claim_live(row["claimed_by_id"], row["claim_until"], now)
         row["entry"] = _entry_text(row) if queue.compensation else ""
+        row["why"] = row["entry"] or why_waiting(row["state"], row["outcome"], row["checks_made"], asked.get(pk, ""))
         answer = answers.get(pk)
         row["admission"] = answer.text if answer else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
@@ -172,7 +176,7 @@ def _entry_text(row: dict) -> str:
 _SHOWN = (
     "id", "open_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk", "state",
     "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label", "entry", "admission",
+    "button_label", "entry", "admission", "why", "idempotency_key",
 )  # fmt: skip
 
 

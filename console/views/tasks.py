@@ -3,19 +3,19 @@ task's whole audit trail with its chain verified. Every role reads it (`recovery
 
 from __future__ import annotations
 
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from console.views.common import VIEW, render_page, url_pattern
+from console.views.common import VIEW, render_page, requires, url_pattern
 from recovery.selectors.task_page import task_page
 
 
 @require_GET
 @login_required
-@permission_required(VIEW, raise_exception=True)
+@requires(VIEW)
 def task(request: HttpRequest, task_id: int) -> HttpResponse:
     page = task_page(task_id, now=timezone.now())
     if page is None:

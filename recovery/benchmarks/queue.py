@@ -73,12 +73,14 @@ def _bare_sql(after: bool) -> str:
     after the cursor, merged and cut to a page, then joined for the page's rows only."""
     branch = (
         "(SELECT id, task_id, step_id, tool_id, tenant_id, claimed_by_id, risk, state, state_changed_at, checks_made, "
-        f"last_receipt_status, last_receipt_at, claim_until FROM {Call._meta.db_table} WHERE state = %s"
+        f"last_receipt_status, last_receipt_at, claim_until, outcome, idempotency_key FROM {Call._meta.db_table} "
+        "WHERE state = %s"
         f"{' AND (state_changed_at, id) > (%s, %s)' if after else ''} ORDER BY state_changed_at, id LIMIT {PAGE_SIZE})"
     )
     return (
         'SELECT c.id, k.id, k.external_id, s."index", t.name, n.name, c.risk, c.state, c.state_changed_at, '
-        "c.checks_made, c.last_receipt_status, c.last_receipt_at, u.username, c.claim_until "
+        "c.checks_made, c.last_receipt_status, c.last_receipt_at, u.username, c.claim_until, c.outcome, "
+        "c.idempotency_key "
         f"FROM ({' UNION ALL '.join([branch] * len(_QUEUE.states))} ORDER BY state_changed_at, id LIMIT {PAGE_SIZE}) c "
         f"JOIN {Task._meta.db_table} k ON k.id = c.task_id JOIN {Step._meta.db_table} s ON s.id = c.step_id "
         f"JOIN {Tool._meta.db_table} t ON t.id = c.tool_id JOIN {Tenant._meta.db_table} n ON n.id = c.tenant_id "
@@ -91,12 +93,14 @@ BARE_SQL_FIRST, BARE_SQL_AFTER = _bare_sql(after=False), _bare_sql(after=True)
 _BARE_STATES = [str(state) for state in _QUEUE.states]
 BARE_COLUMNS = (
     "id", "task_id", "external_id", "step", "tool", "tenant", "risk", "state", "state_changed_at", "checks_made",
-    "last_receipt_status", "last_receipt_at", "claimed_by", "claim_until",
+    "last_receipt_status", "last_receipt_at", "claimed_by", "claim_until", "outcome", "idempotency_key",
 )  # fmt: skip
 BARE_TEMPLATE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>Unknown outcome</title></head>
-<body><table><tr><th>Task</th><th>Step</th><th>Tool</th><th>Tenant</th><th>Risk</th><th>State</th><th>Age</th>
+<body><table><tr><th>Call</th><th>Why</th><th>Key</th><th>Step</th><th>Tool</th><th>Tenant</th><th>Risk</th><th>State</th><th>Age</th>
 <th>Checks</th><th>Last receipt</th><th>Claimed by</th></tr>
-{% for r in rows %}<tr data-id="{{ r.id }}"><td>{{ r.external_id }} #{{ r.task_id }}</td><td>{{ r.step }}</td>
+{% for r in rows %}<tr data-id="{{ r.id }}"><td><a href="/calls/{{ r.id }}/">call {{ r.id }}</a>
+{{ r.external_id }} #{{ r.task_id }}</td><td>{{ r.state }} {{ r.outcome }}</td><td>{{ r.idempotency_key }}</td>
+<td>{{ r.step }}</td>
 <td>{{ r.tool }}</td><td>{{ r.tenant }}</td><td>{{ r.risk }}</td><td>{{ r.state }}</td>
 <td>{{ r.state_changed_at|timesince:now }}</td><td>{{ r.checks_made }}</td>
 <td>{% if r.last_receipt_at %}{{ r.last_receipt_status }} {{ r.last_receipt_at|timesince:now }} ago

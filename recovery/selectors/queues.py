@@ -85,7 +85,7 @@ class QueuePage:
 # template engine reads a dict key in one step where a related instance's attribute costs a failed lookup first.
 _QUEUE_COLUMNS = (
     "id", "state", "risk", "state_changed_at", "checks_made", "last_receipt_at", "last_receipt_status",
-    "claim_until", "claimed_by_id", "task_id", "tool_id", "tenant_id", "observed",
+    "claim_until", "claimed_by_id", "task_id", "tool_id", "tenant_id", "observed", "outcome", "idempotency_key",
 )  # fmt: skip
 _QUEUE_NAMES = ("task_external_id", "step_index", "holder")
 _ROW_KEYS = (*_QUEUE_COLUMNS, *_QUEUE_NAMES)
@@ -160,6 +160,8 @@ def _states(states: tuple[str, ...]) -> str:
     unknown = set(states) - set(S)
     if unknown or not states:
         raise ValueError(f"not call states: {sorted(unknown) or 'none given'}")
+    if set(states) == set(S):
+        return "1 = 1"  # every state (All calls): no condition, so the page is read in call_changed_idx order
     literals = ", ".join(f"'{state}'" for state in states)
     return f"{_c('state')} IN ({literals})"
 

@@ -414,6 +414,26 @@ def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> Action
     return _load(request.pk)
 
 
+def action_withdraw(*, request_id: int, user, actor: Actor, reason: str) -> ActionRequest:
+    """REQUESTED → WITHDRAWN by the person who requested it, with a reason, while nobody has decided: of a withdrawal
+    and an approval at once, exactly one moves the request (the same conditional UPDATE) and the other is told."""
+    reason = clean_reason(reason)
+    now = timezone.now()
+    request = _load(request_id)
+    if request.requested_by_id != user.pk:
+        raise ActionRefused("role", "Only the person who requested this action can withdraw it.")
+    if request.status != A.REQUESTED:
+        raise _not_pending(request)
+    with transaction.atomic():
+        moved = ActionRequest.objects.filter(pk=request.pk, status=A.REQUESTED).update(
+            status=A.WITHDRAWN, decided_at=now, decision_reason=reason, updated_at=now
+        )
+        if not moved:
+            raise _not_pending(_load(request.pk))
+        action_event(AuditAction.ACTION_WITHDRAWN, request, request.call, actor, reason=reason, status=A.WITHDRAWN)
+    return _load(request.pk)
+
+
 # --- periodic: expiry (interrupted executions: recovery.services.action_execution) --------------------------------
 
 

@@ -1,5 +1,6 @@
 // Recovery Console: keyboard navigation of queue rows, and the live refresh's new-row marks.
-// j / k move the current row, Enter opens it, c claims (or releases) it; rows ticked for a bulk stay ticked. Without JavaScript every page still reads
+// j / k move the current row, Enter opens it, c claims (or releases) it; rows ticked for a bulk stay ticked; p, a, r,
+// Enter in a reason and ? below. Without JavaScript every page still reads
 // and every form still posts; this only adds speed.
 (function () {
   "use strict";
@@ -32,10 +33,46 @@
     return rows().find(function (r) { return r.dataset.id === currentId; }) || null;
   }
 
+  // Enter in a reason sends its form (Shift+Enter: a new line); approving or rejecting asks first.
+  const CONFIRM = { "approve-form": "Approve this request? A worker then executes it once.",
+                    "reject-form": "Reject this request? Nothing will run." };
+  document.addEventListener("keydown", function (event) {
+    const box = event.target;
+    if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
+    if (!box.matches || !box.matches("form.action-form textarea")) return;
+    const form = box.form;
+    event.preventDefault();
+    if (!box.value.trim()) { box.reportValidity(); return; }
+    if (CONFIRM[form.id] && !window.confirm(CONFIRM[form.id])) return;
+    form.requestSubmit();
+  });
+
+  // Page keys: p previews the call page's recommended action; a / r go to the approve / reject reason; ? lists keys.
   document.addEventListener("keydown", function (event) {
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     const target = event.target;
     if (target.matches && target.matches("input, select, textarea, [contenteditable]")) return;
+    if (event.key === "?") {
+      const keys = document.getElementById("keys");
+      if (keys && !keys.open) { keys.showModal(); event.preventDefault(); }
+      return;
+    }
+    const fields = { a: "#approve-form textarea", r: "#reject-form textarea" };
+    if (event.key === "p") {
+      const form = document.querySelector('[data-recommended] form.preview-form');
+      if (!form) return;
+      event.preventDefault();
+      const missing = Array.from(form.querySelectorAll("input, textarea, select")).find(function (f) {
+        return f.type !== "hidden" && f.required && !f.value;
+      });
+      if (missing) missing.focus(); else form.requestSubmit();
+      return;
+    }
+    if (fields[event.key]) {
+      const field = document.querySelector(fields[event.key]);
+      if (field) { field.focus(); event.preventDefault(); }
+      return;
+    }
     if (!document.getElementById("rows")) return;
     if (event.key === "j") { move(1); event.preventDefault(); }
     else if (event.key === "k") { move(-1); event.preventDefault(); }

@@ -1,0 +1,52 @@
+"""Why a queue item waits for a person, in words (SPEC §15.1: a queue says why each item is there): from the call's
+state, its outcome and, for HUMAN_REVIEW, what its latest decision card asked for — one statement for a page."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from recovery.models import Decision
+from recovery.states import CallState as S
+
+OUTCOMES = {
+    "poll_budget_exhausted": "status checks used up without an answer",
+    "retry_exhausted": "retries used up",
+    "deadline_exceeded": "past its deadline",
+    "human_review_required": "the recovery engine asks a person",
+    "degraded_read_only": "degraded to read-only",
+    "no_budget": "the task's budget ran out",
+    "abandoned": "abandoned",
+}
+ASKED = {  # a decision card's required_next action, for a HUMAN_REVIEW call
+    "request_approval": "the provider needs an approval before it may run again",
+    "request_permission": "the provider refused for want of a permission",
+    "human_review": "the recovery engine asks a person",
+}
+
+
+def asked_for(call_ids: Iterable[int]) -> dict[int, str]:
+    """Each call's latest decision card's required_next action (one statement; none for no ids)."""
+    ids = list(call_ids)
+    latest: dict[int, tuple] = {}
+    if not ids:
+        return {}
+    for call_id, required, created in Decision.objects.filter(call_id__in=ids).values_list(
+        "call_id", "required_next", "created_at"
+    ):
+        if call_id not in latest or created >= latest[call_id][1]:
+            action = required.get("action", "") if isinstance(required, dict) else ""
+            latest[call_id] = (action, created)
+    return {call_id: action for call_id, (action, _) in latest.items()}
+
+
+def why_waiting(state: str, outcome: str, checks_made: int, asked: str = "") -> str:
+    """One line: why a call in `state` waits (empty for a state no person waits on)."""
+    if state == S.UNKNOWN:
+        return f"outcome unknown: {checks_made} status check{'s' if checks_made != 1 else ''} so far, more to come"
+    if state == S.STILL_UNKNOWN:
+        return OUTCOMES.get(outcome) or "outcome still unknown after every status check"
+    if state == S.HUMAN_REVIEW:
+        if outcome == "poll_budget_exhausted":
+            return OUTCOMES[outcome]
+        return ASKED.get(asked) or OUTCOMES.get(outcome) or "sent to a person"
+    return OUTCOMES.get(outcome, outcome.replace("_", " "))
