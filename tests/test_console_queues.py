@@ -12,8 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
+from recovery.audit import Actor
 from recovery.models import AuditEvent, Call
 from recovery.roles import ROLES
+from recovery.transitions import transition_call
 from tests.console import PASSWORD, signed_in
 
 
@@ -211,3 +213,20 @@ def test_each_row_says_why_it_waits_and_links_to_the_call_by_its_name(people, ma
     assert f">call {checking.pk}</a>" in row and "outcome unknown: 2 status checks so far" in row
     assert "status checks used up without an answer" in review[review.index(f'id="call-{used_up.pk}"') :]
     assert "the recovery engine asks a person" in review[review.index(f'id="call-{asked.pk}"') :]
+
+
+def test_an_empty_unknown_queue_says_what_left_it_in_the_last_hour(people, make_call):
+    client = signed_in(people, "viewer")
+    assert "No call left it in the last hour." in client.get("/queues/unknown/").content.decode()
+    for _ in range(2):
+        call = make_call("UNKNOWN")
+        transition_call(call, "COMMITTED", actor=Actor.system("reconcile"), reason="receipt: committed")
+    escalated = make_call("UNKNOWN")
+    transition_call(escalated, "HUMAN_REVIEW", actor=Actor.system("reconcile"), reason="poll budget exhausted")
+
+    page = client.get("/queues/unknown/").content.decode()
+
+    assert "Nothing waits here now. In the last hour 3 calls left this queue: 2 COMMITTED, 1 HUMAN_REVIEW" in page
+    assert 'href="/audit/?action=call.transition"' in page
+    filtered = client.get("/queues/unknown/?risk=high").content.decode()
+    assert "Nothing here with these filters." in filtered and "left this queue" not in filtered

@@ -27,7 +27,7 @@ from recovery.audit import Actor
 from recovery.models import Call
 from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
-from recovery.selectors.waiting import asked_for, why_waiting
+from recovery.selectors.waiting import asked_for, left_unknown_since, why_waiting
 from recovery.services.action_plans import ACTION_BY_NAME
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
@@ -71,7 +71,13 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     rows = page.rows if page else []
     can_review = request.user.has_perm(REVIEW)
     _decorate(rows, now, request.user, can_review, tools=dict(tools), tenants=dict(tenants), queue=current)
+    unfiltered = not (filters.q or filters.tool_id or filters.tenant_id or filters.risk or filters.older_than)
+    left = {}
+    if page is not None and not rows and unfiltered and not filters.after and current.slug == "unknown":
+        left = left_unknown_since(now - timedelta(hours=1))  # an empty queue says what just happened to it
     context = {
+        "left": left,
+        "left_total": sum(left.values()),
         "queue": current,
         "queues": QUEUES,
         "form": form,

@@ -4,8 +4,11 @@ state, its outcome and, for HUMAN_REVIEW, what its latest decision card asked fo
 from __future__ import annotations
 
 from collections.abc import Iterable
+from datetime import datetime
 
-from recovery.models import Decision
+from django.db.models import Count
+
+from recovery.models import AuditEvent, Decision
 from recovery.states import CallState as S
 
 OUTCOMES = {
@@ -50,3 +53,20 @@ def why_waiting(state: str, outcome: str, checks_made: int, asked: str = "") -> 
             return OUTCOMES[outcome]
         return ASKED.get(asked) or OUTCOMES.get(outcome) or "sent to a person"
     return OUTCOMES.get(outcome, outcome.replace("_", " "))
+
+
+UNKNOWN_QUEUE = (S.UNKNOWN, S.STILL_UNKNOWN)
+
+
+def left_unknown_since(since: datetime) -> dict[str, int]:
+    """How many calls left the Unknown outcome queue since `since`, by the state each went to (one statement, on the
+    audit trail's partial index of the unknown flow, audit_unknown_flow_idx): what an empty queue says happened."""
+    moved = (
+        AuditEvent.objects.filter(created_at__gte=since, from_state__in=UNKNOWN_QUEUE)
+        .exclude(to_state__in=UNKNOWN_QUEUE)
+        .exclude(to_state="")
+        .values_list("to_state")
+        .annotate(n=Count("id"))
+        .order_by("-n", "to_state")
+    )
+    return dict(moved)
