@@ -57,7 +57,10 @@ def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(
     for receipt in receipts:
         assert "pending" in page.locator(f"#receipt-{receipt.pk}").inner_text()
     # The decision card and the forbidden replay, with its reason.
-    assert "decision: reconcile" in page.locator("#latest-card").inner_text()
+    fields = page.locator("#latest-card-fields")  # the card as fields, the decision first; its text form folded
+    assert fields.locator("dt").first.inner_text() == "Decision"
+    assert fields.locator("dd").first.inner_text() == "reconcile"
+    assert not page.locator("#latest-card").is_visible()
     replay = page.locator("#action-replay_same_key")
     assert replay.get_attribute("data-allowed") == "no"
     assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in replay.inner_text()

@@ -234,6 +234,10 @@ def test_it_shows_a_reviewer_everything_needed_to_decide_an_unknown_refund(peopl
     attempts = page_text(_section(html, "attempts-h"))
     for fact in (attempt.attempt_id, "read_timeout", "outcome_unknown", f"{attempt.admitted_at:%Y-%m-%d %H:%M:%S}"):
         assert fact in attempts, fact
+    # The decision card as fields, the decision and what comes next first.
+    fields = re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", _section(html, "card-h"))
+    assert fields[:2] == [("Decision", "reconcile"), ("Then", "{action: wait_for_reconcile, after_ms: 5000}")]
+    assert ("Forbidden", "blind_replay, duplicate_refund, new_idempotency_key") in fields
     # The decision card as SPEC §4 prints it.
     card = unescape(re.search(r'<pre class="card" id="latest-card"[^>]*>(.*?)</pre>', html, re.S).group(1))
     assert card.startswith(f"call: {call.pk}")

@@ -112,6 +112,7 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
             ],
             "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
             "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
+            "latest_fields": card_fields(page.latest_decision) if page.latest_decision else [],
             "earlier_cards": [
                 {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
                 for d in page.decisions[:-1]
@@ -239,6 +240,26 @@ def card_text(current: Call, decision: DecisionRow, numbers: dict[int, int]) -> 
         f"{name}: {card[name]}" for name in ("call_state", "outcome", "fallback", "breaker_state") if card.get(name)
     ]
     return "\n".join(lines + ([_columns(*extra)] if extra else []))
+
+
+def card_fields(decision: DecisionRow) -> list[tuple[str, str]]:
+    """The same card as labelled fields, the decision first: what a reviewer reads before the text form."""
+    card = decision.card or {}
+    required = card.get("required_next", decision.required_next) or {}
+    delay = card.get("delay_ms", decision.delay_ms) or 0
+    fields = [
+        ("Decision", str(card.get("route", decision.route))),
+        ("Then", _required_next(required) if required else "nothing more"),
+        ("Why", ", ".join(str(card[k]) for k in ("error", "phase", "stage") if card.get(k)) or "—"),
+        ("Next steps", ", ".join(card.get("next", decision.next_actions)) or "none"),
+        ("Forbidden", ", ".join(card.get("forbidden", decision.forbidden)) or "nothing"),
+        ("Wait before", f"{delay / 1000:g} s" if delay else "no wait"),
+        ("Budget", _budget(card.get("budget") or {})),
+        ("The model reads", str(card.get("public_message", decision.public_message)) or "—"),
+    ]
+    fields += [(name.replace("_", " ").capitalize(), str(card[name])) for name in ("call_state", "outcome",
+               "fallback", "breaker_state") if card.get(name)]  # fmt: skip
+    return fields
 
 
 urlpatterns = [path("calls/<int:call_id>/", call, name="call")]
