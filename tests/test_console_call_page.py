@@ -26,6 +26,7 @@ from recovery.services.claims import call_claim
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import apply_answer
 from recovery.services.tasks import task_create
+from recovery.transitions import transition_call
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
 
 SECRET_DETAIL = "upstream said: connection reset by 10.0.0.7 while holding refund-lock"
@@ -483,7 +484,7 @@ def test_the_page_runs_the_same_statements_for_5_or_200_attempts(people, refund_
     assert few_html.count('<tr id="attempt-') == 5
     live_few, _ = statements(client, f"/calls/{small.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")
     live_many, _ = statements(client, f"/calls/{large.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")
-    assert live_few == live_many <= 7, (live_few, live_many)
+    assert live_few == live_many <= 8, (live_few, live_many)  # 8: the newest receipts, for the status block
 
 
 def test_the_task_and_tenant_shown_are_the_calls_own(people, refund_registry):
@@ -491,3 +492,27 @@ def test_the_task_and_tenant_shown_are_the_calls_own(people, refund_registry):
     other = Task.objects.create(tenant=call.tenant, external_id="someone-else", agent="x", goal="another goal")
     html = _html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/"))
     assert other.external_id not in html and "another goal" not in html
+
+
+def test_a_settled_call_states_its_newest_receipt_its_effects_and_its_outcome_as_history(people, refund_registry):
+    call = unknown_refund()
+    first = Receipt.objects.get(call=call)
+    Call.objects.filter(pk=call.pk).update(
+        outcome="poll_budget_exhausted", last_receipt_status="unreachable", last_receipt_at=first.checked_at
+    )
+    Receipt.objects.create(
+        call=call, provider=first.provider, source="idempotent_replay", observed="committed", effects_observed=1,
+        local_state_before="UNKNOWN", local_state_after="COMMITTED", applied=True,
+        checked_at=first.checked_at + timedelta(minutes=3),
+    )  # fmt: skip
+    transition_call(_fresh(call.pk), "COMMITTED", actor=RUNTIME, reason="settled by the replay's receipt")
+    client = signed_in(people, VIEWER)
+
+    for html in (
+        _html(client.get(f"/calls/{call.pk}/")),
+        _html(client.get(f"/calls/{call.pk}/", headers={"HX-Request": "true"})),  # the live refresh: the same
+    ):
+        facts = dict(re.findall(r'data-fact="([\w-]+)">(.*?)</(?:span|dd)>', html, re.S))
+        assert page_text(facts["last-receipt"]).startswith("committed at ")
+        assert page_text(facts["effects"]) == "1"
+        assert page_text(facts["outcome"]) == "before it settled: outcome poll_budget_exhausted"
