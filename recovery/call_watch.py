@@ -15,7 +15,7 @@ database stays the only truth: a waiter re-reads the call's version, and a wake-
   lost message costs a waiter that much, never a wrong answer) or every REREAD_LOCAL_S without it (a change made by
   another process, e.g. a separate `runjobs`, is seen that late).
 
-A waiting request holds one web thread; `wait_ms` is capped at MAX_WAIT_MS (the README's API table says so, and that
+A waiting request holds one web thread; `wait_ms` is capped at MAX_WAIT_MS (docs/api.md's table says so, and that
 the web server's threads must cover the agents that wait at once).
 """
 

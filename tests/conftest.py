@@ -36,11 +36,12 @@ SERVER_SIDE_STATEMENTS = ("server_side_binding", "prepare_threshold")  # console
 
 @pytest.fixture(scope="session", autouse=True)
 def through_pgbouncer(request):
-    """With RECOVERY_TEST_PGBOUNCER=1 (CI runs the API, job, reconcile, action and drill modules so: README), every
-    connection of the run — this process's and every process it starts, which read database_url() — goes through a
-    PgBouncer in transaction mode in front of the test database, with the settings docs/deploy.md gives: no prepared
-    statements, no server-side cursors (DATABASE_TRANSACTION_POOLING=1). The test database itself is made and
-    dropped on PostgreSQL directly (PgBouncer would keep server connections to it open)."""
+    """With RECOVERY_TEST_PGBOUNCER=1 (CI runs the API, job, reconcile, action and drill modules so:
+    docs/development.md, `make test-pgbouncer`), every connection of the run — this process's and every process it
+    starts, which read database_url() — goes through a PgBouncer in transaction mode in front of the test database,
+    with the settings docs/deploy.md gives: no prepared statements, no server-side cursors
+    (DATABASE_TRANSACTION_POOLING=1). The test database itself is made and dropped on PostgreSQL directly (PgBouncer
+    would keep server connections to it open)."""
     if os.environ.get(PGBOUNCER) != "1":
         yield None
         return

@@ -12,7 +12,8 @@ from recovery.models import Attempt, Call, Step, Task, Tool
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
-# What the README's figures quote: keep in step with /README.md's queue row and recovery/benchmarks/queue.py.
+# What the benchmark figures quote: keep in step with /docs/benchmarks.md's queue row and section and
+# recovery/benchmarks/queue.py.
 README_KEYS = (
     "calls", "attempts", "unknown", "tasks", "load_s", "depth",
     *(f"{page}_{which}_{stat}" for page in ("product", "bare", "admin", "admin50") for which in ("first", "deep")

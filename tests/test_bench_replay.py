@@ -14,7 +14,8 @@ from recovery.models import Call, DuplicateProbe, Tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# What the README's figures quote: keep in step with /README.md's replay rows and recovery/benchmarks/replay.py.
+# What the benchmark figures quote: keep in step with /docs/benchmarks.md's replay rows and
+# recovery/benchmarks/replay.py.
 CASE_KEYS = (
     "intents", "committed", "product_median_ms", "product_p95_ms", "bare_median_ms", "bare_p95_ms", "ratio_median",
     "ratio_p95", "duplicates", "people", "settled_by", "status_checks", "write_requests_per_intent",

@@ -672,7 +672,7 @@ def test_a_refused_cancellation_fails_its_entry_and_is_never_sent_again(stage):
 def test_the_demo_leaves_a_refund_reconciliation_could_not_settle_and_its_same_key_replay_makes_one_refund(
     stage, console_people
 ):
-    """What README's demo walk-through does in the browser, with the same roles: the status-API-down scenario
+    """What the README's demo walk-through does in the browser, with the same roles: the status-API-down scenario
     leaves a refund in HUMAN_REVIEW at the poll budget (its effect exists at the provider); the reviewer previews
     and requests a same-key replay, the approver approves it, a worker executes it: COMMITTED, one refund."""
     lines: list[str] = []

@@ -640,9 +640,9 @@ def test_the_admin_keeps_a_tenant_to_one_way_of_listing_tools(admin_client, load
     assert not demo.all_tools and list(demo.tools.values_list("name", flat=True)) == ["order.lookup"]
 
 
-def test_the_readme_example_is_a_valid_registry(db):
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## The tool registry", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_registry_example_is_a_valid_registry(db):
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "registry.md").read_text()
+    section = guide.split("## An example file", 1)[1].split("\n## ", 1)[0]
     block = section.split("```json\n", 1)[1].split("```", 1)[0]
 
     assert validate_registry(json.loads(block)) == []

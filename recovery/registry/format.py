@@ -1,4 +1,4 @@
-"""The registry file format (README "The tool registry"), declared object by object, and `validate_registry`.
+"""The registry file format (docs/registry.md), declared object by object, and `validate_registry`.
 
 An unknown key is an error that names it; a missing required key is reported at its own path; cross-field rules
 (a write needs a status query, `cap_ms >= base_ms`, names that must exist, template placeholders that must be

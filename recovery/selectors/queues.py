@@ -4,7 +4,7 @@ Raw SQL, one of the two hot paths STYLE.md allows it on (SPEC §19: the UNKNOWN 
 the statements are written once from the models' metadata instead of built by the ORM on every poll. Each public
 function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off — the reading
 tests/test_queue_selector.py holds the SQL equal to, and the one `manage.py bench queue` times against it in the
-same run (README, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
+same run (docs/benchmarks.md, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
 
 A queue is a set of call states, read through an index in page order; the compensation problems queue (SPEC §12,
 §15.3) adds one condition: of its states, a COMPENSATING call is listed only while its open entry needs a person

@@ -16,7 +16,7 @@ The one exception is a circuit breaker, which is shared by design: the 5xx storm
 alone, after the others (`Scenario.exclusive`), and leaves the breaker closed again by a half-open probe once the
 cooldown has passed (3 s on the drill registry, 20 s on the shipped one); the status-API-down refund fails its
 checks on purpose, which counts against the provider's status-endpoint breaker, so it runs alone too. That refund is
-left in HUMAN_REVIEW for the demo's reviewer and approver to replay with its own key (README, "Demo users").
+left in HUMAN_REVIEW for the demo's reviewer and approver to replay with its own key (docs/demo-agent.md).
 
 The same scenarios run on the drill stage (quick reconcile schedules; what the tests use) and on the demo stage
 (`make run`'s console and sandbox with the shipped registry's production schedules: a refund's first status check

@@ -16,7 +16,7 @@ def saga_cancel_refused(play: Play) -> None:
     """The same abort, but the provider refuses to cancel the order (409 `not_cancellable`: it has shipped), a code
     in order.cancel's `refusal_codes`: nothing was executed, the entry failed and is not retried, the order's call
     is COMPENSATION_FAILED and the saga stops there for a person. Left for the demo reviewer in the Compensation
-    problems queue (README, "Demo users")."""
+    problems queue (README, "The demo")."""
     task_id, order, payment, order_id = shared.order_payment_refused(play, "its payment will be declined")
     play.result.routes["cancel"] = route = f"/orders/{order_id}/cancel"
     play.fault(route=route, kind="error", **REFUSAL)  # every time: the order stays shipped

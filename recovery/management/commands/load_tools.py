@@ -41,8 +41,8 @@ def parse_registry(raw: bytes, source: str) -> object:
 
 class Command(BaseCommand):
     help = (
-        "Create or update tenants, providers and tools from a registry JSON file (see the README, 'The tool "
-        "registry'). An invalid file is rejected whole, listing every error with its JSON path."
+        "Create or update tenants, providers and tools from a registry JSON file (see docs/registry.md). "
+        "An invalid file is rejected whole, listing every error with its JSON path."
     )
 
     def add_arguments(self, parser):
