@@ -25,11 +25,12 @@ from django.utils import timezone
 
 from recovery.audit import Actor, audit_maintenance, chain_key
 from recovery.client import NotAdmitted, RecoveryClient
-from recovery.models import AuditEvent, Step
+from recovery.models import AuditEvent, Call, Step
 from recovery.registry import load_registry
 from recovery.roles import ROLES, VIEWER
 from recovery.services.tasks import task_flag_no_submission
 from recovery.services.tokens import token_create
+from recovery.transitions import transition_call
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, signed_in
 
 ARGS = {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}
@@ -267,6 +268,15 @@ def test_it_groups_committed_unknown_and_failed_calls_as_facts_not_as_failed(run
     assert text_of(html, "outcome").startswith("completed_with_unknowns — submitted while some effects")
     assert text_of(html, "headline") == "Submitted · 1 confirmed · 1 unknown · 1 not executed"
     assert "The task is closed; 1 unknown call is still being reconciled" in text_of(html, "next")
+    assert "(still unsettled: 1 call)" in text_of(html, "outcome")
+
+    # Reconciliation settles it afterwards: the recorded outcome stays, and says the unknowns have settled since.
+    transition_call(Call.objects.get(pk=lost.call_id), "COMMITTED", actor=Actor.job("reconcile"), reason="receipt")
+    html = page_of(viewer, task.id)
+    assert text_of(html, "outcome") == (
+        "completed_with_unknowns — submitted while some effects were still unknown; every one has settled since"
+    )
+    assert "every call is settled" in text_of(html, "next")
 
 
 def test_it_shows_a_submitted_tasks_outcome_and_submission(runtime, viewer):

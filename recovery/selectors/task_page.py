@@ -126,7 +126,7 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
         task=task,
         summary=summary,
         headline=_headline(task, facts),
-        outcome_meaning=_OUTCOME_MEANING.get(task.outcome, ""),
+        outcome_meaning=_outcome_meaning(task.outcome, summary),
         steps=_steps(summary, calls),
         facts=facts,
         next_action=NextAction(code=summary["next_action"], text=_next_action_text(summary)),
@@ -231,6 +231,18 @@ def _next_action_text(summary: dict) -> str:
     if code == "submit":
         return "The agent submits the task: every call is settled."
     return "Nothing: the task is closed and every call is settled."
+
+
+def _outcome_meaning(outcome: str, summary: dict) -> str:
+    """What the recorded outcome means now: one submitted with unknowns whose calls have all settled since says so,
+    rather than stand beside "every call is settled" as if they were still unknown."""
+    meaning = _OUTCOME_MEANING.get(outcome, "")
+    if outcome == "completed_with_unknowns":
+        open_now = len(summary["unknown"]) + len(summary["accepted_in_progress"]) + len(summary["needs_review"])
+        if not open_now:
+            return "submitted while some effects were still unknown; every one has settled since"
+        return f"{meaning} (still unsettled: {_plural(open_now, 'call')})"
+    return meaning
 
 
 def _is(n: int, one: str, many: str) -> str:
