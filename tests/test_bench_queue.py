@@ -9,6 +9,7 @@ from django.db.models import F
 from recovery.benchmarks.queue import bench_queue
 from recovery.benchmarks.queue_load import BYTES_PER_CALL, disk_check, load
 from recovery.models import Attempt, Call, Step, Task, Tool
+from tests.conftest import missing_service
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
@@ -62,7 +63,7 @@ def test_the_queue_benchmark_loads_measures_and_reports():
 def test_a_load_larger_than_the_free_disk_is_refused_before_anything_is_written():
     free = disk_check(1)["disk_free_bytes"]
     if free is None:
-        pytest.skip("the database server's data directory is not visible from here (a remote server)")
+        missing_service("needs a local PostgreSQL whose data directory this test can see (the free-space check)")
     too_many = int(free / BYTES_PER_CALL) + 1
 
     with pytest.raises(ValueError, match=r"needs about .* GB free|GB free") as refused:

@@ -29,6 +29,7 @@ from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status
 from recovery.selectors.observed import admission_of, call_spans
+from recovery.selectors.waiting import required_action
 
 REFRESH_S = 5
 
@@ -84,7 +85,7 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         held_by=held_by,
     )
     latest = page.latest_decision
-    asked = latest.required_next.get("action", "") if latest and isinstance(latest.required_next, dict) else ""
+    asked = required_action(latest.required_next) if latest else ""
     advice = recommended(
         actions,
         state=current.state,

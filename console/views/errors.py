@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from django.http import HttpRequest, HttpResponse, HttpResponseServerError
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from console.views.common import nav_counts
@@ -52,7 +52,4 @@ def not_found(request: HttpRequest, exception: Exception | None = None) -> HttpR
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    try:
-        return _page(request, 500, {})
-    except Exception:
-        return HttpResponseServerError("500 Something went wrong\n", content_type="text/plain")
+    return _page(request, 500, {})  # a page that cannot be drawn falls back to plain text (_page)

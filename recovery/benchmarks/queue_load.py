@@ -510,6 +510,7 @@ def load(
 
 def _database_bytes() -> int:
     with connection.cursor() as cursor:
+        # Raw SQL: a server function the ORM has no word for.
         cursor.execute("SELECT pg_database_size(current_database())")
         return cursor.fetchone()[0]
 
@@ -523,7 +524,7 @@ def disk_check(calls: int, extra: Extra | None = None) -> dict:
     estimate = FIXED_BYTES + calls * per_call
     free = None
     with connection.cursor() as cursor, suppress(DatabaseError), transaction.atomic():
-        cursor.execute("SELECT current_setting('data_directory')")
+        cursor.execute("SELECT current_setting('data_directory')")  # a server setting: no ORM equivalent
         directory = cursor.fetchone()[0]
         host = connection.settings_dict.get("HOST") or ""
         if host in ("", "localhost", "127.0.0.1", "::1") or host.startswith("/"):

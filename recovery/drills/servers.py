@@ -50,6 +50,15 @@ def _stop(process: subprocess.Popen | None, wait_s: float = 10) -> None:
         process.wait()
 
 
+def _daemon(command: list[str], port: int, name: str, log) -> subprocess.Popen:
+    """`command` started and listening on `port`; stopped again, with its `log()` in the error, if it never does."""
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    if _listening(process, port):
+        return process
+    _stop(process)
+    raise RuntimeError(f"{name} did not start: {log()[-2000:]}")
+
+
 class Nginx:
     """Debian's nginx with the shipped deploy/nginx.conf in front of `upstreams` (host:port), on a free port of
     127.0.0.1: the file as an operator installs it, only its addresses and paths put in (the upstream servers, the
@@ -107,11 +116,8 @@ class Nginx:
         command = [self.BINARY, "-p", str(self.workdir), "-c", str(self.workdir / "nginx.conf")]
         checked = subprocess.run([*command, "-t"], capture_output=True, text=True, timeout=30)
         assert checked.returncode == 0, checked.stderr
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        if _listening(self.process, self.port):
-            return self
-        self.__exit__()
-        raise RuntimeError(f"nginx did not start: {self.error_log()[-2000:]}")
+        self.process = _daemon(command, self.port, "nginx", self.error_log)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         _stop(self.process)
@@ -151,11 +157,8 @@ class PgBouncer:
         if os.geteuid() == 0:
             command[1:1] = ["-u", "postgres"]  # it refuses to run as root
             subprocess.run(["chown", "-R", "postgres", str(self.workdir)], check=True)
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        if _listening(self.process, self.port):
-            return self
-        self.__exit__()
-        raise RuntimeError(f"pgbouncer did not start: {self.log()[-2000:]}")
+        self.process = _daemon(command, self.port, "pgbouncer", self.log)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         _stop(self.process)
@@ -168,7 +171,7 @@ class PgBouncer:
             host="127.0.0.1", port=self.port, dbname="pgbouncer", user=self.user, autocommit=True
         ) as admin:
             cursor = admin.cursor()
-            cursor.execute("SHOW STATS")
+            cursor.execute("SHOW STATS")  # PgBouncer's admin console: a command of its own, no table
             names = [column.name for column in cursor.description]
             rows = [dict(zip(names, row, strict=True)) for row in cursor.fetchall()]
         return sum(int(row["total_xact_count"]) for row in rows if row["database"] == database)

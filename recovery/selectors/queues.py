@@ -161,7 +161,9 @@ def _states(states: tuple[str, ...]) -> str:
     if unknown or not states:
         raise ValueError(f"not call states: {sorted(unknown) or 'none given'}")
     if set(states) == set(S):
-        return "1 = 1"  # every state (All calls): no condition, so the page is read in call_changed_idx order
+        # Every state (All calls): no condition, so the page is read in call_changed_idx order. Part of the page's SQL,
+        # which stays SQL while its ORM twin misses the queue benchmark's target (bench queue: product_orm_*).
+        return "1 = 1"
     literals = ", ".join(f"'{state}'" for state in states)
     return f"{_c('state')} IN ({literals})"
 

@@ -27,6 +27,11 @@ ASKED = {  # a decision card's required_next action, for a HUMAN_REVIEW call
 }
 
 
+def required_action(required_next) -> str:
+    """The action a decision card's required_next names ("" when none)."""
+    return required_next.get("action", "") if isinstance(required_next, dict) else ""
+
+
 def asked_for(call_ids: Iterable[int]) -> dict[int, str]:
     """Each call's latest decision card's required_next action (one statement; none for no ids)."""
     ids = list(call_ids)
@@ -37,8 +42,7 @@ def asked_for(call_ids: Iterable[int]) -> dict[int, str]:
         "call_id", "required_next", "created_at"
     ):
         if call_id not in latest or created >= latest[call_id][1]:
-            action = required.get("action", "") if isinstance(required, dict) else ""
-            latest[call_id] = (action, created)
+            latest[call_id] = (required_action(required), created)
     return {call_id: action for call_id, (action, _) in latest.items()}
 
 
