@@ -15,6 +15,14 @@ $(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-adopt
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt -r requirements-otlp-test.txt
 	touch $@
 
+# axe-core for the accessibility check of every console page (tests/test_console_pages_browser.py), pinned in
+# tests/axe/package-lock.json; installed again only when the lock changes. Without npm those checks skip with the
+# reason (CI's .ci/run installs it, and REQUIRE_SERVICES=1 makes the skip a failure).
+AXE := tests/axe/node_modules/.installed
+$(AXE): tests/axe/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/axe --no-audit --no-fund && touch $@; \
+	else echo "npm not found: the axe-core page checks will skip (apt-get install nodejs npm)"; fi
+
 install: $(VENV)/.installed-run
 
 # Embedded default: SQLite under var/ and in-process jobs. Set DATABASE_URL / REDIS_URL for PostgreSQL / RQ.
@@ -26,7 +34,7 @@ run: $(VENV)/.installed-run
 # The suite on TEST_WORKERS processes (one per core by default), each module whole in one of them; the slowest
 # tests named at the end, so CI's time budget shows where it goes.
 TEST_WORKERS ?= auto
-test: $(VENV)/.installed-dev
+test: $(VENV)/.installed-dev $(AXE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The API, job, reconcile, action and drill modules again, every connection through PgBouncer in transaction mode
