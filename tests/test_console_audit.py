@@ -30,7 +30,16 @@ from recovery.services.claims import call_claim, call_release
 from recovery.services.tasks import task_create
 from recovery.services.users import user_save_with_roles
 from recovery.transitions import transition_call
-from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, PASSWORD, SIGNED_OUT, signed_in, statements
+from tests.console import (
+    HOSTILE_IMG,
+    HOSTILE_SCRIPT,
+    NO_ROLE,
+    PASSWORD,
+    SIGNED_OUT,
+    page_text,
+    signed_in,
+    statements,
+)
 
 HASHED = (
     "seq", "chain", "chain_seq", "prev_hash", "task_id", "call_id", "actor_kind", "actor_label", "actor_user_id",
@@ -298,6 +307,147 @@ def test_walking_every_page_lists_each_matching_event_once(people, task):
         url = page.context["older_url"]
     want = list(AuditEvent.objects.filter(action="test.bulk").order_by("-seq").values_list("seq", flat=True))
     assert seen == want and len(want) == 86
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Names, not ids: what each event is about, and the pages it opens
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def _cell(body: str, seq: int, css: str) -> str:
+    row = body.split(f'<tr id="event-{seq}"', 1)[1].split("</tr>", 1)[0]
+    return row.split(f'class="{css}">', 1)[1].split("</td>", 1)[0]
+
+
+def test_each_row_names_its_call_task_and_actor_with_links(people, history):
+    (first, _), (a, _) = history["tasks"], history["calls"]
+    body = signed_in(people, VIEWER).get(f"/audit/?call={a.pk}").content.decode()
+    moves = AuditEvent.objects.filter(call=a, action="call.transition").order_by("seq")
+    sent, unknown = moves[0], moves[1]
+    claimed = AuditEvent.objects.get(call=a, action="call.claimed")
+
+    call = _cell(body, sent.seq, "call")
+    assert call.startswith(f'<a href="/calls/{a.pk}/">call {a.pk}</a> · <span class="tool">refund.create</span>')
+    assert f'<code class="key">{a.idempotency_key}</code>' in call
+    task = _cell(body, sent.seq, "task")
+    assert f'<a href="/tasks/{first.pk}/">order-1</a>' in task and f"#{first.pk} · demo" in task
+    by = {seq: page_text(_cell(body, seq, "by")) for seq in (sent.seq, unknown.seq, claimed.seq)}
+    assert by == {sent.seq: "runtime-1 agent token", unknown.seq: "sweeper job", claimed.seq: "reviewer person"}
+    # Each actor's name is a search for every event by them.
+    assert 'href="?actor=token%3Aruntime-1"' in _cell(body, sent.seq, "by")
+    assert 'href="?actor=user%3Areviewer"' in _cell(body, claimed.seq, "by")
+    assert [r["seq"] for r in signed_in(people, VIEWER).get("/audit/?actor=job%3Asweeper").context["rows"]] == [
+        unknown.seq
+    ]
+
+
+def test_an_event_links_the_action_request_bulk_or_breaker_operation_it_names(people, task, make_call):
+    call = make_call("HUMAN_REVIEW")
+    reviewer = Actor.job("t")
+    with transaction.atomic():
+        requested = append_event(
+            action="action.requested", actor=reviewer, task_id=task.pk, call_id=call.pk,
+            evidence={"request": 12, "action": "replay", "plan_hash": "h", "call_version": 3},
+        )  # fmt: skip
+        executed = append_event(
+            action="call.transition", actor=reviewer, task_id=task.pk, call_id=call.pk,
+            evidence=["action_request:12", "receipt:4"],
+        )  # fmt: skip
+        bulk = append_event(action="bulk.approved", actor=reviewer, evidence={"bulk": 3, "action": "escalate"})
+        operation = append_event(
+            action="breaker.forced_open", actor=reviewer, evidence={"tool": "refund.create", "breaker_operation": 5}
+        )
+        other = append_event(action="test.other", actor=reviewer, evidence={"request": 9, "bulk": "3"})
+    body = signed_in(people, VIEWER).get("/audit/").content.decode()
+
+    def links(event) -> list[str]:
+        row = body.split(f'<tr id="event-{event.seq}"', 1)[1].split("</tr>", 1)[0]
+        return re.findall(r'<a class="subject" href="([^"]+)">([^<]+)</a>', row)
+
+    assert links(requested) == [("/actions/12/", "action request 12 · replay")]
+    assert links(executed) == [("/actions/12/", "action request 12")]
+    assert links(bulk) == [("/bulk/3/", "bulk action 3 · escalate")]
+    assert links(operation) == [("/operations/breaker-operations/5/", "breaker operation 5")]
+    assert links(other) == []  # "request" names an action request only on its own steps; "3" is not an id
+
+
+def test_the_page_says_which_stretch_of_the_trail_it_shows(people, task):
+    _append_many(120, task)
+    client = signed_in(people, VIEWER)
+    seqs = list(AuditEvent.objects.filter(task=task).order_by("-seq").values_list("seq", flat=True))
+    first = client.get(f"/audit/?task={task.pk}")
+    shown = page_text(first.content.decode().split('id="audit-range">', 1)[1].split("</p>", 1)[0])
+    assert shown.startswith(f"50 events (the newest), newest first: seq {seqs[0]:,} to {seqs[49]:,}, ")
+    assert shown.count(" UTC") == 2 and " back to " in shown
+    second = client.get(first.context["older_url"]).content.decode()
+    shown = page_text(second.split('id="audit-range">', 1)[1].split("</p>", 1)[0])
+    assert shown.startswith(f"50 events, newest first: seq {seqs[50]:,} to {seqs[99]:,}, ")
+    last = client.get(client.get(first.context["older_url"]).context["older_url"]).content.decode()
+    assert f"20 events (the oldest), newest first: seq {seqs[100]:,} to {seqs[119]:,}" in page_text(last)
+    few = signed_in(people, VIEWER).get("/audit/?action=test.other&task=999999").content.decode()
+    assert 'id="audit-range"' not in few and "No events match these filters." in page_text(few)
+
+
+def test_newer_older_and_newest_walk_every_event_once_each_way(people, task):
+    _append_many(127, task)
+    _append_many(9)  # other events between: the filter keeps them out
+    client = signed_in(people, VIEWER)
+    want = list(AuditEvent.objects.filter(task=task).order_by("-seq").values_list("seq", flat=True))
+    start = f"/audit/?task={task.pk}&actor=job:*"
+    first = client.get(start)
+    assert first.context["newer_url"] == "" and first.context["newest_url"] == ""
+    pages, url = [], start
+    while url:  # down, Older after Older
+        page = client.get(url)
+        pages.append(_shown_seqs(page))
+        url = page.context["older_url"]
+        if url:
+            assert f"task={task.pk}" in url and "actor=job%3A%2A" in url and "before=" in url and "after=" not in url
+    assert [len(p) for p in pages] == [50, 50, 27]
+    assert [seq for p in pages for seq in p] == want  # every event once, newest first
+
+    bottom = page  # the oldest page, reached by Older
+    back, url = [_shown_seqs(bottom)], bottom.context["newer_url"]
+    while url:  # and up again, Newer after Newer: the same pages, by key
+        assert "after=" in url and "before=" not in url and f"task={task.pk}" in url and "actor=job%3A%2A" in url
+        page = client.get(url)
+        back.append(_shown_seqs(page))
+        url = page.context["newer_url"]
+    assert back == pages[::-1]  # every event once more, the pages as they were on the way down
+    assert page.context["newest_url"] and _shown_seqs(client.get(page.context["newest_url"])) == pages[0]
+    # From a page reached going up, Older goes down again to the page below it.
+    middle = client.get(bottom.context["newer_url"])
+    assert _shown_seqs(middle) == pages[1] and _shown_seqs(client.get(middle.context["older_url"])) == pages[2]
+
+
+def test_a_page_names_its_rows_in_the_same_statements_for_few_or_many(people, registry, make_call):
+    """Every row on a different task, call, tool, user and token: the names come with the page's one statement."""
+    client = signed_in(people, VIEWER)
+
+    def events(n: int) -> None:
+        for i in range(n):
+            token = ApiToken.objects.create(name=f"runtime-{i}-{n}", prefix=f"rc_{i}_{n}", digest=f"{i}-{n}".ljust(64))
+            task, _ = task_create(
+                tenant=registry["tenant"], external_id=f"t-{i}-{n}", agent="demo", goal="g", budget={},
+                actor=Actor.for_token(token),
+            )  # fmt: skip
+            call = make_call("READY", on_task=task, tool=registry["lookup"] if i % 2 else registry["refund"])
+            user, _ = user_save_with_roles(
+                username=f"u-{i}-{n}", roles=[REVIEWER], password=PASSWORD, actor=Actor.system("t")
+            )
+            call_claim(call_id=call.pk, user=user, actor=Actor.for_user(user))
+
+    events(2)
+    client.get("/audit/")
+    few, _ = statements(client, "/audit/")
+    events(30)
+    many, page = statements(client, "/audit/")
+    assert len(page.context["rows"]) == 50 and few == many, (few, many)
+    named = [row for row in page.context["rows"] if row["action"] == "call.claimed"]
+    assert len(named) >= 10 and all(row["call__tool__name"] and row["task__external_id"] for row in named)
+    assert all(row["actor_name"] == row["actor_user__username"] for row in named)
+    newer, upwards = statements(client, f"/audit/?after={page.context['rows'][-1]['seq']}")
+    assert newer == few and len(upwards.context["rows"]) == 49  # a page read upwards costs the same
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -575,5 +725,7 @@ def test_hostile_text_is_shown_as_text(people, task):
     main = body.split('<main id="main"', 1)[1]
     assert "<script>window" not in main and "<img src=x" not in main and "<svg" not in main
     assert "&lt;script&gt;window.__pwned=1&lt;/script&gt;" in main
-    assert "token:&lt;img src=x onerror=window.__pwned=1&gt;" in main
+    actor = main.split('class="actor"', 1)[1].split("</td>", 1)[0]  # the token's name, and a search by its label
+    assert ">&lt;img src=x onerror=window.__pwned=1&gt;</a>" in actor and "agent token" in actor
+    assert 'href="?actor=token%3A%3Cimg+src%3Dx+onerror%3Dwindow.__pwned%3D1%3E"' in main
     assert "&lt;/pre&gt;&lt;/details&gt;&lt;svg onload=window.__pwned=1&gt;" in main

@@ -36,6 +36,9 @@ def test_a_reviewer_forces_a_breaker_open_and_an_approver_resets_it(runtime, ope
     alice = open_console()
     alice.sign_in("reviewer", start="/operations/breakers/")
     page = alice.page
+    # No call in its window: the tool is on the idle line, its force open one disclosure below it.
+    assert "refund.create" in page.locator("#idle-tools p").inner_text()
+    page.locator("#idle-tools summary").click()
     with page.expect_navigation():
         page.locator(f"#operator-{tool.pk}").get_by_role("link", name="Force open…").click()
     assert "nothing has changed yet" in page.locator("#dry-run").inner_text()

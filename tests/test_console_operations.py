@@ -155,7 +155,8 @@ def test_it_shows_each_breakers_state_window_and_history(people, registry):
     assert "closed" in search and "5 calls: 3 failed, 2 succeeded" in search
     assert "60 % / opens at 50 % below min calls (10)" in search
     assert "window 1 min in 10 s buckets; min 10 calls; cooldown 30 s; 1 probe, lease 1 min" in search
-    assert "no calls" in row(body, f'id="tool-{quiet.pk}"')
+    idle = body.split('id="idle-tools"', 1)[1].split("</p>", 1)[0]  # no calls in its window: folded into one line
+    assert "no calls" in text(idle) and f'<a href="/operations/tools/{quiet.pk}/" id="tool-{quiet.pk}"' in idle
 
     history = body.split(f'id="history-{flapping.pk}"', 1)[1].split("</table>", 1)[0]
     events = re.findall(r"<code>(breaker\.\w+)</code>", history)
@@ -270,6 +271,77 @@ def test_the_breakers_page_runs_the_same_statements_for_2_or_40_tools(people, re
     assert response.status_code == 200 and len(response.context["page"].tools) == 40
     assert len(few) == len(many), (len(few), len(many))
     assert response.content.decode().count("<code>breaker.opened</code>") == 25  # tools 1, 2, 4, 5, ... 37
+
+
+def test_idle_tools_fold_into_one_line_with_a_link_each(people, registry):
+    """Nine tools without a call in their window are one line naming each (a link to its page), not nine rows."""
+    idle = [
+        Tool.objects.create(name=f"idle-{i}", provider=registry["provider"], side_effect="read", breaker=POLICY)
+        for i in range(7)
+    ]
+    calling = Tool.objects.create(name="busy.read", provider=registry["provider"], side_effect="read", breaker=POLICY)
+    record(calling, False, 5, times=3)  # three successes: closed, with calls
+    body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
+
+    line = body.split('id="idle-tools">', 1)[1].split("</p>", 1)[0]
+    names = ["idle-0", "idle-1", "idle-2", "idle-3", "idle-4", "idle-5", "idle-6", "order.lookup", "refund.create"]
+    assert text(line) == f"closed 9 tools idle — no calls in the last 1 min: {', '.join(names)}."
+    tools = {tool.name: tool.pk for tool in [*idle, registry["lookup"], registry["refund"]]}
+    for name in names:
+        link = (
+            f'<a href="/operations/tools/{tools[name]}/" id="tool-{tools[name]}" data-state="closed" '
+            f'data-fact="tool-breaker" data-tool="{name}" data-value="closed">{name}</a>'
+        )
+        assert link in line, name
+    assert "Nothing: every breaker is closed" in text(body)  # nothing needs attention: no row for it
+    calling_rows = re.findall(r'<tr id="tool-(\d+)"', body.split("<tbody>", 1)[1].split("</table>")[0])
+    assert calling_rows == [str(calling.pk)] and body.count('<tr id="tool-') == 1
+    assert "3 calls: 0 failed, 3 succeeded" in row(body, f'id="tool-{calling.pk}"')
+    assert "0 need attention · 1 closed with calls · 9 idle" in text(body)
+    # A viewer reads no operation; a reviewer finds each idle tool's force open under the line.
+    assert "Force open an idle tool" not in body
+    reviewer = signed_in(people, "reviewer").get("/operations/breakers/").content.decode()
+    operations = reviewer.split('class="idle-operations"', 1)[1].split("</details>", 1)[0]
+    for name in names:
+        assert f'href="/operations/breakers/{tools[name]}/force-open/">Force open…</a>' in operations, name
+
+
+def test_idle_tools_with_different_windows_say_so(people, registry):
+    Tool.objects.filter(pk=registry["refund"].pk).update(breaker=POLICY | {"window_s": 300})
+    line = signed_in(people, VIEWER).get("/operations/breakers/").content.decode().split('id="idle-tools">', 1)[1]
+    want = "closed 2 tools idle — no calls in their breaker windows: order.lookup, refund.create."
+    assert text(line.split("</p>", 1)[0]) == want
+
+
+def test_breakers_that_need_attention_lead_with_their_badge_and_bar(people, registry):
+    provider = registry["provider"]
+    failing = Tool.objects.create(name="stock.check", provider=provider, side_effect="read", breaker=POLICY)
+    tripped = Tool.objects.create(name="stock.reserve", provider=provider, side_effect="write", breaker=POLICY)
+    cooled = Tool.objects.create(name="order.search", provider=provider, side_effect="read", breaker=POLICY)
+    record(failing, True, 5)
+    record(failing, False, 5, times=3)  # 1 of 4 failed: closed, but failing
+    record(tripped, True, 10, times=4)  # open, cooling down
+    record(cooled, True, 100, times=4)  # open past its cooldown: reads half_open
+    body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
+
+    table = body.split('id="breakers"', 1)[1].split("</table>", 1)[0]
+    ids = re.findall(r'<tr id="tool-(\d+)" data-state="(\w+)"', table)
+    assert ids == [(str(tripped.pk), "open"), (str(cooled.pk), "half_open"), (str(failing.pk), "closed")]
+    assert body.index('id="breakers"') < body.index('id="idle-tools"') < body.index('id="history"')
+    assert "3 need attention · 0 closed with calls · 2 idle" in text(body)
+
+    opened = body.split(f'id="tool-{tripped.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="breaker badge breaker-open" data-fact="tool-breaker"' in opened and ">open</span>" in opened
+    # The bar: full (4 of 4 failed), red (at or above the threshold), the threshold marked at 50 %.
+    assert '<span class="rate-bar mark-10" aria-hidden="true"><span class="fill fill-20 over"></span></span>' in opened
+    assert f'<a href="/operations/tools/{tripped.pk}/">stock.reserve</a>' in opened
+    assert re.search(r'cooldown ends [^<]+ UTC</span> <span class="probe-in">probes in (1\d|20|\d) s</span>', opened)
+    half = body.split(f'id="tool-{cooled.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="breaker badge breaker-half_open" data-fact="tool-breaker"' in half
+    assert "a probe is free" in text(half)
+    warn = body.split(f'id="tool-{failing.pk}"', 1)[1].split("</tr>", 1)[0]
+    assert '<span class="rate-bar mark-10" aria-hidden="true"><span class="fill fill-5 some"></span></span>' in warn
+    assert "25 % / opens at 50 %" in text(warn) and "4 calls: 1 failed, 3 succeeded" in text(warn)
 
 
 # --- drills --------------------------------------------------------------------------------------------------------

@@ -34,6 +34,14 @@ def age(value) -> str:
 
 
 @register.filter
+def until(value) -> str:
+    """How long until a moment ("12 s", "3 min"), written as ages are; "" for None."""
+    if value is None or value == "":
+        return ""
+    return age_text(value - timezone.now())
+
+
+@register.filter
 def utc(value) -> str:
     """A moment as the console writes it everywhere: "2026-11-30 08:12:03 UTC"."""
     if value is None or value == "":

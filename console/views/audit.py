@@ -35,10 +35,18 @@ from django.utils.html import format_html_join
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from console.views.common import EXPORT, VERIFY, VIEW, render_page, requires
+from console.views.common import EXPORT, VERIFY, VIEW, render_page, requires, url_pattern
 from recovery.audit import Actor, chain_key
+from recovery.audit_actions import REQUEST_EVENTS
 from recovery.models import ActorKind
-from recovery.selectors.audit import EXPORT_COLUMNS, AuditFilters, audit_export_rows, audit_page, match_of
+from recovery.selectors.audit import (
+    EXPORT_COLUMNS,
+    AuditFilters,
+    AuditPage,
+    audit_export_rows,
+    audit_page,
+    match_of,
+)
 from recovery.services.audit_checks import ALL, audit_verify
 
 logger = logging.getLogger(__name__)
@@ -123,6 +131,7 @@ class AuditSearchForm(forms.Form):
     task = _id_field("Task id")
     call = _id_field("Call id")
     before = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, widget=forms.HiddenInput)
+    after = forms.IntegerField(required=False, min_value=1, max_value=MAX_ID, widget=forms.HiddenInput)
     format = forms.ChoiceField(
         required=False,
         choices=[("", "JSON lines"), ("jsonl", "JSON lines"), ("csv", "CSV")],
@@ -141,6 +150,8 @@ class AuditSearchForm(forms.Form):
         since, until = data.get("from"), data.get("to")
         if since and until and until <= since:
             self.add_error("to", "“To” must be later than “From”.")
+        if data.get("before") is not None and data.get("after") is not None:
+            self.add_error("after", "A page starts before one event or after one, not both: use Newest.")
         return data
 
     def filters(self) -> AuditFilters:
@@ -154,6 +165,7 @@ class AuditSearchForm(forms.Form):
             since=data.get("from"),
             until=data.get("to"),
             before=data.get("before"),
+            after=data.get("after"),
         )
 
     def controls(self) -> list[dict]:
@@ -198,27 +210,103 @@ def _search_page(request: HttpRequest, form: AuditSearchForm) -> HttpResponse:
     filters = form.filters() if valid else AuditFilters()
     page = audit_page(filters) if valid else None
     kept = _filter_query(request.GET)
-    older_url = ""
-    if page and page.older:
-        older = kept.copy()
-        older["before"] = str(page.older)
-        older_url = f"{request.path}?{older.urlencode()}"
+    paged = filters.before is not None or filters.after is not None
     export = reverse("console:audit-export")
     context = {
         "form": form,
         "controls": form.controls(),
-        "hidden_errors": [(name, form[name].errors) for name in ("before", "format") if form[name].errors],
+        "hidden_errors": [(name, form[name].errors) for name in ("before", "after", "format") if form[name].errors],
         "page": page,
-        "rows": page.rows if page else [],
+        "rows": _named(page.rows) if page else [],
         "filters": filters,
-        "older_url": older_url,
-        "newest_url": f"{request.path}?{kept.urlencode()}" if valid and filters.before else "",
+        "paged": paged,
+        "older_url": f"{request.path}?{_with(kept, before=str(page.older))}" if page and page.older else "",
+        "newer_url": f"{request.path}?{_with(kept, after=str(page.newer))}" if page and page.newer else "",
+        "newest_url": f"{request.path}?{kept.urlencode()}" if valid and paged else "",
+        "shown": _shown(page, filters) if page and page.rows else None,
         "export_urls": [(label, f"{export}?{_with(kept, format=fmt)}") for fmt, label in EXPORT_LINKS] if valid else [],
         "can_verify": request.user.has_perm(VERIFY),
         "verify_task": filters.task_id if valid else None,
         "here": request.get_full_path(),
     }
     return render_page(request, "console/audit.html", context, partial="results", status=200 if valid else 400)
+
+
+def _shown(page: AuditPage, filters: AuditFilters) -> dict:
+    """Which stretch of the trail a page shows, by `seq` and time (the page counts nothing: a COUNT reads every
+    match), and whether it is the newest or the oldest end of it."""
+    newest, oldest = page.rows[0], page.rows[-1]
+    ends = [end for end, there in (("the newest", page.newer is None), ("the oldest", page.older is None)) if there]
+    everything = "every event that matches" if filters.any else "the whole trail"
+    return {
+        "count": len(page.rows),
+        "newest_seq": f"{newest['seq']:,}",
+        "oldest_seq": f"{oldest['seq']:,}",
+        "newest_at": newest["created_at"],
+        "oldest_at": oldest["created_at"],
+        "position": everything if len(ends) == 2 else "".join(ends),
+    }
+
+
+# How the page names each kind of actor, beside the name itself.
+ACTOR_KINDS = {
+    ActorKind.USER: "person",
+    ActorKind.TOKEN: "agent token",
+    ActorKind.JOB: "job",
+    ActorKind.SYSTEM: "system",
+}
+
+
+def _named(rows: list[dict]) -> list[dict]:
+    """Each event with what a reader knows its ids by, and the pages they open: the call (its tool and idempotency
+    key), the task (its external id and agent), the actor (a person's username, an agent token's name, a job's or a
+    command's), a search for every event by that actor, and the action request, bulk action or breaker operation
+    its evidence names. Nothing here reads the database: the names came with the page's one statement."""
+    call_url, task_url = url_pattern("console:call"), url_pattern("console:task")
+    for row in rows:
+        kind, label = row["actor_kind"], row["actor_label"]
+        tail = label.split(":", 1)[1] if label.startswith(f"{kind}:") else label
+        row["actor_name"] = row["actor_user__username"] or row["actor_token__name"] or tail
+        row["actor_kind_text"] = ACTOR_KINDS.get(kind, kind)
+        row["actor_url"] = "?" + QueryDict.fromkeys(["actor"], value=label).urlencode()
+        row["call_url"] = call_url.format(row["call_id"]) if row["call_id"] else ""
+        row["task_url"] = task_url.format(row["task_id"]) if row["task_id"] else ""
+        row["links"] = _evidence_links(row["action"], row["evidence"])
+    return rows
+
+
+def _evidence_links(action: str, evidence) -> list[tuple[str, str]]:
+    """The action request, bulk action or breaker operation an event's evidence names, as (text, page) pairs."""
+    found: dict[str, int] = {}
+    if isinstance(evidence, dict):
+        for key in ("action_request", "bulk", "breaker_operation"):
+            if _an_id(evidence.get(key)):
+                found[key] = evidence[key]
+        if action in REQUEST_EVENTS and _an_id(evidence.get("request")):
+            found["action_request"] = evidence["request"]  # an action request's own steps name it "request"
+    elif isinstance(evidence, list):  # an executed action's transition: ["action_request:12", "ref:re_1", ...]
+        for item in evidence:
+            key, _, value = str(item).partition(":")
+            if key == "action_request" and value.isascii() and value.isdigit() and _an_id(int(value)):
+                found[key] = int(value)
+    what = evidence.get("action") if isinstance(evidence, dict) and isinstance(evidence.get("action"), str) else ""
+    links = []
+    for key, (name, text) in _LINKED.items():
+        if key in found:
+            named = f"{text} {found[key]}" + (f" · {what}" if what and key != "breaker_operation" else "")
+            links.append((named, url_pattern(name).format(found[key])))
+    return links
+
+
+def _an_id(value) -> bool:
+    return type(value) is int and 0 < value <= MAX_ID
+
+
+_LINKED = {
+    "action_request": ("console:action", "action request"),
+    "bulk": ("console:bulk", "bulk action"),
+    "breaker_operation": ("console:breaker-op", "breaker operation"),
+}
 
 
 def _filter_query(query: QueryDict) -> QueryDict:

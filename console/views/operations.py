@@ -1,7 +1,7 @@
 """The operations pages (SPEC §7, §11, §15.7, §18), for every role (`recovery.view_call`): every breaker's state,
-window and history with every tool's retry-path safety and latest duplicate probe, one tool's page (its retry path,
-why and since when, the changes of it and its latest probes), and the fault drills' stored runs with their results
-and logs.
+window and history — those that need attention first, the idle tools folded into one line — with every tool's
+retry-path safety and latest duplicate probe, one tool's page (its retry path, why and since when, the changes of it
+and its latest probes), and the fault drills' stored runs with their results and logs.
 
 An operator's force open and reset of a breaker (recovery/services/breaker_operations.py) start from the breakers
 page on a dry-run page (reviewers) that shows what the operation would block or let through again and changes
@@ -30,9 +30,11 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires, url_pattern
 from recovery.audit import Actor
+from recovery.engine.types import CLOSED, FORCED_OPEN, HALF_OPEN, OPEN
 from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
 from recovery.selectors.observed import runtimes
 from recovery.selectors.operations import (
+    ToolBreaker,
     breaker_operation_page,
     breakers_page,
     drill_run,
@@ -52,15 +54,29 @@ from recovery.services.breaker_operations import (
 KEY_ROWS = 50  # per drill, the key rows drawn: those that failed first, then the others up to this many
 
 
+# A tool whose breaker an operator forced open or reset this recently keeps its row even when idle: the next shift
+# reads who did it and why without opening the history.
+RECENT_OPERATION = timedelta(days=1)
+# The order a breaker that needs attention is listed in: the ones that deny calls first.
+_URGENCY = {FORCED_OPEN: 0, OPEN: 1, HALF_OPEN: 2}
+
+
 @require_GET
 @login_required
 @requires(VIEW)
 def breakers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     page = breakers_page(now=now)
+    attention, calling, idle = _grouped(page.tools, now)
     quiet = [tool.tool for tool in page.tools if not tool.history]
+    windows = {tool.policy.window_s for tool in idle}
     context = {
         "page": page,
+        "attention": attention,
+        "calling": calling,
+        "idle": idle,
+        # The idle tools' common window, when they share one ("idle in the last 1 min"); else each its own.
+        "idle_window_s": windows.pop() if len(windows) == 1 else None,
         "runtimes": runtimes(),
         "now": now,
         "quiet": quiet,
@@ -68,6 +84,32 @@ def breakers(request: HttpRequest) -> HttpResponse:
         "approver": request.user.has_perm(APPROVE),
     }
     return render_page(request, "console/breakers.html", context)
+
+
+def _grouped(tools: list[ToolBreaker], now) -> tuple[list[ToolBreaker], list[ToolBreaker], list[ToolBreaker]]:
+    """The tools as the page lists them: those that need attention (a breaker not closed, failures in the window, a
+    reset waiting for its decision), most urgent first; the closed ones with calls in their window (or a recent
+    operator operation); and the idle ones (closed, no call in the window), which the page folds into one line."""
+    attention, calling, idle = [], [], []
+    for tool in tools:
+        if _needs_attention(tool, now):
+            attention.append(tool)
+        elif tool.window.calls or _recently_operated(tool, now):
+            calling.append(tool)
+        else:
+            idle.append(tool)
+    attention.sort(key=lambda tool: (_URGENCY.get(tool.state, 3), -(tool.window.rate or 0), tool.tool))
+    return attention, calling, idle
+
+
+def _needs_attention(tool: ToolBreaker, now) -> bool:
+    pending = tool.pending_reset is not None and tool.pending_reset.expires_at > now
+    return tool.state != CLOSED or tool.stored != CLOSED or tool.window.failures > 0 or pending
+
+
+def _recently_operated(tool: ToolBreaker, now) -> bool:
+    done = tool.last_operation
+    return done is not None and done.applied_at is not None and now - done.applied_at < RECENT_OPERATION
 
 
 # --- force open and reset ------------------------------------------------------------------------------------------

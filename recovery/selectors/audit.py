@@ -20,7 +20,13 @@ Measured on PostgreSQL with 500,000 events (EXPLAIN ANALYZE): no filter, a task,
 common ones walk an index for 51 rows in under 0.5 ms, first page or deep; a rare action (500 events) reads its index
 entries and sorts the top 51 in about 3 ms; a rare prefix ("audit.") walks the `seq` index, about 18 ms.
 
-A page counts nothing: a COUNT would read every match. "Older" exists when a 51st row does.
+A page counts nothing: a COUNT would read every match. "Older" exists when a 51st row does. "Newer" reads the same
+index the other way (seq > the cursor, ascending, LIMIT 51) and shows the rows newest first again, so a reader who
+walks back up meets every page's rows exactly as on the way down, by key, never by OFFSET.
+
+A row carries the names a reader knows its ids by — the call's tool and idempotency key, the task's external id and
+agent, the acting user's name or the agent token's — from LEFT JOINs on primary keys in the same statement: the
+index walk stops at 51 rows and each is joined once, so a page is still one statement, whatever it shows.
 """
 
 from __future__ import annotations
@@ -36,10 +42,11 @@ from recovery.models import AuditEvent
 PAGE_SIZE = 50
 EXPORT_CHUNK = 2000
 
-# What a search page shows of each event (a flat dict per row: no model instances, no related lookups).
+# What a search page shows of each event (a flat dict per row: no model instances, no lookups after the statement).
 PAGE_COLUMNS = (
     "seq", "created_at", "actor_kind", "actor_label", "action", "from_state", "to_state", "task_id", "call_id",
-    "reason", "evidence",
+    "reason", "evidence", "call__tool__name", "call__idempotency_key", "task__external_id", "task__agent",
+    "actor_user__username", "actor_token__name",
 )  # fmt: skip
 # Everything an auditor needs to recompute each event's hash (recovery.audit.event_hash covers every field from
 # `seq` on, `prev_hash` included) and to check the links (`prev_id` names the row before it in its chain).
@@ -81,6 +88,7 @@ class AuditFilters:
     since: datetime | None = None  # created_at >= since
     until: datetime | None = None  # created_at < until
     before: int | None = None  # keyset cursor: the `seq` of the last row on the previous (newer) page
+    after: int | None = None  # keyset cursor the other way: the `seq` of the first row on the next (older) page
 
     @property
     def any(self) -> bool:
@@ -89,8 +97,9 @@ class AuditFilters:
 
 @dataclass(frozen=True, kw_only=True)
 class AuditPage:
-    rows: list[dict]
+    rows: list[dict]  # newest first, whichever way the page was read
     older: int | None  # the cursor of the next (older) page, or None on the last page
+    newer: int | None = None  # the cursor of the previous (newer) page, or None on the newest one
 
 
 def _text(events: QuerySet, column: str, match: Match | None) -> QuerySet:
@@ -117,14 +126,27 @@ def _filtered(filters: AuditFilters) -> QuerySet:
 
 
 def audit_page(filters: AuditFilters, *, size: int = PAGE_SIZE) -> AuditPage:
-    """One page of matching events, newest first: one statement, the same on the first page and the thousandth."""
+    """One page of matching events, newest first: one statement, the same on the first page and the thousandth.
+
+    `before` reads down from its cursor and `after` up from its own. A page reached by a cursor has a neighbour on
+    the cursor's side, since the cursor is a matching row's `seq`: the row it names is there (a hand-made cursor
+    may name nothing, and then the page is empty and offers "Newest")."""
     events = _filtered(filters)
+    if filters.after is not None:
+        rows = list(events.filter(seq__gt=filters.after).order_by("seq").values(*PAGE_COLUMNS)[: size + 1])
+        more = len(rows) > size
+        rows = rows[:size][::-1]
+        return AuditPage(rows=rows, older=rows[-1]["seq"] if rows else None, newer=rows[0]["seq"] if more else None)
     if filters.before is not None:
         events = events.filter(seq__lt=filters.before)
     rows = list(events.order_by("-seq").values(*PAGE_COLUMNS)[: size + 1])
     more = len(rows) > size
     rows = rows[:size]
-    return AuditPage(rows=rows, older=rows[-1]["seq"] if more else None)
+    return AuditPage(
+        rows=rows,
+        older=rows[-1]["seq"] if more else None,
+        newer=rows[0]["seq"] if rows and filters.before is not None else None,
+    )
 
 
 def audit_export_rows(filters: AuditFilters, *, chunk_size: int = EXPORT_CHUNK) -> Iterator[dict]:
