@@ -63,7 +63,8 @@ def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(
     assert not page.locator("#latest-card").is_visible()
     replay = page.locator("#action-replay_same_key")
     assert replay.get_attribute("data-allowed") == "no"
-    assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in replay.inner_text()
+    why = page.locator("li.forbidden-group", has=replay).locator(".why")  # said once for the actions it forbids
+    assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in why.inner_text()
     reconcile = page.locator("#action-reconcile_now")
     assert reconcile.get_by_role("button", name="Preview: Reconcile now").is_enabled()
     # Each allowed action is a form that previews it (a dry run), never one that executes it.

@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 
 from recovery.audit import Actor, append_event
-from recovery.models import Attempt, Call, Decision, Diagnostic, GateDecision, Receipt, Task, Tenant
+from recovery.models import Attempt, Call, Decision, Diagnostic, GateDecision, Receipt, ReceiptSource, Task, Tenant
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
 from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
@@ -26,7 +26,6 @@ from recovery.services.claims import call_claim
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import apply_answer
 from recovery.services.tasks import task_create
-from recovery.transitions import transition_call
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
 
 SECRET_DETAIL = "upstream said: connection reset by 10.0.0.7 while holding refund-lock"
@@ -308,19 +307,24 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
     allowed = re.findall(r'data-action="(\w+)" data-allowed="yes"', actions)
     forbidden = re.findall(r'data-action="(\w+)" data-allowed="no"', actions)
     assert allowed == ["reconcile_now", "escalate"]
-    assert forbidden == [
-        "replay_same_key",
-        "mark_committed",
-        "mark_not_committed",
-        "grant_approval",
-        "abandon",
-        "start_compensation",
-        "approve_new_compensation",
-        "mark_compensation_committed",
-        "mark_compensation_failed",
-        "probe_duplicate",
-        "restore_retry_path",
-    ]
+    assert sorted(forbidden) == sorted(
+        [
+            "replay_same_key",
+            "mark_committed",
+            "mark_not_committed",
+            "grant_approval",
+            "abandon",
+            "start_compensation",
+            "approve_new_compensation",
+            "mark_compensation_committed",
+            "mark_compensation_failed",
+            "probe_duplicate",
+            "restore_retry_path",
+        ]
+    )
+    # Grouped by reason: each sentence once, followed by no other action's copy of it.
+    reasons = re.findall(r'<span class="why">(.*?)</span>', actions)
+    assert len(reasons) == len(set(reasons)) and len(reasons) < len(forbidden)
     assert "a blind replay is forbidden while the outcome is unknown: reconcile by key first" in text
     assert "escalate it to human review first" in text
     assert "Every action starts as a dry run" in text
@@ -330,7 +334,8 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
     assert re.findall(r'<form method="post" action="([^"]+)"', main) == previews
 
     viewer = page_text(_section(_html(signed_in(people, VIEWER).get(f"/calls/{call.pk}/")), "actions-h"))
-    assert viewer.count("needs the reviewer role (recovery.review_call)") == 2
+    assert viewer.count("needs the reviewer role (recovery.review_call)") == 1  # said once, for both actions
+    assert "Reconcile now , Escalate to human review : needs the reviewer role (recovery.review_call)" in viewer
     assert "a blind replay is forbidden while the outcome is unknown" in viewer
 
 
@@ -484,7 +489,7 @@ def test_the_page_runs_the_same_statements_for_5_or_200_attempts(people, refund_
     assert few_html.count('<tr id="attempt-') == 5
     live_few, _ = statements(client, f"/calls/{small.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")
     live_many, _ = statements(client, f"/calls/{large.pk}/?version=0&checks=0", HTTP_HX_REQUEST="true")
-    assert live_few == live_many <= 8, (live_few, live_many)  # 8: the newest receipts, for the status block
+    assert live_few == live_many <= 7, (live_few, live_many)
 
 
 def test_the_task_and_tenant_shown_are_the_calls_own(people, refund_registry):
@@ -496,23 +501,23 @@ def test_the_task_and_tenant_shown_are_the_calls_own(people, refund_registry):
 
 def test_a_settled_call_states_its_newest_receipt_its_effects_and_its_outcome_as_history(people, refund_registry):
     call = unknown_refund()
-    first = Receipt.objects.get(call=call)
-    Call.objects.filter(pk=call.pk).update(
-        outcome="poll_budget_exhausted", last_receipt_status="unreachable", last_receipt_at=first.checked_at
-    )
-    Receipt.objects.create(
-        call=call, provider=first.provider, source="idempotent_replay", observed="committed", effects_observed=1,
-        local_state_before="UNKNOWN", local_state_after="COMMITTED", applied=True,
-        checked_at=first.checked_at + timedelta(minutes=3),
-    )  # fmt: skip
-    transition_call(_fresh(call.pk), "COMMITTED", actor=RUNTIME, reason="settled by the replay's receipt")
+    unreachable = StatusAnswer(observed="failed", provider_status="unreachable", endpoint_failed=True)
+    apply_answer(call.pk, unreachable, worker="w")
+    Call.objects.filter(pk=call.pk).update(outcome="poll_budget_exhausted")  # as the poll budget left it
+    replayed = StatusAnswer(observed="committed", provider_status="succeeded", provider_ref="re_7", effects=1)
+    apply_answer(call.pk, replayed, worker="w", source=ReceiptSource.IDEMPOTENT_REPLAY)  # the replay settles it
     client = signed_in(people, VIEWER)
 
     for html in (
         _html(client.get(f"/calls/{call.pk}/")),
         _html(client.get(f"/calls/{call.pk}/", headers={"HX-Request": "true"})),  # the live refresh: the same
     ):
-        facts = dict(re.findall(r'data-fact="([\w-]+)">(.*?)</(?:span|dd)>', html, re.S))
-        assert page_text(facts["last-receipt"]).startswith("committed at ")
-        assert page_text(facts["effects"]) == "1"
-        assert page_text(facts["outcome"]) == "before it settled: outcome poll_budget_exhausted"
+        facts = {name: (value, text) for name, value, text in re.findall(
+            r'data-fact="([\w-]+)"[^>]*? data-value="([^"]*)">(.*?)</(?:span|dd)>', html, re.S
+        )}  # fmt: skip
+        assert page_text(facts["state"][1]) == "COMMITTED"
+        assert page_text(facts["last-receipt"][1]).startswith("committed at ")
+        assert facts["last-receipt"][0].startswith("committed@")
+        assert (facts["effects"][0], page_text(facts["effects"][1])) == ("1", "1 effect observed")
+        assert page_text(facts["outcome"][1]) == "before it settled: outcome poll_budget_exhausted"
+        assert facts["outcome"][0] == "earlier:poll_budget_exhausted"

@@ -277,6 +277,10 @@ def test_it_groups_committed_unknown_and_failed_calls_as_facts_not_as_failed(run
         "completed_with_unknowns — submitted while some effects were still unknown; every one has settled since"
     )
     assert "every call is settled" in text_of(html, "next")
+    # The agent's words ("one payment unknown") stay as it wrote them, dated and marked as what was true then.
+    submission = text_of(html, "submission")
+    assert "Every call it left unsettled has settled since: the facts below are as they stand now." in submission
+    assert submission.endswith("refunded one order; one payment unknown; shipping failed")
 
 
 def test_it_shows_a_submitted_tasks_outcome_and_submission(runtime, viewer):
@@ -295,7 +299,9 @@ def test_it_shows_a_submitted_tasks_outcome_and_submission(runtime, viewer):
     assert text_of(html, "outcome") == "completed — every call settled and the deliverable was submitted"
     assert text_of(html, "headline") == "Submitted · 2 confirmed"
     submission = text_of(html, "submission")
-    assert submission.startswith("refunded order 8848") and '"amount_cents": 800' in submission
+    said_when, said = submission.split("what the calls were then.")  # the agent's words, dated as theirs
+    assert said_when.startswith("In the agent's words when it submitted, ") and "settled since" not in said
+    assert said.startswith("refunded order 8848") and '"amount_cents": 800' in said
     assert text_of(html, "next").startswith("Nothing: the task is closed and every call is settled.")
     # Budget use, in words beside each meter: 3 rounds (2 attempts of the payment, 1 lookup), 550 tokens, 1 retry.
     assert text_of(html, "bar-rounds") == "Rounds 3 of 10 3 of 10 rounds used"

@@ -34,6 +34,7 @@ from recovery.selectors.approvals import (
     pending_breaker_resets,
 )
 from recovery.selectors.bulk import bulks_waiting
+from recovery.selectors.facts import shown_facts
 from recovery.services.action_plans import action_options
 from recovery.services.actions import (
     ActionRefused,
@@ -166,6 +167,15 @@ def _render(request: HttpRequest, request_id: int, *, status: int = 200, **forms
     return render_page(request, "console/action.html", _context(request, page, **forms_), status=status)
 
 
+def _forbidden_by_reason(forbidden: list) -> list[dict]:
+    """The plan's forbidden actions grouped by their reason, in its order: each sentence once, with what it forbids."""
+    groups: dict[str, list[str]] = {}
+    for f in forbidden:
+        if isinstance(f, dict):
+            groups.setdefault(str(f.get("reason", "")), []).append(LABELS.get(f.get("action"), f.get("action", "")))
+    return [{"reason": reason, "labels": labels} for reason, labels in groups.items()]
+
+
 def _context(
     request: HttpRequest, page, *, request_form=None, approve_form=None, reject_form=None, withdraw_form=None, error=""
 ) -> dict:
@@ -187,11 +197,8 @@ def _context(
         "plan_requests": _shown_requests(req.action, plan.get("requests")),
         "checks": [c for c in plan.get("checks") or [] if isinstance(c, dict)],
         "failed_checks": sum(1 for c in plan.get("checks") or [] if isinstance(c, dict) and not c.get("passed")),
-        "forbidden": [
-            {"label": LABELS.get(f.get("action"), f.get("action", "")), "reason": f.get("reason", "")}
-            for f in plan.get("forbidden") or []
-            if isinstance(f, dict)
-        ],
+        "forbidden": _forbidden_by_reason(plan.get("forbidden") or []),
+        "facts": shown_facts(req.call),
         "evidence": [(EVIDENCE_LABELS.get(k, k), v) for k, v in (evidence or plan.get("evidence") or {}).items()],
         "action_label": plan.get("label") or LABELS.get(req.action, req.action),
         "events": page.events,

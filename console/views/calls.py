@@ -24,10 +24,11 @@ from django.views.decorators.http import require_GET
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
 from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page, requires
 from recovery.actions import actions_for, recommended
-from recovery.models import Call, Observation, Receipt, RetryPath
+from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status
+from recovery.selectors.facts import shown_facts
 from recovery.selectors.observed import admission_of, call_spans
 from recovery.selectors.waiting import required_action
 
@@ -53,12 +54,7 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
         status = call_status(call_id, now=now)
         if status is None:
             raise Http404("No such call.")
-        # The newest receipts (one bounded statement): the status block's last receipt and effects, as the page's.
-        receipts = list(Receipt.objects.filter(call_id=call_id).order_by("-checked_at", "-pk")[:RECENT_RECEIPTS])
-        context = _status_context(request, status, seen_values, now) | {
-            "seen_form": seen,
-            "facts": shown_facts(status.call, receipts),
-        }
+        context = _status_context(request, status, seen_values, now) | {"seen_form": seen}
         return render_page(request, "console/call.html", context, partial="live", status=200 if valid else 400)
     readable = request.user.has_perm(DIAGNOSTIC)
     page = call_page(call_id, diagnostics_readable=readable, now=now)
@@ -111,7 +107,7 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
                 key=lambda offer: not offer["recommended"],
             ),
             "recommendation": advice,
-            "forbidden_actions": [a for a in actions if not a.allowed],
+            "forbidden_groups": forbidden_groups(actions),
             "action_requests": [
                 {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
                 for r in page.action_requests
@@ -119,7 +115,6 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
             "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
             "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
             "latest_fields": card_fields(page.latest_decision) if page.latest_decision else [],
-            "facts": shown_facts(current, page.receipts),
             "earlier_cards": [
                 {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
                 for d in page.decisions[:-1]
@@ -185,6 +180,7 @@ def _status_context(request: HttpRequest, status: CallStatus, seen: dict, now) -
         "live_url": f"{request.path}?version={version}&checks={checks}",
         "refresh_s": REFRESH_S,
         "now": now,
+        "facts": shown_facts(current),
     }
 
 
@@ -249,32 +245,14 @@ def card_text(current: Call, decision: DecisionRow, numbers: dict[int, int]) -> 
     return "\n".join(lines + ([_columns(*extra)] if extra else []))
 
 
-# A call in one of these states is settled: an outcome it carries (status checks used up, retries used up) is how it
-# got to a person before it settled, not what it is now.
-_SETTLED_STATES = frozenset({"COMMITTED", "NOT_COMMITTED", "COMPENSATED"})
-RECENT_RECEIPTS = 20  # what the live refresh reads of a call's receipts, newest first
-
-
-def shown_facts(current: Call, receipts: list) -> dict:
-    """The facts the status block states, each from one reading: the newest receipt (the call's own last-receipt
-    fields, or a receipt recorded after them), the effects the provider reported (the call's, else its newest applied
-    receipt's), and its outcome — marked as history once the call settled."""
-    newest = max(receipts, key=lambda r: (r.checked_at, r.pk), default=None)
-    if newest is not None and (current.last_receipt_at is None or newest.checked_at >= current.last_receipt_at):
-        receipt_status, receipt_at = newest.observed, newest.checked_at
-    else:
-        receipt_status, receipt_at = current.last_receipt_status, current.last_receipt_at
-    effects = current.effects_observed
-    if effects is None:
-        applied = [r for r in receipts if r.applied and r.effects_observed is not None]
-        effects = max(applied, key=lambda r: (r.checked_at, r.pk)).effects_observed if applied else None
-    return {
-        "receipt_status": receipt_status,
-        "receipt_at": receipt_at,
-        "effects": effects,
-        "outcome": current.outcome,
-        "outcome_earlier": bool(current.outcome) and current.state in _SETTLED_STATES,
-    }
+def forbidden_groups(actions) -> list[dict]:
+    """The forbidden actions grouped by their reason, in the catalogue's order: one sentence said once, with every
+    action it forbids, instead of the same sentence under each of them."""
+    groups: dict[str, list] = {}
+    for action in actions:
+        if not action.allowed:
+            groups.setdefault(action.reason, []).append(action)
+    return [{"reason": reason, "actions": members} for reason, members in groups.items()]
 
 
 def card_fields(decision: DecisionRow) -> list[tuple[str, str]]:

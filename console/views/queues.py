@@ -25,6 +25,7 @@ from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, requires, url_pattern
 from recovery.audit import Actor
 from recovery.models import Call
+from recovery.selectors.facts import row_facts
 from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
 from recovery.selectors.waiting import asked_for, left_unknown_since, why_waiting
@@ -153,6 +154,7 @@ def _decorate(
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
         row["receipt_age"] = age_text(now - row["last_receipt_at"]) if row["last_receipt_at"] else ""
         row["held"] = held = Call.claim_live(row["claimed_by_id"], row["claim_until"], now)
+        row["fact"] = row_facts(row).values  # the data-value of its state and last receipt, as every page's
         row["entry"] = _entry_text(row) if queue.compensation else ""
         row["why"] = row["entry"] or why_waiting(row["state"], row["outcome"], row["checks_made"], asked.get(pk, ""))
         answer = answers.get(pk)

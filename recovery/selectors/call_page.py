@@ -37,11 +37,12 @@ from recovery.models import (
     StatusBreaker,
 )
 from recovery.models import Decision as DecisionRow
-from recovery.registry.policy import TOOL_BUDGETS
+from recovery.registry.policy import TOOL_BUDGETS, status_breaker_policy
 from recovery.selectors.approvals import call_action_requests
 from recovery.selectors.breakers import breaker_view
 from recovery.selectors.compensations import ChainEntry, EffectStory, call_compensations, effect_story
 from recovery.selectors.context import task_budgets
+from recovery.selectors.facts import status_breaker_state
 
 # The API's own idempotency bookkeeping (whole answers, hashes) and the raw facts (their columns are shown): never
 # read here.
@@ -105,6 +106,7 @@ class CallStatus:
     key: KeyRetention
     breaker: BreakerView
     status_breaker: StatusBreaker | None
+    status_breaker_state: str  # as every page states it (recovery.selectors.facts.status_breaker_state)
     claim_live: bool
 
 
@@ -143,6 +145,10 @@ def _status(call: Call, first_sent_at: datetime | None, now: datetime) -> CallSt
         status_breaker = tool.provider.status_breaker_row
     except ObjectDoesNotExist:
         status_breaker = None  # no row: the status endpoint's breaker never counted anything, it reads closed
+    status_breaker_now = "closed"
+    if status_breaker is not None:
+        cooldown_s = status_breaker_policy(tool.provider).cooldown_s
+        status_breaker_now = status_breaker_state(status_breaker.state, status_breaker.opened_at, cooldown_s, now)
     return CallStatus(
         call=call,
         key=KeyRetention(
@@ -154,6 +160,7 @@ def _status(call: Call, first_sent_at: datetime | None, now: datetime) -> CallSt
         ),
         breaker=breaker_view(tool, now=now),
         status_breaker=status_breaker,
+        status_breaker_state=status_breaker_now,
         claim_live=call.claim_held(now),
     )
 

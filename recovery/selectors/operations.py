@@ -33,6 +33,7 @@ from recovery.models import (
     Tool,
 )
 from recovery.registry.policy import breaker_policy, status_breaker_policy
+from recovery.selectors.facts import status_breaker_state
 from recovery.selectors.probes import RetryPathChange, latest_probe_per_tool, retry_path_changes, tool_probes
 
 HISTORY_DAYS = 7  # a breaker's history: its events of the last week ...
@@ -413,7 +414,7 @@ def _status_breaker(provider: Provider, history: dict, now: datetime) -> StatusE
     stored = row.state if row is not None else CLOSED
     opened_at = row.opened_at if row is not None else None
     cooldown_ends_at = opened_at + timedelta(seconds=policy.cooldown_s) if opened_at and stored != CLOSED else None
-    state = HALF_OPEN if stored == OPEN and cooldown_ends_at is not None and now >= cooldown_ends_at else stored
+    state = status_breaker_state(stored, opened_at, policy.cooldown_s, now)
     window_started_at = row.window_started_at if row is not None else None
     current = window_started_at is not None and window_started_at > now - timedelta(seconds=policy.window_s)
     return StatusEndpointBreaker(

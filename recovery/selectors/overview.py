@@ -20,10 +20,11 @@ from django.db.models import Count, Min, Q
 
 from recovery.engine import breaker as rules
 from recovery.engine import metrics as m
-from recovery.engine.types import CLOSED, FAILURE_CLASSES, HALF_OPEN, OPEN
+from recovery.engine.types import CLOSED, FAILURE_CLASSES
 from recovery.models import Breaker, Call, StatusBreaker
 from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.approvals import pending_approvals_count
+from recovery.selectors.facts import status_breaker_state
 from recovery.selectors.metrics import FigureValue, MetricsReport, metrics_report
 from recovery.states import CallState
 
@@ -171,9 +172,7 @@ def _open_breakers(now: datetime) -> list[OpenBreaker]:
         )
     endpoints = StatusBreaker.objects.exclude(state=CLOSED).select_related("provider").only(*_STATUS_FIELDS)
     for row in endpoints:
-        policy = status_breaker_policy(row.provider)
-        cooled = row.opened_at is not None and now >= row.opened_at + timedelta(seconds=policy.cooldown_s)
-        state = HALF_OPEN if row.state == OPEN and cooled else row.state
+        state = status_breaker_state(row.state, row.opened_at, status_breaker_policy(row.provider).cooldown_s, now)
         found.append(
             OpenBreaker(kind="status", name=row.provider.name, state=state, stored=row.state, since=row.opened_at)
         )

@@ -90,9 +90,10 @@ class Bar:
 @dataclass(frozen=True, kw_only=True)
 class TaskPage:
     task: Task
-    summary: dict  # task_summary(task), as the API returns it
+    summary: dict  # task_summary(task), as the API returns it, with each call's facts
     headline: str
     outcome_meaning: str
+    settled_since: bool  # submitted with unknowns, every one of which has settled since
     steps: list[dict]
     facts: list[FactGroup]
     next_action: NextAction
@@ -108,7 +109,7 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
     task = Task.objects.select_related("tenant").filter(pk=task_id).first()
     if task is None:
         return None
-    summary = task_summary(task)
+    summary = task_summary(task, with_facts=True)
     calls = {brief["call_id"]: brief for key, *_ in _GROUPS for brief in summary[key]}
     _chains(calls, task_compensations(task.pk))
     observation = task_observation(task.pk)
@@ -127,6 +128,7 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
         summary=summary,
         headline=_headline(task, facts),
         outcome_meaning=_outcome_meaning(task.outcome, summary),
+        settled_since=task.outcome == "completed_with_unknowns" and not _unsettled(summary),
         steps=_steps(summary, calls),
         facts=facts,
         next_action=NextAction(code=summary["next_action"], text=_next_action_text(summary)),
@@ -238,11 +240,15 @@ def _outcome_meaning(outcome: str, summary: dict) -> str:
     rather than stand beside "every call is settled" as if they were still unknown."""
     meaning = _OUTCOME_MEANING.get(outcome, "")
     if outcome == "completed_with_unknowns":
-        open_now = len(summary["unknown"]) + len(summary["accepted_in_progress"]) + len(summary["needs_review"])
+        open_now = _unsettled(summary)
         if not open_now:
             return "submitted while some effects were still unknown; every one has settled since"
         return f"{meaning} (still unsettled: {_plural(open_now, 'call')})"
     return meaning
+
+
+def _unsettled(summary: dict) -> int:
+    return len(summary["unknown"]) + len(summary["accepted_in_progress"]) + len(summary["needs_review"])
 
 
 def _is(n: int, one: str, many: str) -> str:

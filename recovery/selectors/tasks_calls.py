@@ -12,6 +12,7 @@ from django.utils import timezone
 from recovery.models import Attempt, Call, Receipt, Step, Task, TaskStatus, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors.compensations import effect_story, past, task_compensations
+from recovery.selectors.facts import shown_facts
 from recovery.states import UNSETTLED, CallState
 
 S = CallState
@@ -127,8 +128,10 @@ def step_states(steps: list[Step], calls: list[Call]) -> dict[int, str]:
     return states
 
 
-def task_summary(task: Task) -> dict:
-    """SPEC §14: confirmed facts, unknown facts, what was not executed, blocked steps and the next action."""
+def task_summary(task: Task, *, with_facts: bool = False) -> dict:
+    """SPEC §14: confirmed facts, unknown facts, what was not executed, blocked steps and the next action. With
+    `with_facts` (the task page) each call's brief also holds its `facts` (recovery.selectors.facts): what every page
+    states of the call, read from the rows already loaded."""
     now = timezone.now()
     steps = list(Step.objects.filter(task=task).prefetch_related("depends_on").order_by("index"))
     calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
@@ -163,6 +166,8 @@ def task_summary(task: Task) -> dict:
     }
     for call in calls:
         brief = _call_brief(call)
+        if with_facts:
+            brief["facts"] = shown_facts(call)
         if call.state == S.COMMITTED:
             groups["done"].append(brief)
         elif call.state == S.ACCEPTED:

@@ -35,6 +35,7 @@ from recovery.registry import tool_policy, with_alternates
 from recovery.registry.policy import status_breaker_policy
 from recovery.selectors.breakers import breaker_view
 from recovery.selectors.context import gate_context, task_budgets, task_view
+from recovery.selectors.facts import shown_facts
 from recovery.services.compensation_plans import next_entry_plan
 from recovery.services.errors import ServiceError
 from recovery.states import UNSETTLED, CallState
@@ -415,8 +416,9 @@ def _side_effect_budget(call: Call, policy: ToolPolicy, action: Action) -> dict:
     if call.side_effect != "write":
         return _check("side_effect_budget", True, "a read has no business effect")
     limits = _limits(call, policy)
-    most, seen = limits.max_business_effects, call.effects_observed or 0
-    effects = f"{seen} effect(s) observed for the key" + (f", at most {most}" if most is not None else "")
+    shown = shown_facts(call)  # the effects as every page states them
+    most, seen = limits.max_business_effects, shown.effects_at_least
+    effects = f"{shown.effects_text} for the key" + (f", at most {most}" if most is not None else "")
     if action.name == "mark_not_committed" and seen:
         return _check("side_effect_budget", False, f"{effects}: the provider reports the effect, it was committed")
     if action.name == "probe_duplicate":
@@ -559,7 +561,7 @@ def _compensation_plan(call: Call, action: Action, *, facts: CallFacts, evidence
         _check(
             "side_effect_budget",
             True,
-            f"the forward effect stands ({call.effects_observed or 1} observed); {entry.expected_effect}",
+            f"the forward effect stands ({shown_facts(call).effects_text}); {entry.expected_effect}",
         ),
         _check("key_retention", True, f"its own key {entry.idempotency_key}, new to the provider"),
     ]

@@ -274,7 +274,8 @@ def settle(
             "class": outcome.failure.failure_class if outcome.failure else "",
             "route": decision.route if decision else "",
         },
-        changes=_changes_for(target, outcome, policy, now=now, decision=decision),
+        changes=_changes_for(target, outcome, policy, now=now, decision=decision)
+        | (_runtime_receipt_columns(now) if target == S.COMMITTED and policy.is_write else {}),
     )
     if target == S.COMMITTED and policy.is_write:
         _runtime_receipt(call, attempt, outcome, now=now, before=S.SENT)
@@ -326,6 +327,12 @@ def store_decision(call: Call, attempt: Attempt, decision: Decision) -> Decision
     )
 
 
+def _runtime_receipt_columns(now: datetime) -> dict:
+    """The call's last-receipt columns for the runtime receipt below, set by the same transition, so every page reads
+    the newest receipt from the call (recovery.selectors.facts)."""
+    return {"last_receipt_at": now, "last_receipt_status": "committed"}
+
+
 def _runtime_receipt(call: Call, attempt: Attempt, outcome: Outcome, *, now: datetime, before: str) -> None:
     """A runtime's own 2xx with a valid result and a provider reference is an idempotency record (SPEC §8)."""
     insert(
@@ -360,7 +367,7 @@ def _late_outcome(call: Call, attempt: Attempt, outcome: Outcome, *, actor: Acto
             actor=actor,
             reason="late outcome: the runtime's 2xx with a provider reference settles it",
             evidence={"attempt_id": attempt.attempt_id},
-            changes={"provider_ref": outcome.provider_ref[:255]},
+            changes={"provider_ref": outcome.provider_ref[:255]} | _runtime_receipt_columns(now),
         )
         _runtime_receipt(call, attempt, outcome, now=now, before=before)
     return outcome_json(call, attempt, outcome, decision=None, card_id=None, breaker="", late=True)
