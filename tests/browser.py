@@ -7,6 +7,7 @@ Without Chromium or Playwright the tests that use `browser` skip with the reason
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 from collections.abc import Iterator
@@ -55,9 +56,18 @@ def async_unsafe_allowed() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def artifacts(request) -> Iterator[Path]:
-    """The screenshot directory, emptied once per test run (every browser module adds its pages to it)."""
-    shutil.rmtree(ARTIFACTS, ignore_errors=True)
-    ARTIFACTS.mkdir(parents=True)
+    """The screenshot directory, emptied once per test run (every browser module adds its pages to it). Under xdist
+    each worker runs this fixture: the first to come empties it and stamps it with the run's id, under a lock, so a
+    second worker neither empties it again under the first's screenshots nor races it to create it."""
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid-{os.getpid()}"
+    ARTIFACTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(ARTIFACTS.parent / ".browser-artifacts.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        stamp = ARTIFACTS / ".run"
+        if not stamp.is_file() or stamp.read_text() != run:
+            shutil.rmtree(ARTIFACTS, ignore_errors=True)
+            ARTIFACTS.mkdir(parents=True)
+            stamp.write_text(run)
     yield ARTIFACTS
     shots = sorted(p.name for p in ARTIFACTS.glob("*.png"))
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")

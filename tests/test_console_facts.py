@@ -263,6 +263,13 @@ def test_committed_by_the_runtimes_reply(world):
     assert facts["state"] == "COMMITTED" and facts["last-receipt"].startswith("committed@")  # the runtime's receipt
     assert facts["effects"] == ">=1"  # committed, though no provider counted the effects
 
+    # A preview's side-effect check says the same, never "0 effects" for an effect that exists.
+    call_id = Call.objects.latest("pk").pk
+    world.preview(call_id, "start_compensation")
+    [budget] = [c for c in ActionRequest.objects.get(pk=world.previews[call_id][-1]).plan["checks"]
+                if c["check"] == "side_effect_budget"]  # fmt: skip
+    assert "at least 1 effect (COMMITTED; the provider reported no count)" in budget["detail"], budget
+
 
 def test_unknown_still_unknown_then_committed_by_a_receipt(world):
     told = walk(
