@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires
+from console.views.common import APPROVE, REVIEW, VIEW, age_text, by_reason, place_refusal, render_page, requires
 from recovery.actions import ACTIONS
 from recovery.audit import Actor
 from recovery.models import ActionRequest, ActionStatus, Call
@@ -167,15 +167,6 @@ def _render(request: HttpRequest, request_id: int, *, status: int = 200, **forms
     return render_page(request, "console/action.html", _context(request, page, **forms_), status=status)
 
 
-def _forbidden_by_reason(forbidden: list) -> list[dict]:
-    """The plan's forbidden actions grouped by their reason, in its order: each sentence once, with what it forbids."""
-    groups: dict[str, list[str]] = {}
-    for f in forbidden:
-        if isinstance(f, dict):
-            groups.setdefault(str(f.get("reason", "")), []).append(LABELS.get(f.get("action"), f.get("action", "")))
-    return [{"reason": reason, "labels": labels} for reason, labels in groups.items()]
-
-
 def _context(
     request: HttpRequest, page, *, request_form=None, approve_form=None, reject_form=None, withdraw_form=None, error=""
 ) -> dict:
@@ -197,7 +188,11 @@ def _context(
         "plan_requests": _shown_requests(req.action, plan.get("requests")),
         "checks": [c for c in plan.get("checks") or [] if isinstance(c, dict)],
         "failed_checks": sum(1 for c in plan.get("checks") or [] if isinstance(c, dict) and not c.get("passed")),
-        "forbidden": _forbidden_by_reason(plan.get("forbidden") or []),
+        "forbidden": by_reason(  # the plan's forbidden actions, each reason once
+            (str(f.get("reason", "")), LABELS.get(f.get("action"), f.get("action", "")))
+            for f in plan.get("forbidden") or []
+            if isinstance(f, dict)
+        ),
         "facts": shown_facts(req.call),
         "evidence": [(EVIDENCE_LABELS.get(k, k), v) for k, v in (evidence or plan.get("evidence") or {}).items()],
         "action_label": plan.get("label") or LABELS.get(req.action, req.action),

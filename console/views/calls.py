@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
-from console.views.common import DIAGNOSTIC, VIEW, age_text, render_page, requires
+from console.views.common import DIAGNOSTIC, VIEW, age_text, by_reason, render_page, requires
 from recovery.actions import actions_for, recommended
 from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
@@ -107,7 +107,7 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
                 key=lambda offer: not offer["recommended"],
             ),
             "recommendation": advice,
-            "forbidden_groups": forbidden_groups(actions),
+            "forbidden_groups": by_reason((a.reason, a) for a in actions if not a.allowed),
             "action_requests": [
                 {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
                 for r in page.action_requests
@@ -243,16 +243,6 @@ def card_text(current: Call, decision: DecisionRow, numbers: dict[int, int]) -> 
         f"{name}: {card[name]}" for name in ("call_state", "outcome", "fallback", "breaker_state") if card.get(name)
     ]
     return "\n".join(lines + ([_columns(*extra)] if extra else []))
-
-
-def forbidden_groups(actions) -> list[dict]:
-    """The forbidden actions grouped by their reason, in the catalogue's order: one sentence said once, with every
-    action it forbids, instead of the same sentence under each of them."""
-    groups: dict[str, list] = {}
-    for action in actions:
-        if not action.allowed:
-            groups.setdefault(action.reason, []).append(action)
-    return [{"reason": reason, "actions": members} for reason, members in groups.items()]
 
 
 def card_fields(decision: DecisionRow) -> list[tuple[str, str]]:

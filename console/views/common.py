@@ -76,3 +76,12 @@ def age_text(delta: timedelta) -> str:
                 return f"{whole} {unit} {rest // smaller[1]} {smaller[0]}"
             return f"{whole} {unit}"
     return f"{seconds} s"
+
+
+def by_reason(pairs) -> list[dict]:
+    """(reason, item) pairs grouped by reason, in their order: each sentence once, with every item it stands for
+    (the call page's forbidden actions, a preview's) instead of the same sentence under each of them."""
+    groups: dict[str, list] = {}
+    for reason, item in pairs:
+        groups.setdefault(reason, []).append(item)
+    return [{"reason": reason, "members": members} for reason, members in groups.items()]
