@@ -1,4 +1,4 @@
-"""The compensation problems queue (SPEC §15.3): its three call states in page order, one partial index, so a page
+"""The compensation problems queue (docs/console.md): its three call states in page order, one partial index, so a page
 reads its rows from the small set of calls being or having been compensated and stops, as the UNKNOWN queue's does
 (0009). The entries each candidate needs are found by the (call, number) unique index of 0015."""
 

@@ -1,4 +1,4 @@
-"""Duplicate probes (SPEC §11) and replay reconciliation (§10.1).
+"""Duplicate probes and replay reconciliation (docs/replay.md).
 
 A tool's retry path becomes tri-state (unprobed / safe / unsafe) from its latest probe: the old boolean defaulted to
 true, which counted a tool nobody had probed as safe. A tool an admin had switched off stays unsafe; every other tool

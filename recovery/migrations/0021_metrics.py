@@ -1,4 +1,4 @@
-# Metrics (SPEC §17): rollups folded from the audit sequence, their watermark and per-call marks; token scopes.
+# Metrics (docs/metrics.md): rollups folded from the audit sequence, their watermark and per-call marks; token scopes.
 
 import django.db.models.deletion
 from django.db import migrations, models
