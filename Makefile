@@ -44,7 +44,7 @@ PGBOUNCER_MODULES = tests/test_api.py tests/test_api_lifecycle.py tests/test_job
 test-pgbouncer: $(VENV)/.installed-dev
 	RECOVERY_TEST_PGBOUNCER=1 $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile $(PGBOUNCER_MODULES)
 
-# Ratios against baselines measured in the same run; use DATABASE_URL=postgres://... for the SPEC §19 figures.
+# Ratios against baselines measured in the same run; use DATABASE_URL=postgres://... for the docs/design/quality-targets.md figures.
 # Production settings (DEBUG off), with secrets generated for this run unless the environment gives them.
 bench: $(VENV)/.installed-dev
 	@secret=$$($(PY) -c "import secrets; print(secrets.token_urlsafe(48))"); \

@@ -86,7 +86,7 @@ def _database() -> dict[str, Any]:
 
 
 def _jobs() -> dict[str, Any]:
-    """Redis and the scheduler's holder (recovery.cron): reported, never failing the probe."""
+    """Redis and the scheduler's holder (recovery.jobs.cron): reported, never failing the probe."""
     if not settings.REDIS_URL:
         return {"redis": {"configured": False}, "scheduler": {"mode": "in-process"}}
     import redis

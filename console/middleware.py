@@ -8,13 +8,13 @@ from django.conf import settings
 from django.core.signals import got_request_exception
 from django.http import HttpResponse
 
-from recovery.api_errors import error_response, exception_response, request_id, status_response
+from recovery.api.errors import error_response, exception_response, request_id, status_response
 
 API_PREFIX = "/api/"
 
 
 class ApiEdgeMiddleware:
-    """First in the chain for everything under /api/ (SPEC §16): every answer carries X-Request-Id; a body over
+    """First in the chain for everything under /api/ (docs/api.md): every answer carries X-Request-Id; a body over
     RECOVERY_API_MAX_BODY is refused (413) before anything reads it; a body shorter than its Content-Length — a
     client that gave up half-way — is refused (400) instead of being processed as if whole; and any answer that is
     not JSON (Django's own 404 for an unknown URL, its error pages for an exception raised outside the API's

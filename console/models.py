@@ -1,4 +1,4 @@
-"""The console's own records: failed sign-ins, for throttling (SPEC §15.1)."""
+"""The console's own records: failed sign-ins, for throttling (docs/console.md)."""
 
 from __future__ import annotations
 

@@ -53,6 +53,7 @@ INSTALLED_APPS = [
     "django_rq",
     "ninja",
     "recovery",
+    "recovery.devtools",  # the sandbox, drills, benchmarks and demo: commands only, no models
     "console",
 ]
 
@@ -103,12 +104,12 @@ REDIS_URL = redis_url_from_env("REDIS_URL")
 # this many seconds.
 RECOVERY_READY_CACHE_S = env_int("RECOVERY_READY_CACHE_S", 2, minimum=0)
 RQ_QUEUES = {"default": {"URL": REDIS_URL or "redis://127.0.0.1:6379/0", "DEFAULT_TIMEOUT": 300}}
-# How often the periodic jobs (recovery/cron.py) run: check the calls whose status check is due, sweep SENT
+# How often the periodic jobs (recovery/jobs/cron.py) run: check the calls whose status check is due, sweep SENT
 # calls past their outcome timeout, and flag open tasks past their deadline without a submission.
 RECOVERY_RECONCILE_EVERY_S = env_int("RECOVERY_RECONCILE_EVERY_S", 2, minimum=1)
 RECOVERY_SWEEP_EVERY_S = env_int("RECOVERY_SWEEP_EVERY_S", 5, minimum=1)
 RECOVERY_NO_SUBMISSION_EVERY_S = env_int("RECOVERY_NO_SUBMISSION_EVERY_S", 5, minimum=1)
-# Metrics (SPEC §17): how often the fold adds new audit events to the rollups that pages and /metrics read (the
+# Metrics (docs/metrics.md): how often the fold adds new audit events to the rollups that pages and /metrics read (the
 # figures are at most this old), and the most a run folds before it leaves the rest to the next one.
 RECOVERY_METRICS_FOLD_EVERY_S = env_int("RECOVERY_METRICS_FOLD_EVERY_S", 10, minimum=1)
 # Retention (docs/deploy.md): the receipts, gate answers and response bodies of calls settled this many days ago, in
@@ -120,7 +121,7 @@ RECOVERY_METRICS_FOLD_MAX_S = env_int("RECOVERY_METRICS_FOLD_MAX_S", 30, minimum
 # Reconciliation: status queries in flight per worker, and how long a worker's claim on a call lasts.
 RECOVERY_CHECKS_IN_FLIGHT = env_int("RECOVERY_CHECKS_IN_FLIGHT", 8, minimum=1)
 RECOVERY_CHECK_LEASE_S = env_int("RECOVERY_CHECK_LEASE_S", 60, minimum=5)
-# Operator actions (SPEC §15.4): a preview or a request not decided within RECOVERY_ACTION_TTL_S expires; read-only
+# Operator actions (docs/actions.md): a preview or a request not decided within RECOVERY_ACTION_TTL_S expires; read-only
 # actions (reconcile now) may run on the requester's confirmation alone, writes always need a second person; a worker
 # executing an approved action holds it RECOVERY_ACTION_LEASE_S (at least its provider's timeouts), after which a dead
 # worker's request is marked interrupted, never run again. The periodic expiry and sweep run every
@@ -131,7 +132,7 @@ RECOVERY_ACTION_LEASE_S = env_int("RECOVERY_ACTION_LEASE_S", 120, minimum=5)
 RECOVERY_ACTIONS_EVERY_S = env_int("RECOVERY_ACTIONS_EVERY_S", 5, minimum=1)
 
 # Where `make run` serves the sandbox provider (manage.py runsandbox), and so where the shipped sandbox registry's
-# provider points: the demo registry follows it (recovery.drills.stage.demo_registry).
+# provider points: the demo registry follows it (recovery.devtools.drills.stage.demo_registry).
 RECOVERY_SANDBOX_ADDR = env_host_port("RECOVERY_SANDBOX_ADDR", "127.0.0.1:8001")
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -194,19 +195,19 @@ CONTENT_SECURITY_POLICY = {
     }
 }
 
-# The hot paths with raw SQL (STYLE.md's data layer: recovery/hot_path.py, the queue page's selector) read through
-# their ORM twins when this is off: the benchmark times both in one run (`manage.py bench`), the tests hold them
-# equal. Leave it on.
+# The hot paths with raw SQL (docs/architecture.md, the data layer: recovery/statemachine/hot_path.py, the queue page's
+# selector) read through their ORM twins when this is off: the benchmark times both in one run (`manage.py bench`), the
+# tests hold them equal. Leave it on.
 RECOVERY_HOT_PATH_SQL = env_bool("RECOVERY_HOT_PATH_SQL", True)
 
 # API request bodies above this many bytes get 413 before anything reads them.
 RECOVERY_API_MAX_BODY = env_int("RECOVERY_API_MAX_BODY", 256 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = RECOVERY_API_MAX_BODY
 
-# The audit trail's anchors outside the database (SPEC §15.6). Every event also carries an HMAC under the first key
-# of RECOVERY_AUDIT_KEYS ("id:secret,id:secret"; older keys stay listed to verify what they signed), so rewriting
-# events needs a secret the database does not hold; and the scheduler's holder writes a signed checkpoint of the
-# chain heads every RECOVERY_AUDIT_CHECKPOINT_S into RECOVERY_AUDIT_CHECKPOINT_DIR, so a removed tail or a chain
+# The audit trail's anchors outside the database (docs/design/audit.md). Every event also carries an HMAC under the
+# first key of RECOVERY_AUDIT_KEYS ("id:secret,id:secret"; older keys stay listed to verify what they signed), so
+# rewriting events needs a secret the database does not hold; and the scheduler's holder writes a signed checkpoint of
+# the chain heads every RECOVERY_AUDIT_CHECKPOINT_S into RECOVERY_AUDIT_CHECKPOINT_DIR, so a removed tail or a chain
 # rewritten with the key is caught too, for everything older than the last checkpoint.
 RECOVERY_AUDIT_KEYS = env_keyring("RECOVERY_AUDIT_KEYS", [("dev", "dev-audit-key-" + SECRET_KEY)] if DEBUG else None)
 RECOVERY_AUDIT_CHECKPOINT_S = env_int("RECOVERY_AUDIT_CHECKPOINT_S", 60, minimum=1)

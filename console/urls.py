@@ -6,7 +6,7 @@ from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
 from console.views import actions, audit, auth, bulk, calls, metrics, operations, overview, queues, tasks
-from recovery.api import api
+from recovery.api.routes import api
 
 console_patterns = [
     path("", queues.home, name="home"),
@@ -35,7 +35,7 @@ admin.site.login_form = ThrottledAdminSignInForm  # the admin's door is throttle
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
-    path("metrics", include("console.views.prometheus")),  # Prometheus text (SPEC §17): token or role protected
+    path("metrics", include("console.views.prometheus")),  # Prometheus text (docs/metrics.md): token or role protected
     path("favicon.ico", favicon),
     path("sign-in/", auth.SignInView.as_view(), name="sign-in"),
     path("sign-out/", auth_views.LogoutView.as_view(next_page="sign-in"), name="sign-out"),

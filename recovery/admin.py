@@ -15,8 +15,8 @@ from django.db import transaction
 from django.utils.html import format_html
 
 from recovery import models
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.registry import validate_registry
 from recovery.registry.loader import PROVIDER_FIELDS, TOOL_FIELDS
 from recovery.services.tokens import token_revoke
@@ -269,9 +269,7 @@ class DrillRunAdmin(ReadOnlyAdmin):
 
     @admin.display(description="results")
     def result_table(self, obj):
-        from recovery.drills.report import result_table
-
-        return format_html('<pre style="white-space: pre-wrap">{}</pre>', result_table(obj.results))
+        return format_html('<pre style="white-space: pre-wrap">{}</pre>', obj.result_table())
 
     @admin.display(description="log")
     def printed_log(self, obj):

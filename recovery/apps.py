@@ -8,10 +8,10 @@ class RecoveryConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
 
-        from recovery import dbguards
+        from recovery.statemachine import dbguards
 
         dbguards.connect_signals()
-        # The role groups hold exactly the permissions recovery.roles gives them after every migrate, and again
+        # The role groups hold exactly the permissions recovery.models.roles gives them after every migrate, and again
         # after a flush (which empties them with every other table): the test suite's transactional tests flush.
         post_migrate.connect(_sync_roles, sender=self, dispatch_uid="recovery.sync_roles")
 
@@ -19,6 +19,6 @@ class RecoveryConfig(AppConfig):
 def _sync_roles(sender, **kwargs) -> None:
     from django.apps import apps
 
-    from recovery.roles import sync_roles
+    from recovery.models.roles import sync_roles
 
     sync_roles(apps)

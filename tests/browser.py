@@ -17,7 +17,7 @@ import pytest
 from django.apps import apps as django_apps
 from django.conf import settings
 
-from recovery.roles import sync_roles
+from recovery.models.roles import sync_roles
 from tests.conftest import missing_service
 from tests.console import PASSWORD, make_people
 
@@ -179,7 +179,7 @@ def console_people(db) -> dict:
 @pytest.fixture
 def runner(settings, monkeypatch):
     """Jobs on a fresh in-process runner (no Redis), as the embedded default runs them, waited for by the test."""
-    from recovery import inprocess
+    from recovery.jobs import inprocess
 
     settings.REDIS_URL = ""
     fresh = inprocess.Runner([])

@@ -18,8 +18,8 @@ from django.http import HttpResponse
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from recovery.audit import Actor
-from recovery.roles import REVIEWER, ROLES
+from recovery.audit.chain import Actor
+from recovery.models.roles import REVIEWER, ROLES
 from recovery.services.users import user_save_with_roles
 
 __all__ = [

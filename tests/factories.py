@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.engine.canonical import canonical_json
 from recovery.models import Call, Provider, Step, Task, Tenant, Tool
 
@@ -65,7 +65,7 @@ def rq_queue(settings):
     by the code under test wait in it until the test runs a real RQ worker on it."""
     import redis
 
-    from recovery import queueing
+    from recovery.jobs import queueing
     from tests.conftest import missing_service
     from tests.isolation import extra_redis_database
 

@@ -1,4 +1,4 @@
-"""The sandbox provider as a real subprocess, for tests that need the outside world (SPEC §18).
+"""The sandbox provider as a real subprocess, for tests that need the outside world (docs/sandbox.md).
 
     def test_it_refunds_once(sandbox):                 # a fresh (reset) sandbox for this test
         sandbox.fault(route="/refunds", kind="commit_then_drop", times=1)
@@ -8,7 +8,7 @@
 `sandbox_process` is one `manage.py runsandbox` per test session (API key SANDBOX_API_KEY_FOR_TESTS, callback secret
 SANDBOX_CALLBACK_SECRET_FOR_TESTS); `sandbox` resets it before each test. Point a provider's base URL at
 `sandbox.url`, send `Authorization: Bearer sandbox.api_key`, and read the evidence back with `.ledger()`,
-`.requests()` and `.callbacks()` (recovery/sandbox/process.py).
+`.requests()` and `.callbacks()` (recovery/devtools/sandbox/process.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.sandbox.process import SandboxProcess
+from recovery.devtools.sandbox.process import SandboxProcess
 
 __all__ = ["SandboxProcess", "sandbox", "sandbox_for_tests", "sandbox_process", "sandbox_registry"]
 

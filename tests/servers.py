@@ -22,7 +22,7 @@ import socket
 import threading
 
 from console.env import keyring_text
-from recovery.drills.servers import ROOT, Nginx, PgBouncer, WebServer, free_port
+from recovery.devtools.drills.servers import ROOT, Nginx, PgBouncer, WebServer, free_port
 
 __all__ = ["ROOT", "Nginx", "PgBouncer", "TcpProxy", "WebServer", "free_port", "production_env"]
 

@@ -1,4 +1,5 @@
-"""Executing approved operator actions (SPEC §15.4, §18): once, by a worker, against the real sandbox process.
+"""Executing approved operator actions (docs/actions.md, docs/drills.md): once, by a worker, against the real sandbox
+process.
 
 A same-key replay carries the call's original idempotency key, goes through admission and the same classification
 as any attempt, and the sandbox's ledger shows one effect; a replay that times out leaves the call UNKNOWN for a
@@ -22,8 +23,9 @@ from django.conf import settings as django_settings
 from django.utils import timezone
 from rq.worker import SimpleWorker
 
-from recovery import jobs, queueing
-from recovery.drills.stage import database_url
+from recovery.devtools.drills.stage import database_url
+from recovery.jobs import queueing
+from recovery.jobs import tasks as jobs
 from recovery.models import ActionRequest, ActionStatus, Attempt, AuditEvent, Call, Provider
 from recovery.services.actions import action_execute, actions_sweep_interrupted
 from recovery.services.reconcile import reconcile_due

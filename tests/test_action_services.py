@@ -1,4 +1,4 @@
-"""Operator actions (SPEC §15.4): the dry run, the request, the second person's decision — four eyes in the service
+"""Operator actions (docs/actions.md): the dry run, the request, the second person's decision — four eyes in the service
 and in the database, the role matrix, stale and expired requests, evidence, one confirmation for reads, and the one
 admission an approval allows.
 
@@ -23,9 +23,9 @@ import requests
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from recovery import inprocess
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import facts_from_exception, facts_from_response
+from recovery.jobs import inprocess
 from recovery.models import (
     ActionRequest,
     ActionStatus,
@@ -40,9 +40,9 @@ from recovery.models import (
     Tenant,
     Tool,
 )
+from recovery.models.roles import APPROVER, REVIEWER
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import load_registry
-from recovery.roles import APPROVER, REVIEWER
 from recovery.selectors.waiting import asked_for, why_waiting
 from recovery.services import action_execution
 from recovery.services.action_plans import CHECKS
@@ -872,7 +872,7 @@ def test_a_template_that_needs_a_missing_argument_is_refused():
         _request_for({"method": "POST", "path": "/orders/{order_id}/cancel"}, {})
 
 
-# --- compensation (SPEC §12): "Start compensation" and "Approve new compensation" ---------------------------------
+# --- compensation (docs/compensation.md): "Start compensation" and "Approve new compensation" -------------------------
 # Dry run (the exact cancel with the entry's own key, credentials masked, nothing sent), four eyes, executed once.
 
 ORDER = {"customer_id": "C-1042", "items": [{"sku": "SKU-1", "quantity": 1}]}

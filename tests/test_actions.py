@@ -1,16 +1,17 @@
-"""The catalogue of operator actions (SPEC §15.4) and which are allowed now: every state for a reviewer and a viewer.
+"""The catalogue of operator actions (docs/actions.md) and which are allowed now: every state for a reviewer and a
+viewer.
 
-Pure: no database. The expectations are written out from SPEC §8 and §15.4 rather than computed from the module, so
-a change to either side shows here.
+Pure: no database. The expectations are written out from docs/design/state-machine.md and docs/actions.md rather than
+computed from the module, so a change to either side shows here.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from recovery.actions import ACTIONS, ALLOWED, REVIEW_PERMISSION, actions_for
-from recovery.roles import REVIEWER, ROLE_PERMISSIONS, VIEWER
-from recovery.states import EDGES, CallState
+from recovery.engine.actions import ACTIONS, ALLOWED, REVIEW_PERMISSION, actions_for
+from recovery.engine.states import EDGES, CallState
+from recovery.models.roles import REVIEWER, ROLE_PERMISSIONS, VIEWER
 
 S = CallState
 REVIEWER_PERMS = frozenset(ROLE_PERMISSIONS[REVIEWER])
@@ -31,7 +32,8 @@ NAMES = [
     "restore_retry_path",
 ]
 
-# What a reviewer may do on a write call, state by state (SPEC §8's edges, narrowed by §15.4).
+# What a reviewer may do on a write call, state by state (docs/design/state-machine.md's edges, narrowed by
+# docs/actions.md).
 ALLOWED_FOR_REVIEWER: dict[CallState, set[str]] = {
     S.READY: {"abandon"},
     S.SENT: set(),

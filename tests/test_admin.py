@@ -6,7 +6,7 @@ import pytest
 from django.contrib import admin
 from django.urls import reverse
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import (
     ActionRequest,
     ApiToken,
@@ -26,7 +26,7 @@ from recovery.models import (
     Tool,
 )
 from recovery.services.users import user_save_with_roles
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 
 PASSWORD = "correct-horse-battery-9"
 RECOVERY_MODELS = {

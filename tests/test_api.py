@@ -8,7 +8,7 @@ import time
 import pytest
 import requests
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import NotAdmitted, RecoveryClient, RecoveryError
 from recovery.models import Attempt, Call, Diagnostic, GateDecision, Task
 from recovery.registry import load_registry

@@ -1,7 +1,7 @@
 """The served OpenAPI document describes every answer, and the client's types agree with it field by field.
 
-The document (/api/v1/openapi.json) is what a runtime in any language reads; recovery/client.py is what a Python
-runtime uses. Both are checked here against the document as the server serves it:
+The document (/api/v1/openapi.json) is what a runtime in any language reads; the client (recovery/client/) is what a
+Python runtime uses. Both are checked here against the document as the server serves it:
 
 - every status of every operation has a JSON schema, every 2xx one an object whose fields all carry a one-line
   description; the decision card and the failure object carry examples that are valid against their own schemas;
@@ -60,8 +60,12 @@ MIRRORS: dict[Any, str] = {
 
 # Operations the client leaves out, and why: it is an agent runtime's client, and these are read by something else.
 NOT_FOR_RUNTIMES = {
-    "GET /api/v1/metrics": "the metrics (SPEC §17), read by dashboards and scrapers; tested in test_metrics_endpoints",
-    "POST /api/v1/otlp/v1/traces": "OpenTelemetry trace ingest (SPEC §21), sent by OTLP exporters; test_otlp_ingest",
+    "GET /api/v1/metrics": (
+        "the metrics (docs/metrics.md), read by dashboards and scrapers; tested in test_metrics_endpoints"
+    ),
+    "POST /api/v1/otlp/v1/traces": (
+        "OpenTelemetry trace ingest (docs/otlp-ingest.md), sent by OTLP exporters; test_otlp_ingest"
+    ),
 }
 
 # What each client method returns, for the operation it sends: (operation, status) -> the client's type.

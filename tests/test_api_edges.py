@@ -1,4 +1,4 @@
-"""The API at its edges (SPEC §16), each case something a hostile tester or a bad network did to it: one JSON error
+"""The API at its edges (docs/api.md), each case something a hostile tester or a bad network did to it: one JSON error
 envelope for every answer (5xx included, with the request id the log line carries), strict types and canonical ids,
 a truncated body refused, the seeds' two answers, and a client that survives its reply being dropped after the
 server committed. Servers are real (Django's live server, gunicorn) and so is the network in between (a TCP proxy
@@ -19,10 +19,10 @@ from django.db import connection
 from django.test import override_settings
 from django.urls import path
 
-from recovery.api_errors import RETRY_AFTER_S
-from recovery.audit import Actor
+from recovery.api.errors import RETRY_AFTER_S
+from recovery.audit.chain import Actor
 from recovery.client import ApiRetry, RecoveryClient, RecoveryError
-from recovery.drills.stage import database_url
+from recovery.devtools.drills.stage import database_url
 from recovery.models import Attempt, AuditEvent, Call, Decision, GateDecision, Receipt, Step, Task
 from recovery.registry import load_registry
 from recovery.services.tokens import token_create

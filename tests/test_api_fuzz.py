@@ -1,4 +1,5 @@
-"""Schema-driven fuzzing of the machine API (SPEC §19 "Bad input"): schemathesis over the served OpenAPI document.
+"""Schema-driven fuzzing of the machine API (docs/design/quality-targets.md "Bad input"): schemathesis over the served
+OpenAPI document.
 
 Each operation of /api/v1/openapi.json gets its own test, run through Django's live server with a valid bearer
 token. The objects it acts on exist first (a task with a READY call and a SENT call whose attempt awaits its
@@ -43,7 +44,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient
 from recovery.registry import load_registry
 from recovery.services.sagas import saga_advance

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import NotAdmitted, RecoveryClient
 from recovery.models import AuditEvent, Breaker
 from recovery.registry import load_registry

@@ -1,5 +1,5 @@
-"""The audit trail of SPEC §15.6: hash-chained per task, a gap-free global sequence, append-only in the database
-(except under the recorded maintenance switch), and every kind of tampering shows up in verify_audit."""
+"""The audit trail of docs/design/audit.md: hash-chained per task, a gap-free global sequence, append-only in the
+database (except under the recorded maintenance switch), and every kind of tampering shows up in verify_audit."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from recovery.audit import (
+from recovery.audit.chain import (
     GLOBAL,
     Actor,
     append_event,
@@ -25,7 +25,7 @@ from recovery.audit import (
     verify_chain,
 )
 from recovery.models import ApiToken, AuditChainHead, AuditEvent, Task
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 
 ROBOT = Actor.job("tests")
 HASHED_FIELDS = [

@@ -1,4 +1,4 @@
-"""The audit trail against someone with full database access (SPEC §15.6): HMACs under a key kept outside the
+"""The audit trail against someone with full database access (docs/design/audit.md): HMACs under a key kept outside the
 database, and signed checkpoints of the heads written outside it.
 
 Before these, two rewrites by a database superuser with the triggers off left verify_audit reporting OK: removing
@@ -15,8 +15,8 @@ import json
 import pytest
 from django.core.management import CommandError, call_command
 
-from recovery.audit import GLOBAL, Keyring, audit_purge_chains, event_hash, verify_all
-from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write, trail_directory, verify_checkpoints
+from recovery.audit.chain import GLOBAL, Keyring, audit_purge_chains, event_hash, verify_all
+from recovery.audit.checkpoints import CheckpointRefused, checkpoint_write, trail_directory, verify_checkpoints
 from recovery.models import AuditChainHead, AuditEvent, Task
 from tests.test_audit import HASHED_FIELDS, ROBOT, append, guards_disabled, raw
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from recovery.benchmarks.metrics import bench_metrics
+from recovery.devtools.benchmarks.metrics import bench_metrics
 from recovery.models import AuditChainHead, AuditEvent, Call, MetricFold
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 READS = ("prometheus_viewer", "prometheus_token", "metrics_page_24h", "metrics_page_30d", "overview", "api_24h")
 # What the benchmark figures quote: keep in step with /docs/benchmarks.md's metrics section and
-# recovery/benchmarks/metrics.py.
+# recovery/devtools/benchmarks/metrics.py.
 README_KEYS = (
     "small_load", "big_load", "small_fold_events_per_s", "big_fold_events_per_s", "big_fold_s",
     *(f"{read}_{size}_{stat}" for read in READS for size in ("small", "big")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from recovery.benchmarks.otlp import BATCH, bench_otlp
+from recovery.devtools.benchmarks.otlp import BATCH, bench_otlp
 from recovery.models import Call, ObservedSpan
 
 pytestmark = pytest.mark.django_db(transaction=True)

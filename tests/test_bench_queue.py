@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 from django.db.models import F
 
-from recovery.benchmarks.queue import bench_queue
-from recovery.benchmarks.queue_load import BYTES_PER_CALL, disk_check, load
+from recovery.devtools.benchmarks.queue import bench_queue
+from recovery.devtools.benchmarks.queue_load import BYTES_PER_CALL, disk_check, load
 from recovery.models import Attempt, Call, Step, Task, Tool
 from tests.conftest import missing_service
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db]
 
 # What the benchmark figures quote: keep in step with /docs/benchmarks.md's queue row and section and
-# recovery/benchmarks/queue.py.
+# recovery/devtools/benchmarks/queue.py.
 README_KEYS = (
     "calls", "attempts", "unknown", "tasks", "load_s", "depth",
     *(f"{page}_{which}_{stat}" for page in ("product", "bare", "admin", "admin50") for which in ("first", "deep")

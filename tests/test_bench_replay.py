@@ -8,14 +8,14 @@ import math
 
 import pytest
 
-from recovery.agent.runtime import LONG_POLL_MS
-from recovery.benchmarks.replay import bench_replay
+from recovery.client.runtime import LONG_POLL_MS
+from recovery.devtools.benchmarks.replay import bench_replay
 from recovery.models import Call, DuplicateProbe, Tool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 # What the benchmark figures quote: keep in step with /docs/benchmarks.md's replay rows and
-# recovery/benchmarks/replay.py.
+# recovery/devtools/benchmarks/replay.py.
 CASE_KEYS = (
     "intents", "committed", "product_median_ms", "product_p95_ms", "bare_median_ms", "bare_p95_ms", "ratio_median",
     "ratio_p95", "duplicates", "people", "settled_by", "status_checks", "write_requests_per_intent",

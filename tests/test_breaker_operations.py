@@ -1,6 +1,6 @@
-"""An operator's force open and reset of a tool's breaker (SPEC §7, §15.4): a dry run that changes nothing, a force open
-on one reviewer's confirmation that admission honours and nothing but a reset lifts, a reset that needs a second
-person and applies once, only to the breaker as it was requested — and the console pages that drive them.
+"""An operator's force open and reset of a tool's breaker (docs/breakers.md, docs/actions.md): a dry run that changes
+nothing, a force open on one reviewer's confirmation that admission honours and nothing but a reset lifts, a reset that
+needs a second person and applies once, only to the breaker as it was requested — and the console pages that drive them.
 
 Breakers move by the real storage (recovery.services.breakers); admission runs through the real API."""
 
@@ -14,10 +14,10 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery.audit import Actor, verify_all
+from recovery.audit.chain import Actor, verify_all
 from recovery.client import NotAdmitted
 from recovery.models import AuditEvent, Breaker, BreakerBucket, BreakerOperation, Tool
-from recovery.roles import APPROVER, REVIEWER, VIEWER
+from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from recovery.selectors.breakers import breaker_view
 from recovery.services.breaker_operations import (
     BreakerOperationRefused,

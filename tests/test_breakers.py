@@ -1,5 +1,5 @@
-"""Shared circuit breakers (SPEC §7): bucketed counts, the window, cooldown, leased half-open probes, and one winner
-per state change however many processes record at once. Every test passes explicit times, so none sleeps."""
+"""Shared circuit breakers (docs/breakers.md): bucketed counts, the window, cooldown, leased half-open probes, and one
+winner per state change however many processes record at once. Every test passes explicit times, so none sleeps."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from recovery.audit import verify_all
+from recovery.audit.chain import verify_all
 from recovery.models import AuditEvent, Breaker, BreakerBucket, Tool
 from recovery.selectors.breakers import breaker_view
 from recovery.services import breakers

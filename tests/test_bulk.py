@@ -1,5 +1,5 @@
-"""Bulk actions on a frozen, shown selection (SPEC §15.3, §15.4): the freeze, four eyes for the bulk, item-by-item
-execution that re-checks every item, stale items skipped, claimed items excluded, a worker killed mid-bulk.
+"""Bulk actions on a frozen, shown selection (docs/console.md, docs/actions.md): the freeze, four eyes for the bulk,
+item-by-item execution that re-checks every item, stale items skipped, claimed items excluded, a worker killed mid-bulk.
 
 Calls are made and attempted the way a runtime does, against the real sandbox process (tests/test_action_services'
 world); jobs the services enqueue are held and run when a test says so.
@@ -20,8 +20,8 @@ from django.conf import settings as django_settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from recovery.audit import Actor
-from recovery.drills.stage import database_url
+from recovery.audit.chain import Actor
+from recovery.devtools.drills.stage import database_url
 from recovery.models import (
     ActionRequest,
     ActionStatus,

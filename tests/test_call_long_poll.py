@@ -1,5 +1,5 @@
-"""GET /calls/{id}?version=V&wait_ms=N, the long poll an agent waits on (recovery.call_watch): answered as soon as the
-call has another version, or after the wait unchanged; bad parameters are field-level 422s; the word that a call
+"""GET /calls/{id}?version=V&wait_ms=N, the long poll an agent waits on (recovery.statemachine.watch): answered as soon
+as the call has another version, or after the wait unchanged; bad parameters are field-level 422s; the word that a call
 changed is sent when its transaction commits, never for a rolled-back one."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import requests
 from django.conf import settings
 from django.db import connection, transaction
 
-from recovery import call_watch
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryError
 from recovery.models import Call
-from recovery.transitions import transition_call
+from recovery.statemachine import watch as call_watch
+from recovery.statemachine.transitions import transition_call
 from tests import test_api
 from tests.test_api import SENT, fail, new_call
 

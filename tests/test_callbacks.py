@@ -10,7 +10,7 @@ from django.test import Client
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Receipt
 from recovery.registry import load_registry
 from recovery.services.callbacks import sign, signature_valid

@@ -1,6 +1,6 @@
-"""Compensation ledgers end to end (SPEC §12): a runtime creates an order through the real API and the real sandbox
-process, the order is undone by an entry with its own key, attempts and receipts, and what the sandbox really holds
-is the judge (its ledger and request log) — never a count of our own rows alone."""
+"""Compensation ledgers end to end (docs/compensation.md): a runtime creates an order through the real API and the real
+sandbox process, the order is undone by an entry with its own key, attempts and receipts, and what the sandbox really
+holds is the judge (its ledger and request log) — never a count of our own rows alone."""
 
 from __future__ import annotations
 
@@ -11,11 +11,12 @@ import requests
 from django.db import IntegrityError, connection, connections, transaction
 from rq.worker import SimpleWorker
 
-from recovery import jobs, queueing
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
 from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
-from recovery.compensation_states import ALLOWED_PAIRS, EDGES, EntryState
+from recovery.engine.compensation_states import ALLOWED_PAIRS, EDGES, EntryState
+from recovery.jobs import queueing
+from recovery.jobs import tasks as jobs
 from recovery.models import AuditEvent, Call, CompensationEntry, CompensationReceipt
 from recovery.registry import load_registry
 from recovery.services.compensation_plans import derive_key
@@ -27,7 +28,7 @@ from recovery.services.compensations import (
 )
 from recovery.services.errors import ServiceError
 from recovery.services.tokens import token_create
-from recovery.transitions import IllegalTransition, TransitionConflict, transition_entry
+from recovery.statemachine.transitions import IllegalTransition, TransitionConflict, transition_entry
 from tests.sandbox import sandbox_registry
 
 pytestmark = pytest.mark.django_db(transaction=True)

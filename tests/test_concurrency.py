@@ -1,5 +1,6 @@
-"""Concurrent writers on PostgreSQL (SPEC §8, §15.6): one winner per state change, and audit chains that never fork,
-never leave a gap in the global sequence and never deadlock, however many writers append at once."""
+"""Concurrent writers on PostgreSQL (docs/design/state-machine.md, docs/design/audit.md): one winner per state change,
+and audit chains that never fork, never leave a gap in the global sequence and never deadlock, however many writers
+append at once."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from collections.abc import Callable
 import pytest
 from django.db import connection, transaction
 
-from recovery.audit import Actor, append_event, verify_all, verify_chain
+from recovery.audit.chain import Actor, append_event, verify_all, verify_chain
 from recovery.models import AuditChainHead, AuditEvent, Call, Task
-from recovery.transitions import TransitionConflict, transition_call
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -1,4 +1,4 @@
-"""Operator actions in the console (SPEC §15.4): the call page's preview forms, one action request's page and its
+"""Operator actions in the console (docs/actions.md): the call page's preview forms, one action request's page and its
 forms, the approvers' queue, the navigation's and the overview's pending-approvals figure.
 
 The calls are built through the real services (tests.test_console_call_page.unknown_refund: a task, a call, an
@@ -19,13 +19,13 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.models import ActionRequest, ActionStatus, AuditEvent, Call
+from recovery.models.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.registry import load_registry
-from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.services.users import user_save_with_roles
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, PASSWORD, page_text, signed_in, statements
 from tests.test_console_call_page import REGISTRY, unknown_refund
 

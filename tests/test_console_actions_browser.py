@@ -1,5 +1,5 @@
-"""Operator actions in a real browser (SPEC §15.4): a same-key replay previewed and requested by a reviewer, approved
-by an approver in a second browser, executed once by a job against the real sandbox.
+"""Operator actions in a real browser (docs/actions.md): a same-key replay previewed and requested by a reviewer,
+approved by an approver in a second browser, executed once by a job against the real sandbox.
 
 The refund is built through the real services and the real sandbox process: a runtime (the API over `live_server`)
 sends it, the sandbox commits it and drops the reply (UNKNOWN), the provider's status API stays down until the poll
@@ -23,7 +23,7 @@ import pytest
 import requests
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import ActionRequest, ActionStatus, Attempt, AuditEvent, Call
 from recovery.registry import load_registry

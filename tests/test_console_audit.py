@@ -1,9 +1,9 @@
-"""The audit trail's console pages (SPEC §15.6): who may search, export and verify; filters that narrow as the
+"""The audit trail's console pages (docs/design/audit.md): who may search, export and verify; filters that narrow as the
 database says; keyset pages at a fixed number of statements; exports an auditor can re-verify from the file alone;
 CSV cells that cannot run as spreadsheet formulas; and the recorded chain check, intact and tampered.
 
 The trail is written by the real services (task_create, transition_call, claims, users); a few events are appended
-through recovery.audit directly where a test needs a shape no service writes (a hostile actor label, many events).
+through recovery.audit.chain directly where a test needs a shape no service writes (a hostile actor label, many events).
 """
 
 from __future__ import annotations
@@ -21,15 +21,15 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event, audit_maintenance, event_hash, verify_all
+from recovery.audit.chain import Actor, append_event, audit_maintenance, event_hash, verify_all
 from recovery.models import ActorKind, ApiToken, AuditEvent
-from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
+from recovery.models.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.selectors.audit import AuditFilters, audit_export_rows
 from recovery.services.audit_checks import audit_verify
 from recovery.services.claims import call_claim, call_release
 from recovery.services.tasks import task_create
 from recovery.services.users import user_save_with_roles
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 from tests.console import (
     HOSTILE_IMG,
     HOSTILE_SCRIPT,

@@ -1,5 +1,6 @@
-"""The audit page in a real browser (SPEC §15.6): an admin signs in, filters the trail by action, opens an event's
-evidence, verifies the chain and reads "intact" — with no CSP violation, and the agent's hostile text shown as text.
+"""The audit page in a real browser (docs/design/audit.md): an admin signs in, filters the trail by action, opens an
+event's evidence, verifies the chain and reads "intact" — with no CSP violation, and the agent's hostile text shown as
+text.
 
 Playwright drives Debian's Chromium against `live_server` with tests/browser.py's fixtures (CSP and script-error
 recording); the screenshot is var/test-artifacts/browser/audit.png.
@@ -11,11 +12,11 @@ import re
 
 import pytest
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import ApiToken, AuditEvent
 from recovery.services.claims import call_claim
 from recovery.services.tasks import task_create
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
 
 pytestmark = pytest.mark.django_db(transaction=True)

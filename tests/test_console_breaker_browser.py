@@ -1,6 +1,6 @@
-"""Breaker operations in a real browser (SPEC §7, §15.4): a reviewer forces a tool's breaker open from the breakers
-page after reading the dry run, a runtime's next attempt is refused by admission naming the operator, the reviewer
-requests a reset, and an approver in a second browser approves it from Approvals: the breaker closes.
+"""Breaker operations in a real browser (docs/breakers.md, docs/actions.md): a reviewer forces a tool's breaker open
+from the breakers page after reading the dry run, a runtime's next attempt is refused by admission naming the operator,
+the reviewer requests a reset, and an approver in a second browser approves it from Approvals: the breaker closes.
 
 Screenshots: var/test-artifacts/browser/breaker-force-open.png, breaker-reset-approved.png.
 """
@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import NotAdmitted, RecoveryClient
 from recovery.models import Breaker, Tool
 from recovery.registry import load_registry

@@ -1,5 +1,5 @@
-"""The operator console in a real browser (SPEC §15.1, §15.3): Playwright driving Debian's Chromium against
-`live_server`. A reviewer signs in through the form, filters the UNKNOWN queue, claims an item from the keyboard
+"""The operator console in a real browser (docs/console.md, docs/console.md): Playwright driving Debian's Chromium
+against `live_server`. A reviewer signs in through the form, filters the UNKNOWN queue, claims an item from the keyboard
 while a second reviewer in another browser context sees it held and cannot take it, the live refresh brings a new
 item in (marked new, filters and scroll kept), j / k / Enter move and open; hostile text from agents and providers is
 shown as text and never runs, in the console and in the admin; the console's pages raise no CSP violation.
@@ -18,9 +18,9 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Call, Task, Tenant, Tool
-from recovery.roles import REVIEWER
+from recovery.models.roles import REVIEWER
 from recovery.services.users import user_save_with_roles
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, PASSWORD
 

@@ -1,4 +1,4 @@
-"""Bulk actions in the console (SPEC §15.3): the queue's bulk bar, the frozen selection's page and its forms, the
+"""Bulk actions in the console (docs/console.md): the queue's bulk bar, the frozen selection's page and its forms, the
 approvers' list. The calls are UNKNOWN refunds made by the real services (tests.test_console_call_page); every
 preview, request and decision goes through the console's views and the real bulk services."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import BulkAction, BulkItem
-from recovery.roles import APPROVER, REVIEWER
+from recovery.models.roles import APPROVER, REVIEWER
 from recovery.services.users import user_save_with_roles
 from tests.console import HOSTILE_SCRIPT, PASSWORD, page_text, signed_in
 from tests.test_console_actions import payments as payments  # the refund registry, a fixture found by its name

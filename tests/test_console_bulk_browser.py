@@ -1,6 +1,6 @@
-"""A bulk action in a real browser (SPEC §15.3): a reviewer filters the Unknown outcome queue, ticks rows (the ticks
-survive the live refresh), previews a bulk escalation and requests it; an approver approves it in a second browser,
-and the items' results appear on the bulk's page while the worker executes them.
+"""A bulk action in a real browser (docs/console.md): a reviewer filters the Unknown outcome queue, ticks rows (the
+ticks survive the live refresh), previews a bulk escalation and requests it; an approver approves it in a second
+browser, and the items' results appear on the bulk's page while the worker executes them.
 
 Three refunds are made by a runtime through the API on `live_server` against the real sandbox process: the
 sandbox commits each and drops the reply (UNKNOWN), and its status API stays down, so they stay in the queue.
@@ -16,7 +16,7 @@ import pytest
 import requests
 from playwright.sync_api import expect
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import BulkAction, BulkItem, Call
 from recovery.registry import load_registry

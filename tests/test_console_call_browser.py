@@ -1,4 +1,4 @@
-"""The call page in a real browser (SPEC §15.5): Playwright driving Debian's Chromium against `live_server`.
+"""The call page in a real browser (docs/console.md): Playwright driving Debian's Chromium against `live_server`.
 
 A reviewer signs in, opens an UNKNOWN refund from the UNKNOWN queue with the keyboard and finds on its page the
 intent, every attempt, every receipt, the decision card and the forbidden replay with its reason; the status block's

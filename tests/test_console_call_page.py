@@ -1,4 +1,4 @@
-"""The call page (SPEC §15.5): a reviewer decides an UNKNOWN item from it alone.
+"""The call page (docs/console.md): a reviewer decides an UNKNOWN item from it alone.
 
 The UNKNOWN refund is built through the real services, as a runtime and the reconciliation job would leave it: a
 task and a call added, an attempt admitted by the gate and reported as a read timeout after sending (UNKNOWN, with
@@ -15,11 +15,11 @@ from html import unescape
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
+from recovery.audit.chain import Actor, append_event
 from recovery.models import Attempt, Call, Decision, Diagnostic, GateDecision, Receipt, ReceiptSource, Task, Tenant
+from recovery.models.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
-from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.calls import call_add
 from recovery.services.claims import call_claim
@@ -238,7 +238,7 @@ def test_it_shows_a_reviewer_everything_needed_to_decide_an_unknown_refund(peopl
     fields = re.findall(r"<dt>(.*?)</dt><dd>(.*?)</dd>", _section(html, "card-h"))
     assert fields[:2] == [("Decision", "reconcile"), ("Then", "{action: wait_for_reconcile, after_ms: 5000}")]
     assert ("Forbidden", "blind_replay, duplicate_refund, new_idempotency_key") in fields
-    # The decision card as SPEC §4 prints it.
+    # The decision card as docs/design/decisions.md prints it.
     card = unescape(re.search(r'<pre class="card" id="latest-card"[^>]*>(.*?)</pre>', html, re.S).group(1))
     assert card.startswith(f"call: {call.pk}")
     for line in (

@@ -1,6 +1,6 @@
-"""The Compensation problems queue and the compensation chain in a real browser (SPEC §12, §15.3, §15.5): Playwright
-driving Debian's Chromium against `live_server`, the orders made through the real API against the real sandbox
-process (tests/test_compensations.py's `world`).
+"""The Compensation problems queue and the compensation chain in a real browser (docs/compensation.md, docs/console.md,
+docs/console.md): Playwright driving Debian's Chromium against `live_server`, the orders made through the real API
+against the real sandbox process (tests/test_compensations.py's `world`).
 
 A reviewer signs in, sees the live count in the navigation, opens the refused cancellation from the Compensation
 problems queue with the keyboard (j, Enter) — the cancelled order is not listed — and reads the chain on the call

@@ -1,5 +1,5 @@
-"""Compensations in the operator console (SPEC §12, §15.3, §15.5): the Compensation problems queue, and the call and
-task pages showing the forward effect and its undo as one chain.
+"""Compensations in the operator console (docs/compensation.md, docs/console.md, docs/console.md): the Compensation
+problems queue, and the call and task pages showing the forward effect and its undo as one chain.
 
 The calls that matter are made the real way (tests/test_compensations.py's `world`): an order created through the
 API against the real sandbox process, then undone by an entry the real worker function sends — refused by the
@@ -16,7 +16,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Call, CompensationAttempt, CompensationEntry, CompensationReceipt, Tool
 from recovery.services.compensations import compensation_check, compensation_send, compensation_start
 from tests import test_compensations as sagas

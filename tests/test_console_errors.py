@@ -1,6 +1,6 @@
-"""The console's 403, 404 and 500 pages (SPEC §15; console/views/errors.py): in the layout with the navigation, saying
-what happened — the 403 naming the role the page needs — under `make run`'s DEBUG too, where Django's technical pages
-appear only with RECOVERY_TECHNICAL_ERRORS; a favicon; the API's expected refusals logged at INFO."""
+"""The console's 403, 404 and 500 pages (docs/console.md; console/views/errors.py): in the layout with the navigation,
+saying what happened — the 403 naming the role the page needs — under `make run`'s DEBUG too, where Django's technical
+pages appear only with RECOVERY_TECHNICAL_ERRORS; a favicon; the API's expected refusals logged at INFO."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from django.urls import path
 
 from console import urls as console_urls
 from console.templatetags import console_tags
-from recovery.roles import APPROVER, REVIEWER, VIEWER
+from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from tests.console import NO_ROLE, page_text, signed_in
 from tests.servers import ROOT
 

@@ -1,7 +1,7 @@
-"""One story on every page (SPEC §15, issue "the operator's hour"): whatever path of the call state machine (SPEC §8)
-a call takes, the call page, its live refresh, the task page, its row in a queue and an action's preview state the
-same facts about it — its state, its outcome, its last receipt, its effects — and the call page, the overview and
-the breakers page the same state of its tool's and its provider's status-endpoint breakers.
+"""One story on every page (docs/console.md, issue "the operator's hour"): whatever path of the call state machine
+(docs/design/state-machine.md) a call takes, the call page, its live refresh, the task page, its row in a queue and an
+action's preview state the same facts about it — its state, its outcome, its last receipt, its effects — and the call
+page, the overview and the breakers page the same state of its tool's and its provider's status-endpoint breakers.
 
 Each page marks what it states with `data-fact` and `data-value` (recovery.selectors.facts), inside an element
 carrying `data-call` (or `data-tool`, `data-provider` on a breaker). After every step of every path this reads all
@@ -22,12 +22,12 @@ from html.parser import HTMLParser
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient
 from recovery.models import ActionRequest, ActionStatus, Call, Provider
+from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
-from recovery.roles import APPROVER, REVIEWER, VIEWER
 from recovery.services.action_execution import action_execute
 from recovery.services.actions import action_approve, action_preview, action_request
 from recovery.services.reconcile import apply_answer
@@ -254,7 +254,7 @@ def walk(world: World, steps) -> list[tuple[str, dict]]:
     return told
 
 
-# --- the paths of SPEC §8 ------------------------------------------------------------------------------------------
+# --- the paths of docs/design/state-machine.md ------------------------------------------------------------------------
 
 
 def test_committed_by_the_runtimes_reply(world):

@@ -1,5 +1,5 @@
-"""The decision in three keystrokes (SPEC §15; issue: the operator's hour), in a real browser: with the first row of
-the Human review queue focused, a reviewer opens the call (Enter), previews the recommended action (p), types the
+"""The decision in three keystrokes (docs/console.md; issue: the operator's hour), in a real browser: with the first row
+of the Human review queue focused, a reviewer opens the call (Enter), previews the recommended action (p), types the
 reason and requests it (Enter); an approver approves by key with a confirmation; `?` lists the keys.
 
 The call is the refund of tests/test_console_actions_browser.py: committed at the sandbox, its reply lost, its status

@@ -1,5 +1,5 @@
-"""The metrics page (SPEC §17): every figure as a reader reads it — its number, the line beneath, its breakdown, its
-chart and table, its definition — for a small history the real services wrote and whose figures are worked out by
+"""The metrics page (docs/metrics.md): every figure as a reader reads it — its number, the line beneath, its breakdown,
+its chart and table, its definition — for a small history the real services wrote and whose figures are worked out by
 hand below; the filters (window, tool, tenant) and what a bad one does; hostile names; the statements it runs; who
 may read it.
 
@@ -18,10 +18,10 @@ from urllib.parse import urlencode
 import pytest
 
 from console.views.metrics import percent_text, seconds_text
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Attempt, Call, MetricRollup, Provider, Task, Tenant, Tool
+from recovery.models.roles import ROLES, VIEWER
 from recovery.registry import load_registry
-from recovery.roles import ROLES, VIEWER
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.metrics import metrics_fold
 from recovery.services.outcomes import attempt_report, facts_of
@@ -67,7 +67,7 @@ def tasks(db) -> dict[str, Task]:
 
 
 def retry_after_wait(call: Call, facts: dict) -> str:
-    """A second attempt on the evidence that time has passed since a transient failure (SPEC §5)."""
+    """A second attempt on the evidence that time has passed since a transient failure (docs/design/gate.md)."""
     call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
     request = AttemptRequest(attempt_id=f"att-{call.pk}-{call.attempts_count + 1}", evidence=("time_elapsed",))
     admitted = attempt_admit(call=call, request=request, actor=RUNTIME)

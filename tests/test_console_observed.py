@@ -1,7 +1,7 @@
-"""Observed calls in the console (SPEC §21), without a browser: the call page, the queue rows and the task page mark
-a call made from OpenTelemetry spans "observed (from traces)" with what admission would have answered, the task page
-lists its trace's spans (tools not in the registry included), and the breakers page shows each runtime's tools as
-protected, observed only or not in the registry. Spans are made by the real OpenTelemetry SDK, encoded by its OTLP
+"""Observed calls in the console (docs/otlp-ingest.md), without a browser: the call page, the queue rows and the task
+page mark a call made from OpenTelemetry spans "observed (from traces)" with what admission would have answered, the
+task page lists its trace's spans (tools not in the registry included), and the breakers page shows each runtime's tools
+as protected, observed only or not in the registry. Spans are made by the real OpenTelemetry SDK, encoded by its OTLP
 encoder, and recorded by the ingest's own reading and service (tests/test_otlp_ingest.py sends them over HTTP).
 """
 
@@ -17,8 +17,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from recovery import otlp
-from recovery.audit import Actor
+from recovery.api import otlp_decode as otlp
+from recovery.audit.chain import Actor
 from recovery.models import Call, Tenant
 from recovery.registry import load_registry
 from recovery.services.attempts import AttemptRequest, attempt_admit

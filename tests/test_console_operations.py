@@ -1,8 +1,9 @@
-"""The operations pages (SPEC §7, §15.7, §18): every breaker's state, window and history with every tool's retry-path
-safety, each provider's status-endpoint breaker, and the fault drills' stored runs with their results and logs.
+"""The operations pages (docs/breakers.md, docs/console.md, docs/drills.md): every breaker's state, window and history
+with every tool's retry-path safety, each provider's status-endpoint breaker, and the fault drills' stored runs with
+their results and logs.
 
 Breakers are moved by the real storage (recovery.services.breakers, status_breakers) at explicit times; drill runs
-are stored in the shape `manage.py drill` stores them (recovery.drills.results' DrillResult.as_json()).
+are stored in the shape `manage.py drill` stores them (recovery.devtools.drills.results' DrillResult.as_json()).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery.drills.results import CheckRow, DrillResult, KeyRow
+from recovery.devtools.drills.results import CheckRow, DrillResult, KeyRow
 from recovery.models import BreakerBucket, DrillRun, Provider, Tool
-from recovery.roles import ROLES, VIEWER
+from recovery.models.roles import ROLES, VIEWER
 from recovery.services.breakers import breaker_record, breaker_reserve_probe
 from recovery.services.status_breakers import status_breaker_allows, status_breaker_record
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, signed_in

@@ -1,4 +1,4 @@
-"""The overview (SPEC §15.2): open items per queue and the oldest, SLA breaches per risk, open breakers, the day's
+"""The overview (docs/console.md): open items per queue and the oldest, SLA breaches per risk, open breakers, the day's
 headline metrics, failures by class over the last day and the UNKNOWN flow chart — every number checked against
 data the real services wrote.
 
@@ -24,12 +24,12 @@ from django.utils import timezone
 
 from console.charts import PLOT_H
 from console.views.overview import flow_chart
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.engine.canonical import canonical_json
 from recovery.models import Attempt, AuditEvent, Call, Provider, Step, Task, Tenant, Tool
+from recovery.models.roles import ROLES, VIEWER
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
-from recovery.roles import ROLES, VIEWER
 from recovery.selectors.overview import HourFlow
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.breakers import breaker_record
@@ -39,7 +39,7 @@ from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import apply_answer
 from recovery.services.status_breakers import status_breaker_record
 from recovery.services.tasks import task_create
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 from tests.console import HOSTILE_IMG, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
 
 RUNTIME = Actor.system("tests-runtime")
@@ -273,7 +273,7 @@ def test_it_counts_the_last_days_failures_by_class(people, world):
     assert row("transient") == "transient 2 50 %"
     assert row("outcome_unknown") == "outcome_unknown 1 25 %"
     assert row("invalid_arguments") == "invalid_arguments 1 25 %"
-    assert row("authentication") == "authentication 0 0 %"  # every class of SPEC §3 is listed
+    assert row("authentication") == "authentication 0 0 %"  # every class of docs/design/classification.md is listed
     assert "4 of the 4 attempts made in the last 24 h failed." in page_text(body)
 
     # A day later the same attempts are outside the window.
@@ -491,7 +491,7 @@ def test_the_embedded_default_says_the_web_process_runs_the_jobs(people, setting
 def test_it_shows_each_worker_with_its_heartbeat_and_the_scheduler_holder(people, rq_queue, settings):
     from rq import Worker
 
-    from recovery.cron import Scheduler
+    from recovery.jobs.cron import Scheduler
     from tests.isolation import flush
 
     flush(settings.REDIS_URL)  # no worker an earlier test registered (and killed) in this run's database

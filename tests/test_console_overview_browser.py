@@ -1,7 +1,7 @@
-"""The overview and operations pages in a real browser (SPEC §15.2, §15.7, §17, §18): a viewer signs in, reads the
-overview (the UNKNOWN flow chart drawn as inline SVG and coloured by the page's stylesheet), follows a headline
-figure to its section of the metrics page, then reads the breakers page and a drill run whose log and results carry
-hostile text — shown as text, never run, with no CSP violation anywhere.
+"""The overview and operations pages in a real browser (docs/console.md, docs/console.md, docs/metrics.md,
+docs/drills.md): a viewer signs in, reads the overview (the UNKNOWN flow chart drawn as inline SVG and coloured by the
+page's stylesheet), follows a headline figure to its section of the metrics page, then reads the breakers page and a
+drill run whose log and results carry hostile text — shown as text, never run, with no CSP violation anywhere.
 
 Screenshots go to var/test-artifacts/browser/ (overview.png, metrics.png, breakers.png, drill-run.png), replaced on
 every run.

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import BulkAction, Tool
+from recovery.models.roles import APPROVER, REVIEWER
 from recovery.providers.status import StatusAnswer
-from recovery.roles import APPROVER, REVIEWER
 from recovery.services.breakers import breaker_record
 from recovery.services.metrics import metrics_fold
 from recovery.services.reconcile import apply_answer

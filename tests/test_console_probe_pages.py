@@ -1,6 +1,6 @@
-"""Duplicate probes where a person looks (SPEC §11, §15.5, §15.7): on the call page (its own timeline entry and a
-panel), on the tool's page (its retry path, why and since when, its latest probes) and on the breakers page's
-retry-path row; and receipts of replay reconciliation (SPEC §10.1) worded as such.
+"""Duplicate probes where a person looks (docs/replay.md, docs/console.md, docs/console.md): on the call page (its own
+timeline entry and a panel), on the tool's page (its retry path, why and since when, its latest probes) and on the
+breakers page's retry-path row; and receipts of replay reconciliation (docs/replay.md) worded as such.
 
 The probes are plain rows (DuplicateProbe.objects.create): the real probe flow — the replay, the ledger read, the
 judgement — is tested in tests/test_probes*.py. The dry run of "Run a duplicate probe" goes through the console's
@@ -17,9 +17,9 @@ from html import unescape
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import ActionRequest, Call, DuplicateProbe, Receipt, RetryPath, Tool
-from recovery.roles import REVIEWER, ROLES, VIEWER
+from recovery.models.roles import REVIEWER, ROLES, VIEWER
 from recovery.services.probes import set_retry_path
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, page_text, signed_in, statements
 

@@ -1,5 +1,5 @@
-"""The operator console's queues (SPEC §15.1, §15.3) through Django's test client: roles, filters, claims, and a
-fixed number of SQL statements whatever the page's size or depth."""
+"""The operator console's queues (docs/console.md, docs/console.md) through Django's test client: roles, filters,
+claims, and a fixed number of SQL statements whatever the page's size or depth."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import AuditEvent, Call
-from recovery.roles import ROLES
-from recovery.transitions import transition_call
+from recovery.models.roles import ROLES
+from recovery.statemachine.transitions import transition_call
 from tests.console import PASSWORD, signed_in
 
 

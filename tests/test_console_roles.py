@@ -1,6 +1,6 @@
-"""Who may do what in the operator console (SPEC §15.1, §15.3): every console URL against every role, a signed-out
-visitor and a user with no role; the statements a queue page runs, whatever its size, depth, filters or partial;
-and the machine API keeping its own (token) authentication beside the console's sessions.
+"""Who may do what in the operator console (docs/console.md, docs/console.md): every console URL against every role, a
+signed-out visitor and a user with no role; the statements a queue page runs, whatever its size, depth, filters or
+partial; and the machine API keeping its own (token) authentication beside the console's sessions.
 
 tests/test_console_queues.py covers the queues' behaviour; this file is the access and cost matrix.
 """
@@ -29,7 +29,7 @@ from recovery.models import (
     Step,
     Task,
 )
-from recovery.roles import ADMIN, APPROVER, REVIEWER, VIEWER
+from recovery.models.roles import ADMIN, APPROVER, REVIEWER, VIEWER
 from tests.console import NO_ROLE, PASSWORD, SIGNED_OUT, signed_in, statements
 
 WHO = (SIGNED_OUT, VIEWER, REVIEWER, APPROVER, ADMIN, NO_ROLE)

@@ -1,6 +1,6 @@
-"""The task page in a real browser (SPEC §14, §15.5 "Task"): a viewer signs in, opens a task whose payment is
-unknown and whose shipping waits on it, and reads the blocked step, the facts, the budget bars and the audit trail
-with its chain verified — with agent-written text shown as text, and no CSP violation.
+"""The task page in a real browser (docs/design/tasks.md, docs/console.md "Task"): a viewer signs in, opens a task whose
+payment is unknown and whose shipping waits on it, and reads the blocked step, the facts, the budget bars and the audit
+trail with its chain verified — with agent-written text shown as text, and no CSP violation.
 
 Playwright drives Debian's Chromium against `live_server` with tests/browser.py's fixtures (CSP and script-error
 recording); the screenshot is var/test-artifacts/browser/task-page.png.
@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.audit import chain_key
+from recovery.audit.chain import chain_key
 from recovery.models import AuditEvent, Step
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT
 from tests.test_console_task_page import OUTCOMES, add, make_runtime, open_task, refused, settle

@@ -1,7 +1,7 @@
-"""The task page (SPEC §14, §15.5 "Task", §15.6) through Django's test client: what a reader learns from it —
-blocked steps and by what, facts grouped instead of one word over a mix, the outcome and the no_submission flag,
-budget use, the audit trail with its chain verified (and broken when an event was edited) — who may read it, and a
-fixed number of SQL statements whatever the task's size.
+"""The task page (docs/design/tasks.md, docs/console.md "Task", docs/design/audit.md) through Django's test client: what
+a reader learns from it — blocked steps and by what, facts grouped instead of one word over a mix, the outcome and the
+no_submission flag, budget use, the audit trail with its chain verified (and broken when an event was edited) — who may
+read it, and a fixed number of SQL statements whatever the task's size.
 
 Histories are built the way a runtime builds them: recovery.client's RecoveryClient over the real JSON API (in this
 process, through Django's test client), and the periodic job's own service for the no_submission flag.
@@ -23,14 +23,14 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from recovery.audit import Actor, audit_maintenance, chain_key
+from recovery.audit.chain import Actor, audit_maintenance, chain_key
 from recovery.client import NotAdmitted, RecoveryClient
 from recovery.models import AuditEvent, Call, Step
+from recovery.models.roles import ROLES, VIEWER
 from recovery.registry import load_registry
-from recovery.roles import ROLES, VIEWER
 from recovery.services.tasks import task_flag_no_submission
 from recovery.services.tokens import token_create
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 from tests.console import HOSTILE_IMG, HOSTILE_SCRIPT, NO_ROLE, SIGNED_OUT, signed_in
 
 ARGS = {"type": "object", "properties": {"order": {"type": "string"}}, "required": ["order"]}
@@ -79,7 +79,7 @@ REGISTRY = {
     ],
 }
 
-# Outcome facts as a runtime reports them (SPEC §3), and the state each gives a write.
+# Outcome facts as a runtime reports them (docs/design/classification.md), and the state each gives a write.
 SENT = {"connection_opened": True, "sent": True}
 OUTCOMES = {
     "COMMITTED": SENT | {"http_status": 200, "provider_request_id": "p-1", "result": {"payment_id": "pay-1"}},
@@ -123,7 +123,7 @@ def runtime(db) -> RecoveryClient:
 
 
 def make_runtime() -> RecoveryClient:
-    """The registry above, and an agent runtime's client for tenant "acme" (SPEC §16)."""
+    """The registry above, and an agent runtime's client for tenant "acme" (docs/api.md)."""
     load_registry(REGISTRY, actor=Actor.system("tests"))
     _, token = token_create(name="runtime", tenants=["acme"], actor=Actor.system("tests"))
     client = RecoveryClient("http://testserver", token)

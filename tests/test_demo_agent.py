@@ -21,8 +21,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from recovery.agent.scenarios import SCENARIOS, ScenarioResult, run_scenarios
-from recovery.drills.stage import drill_stage
+from recovery.devtools.drills.stage import drill_stage
+from recovery.devtools.scenarios import SCENARIOS, ScenarioResult, run_scenarios
 from recovery.models import (
     Attempt,
     AuditEvent,
@@ -290,7 +290,7 @@ def test_a_5xx_storm_opens_the_breaker_denies_with_degrade_and_a_probe_closes_it
 
 def test_the_agent_side_imports_nothing_of_the_product_but_its_client():
     code = (
-        "import sys, recovery.agent.scenarios\n"
+        "import sys, recovery.devtools.scenarios\n"
         "print(sorted(m for m in sys.modules if m.startswith(('recovery.', 'django', 'ninja'))))"
     )
     result = subprocess.run(
@@ -298,11 +298,11 @@ def test_the_agent_side_imports_nothing_of_the_product_but_its_client():
     )
     # The scenarios package and each of its modules (one per scenario, and their framework), nothing else.
     modules = [
-        path.stem for path in (ROOT / "recovery" / "agent" / "scenarios").glob("*.py") if path.stem != "__init__"
+        path.stem for path in (ROOT / "recovery" / "devtools" / "scenarios").glob("*.py") if path.stem != "__init__"
     ]
-    scenarios = ["recovery.agent.scenarios", *(f"recovery.agent.scenarios.{module}" for module in modules)]
+    scenarios = ["recovery.devtools.scenarios", *(f"recovery.devtools.scenarios.{module}" for module in modules)]
     loaded = sorted(
-        ["recovery.agent", "recovery.agent.runtime", *scenarios, "recovery.client", "recovery.client_types"]
+        ["recovery.devtools", "recovery.client.runtime", *scenarios, "recovery.client", "recovery.client.types"]
     )
     assert result.stdout.strip() == str(loaded)
 

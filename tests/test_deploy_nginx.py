@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from recovery.drills.stage import database_url
+from recovery.devtools.drills.stage import database_url
 from tests.conftest import missing_service
 from tests.servers import ROOT, Nginx, WebServer, production_env
 

@@ -1,8 +1,8 @@
-"""The drills' check API (recovery/drills/checks.py): a check holds when the observed value matches the expected one,
-and both of its texts are rendered from the values, for plain equality and for each comparison. Then the checks of
-the compensation and saga drills, fed the sandbox's evidence (its request log and ledger, as its admin API returns
-them) as it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no database,
-no sandbox."""
+"""The drills' check API (recovery/devtools/drills/checks.py): a check holds when the observed value matches the
+expected one, and both of its texts are rendered from the values, for plain equality and for each comparison. Then the
+checks of the compensation and saga drills, fed the sandbox's evidence (its request log and ledger, as its admin API
+returns them) as it is when the drill passes and as it would be if the product had got it wrong. Pure Python: no
+database, no sandbox."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from recovery.agent.runtime import CallResult
-from recovery.drills.cases.compensation import Order, ledger_effects
-from recovery.drills.cases.compensation_refused import not_retried
-from recovery.drills.cases.compensation_reply_lost import no_second_cancel
-from recovery.drills.cases.saga_aborted import Saga, saga_ledger, undo_order
-from recovery.drills.checks import at_least, at_most, check, each, in_order, including, one_of, render
-from recovery.drills.results import CheckRow
+from recovery.client.runtime import CallResult
+from recovery.devtools.drills.cases.compensation import Order, ledger_effects
+from recovery.devtools.drills.cases.compensation_refused import not_retried
+from recovery.devtools.drills.cases.compensation_reply_lost import no_second_cancel
+from recovery.devtools.drills.cases.saga_aborted import Saga, saga_ledger, undo_order
+from recovery.devtools.drills.checks import at_least, at_most, check, each, in_order, including, one_of, render
+from recovery.devtools.drills.results import CheckRow
 
 NOON = datetime(2024, 5, 1, 12, 0, 0, 250_000, tzinfo=UTC)
 

@@ -1,5 +1,5 @@
-"""The fault drills of SPEC §18 through the real stack: the live API, a sandbox process, and background jobs (an RQ
-worker process on Redis with REDIS_URL, the in-process runner without). Each drill must pass, and each test then
+"""The fault drills of docs/drills.md through the real stack: the live API, a sandbox process, and background jobs (an
+RQ worker process on Redis with REDIS_URL, the in-process runner without). Each drill must pass, and each test then
 checks the drill's key facts again on its own, from the database and the sandbox, rather than trusting the runner's
 verdict; one test proves that a drill whose expectation is not met fails, and the command prints its table, stores
 the run and exits non-zero on a mismatch.
@@ -29,19 +29,20 @@ from django.urls import reverse
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
 
-from recovery import queueing
-from recovery.agent.scenarios import run_scenarios
-from recovery.audit import Actor
-from recovery.compensation_states import EntryState as E
-from recovery.drills.evidence import at
-from recovery.drills.framework import wait
-from recovery.drills.judge import rejudge
-from recovery.drills.report import result_table
-from recovery.drills.results import DrillResult
-from recovery.drills.runner import run_drill
-from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_stage
-from recovery.drills.table import DRILLS, CompensationEnd, End
-from recovery.management.commands import drill as drill_command
+from recovery.audit.chain import Actor
+from recovery.devtools.drills.evidence import at
+from recovery.devtools.drills.framework import wait
+from recovery.devtools.drills.judge import rejudge
+from recovery.devtools.drills.report import result_table
+from recovery.devtools.drills.results import DrillResult
+from recovery.devtools.drills.runner import run_drill
+from recovery.devtools.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_stage
+from recovery.devtools.drills.table import DRILLS, CompensationEnd, End
+from recovery.devtools.management.commands import drill as drill_command
+from recovery.devtools.scenarios import run_scenarios
+from recovery.engine.compensation_states import EntryState as E
+from recovery.engine.states import CallState as S
+from recovery.jobs import queueing
 from recovery.models import (
     ActionRequest,
     ActionStatus,
@@ -56,10 +57,9 @@ from recovery.models import (
     GateDecision,
     Receipt,
 )
-from recovery.roles import sync_roles
+from recovery.models.roles import sync_roles
 from recovery.services.actions import action_approve, action_preview, action_request
 from recovery.services.users import user_save_with_roles
-from recovery.states import CallState as S
 from tests.conftest import missing_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -426,7 +426,7 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
 
     listed = out.getvalue()
     assert all(listed.count(f"{slug} ") == 1 for slug in DRILLS)
-    assert "(not run here)" not in listed  # every row of SPEC §18's table that the command runs is listed
+    assert "(not run here)" not in listed  # every row of docs/drills.md's table that the command runs is listed
     assert "step probed: SENT → COMMITTED, 2 effects" in listed  # provider ignores keys: the probe's second effect
     assert "step replayed: SENT → UNKNOWN → STILL_UNKNOWN → COMMITTED, 1 effect" in listed  # status API down
     assert "two-approvers        two approvers: 50 rounds of two approvals at once" in listed
@@ -450,7 +450,7 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
 
 # The drills of operator actions --------------------------------------------------------------------------------------
 
-ROUNDS = 50  # SPEC §18: 50 rounds of two approvals at once
+ROUNDS = 50  # docs/drills.md: 50 rounds of two approvals at once
 
 
 def action_events(call_id: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Circuit breaker rules (SPEC §7) over counts and time, without storage."""
+"""Circuit breaker rules (docs/breakers.md) over counts and time, without storage."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ POLICY = BreakerPolicy(window_s=60, bucket_s=10, min_calls=10, failure_rate=0.5,
     [
         ("COMMITTED", None, 200, False),
         ("ACCEPTED", None, 202, False),
-        ("10", None, 201, False),  # the §3 row names a success too
+        ("10", None, 201, False),  # the docs/design/classification.md row names a success too
         ("RETRYABLE", TRANSIENT, 503, True),
         ("RETRYABLE", TRANSIENT, 429, True),
         ("RETRYABLE", TRANSIENT, None, True),  # connection refused: no status at all

@@ -1,4 +1,5 @@
-"""Budgets and backoff (SPEC §6): the tighter-wins scope rule, the capped jittered delay, the deadline check."""
+"""Budgets and backoff (docs/design/budgets.md): the tighter-wins scope rule, the capped jittered delay, the deadline
+check."""
 
 from __future__ import annotations
 

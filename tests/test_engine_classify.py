@@ -1,4 +1,5 @@
-"""Failure classification: the normative table of SPEC §3, hard stops first, first matching row wins."""
+"""Failure classification: the normative table of docs/design/classification.md, hard stops first, first matching row
+wins."""
 
 from __future__ import annotations
 

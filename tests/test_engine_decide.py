@@ -1,4 +1,4 @@
-"""decide(): the decision card of SPEC §4, with budgets, the deadline and the breaker applied."""
+"""decide(): the decision card of docs/design/decisions.md, with budgets, the deadline and the breaker applied."""
 
 from __future__ import annotations
 
@@ -178,7 +178,7 @@ def test_an_approvable_403_goes_to_a_person_and_another_stops():
         "request_approval",
     )
     refused = card(REFUND, status(403, error=ErrorFacts(code="forbidden")))
-    # SPEC §3 row 6: approve or stop; a 403 is not a reasoning obstacle to replan around.
+    # docs/design/classification.md row 6: approve or stop; a 403 is not a reasoning obstacle to replan around.
     assert (refused.route, refused.call_state, refused.required_next.action) == ("stop", "FAILED_PERMANENT", "stop")
     assert "replan" not in refused.next and refused.next == ("report_not_executed",)
 

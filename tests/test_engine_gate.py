@@ -1,4 +1,4 @@
-"""Admission (SPEC §5): the checks in their order, each evidence kind allowed and denied, and the guards."""
+"""Admission (docs/design/gate.md): the checks in their order, each evidence kind allowed and denied, and the guards."""
 
 from __future__ import annotations
 
@@ -323,7 +323,8 @@ def test_it_holds_writes_on_one_unsettled_unknown_of_a_tool_with_budget_zero():
 
 
 def test_one_unsettled_grant_of_a_budget_zero_tool_holds_every_write_of_the_task():
-    """SPEC §6: an access grant in doubt (unknown_budget 0) blocks the task's refunds too, until it settles."""
+    """docs/design/budgets.md: an access grant in doubt (unknown_budget 0) blocks the task's refunds too, until it
+    settles."""
     grant_in_doubt = TaskView(
         unsettled_unknowns=1, unsettled_by_tool={"access.grant": 1}, unknown_budget_by_tool={"access.grant": 0}
     )
@@ -560,7 +561,7 @@ def test_it_does_not_apply_key_retention_to_reads():
     assert gate(tool=LOOKUP, call=call).allowed
 
 
-# --- the retry path (SPEC §11) and replay reconciliation (§10.1) ----------------------------------------------------
+# --- the retry path (docs/replay.md) and replay reconciliation (docs/replay.md) ---------------------------------------
 
 SAFE_REFUND = replace(REFUND, replay_safe=True, retry_path="safe", retry_path_key_age_s=3_600)
 UNSAFE_REFUND = replace(SAFE_REFUND, retry_path="unsafe", retry_path_key_age_s=None)

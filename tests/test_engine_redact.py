@@ -1,4 +1,5 @@
-"""Redaction for diagnostics (SPEC §3, §19): secrets are masked before anything is stored."""
+"""Redaction for diagnostics (docs/design/classification.md, docs/design/quality-targets.md): secrets are masked before
+anything is stored."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.engine.classify import classify
 from recovery.engine.decide import decide
 from recovery.engine.gate import admit

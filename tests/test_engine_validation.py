@@ -1,4 +1,5 @@
-"""Argument and result validation (SPEC §3 rows 4, 10, 11): JSON Schema turned into field errors a model can act on."""
+"""Argument and result validation (docs/design/classification.md rows 4, 10, 11): JSON Schema turned into field errors a
+model can act on."""
 
 from __future__ import annotations
 

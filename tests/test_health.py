@@ -8,8 +8,8 @@ import pytest
 import requests
 from django.db.migrations.recorder import MigrationRecorder
 
-from recovery.cron import Scheduler
-from recovery.drills.stage import database_url
+from recovery.devtools.drills.stage import database_url
+from recovery.jobs.cron import Scheduler
 from tests.servers import WebServer, free_port, production_env
 
 

@@ -1,6 +1,6 @@
-"""recovery/hot_path.py is SQL written once from the models, for the single-shot attempt and reconciliation; each of
-its functions must read and write exactly what its ORM twin (RECOVERY_HOT_PATH_SQL off) does, on the backend the
-suite runs on (SQLite by default, PostgreSQL in CI)."""
+"""recovery/statemachine/hot_path.py is SQL written once from the models, for the single-shot attempt and
+reconciliation; each of its functions must read and write exactly what its ORM twin (RECOVERY_HOT_PATH_SQL off) does, on
+the backend the suite runs on (SQLite by default, PostgreSQL in CI)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from recovery import hot_path
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Attempt, Breaker, Call, GateDecision, Receipt, Step, Task
 from recovery.services.tokens import token_create
+from recovery.statemachine import hot_path
 
 
 def _both(settings, read):

@@ -25,10 +25,10 @@ from django.db import transaction
 from django.utils import timezone
 from rq.job import Job
 
-from recovery import inprocess, queueing
-from recovery.cron import PERIODIC, Scheduler
+from recovery.jobs import inprocess, queueing
+from recovery.jobs.cron import PERIODIC, Scheduler
+from recovery.jobs.schedule import Periodic
 from recovery.models import AuditEvent, Task, TaskStatus, Tenant
-from recovery.schedule import Periodic
 from tests import jobs_for_tests
 from tests.conftest import missing_service
 from tests.isolation import extra_redis_database, flush
@@ -379,7 +379,7 @@ def test_scheduler_candidates_and_workers_run_apart_and_a_standby_takes_over_wit
         assert holder in {c.pid for c in candidates}, log.read_text()[-2000:]
         # The periodic jobs reach the worker: the holder enqueues them, the worker (no scheduler of its own) runs them.
         deadline = time.monotonic() + 60
-        while "Successfully completed recovery.jobs.metrics_fold()" not in log.read_text():
+        while "Successfully completed recovery.jobs.tasks.metrics_fold()" not in log.read_text():
             assert time.monotonic() < deadline, log.read_text()[-2000:]
             time.sleep(0.2)
 
@@ -463,8 +463,8 @@ def test_only_the_scheduler_holding_the_lock_writes_audit_checkpoints(queue, tra
     settings.RECOVERY_AUDIT_CHECKPOINT_DIR = tmp_path / "checkpoints"
     Tenant.objects.create(name="acme", sandbox=True, all_tools=True)
     with transaction.atomic():
-        from recovery.audit import Actor, append_event
-        from recovery.audit_checkpoints import trail_directory
+        from recovery.audit.chain import Actor, append_event
+        from recovery.audit.checkpoints import trail_directory
 
         append_event(action="test.event", actor=Actor.job("tests"), reason="one event to anchor")
     (checkpoint,) = [p for p in PERIODIC if p.name == "audit-checkpoint"]

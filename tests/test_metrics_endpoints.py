@@ -1,5 +1,5 @@
-"""The metrics served (SPEC §17): GET /api/v1/metrics (JSON) and /metrics (Prometheus text), their access rules, and
-the Grafana dashboard that reads the latter.
+"""The metrics served (docs/metrics.md): GET /api/v1/metrics (JSON) and /metrics (Prometheus text), their access rules,
+and the Grafana dashboard that reads the latter.
 
 A small history is written by the real services (recovery.services.calls, .attempts, .outcomes, .reconcile,
 .breakers, .tasks) for two tenants, with the clock those services read moved to place each step (as in
@@ -26,11 +26,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Attempt, AuditEvent, Call, Task, Tenant, Tool
+from recovery.models.roles import ROLES, VIEWER
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
-from recovery.roles import ROLES, VIEWER
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.breakers import breaker_record, breaker_reserve_probe
 from recovery.services.calls import call_add

@@ -1,4 +1,4 @@
-"""The metrics fold (SPEC §17): audit events past a watermark into rollups, each figure defined once.
+"""The metrics fold (docs/metrics.md): audit events past a watermark into rollups, each figure defined once.
 
 Random histories written through the one transition function are folded in random batches and compared with an
 independent recomputation from the raw rows (every call's events read whole, in order); the fold's own rules are
@@ -19,14 +19,14 @@ from django.db import connection, transaction
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from recovery.audit import Actor, append_event, audit_maintenance
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event, audit_maintenance
 from recovery.engine import metrics as m
+from recovery.engine.states import EDGES, CallState
 from recovery.models import AuditEvent, Call, MetricFold, MetricRollup, MetricTotal, Task, Tenant
 from recovery.selectors.metrics import metrics_report, metrics_totals
 from recovery.services.metrics import metrics_fold
-from recovery.states import EDGES, CallState
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 
 S = CallState
 JOB, TOKEN, USER = (

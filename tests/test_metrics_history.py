@@ -1,5 +1,6 @@
-"""The metrics of SPEC §17 after real histories: a scripted one through the live API, the real sandbox and the jobs,
-whose every figure is worked out by hand below, and a fault drill whose metrics must equal what the drill observed.
+"""The metrics of docs/metrics.md after real histories: a scripted one through the live API, the real sandbox and the
+jobs, whose every figure is worked out by hand below, and a fault drill whose metrics must equal what the drill
+observed.
 """
 
 # ruff: noqa: F811  (the `world` and `stage` fixtures are imported from the modules that define them)
@@ -10,8 +11,8 @@ import re
 import pytest
 from django.utils import timezone
 
-from recovery import jobs
 from recovery.engine import metrics as m
+from recovery.jobs import tasks as jobs
 from recovery.models import Call, Tool
 from recovery.selectors.metrics import metrics_report, metrics_totals
 from tests.console import signed_in

@@ -1,5 +1,6 @@
-"""OpenTelemetry trace ingest (SPEC §21; docs/otlp-ingest.md) from the real OpenTelemetry SDK and its OTLP/HTTP
-exporter, against the live server, with a runtime that calls the real sandbox provider and never asks for admission.
+"""OpenTelemetry trace ingest (docs/otlp-ingest.md; docs/otlp-ingest.md) from the real OpenTelemetry SDK and its
+OTLP/HTTP exporter, against the live server, with a runtime that calls the real sandbox provider and never asks for
+admission.
 
 The runtime (`Agent`) sends each tool call with `requests` and records it as a GenAI `execute_tool` span, the way the
 OpenTelemetry GenAI conventions describe; the spans are collected in memory and exported by `OTLPSpanExporter` (the
@@ -31,7 +32,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import Status, StatusCode
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import (
     Attempt,
     Call,

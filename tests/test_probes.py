@@ -1,5 +1,5 @@
-"""Duplicate probes (SPEC §11) against the real sandbox process, through the operator action flow: a probe replays a
-committed refund with its original key after a second person approved it, reads the provider's own ledger, and
+"""Duplicate probes (docs/replay.md) against the real sandbox process, through the operator action flow: a probe replays
+a committed refund with its original key after a second person approved it, reads the provider's own ledger, and
 decides the tool's retry path — safe when the provider deduplicated, unsafe when it ignored the key (broken mode).
 An unsafe retry path refuses every same-key replay of the tool at the gate; a reload never resets it.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import AuditEvent, DuplicateProbe, Receipt, Tenant, Tool
 from recovery.registry import load_registry
 from recovery.services.action_plans import action_options

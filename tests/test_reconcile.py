@@ -1,5 +1,6 @@
-"""Reconciliation end to end (SPEC §8, §10): a runtime drives the real API, the real sandbox process holds the truth,
-and reconciliation settles what the runtime could not know — never by a second request to the provider."""
+"""Reconciliation end to end (docs/design/state-machine.md, docs/reconciliation.md): a runtime drives the real API, the
+real sandbox process holds the truth, and reconciliation settles what the runtime could not know — never by a second
+request to the provider."""
 
 from __future__ import annotations
 
@@ -14,9 +15,10 @@ from django.db import connection
 from django.utils import timezone
 from rq.worker import SimpleWorker
 
-from recovery import inprocess, jobs, queueing
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
+from recovery.jobs import inprocess, queueing
+from recovery.jobs import tasks as jobs
 from recovery.models import AuditEvent, Call, Receipt, StatusBreaker
 from recovery.registry import load_registry
 from recovery.services.callbacks import sign

@@ -1,5 +1,5 @@
-"""The recovered-tool wrapper (recovery.agent.recovered, SPEC §21) driven through the agent frameworks' own tool
-invocation — the OpenAI Agents SDK's `FunctionTool.on_invoke_tool(ToolContext, json)` and LangChain's
+"""The recovered-tool wrapper (recovery.client.recovered, docs/recovered-tools.md) driven through the agent frameworks'
+own tool invocation — the OpenAI Agents SDK's `FunctionTool.on_invoke_tool(ToolContext, json)` and LangChain's
 `tool.invoke({...})` — with no model: against the API served by `live_server`, a real sandbox provider process and
 background jobs (the drill stage of tests/test_demo_agent.py).
 
@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from recovery.agent import recovered
-from recovery.audit import Actor
-from recovery.drills.stage import drill_people, drill_stage
+from recovery.audit.chain import Actor
+from recovery.client import recovered
+from recovery.devtools.drills.stage import drill_people, drill_stage
 from recovery.models import Attempt, Call, Tool
 from recovery.services.breaker_operations import breaker_force_open
 from tests.conftest import missing_service

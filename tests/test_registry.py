@@ -14,7 +14,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from recovery.audit import Actor, verify_all
+from recovery.audit.chain import Actor, verify_all
 from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant
 from recovery.models import AuditEvent, Provider, Tenant, Tool
 from recovery.registry import (

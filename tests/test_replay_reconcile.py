@@ -1,4 +1,4 @@
-"""Replay reconciliation (SPEC §10.1) against the real sandbox process: an unknown refund whose status query cannot
+"""Replay reconciliation (docs/replay.md) against the real sandbox process: an unknown refund whose status query cannot
 answer is settled by exactly one same-key replay — only for a tool a duplicate probe proved safe, only for a key the
 provider still keeps and the probe covered, only when the tool's breaker admits it — and its answer is mapped onto
 UNKNOWN's own edges. Two workers racing for one call send one replay (PostgreSQL). And when a write turns UNKNOWN
@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Attempt, Breaker, BreakerState, Call, GateDecision, Receipt, Task, Tool
 from recovery.registry import load_registry
 from recovery.registry.format import validate_registry

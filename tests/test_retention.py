@@ -10,8 +10,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from recovery import jobs
-from recovery.audit import Actor, verify_all
+from recovery.audit.chain import Actor, verify_all
+from recovery.jobs import tasks as jobs
 from recovery.models import (
     Attempt,
     AuditEvent,
@@ -23,8 +23,8 @@ from recovery.models import (
     MetricTotal,
     Receipt,
 )
+from recovery.models.roles import VIEWER
 from recovery.providers.status import StatusAnswer
-from recovery.roles import VIEWER
 from recovery.services.metrics import metrics_fold
 from recovery.services.reconcile import apply_answer
 from recovery.services.retention import retention_prune

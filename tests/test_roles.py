@@ -1,4 +1,5 @@
-"""The four roles of SPEC §15.1 as groups with explicit permissions, and the `create_user` command that grants them."""
+"""The four roles of docs/console.md as groups with explicit permissions, and the `create_user` command that grants
+them."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.core.management import CommandError, call_command
 
-from recovery.audit import Actor, verify_chain
+from recovery.audit.chain import Actor, verify_chain
 from recovery.models import AuditEvent
-from recovery.roles import ADMIN, APPROVER, REVIEWER, ROLE_PERMISSIONS, ROLES, VIEWER
+from recovery.models.roles import ADMIN, APPROVER, REVIEWER, ROLE_PERMISSIONS, ROLES, VIEWER
 from recovery.services.users import user_save_with_roles
 
 User = get_user_model()

@@ -1,7 +1,7 @@
-"""Sagas for runtimes (SPEC §12, §14): a task fails halfway and one call undoes what stands, in reverse dependency
-order, each step settled before it is undone — through the client, against the real sandbox process, in both
-executor modes: the console's worker sends each undo, or the runtime does (it asks for the next entry, admits,
-sends and reports it like any attempt). The sandbox's ledger and request times are the judge."""
+"""Sagas for runtimes (docs/compensation.md, docs/design/tasks.md): a task fails halfway and one call undoes what
+stands, in reverse dependency order, each step settled before it is undone — through the client, against the real
+sandbox process, in both executor modes: the console's worker sends each undo, or the runtime does (it asks for the next
+entry, admits, sends and reports it like any attempt). The sandbox's ledger and request times are the judge."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import requests
 from django.utils import timezone
 from rq.worker import SimpleWorker
 
-from recovery import inprocess
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient, RecoveryError, facts_from_exception, facts_from_response
+from recovery.jobs import inprocess
 from recovery.models import Call, CompensationEntry, Task
 from recovery.registry import load_registry
 from recovery.services.compensations import compensation_check, compensation_send, compensations_run_due

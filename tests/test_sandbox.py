@@ -94,11 +94,12 @@ def mapped(name: str, body: dict[str, Any]) -> str:
 def test_it_imports_neither_django_nor_the_product():
     code = (
         "import importlib, pkgutil, sys\n"
-        "import recovery.sandbox as package\n"
+        "import recovery.devtools.sandbox as package\n"
         "for module in pkgutil.iter_modules(package.__path__):\n"
-        "    importlib.import_module('recovery.sandbox.' + module.name)\n"
+        "    importlib.import_module('recovery.devtools.sandbox.' + module.name)\n"
         "loaded = [m for m in sys.modules if m.split('.')[0] in ('django', 'ninja')"
-        " or (m.startswith('recovery.') and not m.startswith('recovery.sandbox'))]\n"
+        " or (m.startswith('recovery.') and m != 'recovery.devtools'"
+        " and not m.startswith('recovery.devtools.sandbox'))]\n"
         "print(sorted(loaded))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

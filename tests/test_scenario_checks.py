@@ -1,4 +1,4 @@
-"""The demo scenarios' checks (recovery/agent/scenarios/checks.py), without a stage: a check passes exactly when its
+"""The demo scenarios' checks (recovery/devtools/scenarios/checks.py), without a stage: a check passes exactly when its
 comparison holds, and what its line says it expected and observed is made from the two values."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from recovery.agent.scenarios.checks import Check, after, at_least, contains, each, one_of, only
+from recovery.devtools.scenarios.checks import Check, after, at_least, contains, each, one_of, only
 
 NOON = datetime(2025, 1, 2, 12, 0, 1, 234567, tzinfo=UTC)
 LATER = NOON + timedelta(seconds=2)

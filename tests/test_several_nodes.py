@@ -1,7 +1,8 @@
-"""Several nodes on one machine (SPEC §19, §20; docs/deploy.md): nginx in front of two web processes, PgBouncer in
-transaction mode, four workers, two scheduler candidates and one Redis, all real processes started from the shipped
-configurations; 2,000 refunds with every reply lost, made through nginx while a web process, a worker mid-check and
-the scheduler's holder are killed with SIGKILL (recovery/drills/nodes.py, also `manage.py nodes`)."""
+"""Several nodes on one machine (docs/design/quality-targets.md, docs/deploy.md; docs/deploy.md): nginx in front of two
+web processes, PgBouncer in transaction mode, four workers, two scheduler candidates and one Redis, all real processes
+started from the shipped configurations; 2,000 refunds with every reply lost, made through nginx while a web process, a
+worker mid-check and the scheduler's holder are killed with SIGKILL (recovery/devtools/drills/nodes.py, also `manage.py
+nodes`)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 from django.core.management import CommandError, call_command
 
-from recovery.drills.nodes import REFUNDS, run_nodes
-from recovery.drills.servers import Nginx, PgBouncer
+from recovery.devtools.drills.nodes import REFUNDS, run_nodes
+from recovery.devtools.drills.servers import Nginx, PgBouncer
 from recovery.models import Call
 from tests.conftest import missing_service
 from tests.isolation import extra_redis_database, flush

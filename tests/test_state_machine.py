@@ -1,8 +1,8 @@
-"""Random walks through the state table of SPEC §8, driven by hypothesis.
+"""Random walks through the state table of docs/design/state-machine.md, driven by hypothesis.
 
 Each example registers a fresh task and call, then tries random target states through `transition_call` — some from
 the current copy of the call, some from a stale copy read at an earlier version. A model of the state table
-(transcribed from the spec in tests/test_states.py, not taken from recovery/states.py) predicts every answer.
+(transcribed from the spec in tests/test_states.py, not taken from recovery/engine/states.py) predicts every answer.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from recovery.audit import Actor, verify_chain
+from recovery.audit.chain import Actor, verify_chain
+from recovery.engine.states import CallState
 from recovery.models import AuditChainHead, AuditEvent, Call, Step, Task, Tenant, Tool
-from recovery.states import CallState
-from recovery.transitions import IllegalTransition, TransitionConflict, transition_call
+from recovery.statemachine.transitions import IllegalTransition, TransitionConflict, transition_call
 from tests.test_states import SPEC_EDGES
 
 _counter = itertools.count(1)

@@ -1,4 +1,5 @@
-"""The state table of SPEC §8, enforced twice: by transitions.py and by the database trigger generated from it."""
+"""The state table of docs/design/state-machine.md, enforced twice: by transitions.py and by the database trigger
+generated from it."""
 
 from __future__ import annotations
 
@@ -7,15 +8,16 @@ import re
 import pytest
 from django.db import IntegrityError, connection, transaction
 
-from recovery import dbguards
+from recovery.engine.states import ALLOWED_PAIRS, EDGES, CallState
 from recovery.models import AuditEvent, Call
-from recovery.states import ALLOWED_PAIRS, EDGES, CallState
-from recovery.transitions import IllegalTransition, transition_call
+from recovery.statemachine import dbguards
+from recovery.statemachine.transitions import IllegalTransition, transition_call
 
 S = CallState
 ALL_PAIRS = [(src, dst) for src in S for dst in S if src != dst]
 
-# SPEC §8 transcribed independently of recovery/states.py, so a typo in one shows up against the other.
+# docs/design/state-machine.md transcribed independently of recovery/engine/states.py, so a typo in one shows up against
+# the other.
 SPEC_EDGES = {
     "READY": {"SENT", "FAILED_PERMANENT"},
     "SENT": {"COMMITTED", "RETRYABLE", "UNKNOWN", "ACCEPTED", "FAILED_PERMANENT", "HUMAN_REVIEW"},

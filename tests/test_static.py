@@ -16,9 +16,9 @@ import requests
 from django.apps import apps as django_apps
 from django.contrib.auth.hashers import PBKDF2PasswordHasher
 
-from recovery.audit import Actor
-from recovery.drills.stage import database_url
-from recovery.roles import ADMIN, APPROVER, REVIEWER, sync_roles
+from recovery.audit.chain import Actor
+from recovery.devtools.drills.stage import database_url
+from recovery.models.roles import ADMIN, APPROVER, REVIEWER, sync_roles
 from recovery.services.users import user_save_with_roles
 from tests.servers import ROOT, WebServer, production_env
 

@@ -1,4 +1,4 @@
-"""API tokens (SPEC §16): shown once, stored as a peppered HMAC, scoped to tenants, revocable, last use recorded."""
+"""API tokens (docs/api.md): shown once, stored as a peppered HMAC, scoped to tenants, revocable, last use recorded."""
 
 from __future__ import annotations
 

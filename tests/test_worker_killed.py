@@ -1,5 +1,5 @@
-"""The periodic schedule survives its workers being killed mid-job (SPEC §10, §20), with real `runjobs` processes
-on Redis, the real sandbox and the live API.
+"""The periodic schedule survives its workers being killed mid-job (docs/reconciliation.md, docs/deploy.md), with real
+`runjobs` processes on Redis, the real sandbox and the live API.
 
 Before: two workers, 16 UNKNOWN refunds whose status query takes 4 s, kill -9 of both while their check leases were
 held, one worker started again — `reconcile-due` did not run for ~80 s (the dead worker's job still "started" in
@@ -16,7 +16,7 @@ import pytest
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery.drills.stage import JobWorkers, database_url
+from recovery.devtools.drills.stage import JobWorkers, database_url
 from recovery.models import Call
 from tests.conftest import missing_service
 from tests.isolation import extra_redis_database, flush

@@ -1,5 +1,5 @@
 """Template filters every console page may use. All of them return plain text: the template escapes it, so text an
-agent or a provider supplied can never become markup (SPEC §15: untrusted text is shown, never rendered)."""
+agent or a provider supplied can never become markup (docs/console.md: untrusted text is shown, never rendered)."""
 
 from __future__ import annotations
 
@@ -77,5 +77,5 @@ def worker(value) -> str:
 @register.filter
 def receipt_source(value) -> str:
     """A receipt's source in the pages' words: "idempotent replay (replay reconciliation)" for replay
-    reconciliation's one same-key replay (SPEC §10.1), the stored value otherwise."""
+    reconciliation's one same-key replay (docs/replay.md), the stored value otherwise."""
     return receipt_source_text(str(value or ""))

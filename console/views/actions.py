@@ -1,4 +1,4 @@
-"""Operator actions in the console (SPEC §15.4): the dry run, the request, the second person's decision, the queue.
+"""Operator actions in the console (docs/actions.md): the dry run, the request, the second person's decision, the queue.
 
 Every action starts on the call page as a POST "Preview" (reviewers): the service builds the plan — the exact
 provider request(s), the policy checks, the forbidden actions, the expected effects — sends nothing, and the
@@ -23,8 +23,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from console.views.common import APPROVE, REVIEW, VIEW, age_text, by_reason, place_refusal, render_page, requires
-from recovery.actions import ACTIONS
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
+from recovery.engine.actions import ACTIONS
 from recovery.models import ActionRequest, ActionStatus, Call
 from recovery.selectors.approvals import (
     OPEN,
@@ -46,7 +46,7 @@ from recovery.services.actions import (
 )
 
 LABELS = {a.name: a.label for a in ACTIONS}
-# The actions that settle a call on a person's word: their preview carries the evidence (SPEC §15.4).
+# The actions that settle a call on a person's word: their preview carries the evidence (docs/actions.md).
 EVIDENCE_ACTIONS = ("mark_committed", "mark_not_committed")
 # What each provider request of a plan is, in the order the plan lists them (a duplicate probe sends two).
 REQUEST_ROLES = {

@@ -1,4 +1,4 @@
-"""The audit trail (SPEC §15.6): search, export as JSON lines or CSV, and verifying the hash chains.
+"""The audit trail (docs/design/audit.md): search, export as JSON lines or CSV, and verifying the hash chains.
 
 Who: every role searches and exports (`recovery.view_call`, `recovery.export_audit`); only admins verify
 (`recovery.verify_audit`), because a check is recorded as an `audit.verified` event. A signed-out visitor is sent to
@@ -6,7 +6,7 @@ sign-in; a signed-in user without the permission gets 403. Bad filters give 400 
 the export too (nothing is exported then).
 
 Exports are oldest first: a trail is read, and its hashes re-verified, from its start. `task=<id>` alone exports
-that task's whole chain in order. JSON lines carry every hashed field as stored, so `recovery.audit.event_hash`
+that task's whole chain in order. JSON lines carry every hashed field as stored, so `recovery.audit.chain.event_hash`
 recomputes each row's `hash` from its line alone, and each row's `prev_hash` is the `hash` of the row before it in
 its chain. CSV has the same columns (evidence as compact JSON); a text cell that a spreadsheet would run as a formula
 — starting with =, +, -, @, a tab or a carriage return — is written with a leading apostrophe, and so is a cell that
@@ -36,8 +36,8 @@ from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
 from console.views.common import EXPORT, VERIFY, VIEW, render_page, requires, url_pattern
-from recovery.audit import Actor, chain_key
-from recovery.audit_actions import REQUEST_EVENTS
+from recovery.audit.actions import REQUEST_EVENTS
+from recovery.audit.chain import Actor, chain_key
 from recovery.models import ActorKind
 from recovery.selectors.audit import (
     EXPORT_COLUMNS,

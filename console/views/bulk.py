@@ -1,5 +1,5 @@
-"""Bulk actions in the console (SPEC §15.3, §15.4): the frozen selection's preview, its request, the second person's
-decision, and its progress.
+"""Bulk actions in the console (docs/console.md, docs/actions.md): the frozen selection's preview, its request, the
+second person's decision, and its progress.
 
 A reviewer selects rows on a queue page (or every row matching the page's filter) and an action; the preview
 (recovery.services.bulk) freezes the exact items — each call's id and version — and the browser is sent to the
@@ -26,7 +26,7 @@ from console.forms import QueueFilterForm
 from console.views.actions import ReasonForm
 from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires
 from console.views.queues import BULK_FILTERS
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import BulkAction, BulkItemStatus, BulkStatus
 from recovery.selectors.bulk import bulk_page
 from recovery.selectors.queues import QUEUES, queue_options

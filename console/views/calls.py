@@ -1,8 +1,8 @@
-"""The call page (SPEC §15.5): everything a reviewer needs to decide an UNKNOWN item, on one page.
+"""The call page (docs/console.md): everything a reviewer needs to decide an UNKNOWN item, on one page.
 
 Every role may read it (`recovery.view_call`); the redacted diagnostics are read only by people with
 `recovery.view_diagnostic` — for everyone else they are not even loaded. The actions a person could take are listed
-with the reason each is allowed or forbidden (recovery.actions, the same answer the action services ask first):
+with the reason each is allowed or forbidden (recovery.engine.actions, the same answer the action services ask first):
 each allowed one is a POST form "Preview" (console/views/actions.py) that makes a dry run and sends nothing — never
 an execution — and the call's action requests are listed with their status. The status block refreshes every few
 seconds (htmx) and says when the call changed since the page was drawn, rather than swapping the evidence under the
@@ -23,7 +23,7 @@ from django.views.decorators.http import require_GET
 
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
 from console.views.common import DIAGNOSTIC, VIEW, age_text, by_reason, render_page, requires
-from recovery.actions import actions_for, recommended
+from recovery.engine.actions import actions_for, recommended
 from recovery.models import Call, Observation, RetryPath
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
@@ -184,7 +184,7 @@ def _status_context(request: HttpRequest, status: CallStatus, seen: dict, now) -
     }
 
 
-# --- the decision card as SPEC §4 prints it ------------------------------------------------------------------------
+# --- the decision card as docs/design/decisions.md prints it ----------------------------------------------------------
 
 
 def _columns(*cells: str, width: int = 28) -> str:
@@ -214,8 +214,9 @@ def _required_next(required: dict) -> str:
 
 
 def card_text(current: Call, decision: DecisionRow, numbers: dict[int, int]) -> str:
-    """The stored card (Decision.card, as the API returned it) laid out as SPEC §4 prints one: plain text, which the
-    template escapes like any other (the public message came through the engine, the key from the runtime)."""
+    """The stored card (Decision.card, as the API returned it) laid out as docs/design/decisions.md prints one: plain
+    text, which the template escapes like any other (the public message came through the engine, the key from the
+    runtime)."""
     card = decision.card or {}
     budget = card.get("budget") or {}
     number = numbers.get(decision.attempt_id, budget.get("attempt"))

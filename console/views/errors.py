@@ -14,7 +14,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
 from console.views.common import nav_counts
-from recovery.roles import ROLE_PERMISSIONS, ROLES
+from recovery.models.roles import ROLE_PERMISSIONS, ROLES
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
-"""The metrics page (SPEC §17): every figure of recovery.engine.metrics over a window (24 hours, 7 days or 30 days),
-for one tool or all and one tenant or all — its number, a chart of it over the window, the same numbers in a table,
-and its definition — with the queues' sizes now and how fresh the figures are.
+"""The metrics page (docs/metrics.md): every figure of recovery.engine.metrics over a window (24 hours, 7 days or 30
+days), for one tool or all and one tenant or all — its number, a chart of it over the window, the same numbers in a
+table, and its definition — with the queues' sizes now and how fresh the figures are.
 
 Every role reads it (`recovery.view_call`). It reads the rollups the metrics-fold job keeps
 (recovery.selectors.metrics), never the history: a fixed number of statements whatever the data's size. The page

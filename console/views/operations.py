@@ -1,7 +1,8 @@
-"""The operations pages (SPEC §7, §11, §15.7, §18), for every role (`recovery.view_call`): every breaker's state,
-window and history — those that need attention first, the idle tools folded into one line — with every tool's
-retry-path safety and latest duplicate probe, one tool's page (its retry path, why and since when, the changes of it
-and its latest probes), and the fault drills' stored runs with their results and logs.
+"""The operations pages (docs/breakers.md, docs/replay.md, docs/console.md, docs/drills.md), for every role
+(`recovery.view_call`): every breaker's state, window and history — those that need attention first, the idle tools
+folded into one line — with every tool's retry-path safety and latest duplicate probe, one tool's page (its retry path,
+why and since when, the changes of it and its latest probes), and the fault drills' stored runs with their results and
+logs.
 
 An operator's force open and reset of a breaker (recovery/services/breaker_operations.py) start from the breakers
 page on a dry-run page (reviewers) that shows what the operation would block or let through again and changes
@@ -29,7 +30,7 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires, url_pattern
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.engine.types import CLOSED, FORCED_OPEN, HALF_OPEN, OPEN
 from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
 from recovery.selectors.observed import runtimes
@@ -381,8 +382,8 @@ def _text(value) -> str:
 
 
 def _result(item, call_url: str) -> dict:
-    """One drill's stored result (recovery.drills.results.DrillResult.as_json) as the page draws it. The stored JSON
-    is read defensively: a run written by an older version may lack a field."""
+    """One drill's stored result (recovery.devtools.drills.results.DrillResult.as_json) as the page draws it. The stored
+    JSON is read defensively: a run written by an older version may lack a field."""
     item = item if isinstance(item, dict) else {}
     keys = [key for key in item.get("keys") or [] if isinstance(key, dict)]
     failed = [key for key in keys if not key.get("passed")]

@@ -1,5 +1,5 @@
-"""The overview (SPEC §15.2): what needs attention now, for every role (`recovery.view_call`) — open items per queue
-with the age of the oldest, SLA breaches per risk (settings.RECOVERY_SLA_S), open breakers, the day's headline
+"""The overview (docs/console.md): what needs attention now, for every role (`recovery.view_call`) — open items per
+queue with the age of the oldest, SLA breaches per risk (settings.RECOVERY_SLA_S), open breakers, the day's headline
 metrics (each a link to its section of the metrics page, console/views/metrics.py), failures by class over the last
 day, and a chart of calls entering and leaving UNKNOWN per hour. The day's numbers come from the metrics rollups
 (recovery.selectors.overview says why), so they are as fresh as the last fold, which the page says.

@@ -1,4 +1,4 @@
-"""`/metrics`: the metrics of SPEC §17 as Prometheus text (recovery/prometheus.py), token or role protected.
+"""`/metrics`: the metrics of docs/metrics.md as Prometheus text (recovery/api/prometheus.py), token or role protected.
 
 Two ways in:
 - a bearer token (`Authorization: Bearer rc_...`, runtime or metrics scope): the counts of the token's tenants only,
@@ -20,7 +20,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from console.views.common import VIEW
-from recovery.prometheus import scrape
+from recovery.api.prometheus import scrape
 from recovery.selectors.metrics import tools_of_tenants
 from recovery.services.tokens import token_authenticate
 

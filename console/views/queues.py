@@ -1,4 +1,4 @@
-"""The review queues (SPEC §15.3) and claims.
+"""The review queues (docs/console.md) and claims.
 
 Every page needs a signed-in user with a role: the `recovery.view_call` permission every role holds, and
 `recovery.review_call` (reviewers) for claims. A signed-out visitor is sent to sign-in; a signed-in user without
@@ -23,7 +23,8 @@ from django.views.decorators.http import require_GET, require_POST
 
 from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, requires, url_pattern
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
+from recovery.engine.states import CallState
 from recovery.models import Call
 from recovery.selectors.facts import row_facts
 from recovery.selectors.observed import admission_answers
@@ -32,7 +33,6 @@ from recovery.selectors.waiting import asked_for, left_unknown_since, why_waitin
 from recovery.services.action_plans import ACTION_BY_NAME
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
-from recovery.states import CallState
 
 REFRESH_S = 5
 BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]

@@ -1,5 +1,5 @@
-"""The task page (SPEC §14, §15.5 "Task"): steps and their dependencies, blocked steps, facts, budget use and the
-task's whole audit trail with its chain verified. Every role reads it (`recovery.view_call`)."""
+"""The task page (docs/design/tasks.md, docs/console.md "Task"): steps and their dependencies, blocked steps, facts,
+budget use and the task's whole audit trail with its chain verified. Every role reads it (`recovery.view_call`)."""
 
 from __future__ import annotations
 

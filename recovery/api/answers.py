@@ -1,10 +1,10 @@
-"""What the machine API answers (SPEC §16), as schemas: the served document (/api/v1/openapi.json) is built from
+"""What the machine API answers (docs/api.md), as schemas: the served document (/api/v1/openapi.json) is built from
 these, and every answer is checked against its schema before it leaves (django-ninja validates the route's result
 against `response=`).
 
 They are *output* schemas: each field carries a one-line description for the document, enumerations are closed
 (`Literal`), and an answer holding a field not declared here fails loudly (extra="forbid") instead of being dropped
-in silence, so a new field reaches the document, the client's types (recovery/client.py) and their test
+in silence, so a new field reaches the document, the client's types (recovery/client/__init__.py) and their test
 (tests/test_api_document.py) together. Free-form values — a tool's arguments, a provider's result, a detail object —
 are JSON objects without a fixed shape, and say so.
 
@@ -18,10 +18,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from recovery.compensation_states import EntryState
 from recovery.engine.classify import EFFECTS
+from recovery.engine.compensation_states import EntryState
 from recovery.engine.metrics import FIGURES
 from recovery.engine.reconcile import Observation
+from recovery.engine.states import CallState
 from recovery.engine.types import (
     ERROR_KINDS,
     EVIDENCE_KINDS,
@@ -33,7 +34,6 @@ from recovery.engine.types import (
 )
 from recovery.models import BreakerState, ReceiptSource, Risk, SideEffect, TaskOutcome, TaskStatus
 from recovery.selectors.metrics import WINDOWS
-from recovery.states import CallState
 
 # --- the vocabularies, closed ---------------------------------------------------------------------------------------
 
@@ -95,7 +95,7 @@ class ErrorOut(Answer):
     error: ErrorBody = _("What went wrong; nothing was stored unless `code` says otherwise.")
 
 
-# --- the gate (SPEC §5) ---------------------------------------------------------------------------------------------
+# --- the gate (docs/design/gate.md) -----------------------------------------------------------------------------------
 
 
 class RequiredNextOut(Answer):
@@ -128,7 +128,7 @@ class GateOut(Answer):
     field_errors: list[FieldErrorOut] = _("The fields that made the gate refuse, if any.")
 
 
-# --- the failure and the decision card (SPEC §3, §4) ----------------------------------------------------------------
+# --- the failure and the decision card (docs/design/classification.md, docs/design/decisions.md) ----------------------
 
 
 class FailureOut(Answer):
@@ -159,7 +159,9 @@ class FailureOut(Answer):
     call_id: str = _("The call's id, as text.")
     attempt_id: str = _("The attempt's id, chosen by the runtime.")
     failure_class: FailureClass = Field(
-        ..., alias="class", description="The failure's class (SPEC §3): transient, outcome_unknown, ..."
+        ...,
+        alias="class",
+        description="The failure's class (docs/design/classification.md): transient, outcome_unknown, ...",
     )
     phase: Phase = _("Where it failed: preflight, dispatch, commit_unknown or postcheck.")
     stage: Stage = _("The side-effect stage: before_send, during_send or after_response.")
@@ -184,7 +186,7 @@ class BudgetViewOut(Answer):
 
 
 class DecisionOut(Answer):
-    """The recovery decision card (SPEC §4): one per failed or accepted attempt."""
+    """The recovery decision card (docs/design/decisions.md): one per failed or accepted attempt."""
 
     model_config = ConfigDict(
         json_schema_extra={
@@ -218,7 +220,10 @@ class DecisionOut(Answer):
     )
 
     id: int | None = Field(None, description="The stored card's id.")
-    route: Route = _("The route (SPEC §4): repair, retry, reauth, replan, reconcile, reject, escalate, degrade, stop.")
+    route: Route = _(
+        "The route (docs/design/decisions.md): repair, retry, reauth, replan, reconcile, reject, escalate, degrade, "
+        "stop."
+    )
     call_state: CallStateName = _("The state the call moved to, budgets applied.")
     outcome: str = _("An explicit end, if any: retry_exhausted, human_review_required, degraded_read_only, or empty.")
     error: str = _("A short label of what happened: timeout_after_send, rate_limited, ...")
@@ -235,7 +240,7 @@ class DecisionOut(Answer):
     breaker_state: BreakerStateName = Field("closed", description="The tool's breaker after this attempt.")
 
 
-# --- admission and outcomes (SPEC §5, §8.1) -------------------------------------------------------------------------
+# --- admission and outcomes (docs/design/gate.md, docs/design/state-machine.md) ---------------------------------------
 
 
 class AdmittedOut(Answer):
@@ -291,7 +296,7 @@ class NotAdmittedOut(Answer):
     error: NotAdmittedBody = _("The denial; its detail is the admission answer.")
 
 
-# --- tasks (SPEC §14) -----------------------------------------------------------------------------------------------
+# --- tasks (docs/design/tasks.md) -------------------------------------------------------------------------------------
 
 
 class TaskBudgetOut(Answer):
@@ -351,7 +356,7 @@ class TaskOut(Answer):
     saga: Literal["running", "stopped", "done"] | None = _("Its saga abort, if any: running, stopped or done.")
 
 
-# --- calls (SPEC §8, §10) -------------------------------------------------------------------------------------------
+# --- calls (docs/design/state-machine.md, docs/reconciliation.md) -----------------------------------------------------
 
 
 class PreflightOut(Answer):
@@ -409,7 +414,8 @@ class ReceiptOut(Answer):
 
 
 class CompensationOut(Answer):
-    """One entry of the call's compensation ledger (SPEC §12): the undo of its effect, as its own side effect."""
+    """One entry of the call's compensation ledger (docs/compensation.md): the undo of its effect, as its own side
+    effect."""
 
     compensation_id: str = _("The entry's id: comp-<call id>-<number>.")
     number: int = _("Its number in the call's ledger (from 1).")
@@ -494,7 +500,7 @@ class CapabilitiesOut(Answer):
     tools: list[CapabilityOut] = _("Its tools.")
 
 
-# --- sagas (SPEC §12) -----------------------------------------------------------------------------------------------
+# --- sagas (docs/compensation.md) -------------------------------------------------------------------------------------
 
 
 class NextCompensationOut(Answer):
@@ -537,11 +543,14 @@ class CompensationAttemptOut(Answer):
     arguments: JsonObject = _("Its arguments.")
     idempotency_key: str = _("The entry's own key.")
     http_status: int | None = _("The reply's status, once reported.")
-    row: str = _("The §3 row that read the reply (refusal: a listed refusal code), once reported.")
+    row: str = _(
+        "The classification table's row (docs/design/classification.md) that read the reply (refusal: a listed refusal "
+        "code), once reported."
+    )
     label: str = _("What the reply meant: committed, refused, timeout_after_send, ...")
 
 
-# --- metrics (SPEC §17) ---------------------------------------------------------------------------------------------
+# --- metrics (docs/metrics.md) ----------------------------------------------------------------------------------------
 
 
 class MetricLabelOut(Answer):
@@ -555,7 +564,7 @@ class MetricPointOut(Answer):
 
 
 class MetricFigureOut(Answer):
-    """One figure of SPEC §17 over the window."""
+    """One figure of docs/metrics.md over the window."""
 
     key: FigureKey = _("The figure, a stable name: unknown_outcome_rate, reconcile_success_rate, ...")
     title: str = _("Its title as the console shows it.")
@@ -572,7 +581,7 @@ class MetricFigureOut(Answer):
 
 
 class MetricsOut(Answer):
-    """The metrics of SPEC §17 over a window, for the token's tenants (or the one asked for)."""
+    """The metrics of docs/metrics.md over a window, for the token's tenants (or the one asked for)."""
 
     window: WindowName = _("The window: 24h (hourly steps), 7d (6-hour steps) or 30d (daily steps).")
     start: str = _("Where the window's first step begins, ISO 8601 (UTC).")

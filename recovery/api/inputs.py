@@ -1,9 +1,9 @@
-"""What the machine API accepts (SPEC §16): the request bodies and parameters, strict.
+"""What the machine API accepts (docs/api.md): the request bodies and parameters, strict.
 
 Strict types (a boolean is not an integer, "5" is not a number), unknown fields refused, every text checked to be
 storable (no NUL, no lone surrogate), bounds at the columns' ranges, times as ISO 8601 text with an offset. A
-request that fails here is a 422 with field-level errors and stores nothing (recovery/api.py answers it). What the
-API answers is recovery/api_answers.py.
+request that fails here is a 422 with field-level errors and stores nothing (recovery/api/routes.py answers it). What
+the API answers is recovery/api/answers.py.
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from ninja import Schema
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from recovery.call_watch import MAX_WAIT_MS
 from recovery.engine.storable import check_storable
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.selectors.context import ACTION_ATTEMPT_PREFIX
 from recovery.selectors.metrics import WINDOWS
+from recovery.statemachine.watch import MAX_WAIT_MS
 
 # --- inputs -------------------------------------------------------------------------------------------------------
 
@@ -37,7 +37,7 @@ def _text(value: str) -> str:
 Text = Annotated[str, AfterValidator(_text)]
 
 
-# GET /calls/{id}'s long poll (recovery.call_watch): the version seen, and how long to wait for another one.
+# GET /calls/{id}'s long poll (recovery.statemachine.watch): the version seen, and how long to wait for another one.
 CallVersion = Annotated[int, Field(ge=0, le=MAX_INT)]
 WaitMs = Annotated[int, Field(ge=0, le=MAX_WAIT_MS)]
 # GET /metrics' window (recovery.selectors.metrics).
@@ -125,8 +125,8 @@ class AbandonIn(Strict):
 
 
 class CompensationIn(Strict):
-    """A step's own compensation (SPEC §12), instead of its tool's registry default: the write that undoes it and
-    its arguments as a template ({argument}, {result.<field>}, {provider_ref})."""
+    """A step's own compensation (docs/compensation.md), instead of its tool's registry default: the write that undoes
+    it and its arguments as a template ({argument}, {result.<field>}, {provider_ref})."""
 
     tool: str = Field(min_length=1, max_length=100)
     args: dict[str, Any] = Field(default_factory=dict)

@@ -1,4 +1,4 @@
-"""`POST /api/v1/otlp/v1/traces`: OpenTelemetry trace ingest (SPEC §21; docs/otlp-ingest.md).
+"""`POST /api/v1/otlp/v1/traces`: OpenTelemetry trace ingest (docs/otlp-ingest.md; docs/otlp-ingest.md).
 
 What the OTLP/HTTP exporters send — protobuf or OTLP/JSON, gzip or not — authenticated with a runtime token like the
 rest of the API: point an exporter's traces endpoint here and give it `Authorization: Bearer <token>`. The answer is
@@ -8,7 +8,7 @@ repeated writes sent to human review, a resent batch). A body that cannot be rea
 error envelope (400; 413 over the size limit once decompressed; 415 for another media type or encoding), as every
 other refusal of the API: an exporter logs it, and nothing was stored.
 
-Reading the body is recovery.otlp; recording the spans, recovery.services.observed.
+Reading the body is recovery.api.otlp_decode; recording the spans, recovery.services.observed.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from django.http import HttpRequest, HttpResponse
 from ninja import Router
 from pydantic import Field
 
-from recovery import otlp
-from recovery.api_answers import Answer, ErrorOut
-from recovery.audit import Actor
+from recovery.api import otlp_decode as otlp
+from recovery.api.answers import Answer, ErrorOut
+from recovery.audit.chain import Actor
 from recovery.services.errors import ServiceError
 from recovery.services.observed import spans_ingest
 

@@ -1,4 +1,5 @@
-"""OTLP/HTTP trace export requests (SPEC §21), read into the spans the ingest records (recovery.services.observed).
+"""OTLP/HTTP trace export requests (docs/otlp-ingest.md), read into the spans the ingest records
+(recovery.services.observed).
 
 `POST /api/v1/otlp/v1/traces` takes what OpenTelemetry exporters send: an `ExportTraceServiceRequest` as protobuf
 (`application/x-protobuf`) or as OTLP/JSON (`application/json`: trace and span ids in hex, enums as numbers or
@@ -19,10 +20,11 @@ tool span maps onto the product's words (docs/otlp-ingest.md has the same table)
 | `gen_ai.tool.call.id` (no key attribute, arguments present) | key `otlp-<trace id>-<tool call id>` |
 | neither (or no arguments) | key `otlp-<trace id>-<span id>`: never the same intent as another span |
 | `gen_ai.tool.call.arguments` (JSON text or a map) | the call's arguments; absent: `{}`, not checked by the schema |
-| `gen_ai.tool.call.result` (JSON text or a value) | the outcome's `result`, checked as any (SPEC §3 rows 10, 11) |
-| `http.response.status_code` | the outcome's `http_status` (`sent` true): the table of SPEC §3 |
+| `gen_ai.tool.call.result` (JSON text or a value) | the outcome's `result`, checked as any
+(docs/design/classification.md rows 10, 11) |
+| `http.response.status_code` | the outcome's `http_status` (`sent` true): the table of docs/design/classification.md |
 | `error.type` without an HTTP status | the outcome's `error`: `code` = the type, `kind` read from its words (below) |
-| span status ERROR, neither of the two | an error of unknown kind: sent unknown (SPEC §3 row 8) |
+| span status ERROR, neither of the two | an error of unknown kind: sent unknown (docs/design/classification.md row 8) |
 | no error, no HTTP status | `http_status` 200: the tool returned |
 | `recovery.provider_request_id`, `recovery.sent` | the outcome's `provider_request_id`, `sent` |
 | span status message | the error's message (redacted, in the diagnostic only) |
@@ -32,9 +34,9 @@ tool span maps onto the product's words (docs/otlp-ingest.md has the same table)
 `connecttimeout` → connect_timeout; `refused` → connection_refused; `dns`, `nameresolution`, `gaierror`,
 `getaddrinfo` → dns; `ssl`, `tls`, `certificate` → tls; `timeout`, `timedout`, `deadlineexceeded` → read_timeout;
 `reset`, `remotedisconnected`, `brokenpipe`, `aborted`, `incompleteread`, `chunkedencoding` → reset;
-`jsondecode`, `invalidresponse`, `badstatusline` → invalid_response; an exact error kind of SPEC §3 is itself;
-anything else: no kind, sent unknown. So a timeout or a broken connection after a write was sent is an
-outcome_unknown, and the call turns UNKNOWN for reconciliation to settle by its key.
+`jsondecode`, `invalidresponse`, `badstatusline` → invalid_response; an exact error kind of
+docs/design/classification.md is itself; anything else: no kind, sent unknown. So a timeout or a broken connection after
+a write was sent is an outcome_unknown, and the call turns UNKNOWN for reconciliation to settle by its key.
 
 A span that breaks one of these rules (an id of the wrong length, arguments that are not a JSON object, a key with
 spaces, a status code out of range) is rejected alone, with the attribute and the reason; a body that does not parse
@@ -141,7 +143,8 @@ def decode(body: bytes, media: str) -> ExportTraceServiceRequest:
 
 def _check_unicode(data: dict) -> None:
     """JSON may escape a lone surrogate, which is no text at all: refused before the protobuf parser meets it (its
-    C code fails on one in a key). Other storage rules (NUL...) are the spans' own: recovery.otlp._attributes."""
+    C code fails on one in a key). Other storage rules (NUL...) are the spans' own:
+    recovery.api.otlp_decode._attributes."""
     pending: list[Any] = [data]
     while pending:
         item = pending.pop()
@@ -476,7 +479,7 @@ _KIND_WORDS = (
 
 
 def error_kind(error_type: str) -> str | None:
-    """The transport error kind of SPEC §3 that `error.type` names, or None (sent unknown)."""
+    """The transport error kind of docs/design/classification.md that `error.type` names, or None (sent unknown)."""
     if error_type in ERROR_KINDS:
         return error_type
     words = re.sub(r"[^a-z0-9]", "", error_type.lower())

@@ -1,4 +1,5 @@
-"""The metrics of SPEC §17 as Prometheus text: a collector over the since-forever totals (recovery.selectors.metrics).
+"""The metrics of docs/metrics.md as Prometheus text: a collector over the since-forever totals
+(recovery.selectors.metrics).
 
 Counters are the fold's totals (MetricTotal), so they only grow, are the same from every web process, and cost the
 same to read at ten calls and at ten million. A Prometheus `increase()` over a range turns them into the windowed

@@ -1,10 +1,9 @@
-"""The machine API for agent runtimes (SPEC §16), versioned under /api/v1/, documented at /api/v1/openapi.json.
+"""The machine API for agent runtimes (docs/api.md), versioned under /api/v1/, documented at /api/v1/openapi.json.
 
 Bearer tokens scoped to tenants; another tenant's objects answer 404; every 4xx carries field-level errors; unknown
-fields are rejected; a rejected request stores nothing; a denied admission (409) is an answer and is stored.
-
-Runtime tokens use every endpoint; metrics tokens only GET /api/v1/metrics (and the Prometheus /metrics): every other
-endpoint answers them 403 `wrong_token_scope` (services.tokens.token_require_scope).
+fields are rejected; a rejected request stores nothing; a denied admission (409) is an answer and is stored. Runtime
+tokens use every endpoint; metrics tokens only GET /api/v1/metrics (and the Prometheus /metrics): every other endpoint
+answers them 403 `wrong_token_scope` (services.tokens.token_require_scope).
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
 from ninja.security import HttpBearer
 
-from recovery import call_watch, hot_path, jobs, queueing
-from recovery.api_answers import (
+from recovery.api.answers import (
     AdmittedOut,
     CallAddedOut,
     CallbackOut,
@@ -40,8 +38,8 @@ from recovery.api_answers import (
     SagaOut,
     TaskOut,
 )
-from recovery.api_errors import envelope, exception_response
-from recovery.api_inputs import (
+from recovery.api.errors import envelope, exception_response
+from recovery.api.inputs import (
     AbandonIn,
     AttemptId,
     CallIn,
@@ -56,11 +54,14 @@ from recovery.api_inputs import (
     Text,
     WaitMs,
 )
-from recovery.api_metrics import SCOPES, metrics_answer, metrics_scope
-from recovery.api_otlp import router as otlp_router
-from recovery.audit import Actor
+from recovery.api.metrics import SCOPES, metrics_answer, metrics_scope
+from recovery.api.otlp import router as otlp_router
+from recovery.audit.chain import Actor
 from recovery.engine import storable
+from recovery.engine.states import RECONCILABLE
 from recovery.engine.storable import check_storable
+from recovery.jobs import queueing
+from recovery.jobs import tasks as jobs
 from recovery.models import Attempt, Call, Task, Tenant, TokenScope
 from recovery.registry import with_alternates
 from recovery.selectors.metrics import DEFAULT_WINDOW, metrics_report
@@ -71,7 +72,7 @@ from recovery.services.compensation_runtime import compensation_admit, compensat
 from recovery.services.errors import ServiceError, field_errors_json
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.tokens import token_authenticate, token_require_scope
-from recovery.states import RECONCILABLE
+from recovery.statemachine import hot_path, watch
 
 # --- the API -------------------------------------------------------------------------------------------------------
 
@@ -129,7 +130,7 @@ api = NinjaAPI(
     docs_url="/docs",
     parser=BoundedJsonParser(),
 )
-api.add_router("/otlp", otlp_router)  # POST /otlp/v1/traces: OpenTelemetry trace ingest (recovery/api_otlp.py)
+api.add_router("/otlp", otlp_router)  # POST /otlp/v1/traces: OpenTelemetry trace ingest (recovery/api/otlp.py)
 
 
 def _error(request, status: int, code: str, message: str, field_errors=(), detail=None):
@@ -208,7 +209,7 @@ def _unhandled(request, exc: Exception):
     return exception_response(request, exc)
 
 
-# Every route may answer these, each with the one error envelope (500 and 503 included: recovery/api_errors.py).
+# Every route may answer these, each with the one error envelope (500 and 503 included: recovery/api/errors.py).
 ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 422, 500, 503)}
 # Answers are written with their wire names (the failure's `class`).
 TYPED = {"by_alias": True}
@@ -264,7 +265,7 @@ def _attempt_request(payload: CandidateIn) -> AttemptRequest:
 
 
 def _call_to_admit(request, call_id: int, attempt_id: str) -> Call:
-    """The call with what admitting `attempt_id` reads, in one statement (recovery.hot_path.call_for_attempt)."""
+    """The call with what admitting `attempt_id` reads, in one statement (hot_path.call_for_attempt)."""
     call = hot_path.call_for_attempt(call_id, request.tenant_ids, attempt_id=attempt_id)
     if call is None:
         raise Http404("no call with this id")
@@ -361,7 +362,7 @@ def get_call(request, call_id: int, version: CallVersion | None = None, wait_ms:
         )
     call = _call(request, call_id)
     if wait_ms and call.version == version:
-        call_watch.wait_for_change(call.pk, version, wait_ms / 1000)
+        watch.wait_for_change(call.pk, version, wait_ms / 1000)
         call = _call(request, call_id)
     return Status(200, call_detail(call))
 
@@ -402,7 +403,7 @@ def reconcile_call(request, call_id: int):
     **TYPED,
 )
 def provider_callback(request, name: str):
-    """A provider's signed callback (SPEC §10): `Recovery-Signature: t=<unix>,v1=<HMAC-SHA256 of "t.body">`."""
+    """A provider's signed callback (docs/reconciliation.md): `Recovery-Signature: t=<unix>,v1=<HMAC of "t.body">`."""
     result = callbacks.callback_receive(
         provider_name=name, raw=request.body, signature=request.headers.get("Recovery-Signature", "")
     )
@@ -505,7 +506,7 @@ def capabilities(request, tenant: Text):
     )
 
 
-# --- sagas (SPEC §12) -----------------------------------------------------------------------------------------------
+# --- sagas (docs/compensation.md) -------------------------------------------------------------------------------------
 
 
 def _saga(task: Task) -> dict:
@@ -586,14 +587,14 @@ def report_compensation(request, compensation_id: Text, attempt_id: AttemptId, p
     return Status(200, compensation_report(entry, attempt_id=attempt_id, wire=wire, actor=_actor(request)))
 
 
-# --- metrics (SPEC §17) ---------------------------------------------------------------------------------------------
+# --- metrics (docs/metrics.md) ----------------------------------------------------------------------------------------
 
 
 @api.get("/metrics", auth=TokenAuth(scopes=SCOPES), response={200: MetricsOut, **ERRORS}, tags=["metrics"], **TYPED)
 def metrics(request, window: MetricsWindow = DEFAULT_WINDOW, tool: Text | None = None, tenant: Text | None = None):
-    """The figures of SPEC §17 over a window (24h, 7d or 30d), summed over the token's tenants (or for the one named
-    by `tenant`), for every tool or the one named by `tool`; runtime and metrics tokens alike. Counts come from the
-    rollups the metrics fold keeps (`folded_at`, `lag_s` say how recent); `queues` are the sizes now."""
+    """The figures of docs/metrics.md over a window (24h, 7d or 30d), summed over the token's tenants (or for the one
+    named by `tenant`), for every tool or the one named by `tool`; runtime and metrics tokens alike. Counts come from
+    the rollups the metrics fold keeps (`folded_at`, `lag_s` say how recent); `queues` are the sizes now."""
     tenant_ids, tool_id = metrics_scope(request.api_token, tenant=tenant, tool=tool)
     report = metrics_report(now=timezone.now(), window=window, tool_id=tool_id, tenant_ids=tenant_ids)
     return Status(200, metrics_answer(report))

@@ -1,4 +1,4 @@
-"""Every action the audit trail records (SPEC §15.6), in one enum: `<subject>.<what happened>`.
+"""Every action the audit trail records (docs/design/audit.md), in one enum: `<subject>.<what happened>`.
 
 Product code appends events only under these names and reads them only through these members and the groups below,
 so a name is spelled once and a reader finds every event of a kind by searching for its member.
@@ -10,18 +10,20 @@ from enum import StrEnum
 
 
 class AuditAction(StrEnum):
-    # a call: registered, moved by recovery.transitions (the only writer of its state), claimed by a reviewer
+    # a call: registered, moved by recovery.statemachine.transitions (the only writer of its state), claimed by a
+    # reviewer
     CALL_ADDED = "call.added"
     CALL_TRANSITION = "call.transition"
     CALL_CLAIMED = "call.claimed"
     CALL_RELEASED = "call.released"
-    CALL_REPLAYED = "call.replayed"  # replay reconciliation sent its one same-key replay (SPEC §10.1)
+    CALL_REPLAYED = "call.replayed"  # replay reconciliation sent its one same-key replay (docs/replay.md)
     CALL_CHECKED = "call.checked"  # a reconcile receipt that moved nothing (the metrics count every check)
-    # a compensation ledger entry (SPEC §12): made, moved by recovery.transitions.transition_entry, checked
+    # a compensation ledger entry (docs/compensation.md): made, moved by
+    # recovery.statemachine.transitions.transition_entry, checked
     COMPENSATION_STARTED = "compensation.started"
     COMPENSATION_TRANSITION = "compensation.transition"
     COMPENSATION_CHECKED = "compensation.checked"
-    # a duplicate probe's receipt (SPEC §11), and a tool's retry path set by it, by an approved action or voided
+    # a duplicate probe's receipt (docs/replay.md), and a tool's retry path set by it, by an approved action or voided
     PROBE_RECORDED = "probe.recorded"
     RETRY_PATH_CHANGED = "tool.retry_path"
     # a task

@@ -1,4 +1,4 @@
-"""The tamper-evident audit trail (SPEC §15.6): append, verify, and the recorded maintenance switch.
+"""The tamper-evident audit trail (docs/design/audit.md): append, verify, and the recorded maintenance switch.
 
 Every event belongs to one chain ("task:<id>" for everything about a task and its calls, "system" for the rest)
 and carries the hash of its predecessor in that chain, plus a gap-free global `seq`. Appending locks the global
@@ -24,10 +24,10 @@ from django.db import connections, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet, signals
 from django.utils import timezone
 
-from recovery import dbguards
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
 from recovery.engine.canonical import canonical_json, normalize
 from recovery.models import ActorKind, AuditChainHead, AuditEvent
+from recovery.statemachine import dbguards
 
 GLOBAL = "global"
 SYSTEM_CHAIN = "system"
@@ -160,9 +160,9 @@ def _hash_of(event: AuditEvent) -> str:
     )
 
 
-# Raw SQL (STYLE.md's data layer: the audit head advance and the multi-row event insert): a head is locked and read
-# in one statement, and a transaction's events go in with one INSERT whose ids were taken with the global head's
-# lock — what the ORM cannot say, on the path of every write.
+# Raw SQL (docs/architecture.md, the data layer: the audit head advance and the multi-row event insert): a head is
+# locked and read in one statement, and a transaction's events go in with one INSERT whose ids were taken with the
+# global head's lock — what the ORM cannot say, on the path of every write.
 _HEADS = AuditChainHead._meta.db_table
 _EVENTS = AuditEvent._meta.db_table
 _CREATE_HEAD = (
@@ -337,8 +337,8 @@ def appends_at_commit(using: str = "default") -> Iterator[None]:
     inside the transaction (`with transaction.atomic(), appends_at_commit():`) around work that lets errors
     propagate: nothing inside may catch one and go on, since a savepoint rolled back inside would leave its events
     queued. Each event keeps the time it was appended at; sequence and chain numbers are taken at the end, under
-    the same locks in the same order as ever (after the rows the work changed, as recovery.transitions does), so
-    the trail is the one appending at once gives, in commit order. A nested block leaves the appending to the
+    the same locks in the same order as ever (after the rows the work changed, as recovery.statemachine.transitions
+    does), so the trail is the one appending at once gives, in commit order. A nested block leaves the appending to the
     outermost one. append_event() answers None inside.
     """
     connection = connections[using]

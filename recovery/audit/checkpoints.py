@@ -1,7 +1,7 @@
-"""Signed checkpoints of the audit heads, written outside the database (SPEC §15.6).
+"""Signed checkpoints of the audit heads, written outside the database (docs/design/audit.md).
 
-Event HMACs (recovery.audit) stop anyone without the audit key from rewriting an event. Two rewrites remain open to
-someone with full database access: removing the newest events and rewinding the heads (every event left is still
+Event HMACs (recovery.audit.chain) stop anyone without the audit key from rewriting an event. Two rewrites remain open
+to someone with full database access: removing the newest events and rewinding the heads (every event left is still
 validly signed), and — holding the key — rewriting a chain whole. A checkpoint closes both for what it covers: the
 scheduler's holder writes, every RECOVERY_AUDIT_CHECKPOINT_S, the global head and the head of every chain that moved
 since the previous checkpoint, signed with the audit key, to RECOVERY_AUDIT_CHECKPOINT_DIR (a directory: mount or
@@ -33,7 +33,7 @@ from django.conf import settings
 from django.db import connections
 from django.db.models import Q
 
-from recovery.audit import GLOBAL, Keyring, purged_chains, purged_ranges
+from recovery.audit.chain import GLOBAL, Keyring, purged_chains, purged_ranges
 from recovery.engine.canonical import canonical_json
 from recovery.models import AuditChainHead, AuditEvent
 

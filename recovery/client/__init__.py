@@ -1,4 +1,4 @@
-"""A small client for agent runtimes, on `requests` (SPEC §16).
+"""A small client for agent runtimes, on `requests` (docs/api.md).
 
     client = RecoveryClient("http://127.0.0.1:8000", token)
     task = client.create_task("demo", "order-8848", agent="support-bot", goal="refund order 8848")
@@ -7,14 +7,14 @@
     admission = client.admit(call.call_id, "a1")               # raises NotAdmitted with required_next if denied
     answer = client.report(call.call_id, "a1", facts_from_response(response))
 
-Only one layer retries *provider requests* (SPEC §6): the runtime, following the decision cards. This client does
-retry its *own* calls to this API, because every one of them is idempotent (tasks by external id, calls by key,
-attempts by attempt id, a repeated complete or abandon answers the stored result): after a dropped connection, a
+Only one layer retries *provider requests* (docs/design/budgets.md): the runtime, following the decision cards. This
+client does retry its *own* calls to this API, because every one of them is idempotent (tasks by external id, calls by
+key, attempts by attempt id, a repeated complete or abandon answers the stored result): after a dropped connection, a
 gateway's 502/504 without the API's JSON envelope, or a 503 with Retry-After it sends the same request again, a
 few times with backoff, and waits out an `in_flight` answer (the first copy of the request is still being
 processed). So a reply lost on the way back never leaves the runtime without its answer. The helpers
-`facts_from_response` / `facts_from_exception` turn what `requests` saw into the outcome facts of SPEC §3, so
-classification rests on what really happened on the wire.
+`facts_from_response` / `facts_from_exception` turn what `requests` saw into the outcome facts of
+docs/design/classification.md, so classification rests on what really happened on the wire.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery.client_types import (  # the answers' types, re-exported: `from recovery.client import Task`
+from recovery.client.types import (  # the answers' types, re-exported: `from recovery.client import Task`
     Admission,
     AttemptRecord,
     BudgetView,
@@ -185,7 +185,7 @@ class RecoveryClient:
     def _task(body: dict) -> Task:
         return _answer(Task, body)
 
-    # sagas (SPEC §12)
+    # sagas (docs/compensation.md)
     def compensate_task(self, task_id: int, *, executor: str = "console", reason: str = "") -> Saga:
         """Abort the task as a saga: its committed steps are undone in reverse dependency order, by the console's
         worker (`console`) or by you (`runtime`: ask `next_compensation`, admit, send, report)."""

@@ -1,6 +1,6 @@
-"""Recovered tools (SPEC §21): a plain function that calls a provider over HTTP, made a protected tool.
+"""Recovered tools (docs/recovered-tools.md): a plain function that calls a provider over HTTP, made a protected tool.
 
-    from recovery.agent import recovered
+    from recovery.client import recovered
 
     @recovered.tool("refund.create", key="refund-{order_id}")
     def refund(order_id: str, amount_cents: int) -> dict:
@@ -42,7 +42,8 @@ from typing import Any, TypedDict
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery.agent.runtime import (
+from recovery.client import RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
+from recovery.client.runtime import (
     BLOCKED,
     COMMITTED,
     DEGRADED,
@@ -55,7 +56,6 @@ from recovery.agent.runtime import (
     CallResult,
     ToolBook,
 )
-from recovery.client import RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
 
 __all__ = ["RecoveredResult", "RecoveredTask", "RequestRefused", "current_task", "http", "task", "tool"]
 
@@ -96,7 +96,7 @@ class RecoveredResult(TypedDict, total=False):
 
 class RequestRefused(requests.RequestException):
     """A provider request `http()` did not send: the attempt is over, or an earlier request of it failed (only the
-    console decides a retry, SPEC §6)."""
+    console decides a retry, docs/design/budgets.md)."""
 
 
 # --- the open task ----------------------------------------------------------------------------------------------------
@@ -143,7 +143,7 @@ class RecoveredTask:
             _TASK.reset(token)
 
     def submit(self, summary: str, deliverable: dict | None = None) -> Task:
-        """Submit the task's deliverable (SPEC §14): the console then sets its outcome from the calls."""
+        """Submit the task's deliverable (docs/design/tasks.md): the console then sets its outcome from the calls."""
         return self.agent.submit(self.id, summary, deliverable)
 
     def abandon(self, reason: str) -> Task:
@@ -232,7 +232,7 @@ class _Exchange:
         return ""
 
     def facts(self, raised: BaseException | None) -> dict:
-        """The outcome facts of SPEC §3 for the last exchange (or for none)."""
+        """The outcome facts of docs/design/classification.md for the last exchange (or for none)."""
         if self.error is not None:
             return facts_from_exception(self.error)
         if self.response is not None:
@@ -256,7 +256,7 @@ class _RecordingAdapter(HTTPAdapter):
     """The transport of `http()`: no retries underneath, the call's key on every request, and what happened kept."""
 
     def __init__(self, exchange: _Exchange) -> None:
-        super().__init__(max_retries=0)  # one layer retries provider requests: the console's (SPEC §6)
+        super().__init__(max_retries=0)  # one layer retries provider requests: the console's (docs/design/budgets.md)
         self.exchange = exchange
 
     def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):  # type: ignore[override]
@@ -348,7 +348,8 @@ def tool(
       being checked: do not repeat it), `blocked` (nothing was executed: repair the arguments or replan),
       `retry_later` (the provider asked for a longer pause than the runtime waits) or `refused` (called outside an
       open task, or the task is closed: nothing was sent);
-    - `message`: the console's public message (SPEC §3: fixed text filled from the registry and the tool's schema,
+    - `message`: the console's public message (docs/design/classification.md: fixed text filled from the registry and
+    the tool's schema,
       with field-level repair text for invalid arguments) or a fixed sentence of this module naming the tool's noun;
       never the provider's error text, its headers, credentials, exception text or a stack trace;
     - `next`: the console's `required_next.action` (`repair_args`, `retry_after`, `wait_for_reconcile`, `degrade`,

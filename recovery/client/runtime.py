@@ -6,13 +6,13 @@
                             arguments={"order_id": "O-8848", "amount_cents": 1250})
     agent.submit(task.id, "refunded order 8848")
 
-`run_call` is the whole recovery loop of SPEC §4/§5 from the runtime's side. It never retries on its own judgement:
-each new attempt is admitted by the console, carries the evidence the console asked for (`time_elapsed` after the
-delay it named, `state_verified` after a receipt proved nothing happened), and a denial's `required_next.action`
-says what to do instead — wait, wait for reconciliation, degrade, ask a person, or stop. What it sees is reported
-as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception). `drive_call` is
-the same loop for a call whose request the caller's own code sends (recovery.agent.recovered wraps tool functions
-in it).
+`run_call` is the whole recovery loop of docs/design/decisions.md/docs/design/gate.md from the runtime's side. It never
+retries on its own judgement: each new attempt is admitted by the console, carries the evidence the console asked for
+(`time_elapsed` after the delay it named, `state_verified` after a receipt proved nothing happened), and a denial's
+`required_next.action` says what to do instead — wait, wait for reconciliation, degrade, ask a person, or stop. What it
+sees is reported as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception).
+`drive_call` is the same loop for a call whose request the caller's own code sends (recovery.client.recovered wraps tool
+functions in it).
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ class AttemptRecord:
     call_state: str = ""
     route: str = ""
     breaker_state: str = ""  # the tool's breaker as the console answered (an outcome's report, a breaker denial)
-    public_message: str = ""  # what the console says a model may read about this round (SPEC §3)
+    public_message: str = ""  # what the console says a model may read about this round (docs/design/classification.md)
     value: Any = None  # what the send handed back (the provider's result, or a wrapped tool function's value)
 
 
@@ -190,7 +190,8 @@ class Agent:
         self.max_wait_s = max_wait_s
         self.calls: dict[int, list[int]] = {}  # task id → the calls this agent added to it
         self.session = requests.Session()
-        no_retries = HTTPAdapter(max_retries=0)  # the console decides every retry (SPEC §6: one layer retries)
+        # The console decides every retry (docs/design/budgets.md: one layer retries).
+        no_retries = HTTPAdapter(max_retries=0)
         self.session.mount("http://", no_retries)
         self.session.mount("https://", no_retries)
 
@@ -199,7 +200,8 @@ class Agent:
     def start_task(
         self, external_id: str, *, goal: str, deadline: str | None = None, budget: dict | None = None
     ) -> Task:
-        """Open (or find again) the task; `deadline` (ISO 8601 with an offset) goes into its budget (SPEC §6)."""
+        """Open (or find again) the task; `deadline` (ISO 8601 with an offset) goes into its budget
+        (docs/design/budgets.md)."""
         budget = dict(budget or {})
         if deadline is not None:
             budget["deadline"] = deadline

@@ -1,5 +1,5 @@
-"""The API's answers as the Python client returns them (recovery/client.py): plain dataclasses and TypedDicts, no
-Django, checked field by field against the served OpenAPI document by tests/test_api_document.py."""
+"""The API's answers as the Python client returns them (recovery/client/__init__.py): plain dataclasses and TypedDicts,
+no Django, checked field by field against the served OpenAPI document by tests/test_api_document.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, TypedDict, TypeVar
 _T = TypeVar("_T")
 
 # --- what the API answers ---------------------------------------------------------------------------------------------
-# The answers' shapes, as the served document (/api/v1/openapi.json, built from recovery/api_answers.py) describes
+# The answers' shapes, as the served document (/api/v1/openapi.json, built from recovery/api/answers.py) describes
 # them: tests/test_api_document.py checks every field of these types against the document, so a field the server
 # adds, renames or drops fails that test until the client knows it. Nested objects are TypedDicts (plain dicts at
 # run time); the top-level answers below are dataclasses that keep the whole body in `raw`.
@@ -230,7 +230,7 @@ class Capability(TypedDict):
 
 @dataclass(frozen=True)
 class Task:
-    """A task and its summary (SPEC §14)."""
+    """A task and its summary (docs/design/tasks.md)."""
 
     id: int
     tenant: str

@@ -1,15 +1,15 @@
-"""The operator actions of SPEC §15.4 and which of them a person may take on a call now.
+"""The operator actions of docs/actions.md and which of them a person may take on a call now.
 
 This is the catalogue: `actions_for()` is a pure function of the call's state, the person's permissions and a few
 facts about the call, answering for every action either "allowed now" or the exact reason it is forbidden. The call
 page shows the answer, and recovery.services.actions (dry run, request, approval, execution) asks the same function
 first, so the page can never offer what the service would refuse.
 
-Each action's source states are edges of the state table (recovery.states): `_check_edges()` runs at import, so an
-edge removed from the table makes this module fail loudly instead of offering an action the database would refuse.
-The sources are narrower than the table where SPEC §8 says so: UNKNOWN settles on provider evidence only (a
-receipt, a signed callback, an idempotency record), so a person marks a call committed or not committed only from
-HUMAN_REVIEW, after escalating it; and a same-key replay while the outcome is unknown would be a blind replay.
+Each action's source states are edges of the state table (recovery.engine.states): `_check_edges()` runs at import, so
+an edge removed from the table makes this module fail loudly instead of offering an action the database would refuse.
+The sources are narrower than the table where docs/design/state-machine.md says so: UNKNOWN settles on provider evidence
+only (a receipt, a signed callback, an idempotency record), so a person marks a call committed or not committed only
+from HUMAN_REVIEW, after escalating it; and a same-key replay while the outcome is unknown would be a blind replay.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from recovery.states import EDGES, RECONCILABLE, CallState
+from recovery.engine.states import EDGES, RECONCILABLE, CallState
 
 S = CallState
 
@@ -213,7 +213,7 @@ _check_edges()
 
 
 def _state_reason(action: Action, state: CallState) -> str:
-    """Why the state table (and SPEC §8) keeps `action` from `state`; "" when it does not."""
+    """Why the state table (and docs/design/state-machine.md) keeps `action` from `state`; "" when it does not."""
     if state in action.sources:
         return ""
     if state == S.COMPENSATING:

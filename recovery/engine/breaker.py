@@ -1,4 +1,4 @@
-"""Circuit breaker rules (SPEC §7) as pure functions over counts and time.
+"""Circuit breaker rules (docs/breakers.md) as pure functions over counts and time.
 
 The shared storage (one PostgreSQL row per breaker, outcome counts per time bucket, a probe lease taken by a
 conditional update) calls these; nothing here reads a clock or holds state, so every rule is testable with numbers.
@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from recovery.engine.states import CallState as S
 from recovery.engine.types import (
     CLOSED,
     FORCED_OPEN,
@@ -26,17 +27,17 @@ from recovery.engine.types import (
     BreakerPolicy,
     BreakerView,
 )
-from recovery.states import CallState as S
 
-# An outcome that proves the dependency answered: COMMITTED (§3 row 10) or ACCEPTED (row 9).
+# An outcome that proves the dependency answered: COMMITTED (docs/design/classification.md row 10) or ACCEPTED (row 9).
 _SUCCESSES = frozenset({S.COMMITTED, S.ACCEPTED, "9", "10"})
 
 
 def counts_as_failure(outcome_row: str | None, failure_class: str | None, http_status: int | None) -> bool | None:
     """True: counts as a failure; False: counts as a success; None: not counted at all.
 
-    `outcome_row` is the Outcome's state (COMMITTED, ACCEPTED, ...) or its §3 row ("9", "10", ...): either names a
-    success. A 5xx counts as a failure whatever its class (a write's 5xx is outcome_unknown, a read's transient).
+    `outcome_row` is the Outcome's state (COMMITTED, ACCEPTED, ...) or its docs/design/classification.md row ("9", "10",
+    ...): either names a success. A 5xx counts as a failure whatever its class (a write's 5xx is outcome_unknown, a
+    read's transient).
     """
     if http_status is not None and 500 <= http_status <= 599:
         return True

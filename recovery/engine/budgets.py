@@ -1,4 +1,4 @@
-"""Budgets and backoff (SPEC §6): the scope rule, the retry delay, the deadline check and exhaustion.
+"""Budgets and backoff (docs/design/budgets.md): the scope rule, the retry delay, the deadline check and exhaustion.
 
 Scope: tools carry defaults, a task may set its own, and the tighter wins field by field (None = no limit from that
 scope). Delay: `min(cap, jitter(base * 2^(attempt-1)))`: jitter first, then the cap, so no jitter can push a delay

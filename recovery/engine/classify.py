@@ -1,4 +1,5 @@
-"""Failure classification: the normative table of SPEC §3, hard stops first, first matching row wins.
+"""Failure classification: the normative table of docs/design/classification.md, hard stops first, first matching row
+wins.
 
 classify() reads only the reported transport facts, the registry entry and the context: never error.message,
 never result text (beyond validating the result against the registry's rules), so a reply saying "ignore the
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from recovery.engine.messages import hard_stop_message, public_message
+from recovery.engine.states import CallState as S
 from recovery.engine.types import (
     AFTER_RESPONSE,
     AUTHENTICATION,
@@ -44,7 +46,6 @@ from recovery.engine.types import (
     ToolPolicy,
 )
 from recovery.engine.validation import provider_ref, validate_args, validate_result
-from recovery.states import CallState as S
 
 RETRYABLE, UNKNOWN, ACCEPTED, COMMITTED = S.RETRYABLE, S.UNKNOWN, S.ACCEPTED, S.COMMITTED
 FAILED_PERMANENT, HUMAN_REVIEW = S.FAILED_PERMANENT, S.HUMAN_REVIEW
@@ -65,7 +66,7 @@ _RETRYABLE_CLASSES = frozenset({TRANSIENT, INVALID_ARGUMENTS, AUTHENTICATION})
 
 
 def provably_not_sent(facts: Facts) -> bool:
-    """SPEC §3: nothing reached the provider, so nothing can have been executed."""
+    """docs/design/classification.md: nothing reached the provider, so nothing can have been executed."""
     kind = facts.error.kind if facts.error else None
     return (
         facts.connection_opened is False
@@ -107,7 +108,8 @@ class _Row:
 
 
 def classify(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext) -> Outcome:
-    """The §3 row an attempt's outcome falls in, the state it leads to (before budgets) and its Failure."""
+    """The docs/design/classification.md row an attempt's outcome falls in, the state it leads to (before budgets) and
+    its Failure."""
     if facts.http_status is None and facts.error is None:
         raise ValueError("an outcome needs an http_status or an error")
     ref = provider_ref(tool, facts)
@@ -245,8 +247,8 @@ def _failure(row: _Row, facts: Facts, tool: ToolPolicy, ctx: ClassifyContext, no
         )
     field_errors = row.field_errors
     if row.failure_class == INVALID_RESULT:
-        # SPEC §4: an invalid result is a rejected observation, not a fact: its values are not handed back to the
-        # model (operators see them, redacted, in the Diagnostic).
+        # docs/design/decisions.md: an invalid result is a rejected observation, not a fact: its values are not handed
+        # back to the model (operators see them, redacted, in the Diagnostic).
         field_errors = tuple(
             FieldError(field=e.field, expected=e.expected, received=None, suggestion=e.suggestion) for e in field_errors
         )

@@ -1,11 +1,12 @@
-"""The states of a compensation ledger entry and the only edges between them (SPEC §12), as data — plain Python, no
-Django, like recovery/states.py for calls.
+"""The states of a compensation ledger entry and the only edges between them (docs/compensation.md), as data — plain
+Python, no Django, like recovery/engine/states.py for calls.
 
 A compensation undoes a committed effect with a new side effect of its own (cancel the order, revoke the grant): it
 has its own key, attempts and receipts, and can end as unknown as any write. `transitions.transition_entry` checks
 this table before its conditional UPDATE, and a migration generates the database trigger from it
 (`dbguards.entry_state_trigger_sql`), so no code path can move an entry along another edge. Changing the table needs
-a new migration that calls `dbguards.install()` again; tests/test_compensation_states.py fails until then.
+a new migration with the SQL of `dbguards.entry_guard_sql()` frozen in it (as 0017_sagas does);
+tests/test_compensations.py fails until then.
 """
 
 from enum import StrEnum

@@ -1,4 +1,4 @@
-"""The recovery decision card (SPEC §4): what to do next, what is forbidden, how long to wait.
+"""The recovery decision card (docs/design/decisions.md): what to do next, what is forbidden, how long to wait.
 
 decide() takes classify()'s Outcome and applies what the table alone cannot know: the call's and task's budgets,
 the deadline, and the tool's breaker. A RETRYABLE row with nothing left to spend becomes an explicit exhaustion
@@ -14,6 +14,7 @@ from datetime import datetime
 
 from recovery.engine import messages
 from recovery.engine.budgets import backoff_delay, fits_deadline, tighter
+from recovery.engine.states import CallState as S
 from recovery.engine.types import (
     AUTHENTICATION,
     AUTHORIZATION,
@@ -37,7 +38,6 @@ from recovery.engine.types import (
     TaskView,
     ToolPolicy,
 )
-from recovery.states import CallState as S
 
 RETRYABLE, FAILED_PERMANENT, HUMAN_REVIEW = S.RETRYABLE, S.FAILED_PERMANENT, S.HUMAN_REVIEW
 
@@ -105,7 +105,8 @@ def decide(
     rng = rng or random.Random()
     budgets = tighter(tool.budgets, task.budgets, Budgets(max_attempts=call.max_attempts))
     view = _budget_view(call, task, budgets, now)
-    # SPEC §4: while a dependency keeps failing, a write is never switched at once to a backup write tool.
+    # docs/design/decisions.md: while a dependency keeps failing, a write is never switched at once to a backup write
+    # tool.
     breaker_open = breaker.state in (OPEN, FORCED_OPEN)
     degraded_write = ("switch_to_backup_write_tool",) if tool.is_write and breaker_open else ()
 
@@ -184,8 +185,8 @@ def decide(
     if outcome.state == HUMAN_REVIEW:  # an authorization an approval can grant (row 6)
         return card("escalate", HUMAN_REVIEW, "request_approval", next_=("request_permission", "human_review"))
     if outcome.state == FAILED_PERMANENT:
-        # A 403 that no approval can grant stops too: "approve or stop", never replan around it (SPEC §3 row 6;
-        # `reject` is the route for an unusable result).
+        # A 403 that no approval can grant stops too: "approve or stop", never replan around it
+        # (docs/design/classification.md row 6; `reject` is the route for an unusable result).
         return card("stop", FAILED_PERMANENT, "stop", next_=("report_not_executed",))
 
     # The row says RETRYABLE: what may be retried still needs budget, time and a closed breaker.

@@ -1,4 +1,4 @@
-"""The call fingerprint of SPEC §5: sha256(tool + ":" + canonical_json(args)).
+"""The call fingerprint of docs/design/gate.md: sha256(tool + ":" + canonical_json(args)).
 
 Key order and number spelling (800 vs 800.0) do not change it; any business field, or a value's type ("800" vs
 800), does. Two guards use it: no progress (the same fingerprint is not re-admitted on time alone after a

@@ -1,4 +1,4 @@
-"""Admission: the change-before-retry gate of SPEC §5.
+"""Admission: the change-before-retry gate of docs/design/gate.md.
 
 Every attempt, the first included, passes these checks in this order, and the first that fails answers:
 
@@ -12,10 +12,10 @@ latest receipt, approvals, the server clock), never from what the runtime says a
 Two guards use the fingerprint: no progress (after a non-transient failure the same fingerprint is not admitted
 on time alone) and duplicate intent (duplicate_intent(), used when a call is added).
 
-The retry path (SPEC §11) guards same-key replays of a write whose earlier request may have taken effect: a tool a
+The retry path (docs/replay.md) guards same-key replays of a write whose earlier request may have taken effect: a tool a
 duplicate probe found unsafe replays nothing (an attempt that provably was not sent is not a replay), and the replay
-reconciliation of SPEC §10.1 — claimed by trusted code alone, as `replay_reconcile` — needs a safe probe that covered
-a key as old as this one, and a key younger than the provider's retention minus a margin.
+reconciliation of docs/replay.md — claimed by trusted code alone, as `replay_reconcile` — needs a safe probe that
+covered a key as old as this one, and a key younger than the provider's retention minus a margin.
 """
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ from recovery.engine.canonical import canonical_json
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.keys import key_expired
 from recovery.engine.messages import public_message
+from recovery.engine.states import UNSETTLED
+from recovery.engine.states import CallState as S
 from recovery.engine.types import (
     APPROVAL_GRANTED,
     ARGS_CHANGED,
@@ -65,8 +67,6 @@ from recovery.engine.types import (
     ToolPolicy,
 )
 from recovery.engine.validation import ARGUMENTS_ROOT, validate_args
-from recovery.states import UNSETTLED
-from recovery.states import CallState as S
 
 READY, SENT, RETRYABLE, ACCEPTED = S.READY, S.SENT, S.RETRYABLE, S.ACCEPTED
 UNKNOWN, STILL_UNKNOWN, NOT_COMMITTED, COMMITTED = S.UNKNOWN, S.STILL_UNKNOWN, S.NOT_COMMITTED, S.COMMITTED
@@ -74,8 +74,8 @@ FAILED_PERMANENT, HUMAN_REVIEW = S.FAILED_PERMANENT, S.HUMAN_REVIEW
 # A dependency in one of these may still commit by itself: wait instead of replanning.
 _SETTLING = frozenset({UNKNOWN, STILL_UNKNOWN, ACCEPTED, SENT})
 
-# Outcome.side_effect values that prove the previous attempt executed nothing (SPEC §9: our preflight, a provider
-# validation rejection, a request that never left).
+# Outcome.side_effect values that prove the previous attempt executed nothing (docs/design/idempotency.md: our
+# preflight, a provider validation rejection, a request that never left).
 NOTHING_EXECUTED = frozenset({"not_sent", "not_executed"})
 
 _STEPS = ("state", "preflight", "dependencies", "budgets", "evidence", "key_retention", "retry_path", "breaker")
@@ -144,7 +144,8 @@ def _public_message(step: _Step, context: GateContext) -> str:
 
 
 def admit(call: CallView, candidate: Candidate, context: GateContext) -> GateDecision:
-    """Admit or deny one attempt of `call` (SPEC §5). The answer is unsaved: the caller stores it either way."""
+    """Admit or deny one attempt of `call` (docs/design/gate.md). The answer is unsaved: the caller stores it either
+    way."""
     checks: list[Check] = []
     evidence_used, uses_probe = "", False
     for name in _STEPS:
@@ -173,7 +174,7 @@ def admit(call: CallView, candidate: Candidate, context: GateContext) -> GateDec
 
 
 def duplicate_intent(*, side_effect: str, fingerprint: str, existing: Iterable[tuple[str, str, str]]) -> str | None:
-    """The id of a call of the same task that already carries this write intent, or None (SPEC §5).
+    """The id of a call of the same task that already carries this write intent, or None (docs/design/gate.md).
 
     `existing` holds (call id, fingerprint, state) for the task's other calls. A FAILED_PERMANENT original does not
     block a new call; reads never conflict. The caller answers "same key, same arguments" with the existing call
@@ -342,7 +343,8 @@ def _check_evidence(call: CallView, candidate: Candidate, context: GateContext) 
         return _pass("evidence", "first attempt: no evidence needed")
     previous = context.previous
     is_write = _is_write(context)
-    # SPEC §9: once an effect may exist the key is bound to its arguments (and tool); a change is a new intent.
+    # docs/design/idempotency.md: once an effect may exist the key is bound to its arguments (and tool); a change is a
+    # new intent.
     changed = previous is not None and fingerprint(candidate.tool, candidate.arguments) != previous.fingerprint
     if changed and _effect_may_exist(previous, is_write):
         return _deny("evidence", "args_locked", "arguments or tool changed after a possible effect", "replan")
@@ -459,7 +461,7 @@ def _check_key_retention(call: CallView, candidate: Candidate, context: GateCont
 
 
 def _is_replay(call: CallView, context: GateContext) -> bool:
-    """Whether this attempt replays a write's key after a request that may have taken effect (SPEC §11): an
+    """Whether this attempt replays a write's key after a request that may have taken effect (docs/replay.md): an
     unsettled or reviewed call, or a retry after anything but a provably unsent or rejected-before-storing one."""
     if not _is_write(context) or call.first_sent_at is None:
         return False

@@ -1,4 +1,4 @@
-"""How long a provider still deduplicates an idempotency key (SPEC §9): pure functions, no Django.
+"""How long a provider still deduplicates an idempotency key (docs/design/idempotency.md): pure functions, no Django.
 
 A provider keeps a key for `retention_s` from when it first saw it (the call's first attempt, or the call's
 creation when nothing was sent yet). Once that has passed, a replay with the same key is a new request to the

@@ -1,4 +1,4 @@
-"""Public messages (SPEC §3): the minimal actionable text a model may see.
+"""Public messages (docs/design/classification.md): the minimal actionable text a model may see.
 
 Every message is a template filled only from trusted inputs: the failure class, the registry (the tool's name, its
 schema's field names, "x-unit", the fallback) and field errors derived from that schema. Nothing the provider or the
@@ -130,7 +130,8 @@ def accepted_message(tool: ToolPolicy) -> str:
 
 
 def exhausted_message(tool: ToolPolicy, outcome: str) -> str:
-    """For an explicit exhaustion outcome (SPEC §6): retry_exhausted, human_review_required, degraded_read_only."""
+    """For an explicit exhaustion outcome (docs/design/budgets.md): retry_exhausted, human_review_required,
+    degraded_read_only."""
     if outcome == HUMAN_REVIEW_REQUIRED:
         return f"{_the(tool)} needs human review; a person will decide. Do not repeat it."
     if outcome == DEGRADED_READ_ONLY:
@@ -141,7 +142,7 @@ def exhausted_message(tool: ToolPolicy, outcome: str) -> str:
 
 
 def degraded_message(tool: ToolPolicy, fallback: str) -> str:
-    """The tool's breaker is open: say so and name the fallback (never another write tool, SPEC §7)."""
+    """The tool's breaker is open: say so and name the fallback (never another write tool, docs/breakers.md)."""
     if fallback and _SAFE_WORD.fullmatch(fallback):
         return f"The tool is unavailable right now; use the fallback {fallback} instead of retrying."
     return "The tool is unavailable right now and has no fallback; stop and report what is done."
@@ -156,7 +157,7 @@ _HARD_STOPS = {
 
 
 def hard_stop_message(tool: ToolPolicy, reason: str) -> str:
-    """A write sent to human review before the table (SPEC §3 hard stops)."""
+    """A write sent to human review before the table (docs/design/classification.md hard stops)."""
     why = _HARD_STOPS.get(reason)
     if why is None:
         return f"{_the(tool)} needs human review; a person will decide. Do not repeat it."

@@ -1,4 +1,4 @@
-"""The metrics of recovery (SPEC §17), each defined once, and the fold that turns audit events into their counts.
+"""The metrics of recovery (docs/metrics.md), each defined once, and the fold that turns audit events into their counts.
 
 Plain Python, no Django: recovery.services.metrics reads the audit sequence past its watermark, hands each event to
 `fold_event` with the small per-call state (`CallMark`) the fold keeps, and adds the counts it returns to the
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from recovery.states import CallState
+from recovery.engine.states import CallState
 
 S = CallState
 HOUR = 3600
@@ -70,7 +70,7 @@ QUEUES: dict[str, frozenset[str]] = {
 RESOLUTION_BUCKETS_S: tuple[float, ...] = (
     1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14_400, 28_800, 86_400, 259_200, 604_800, math.inf,
 )  # fmt: skip
-# A call outcome that means a budget ran out (SPEC §6), counted as budget exhaustion by that outcome.
+# A call outcome that means a budget ran out (docs/design/budgets.md), counted as budget exhaustion by that outcome.
 BUDGET_OUTCOMES = frozenset(
     {"retry_exhausted", "poll_budget_exhausted", "deadline_exceeded", "degraded_read_only", "no_budget"}
 )
@@ -326,7 +326,7 @@ def open_ms_by_hour(since: float, until: float) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True, kw_only=True)
 class Figure:
-    """One figure of SPEC §17: how it is computed from the stored series, and what it means (its `doc`)."""
+    """One figure of docs/metrics.md: how it is computed from the stored series, and what it means (its `doc`)."""
 
     key: str
     title: str
@@ -354,8 +354,8 @@ FIGURES: tuple[Figure, ...] = (
         title="Failures by class",
         kind="count",
         series=FAILURES,
-        doc="Failed attempts by failure class (SPEC §3), hour of the outcome. A write swept with no outcome counts "
-        "as outcome_unknown, a read as transient.",
+        doc="Failed attempts by failure class (docs/design/classification.md), hour of the outcome. A write swept with "
+        "no outcome counts as outcome_unknown, a read as transient.",
     ),
     Figure(
         key="decisions",
@@ -433,8 +433,8 @@ FIGURES: tuple[Figure, ...] = (
         title="Budget exhaustion",
         kind="count",
         series=BUDGET_EXHAUSTED,
-        doc="Calls that ended on an exhausted budget, by the explicit outcome (SPEC §6): retry_exhausted, "
-        "poll_budget_exhausted, deadline_exceeded, degraded_read_only. Hour it ended.",
+        doc="Calls that ended on an exhausted budget, by the explicit outcome (docs/design/budgets.md): "
+        "retry_exhausted, poll_budget_exhausted, deadline_exceeded, degraded_read_only. Hour it ended.",
     ),
     Figure(
         key="task_success_rate",
@@ -472,14 +472,15 @@ FIGURES: tuple[Figure, ...] = (
         title="Compensations",
         kind="count",
         series=COMPENSATIONS,
-        doc="Compensation ledger entries (SPEC §12) started, and those that committed or failed, by the hour of each.",
+        doc="Compensation ledger entries (docs/compensation.md) started, and those that committed or failed, by the "
+        "hour of each.",
     ),
     Figure(
         key="probes",
         title="Duplicate probes",
         kind="count",
         series=PROBES,
-        doc="Duplicate probes recorded (SPEC §11), by decision: safe (the provider deduplicated: one effect) or "
+        doc="Duplicate probes recorded (docs/replay.md), by decision: safe (the provider deduplicated: one effect) or "
         "unsafe (a second effect, a new business id or a forgotten key).",
     ),
 )

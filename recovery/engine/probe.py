@@ -1,4 +1,4 @@
-"""The duplicate probe's judgement (SPEC §11), from facts alone: what the replay answered and what the provider's
+"""The duplicate probe's judgement (docs/replay.md), from facts alone: what the replay answered and what the provider's
 own ledger then said about the key.
 
     probe: tool refund.create   key: refund-order-8848-v3

@@ -1,4 +1,5 @@
-"""Where a call goes after a receipt, and when it is checked next (SPEC §8, §10): pure rules, no Django.
+"""Where a call goes after a receipt, and when it is checked next (docs/design/state-machine.md,
+docs/reconciliation.md): pure rules, no Django.
 
 services/reconcile.py asks the provider and records the receipt; `settle()` decides, from the call's state, what
 the provider said and the tool's ReconcilePolicy (parsed once by the registry), which states the call passes
@@ -11,8 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from enum import StrEnum
 
-from recovery.states import RECONCILABLE
-from recovery.states import CallState as S
+from recovery.engine.states import RECONCILABLE
+from recovery.engine.states import CallState as S
 
 
 class Observation(StrEnum):
@@ -39,7 +40,7 @@ class ReconcilePolicy:
     deadline_s: int | None = None  # from the attempt's sending: past it, a person decides (None: no deadline)
     max_interval_s: int = 3600  # checks are never further apart than this
     min_interval_s: int = 1  # nor closer together, whatever the schedule says
-    replay_when_status_down: bool = False  # replay reconciliation (SPEC §10.1), for a tool a probe proved safe
+    replay_when_status_down: bool = False  # replay reconciliation (docs/replay.md), for a tool a probe proved safe
 
     def deadline(self, started_at: datetime | None) -> datetime | None:
         return started_at + timedelta(seconds=self.deadline_s) if self.deadline_s and started_at else None
@@ -47,8 +48,8 @@ class ReconcilePolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class StatusBreakerPolicy:
-    """The breaker of a provider's status endpoint (the registry's provider `status_breaker`, SPEC §10): over a
-    fixed window of `window_s`, at `min_calls` checks with `failure_rate` of them failed, it opens; checks are
+    """The breaker of a provider's status endpoint (the registry's provider `status_breaker`, docs/reconciliation.md):
+    over a fixed window of `window_s`, at `min_calls` checks with `failure_rate` of them failed, it opens; checks are
     skipped for `cooldown_s`, then one probe goes through. The one place its defaults live."""
 
     window_s: int = 60
@@ -96,7 +97,7 @@ class ReceiptView:
 
 
 def settle(receipt: ReceiptView, policy: ReconcilePolicy) -> Settlement:
-    """Where SPEC §8/§10 send the call for this receipt."""
+    """Where docs/design/state-machine.md/docs/reconciliation.md send the call for this receipt."""
     state, observed = receipt.state, receipt.observed
     limit = receipt.max_effects
     excess = observed == Observation.COMMITTED and limit is not None and (receipt.effects or 0) > limit
@@ -123,7 +124,7 @@ def settle(receipt: ReceiptView, policy: ReconcilePolicy) -> Settlement:
 
 
 def _moves(receipt: ReceiptView) -> tuple[tuple[S, ...], str]:
-    """The table of SPEC §10 for a reconcilable call: (states to pass through, outcome)."""
+    """The table of docs/reconciliation.md for a reconcilable call: (states to pass through, outcome)."""
     state, observed = receipt.state, receipt.observed
     if state == S.ACCEPTED:
         if observed == Observation.COMMITTED:

@@ -1,4 +1,5 @@
-"""Redaction of secrets in diagnostics (SPEC §3, §19): applied before anything is stored for operators.
+"""Redaction of secrets in diagnostics (docs/design/classification.md, docs/design/quality-targets.md): applied before
+anything is stored for operators.
 
 `redact(text)` masks what looks like a credential or a card number wherever it appears in free text; `redact_data`
 walks a JSON value and also masks everything stored under a sensitive key. Masks name the kind of secret

@@ -1,11 +1,12 @@
-"""The call states and the only edges between them (SPEC §8), as data — plain Python, no Django, so the engine
-reads the same names the models and the database do.
+"""The call states and the only edges between them (docs/design/state-machine.md), as data — plain Python, no Django, so
+the engine reads the same names the models and the database do.
 
 This table is the single source of truth: `transitions.py` checks it before its conditional UPDATE, the model's
 choices come from it (`choices()`), and a migration generates the database trigger from it
 (`dbguards.call_state_trigger_sql`), so no code path — ORM, raw SQL or a shell — can move a call along an edge that
-is not here. Changing the table therefore needs a new migration that calls `dbguards.install()` again (as
-0002_database_guards does); `tests/test_states.py` fails until then.
+is not here. Changing the table therefore needs a new migration installing the guards again, with the SQL that
+`dbguards.postgres_sql()` and `sqlite_sql()` then generate frozen in it (as 0027_call_history_pruned_at does);
+`tests/test_states.py` fails until then.
 """
 
 from enum import StrEnum

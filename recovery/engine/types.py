@@ -1,4 +1,4 @@
-"""The engine's vocabulary (SPEC §2 to §7) as frozen, keyword-only value objects.
+"""The engine's vocabulary (docs/design/vocabulary.md to docs/breakers.md) as frozen, keyword-only value objects.
 
 The engine never sees a Django model: callers build these views from rows (recovery/registry for tools), the
 engine answers with values, and the callers store them. Every field an answer depends on is here, so a test can
@@ -13,7 +13,7 @@ from typing import Any
 
 from recovery.engine.reconcile import ReconcilePolicy
 
-# --- names (SPEC §3, §4) -------------------------------------------------------------------------------------------
+# --- names (docs/design/classification.md, docs/design/decisions.md) --------------------------------------------------
 
 READ, WRITE = "read", "write"
 
@@ -56,7 +56,7 @@ ERROR_KINDS = (
 )
 NOT_SENT_KINDS = frozenset({"connection_refused", "dns", "tls", "connect_timeout"})
 
-# Routes (SPEC §4)
+# Routes (docs/design/decisions.md)
 ROUTES = ("repair", "retry", "reauth", "replan", "reconcile", "reject", "escalate", "degrade", "stop")
 
 # required_next.action: what a runtime does next, without parsing prose
@@ -71,7 +71,7 @@ REQUIRED_NEXT_ACTIONS = (
     "stop",
 )
 
-# Evidence kinds for a new attempt (SPEC §5)
+# Evidence kinds for a new attempt (docs/design/gate.md)
 TIME_ELAPSED = "time_elapsed"
 ARGS_CHANGED = "args_changed"
 CREDENTIAL_REFRESHED = "credential_refreshed"
@@ -80,18 +80,18 @@ STATE_VERIFIED = "state_verified"
 APPROVAL_GRANTED = "approval_granted"
 EVIDENCE_KINDS = (TIME_ELAPSED, ARGS_CHANGED, CREDENTIAL_REFRESHED, TOOL_CHANGED, STATE_VERIFIED, APPROVAL_GRANTED)
 # Trusted code only (never accepted from a runtime): reconciliation found the status query unable to answer and
-# asks to settle the call by one same-key replay (SPEC §10.1).
+# asks to settle the call by one same-key replay (docs/replay.md).
 REPLAY_RECONCILE = "replay_reconcile"
 UNPROBED, SAFE, UNSAFE = "unprobed", "safe", "unsafe"  # retry paths
 # How much younger than the provider's retention a key must be for reconciliation to replay it.
 REPLAY_MARGIN_S = 300
 
-# Explicit exhaustion outcomes (SPEC §6)
+# Explicit exhaustion outcomes (docs/design/budgets.md)
 RETRY_EXHAUSTED = "retry_exhausted"
 HUMAN_REVIEW_REQUIRED = "human_review_required"
 DEGRADED_READ_ONLY = "degraded_read_only"
 
-# Breaker states (SPEC §7)
+# Breaker states (docs/breakers.md)
 CLOSED, OPEN, HALF_OPEN, FORCED_OPEN = "closed", "open", "half_open", "forced_open"
 
 
@@ -145,8 +145,8 @@ class ToolPolicy:
     side_effect: str  # READ or WRITE
     risk: str = "low"  # "low" or "high" (payments, deletes, admin writes)
     replay_safe: bool = False
-    # From the latest duplicate probe (SPEC §11): UNPROBED, SAFE or UNSAFE. Unsafe refuses every same-key replay
-    # whose first request may have taken effect; only SAFE lets reconciliation replay (SPEC §10.1).
+    # From the latest duplicate probe (docs/replay.md): UNPROBED, SAFE or UNSAFE. Unsafe refuses every same-key replay
+    # whose first request may have taken effect; only SAFE lets reconciliation replay (docs/replay.md).
     retry_path: str = "unprobed"
     retry_path_key_age_s: int | None = None  # the key age the safe probe covered
     provider_ref_field: str = ""  # result field holding the provider's reference, besides provider_request_id
@@ -158,7 +158,7 @@ class ToolPolicy:
     invariants: tuple[Invariant, ...] = ()
     approvable_codes: frozenset[str] = frozenset()
     # Provider error codes that mean "refused, nothing executed" (a 409 not_cancellable): FAILED_PERMANENT, never
-    # UNKNOWN, never retried (SPEC §12), checked before the table's rows 4 and 4b.
+    # UNKNOWN, never retried (docs/compensation.md), checked before the table's rows 4 and 4b.
     refusal_codes: frozenset[str] = frozenset()
     idempotency_conflict_codes: frozenset[str] = frozenset()  # the provider's
     alternates: frozenset[str] = frozenset()
@@ -188,7 +188,8 @@ class ErrorFacts:
 
 @dataclass(frozen=True, kw_only=True)
 class Facts:
-    """An attempt's outcome as a runtime reports it (SPEC §3). Classification reads these, never message text."""
+    """An attempt's outcome as a runtime reports it (docs/design/classification.md). Classification reads these, never
+    message text."""
 
     connection_opened: bool | None = None
     sent: bool | None = None  # None: unknown
@@ -227,7 +228,7 @@ class FieldError:
 
 @dataclass(frozen=True, kw_only=True)
 class Failure:
-    """The structured failure of SPEC §3, stored on the attempt and returned by the API."""
+    """The structured failure of docs/design/classification.md, stored on the attempt and returned by the API."""
 
     tool: str
     call_id: str
@@ -247,7 +248,8 @@ class Failure:
 
 @dataclass(frozen=True, kw_only=True)
 class Outcome:
-    """classify()'s answer: the row of the §3 table that matched, the state it leads to, and the failure if any.
+    """classify()'s answer: the row of the docs/design/classification.md table that matched, the state it leads to, and
+    the failure if any.
 
     `state` is the table's state before budgets are applied: decide() turns a RETRYABLE with no budget left into
     FAILED_PERMANENT (or HUMAN_REVIEW). `failure` is None for COMMITTED and ACCEPTED.
@@ -288,7 +290,7 @@ class BudgetView:
 
 @dataclass(frozen=True, kw_only=True)
 class Decision:
-    """The recovery decision card of SPEC §4, one per failed (or accepted) attempt."""
+    """The recovery decision card of docs/design/decisions.md, one per failed (or accepted) attempt."""
 
     route: str  # one of ROUTES
     call_state: str  # the state the call moves to, budgets applied
@@ -331,7 +333,7 @@ class TaskView:
     # The registry's unknown_budget of each tool in unsettled_by_tool: a tool's 0 means one unsettled UNKNOWN of
     # that tool holds back every write of the task (a permission grant or a payment in doubt).
     unknown_budget_by_tool: dict[str, int | None] = field(default_factory=dict)
-    compensating: int = 0  # calls of the task being compensated (SPEC §12): the task's other writes wait
+    compensating: int = 0  # calls of the task being compensated (docs/compensation.md): the task's other writes wait
     budgets: Budgets = field(default_factory=Budgets)
 
 
@@ -383,7 +385,7 @@ class GateContext:
     task: TaskView = field(default_factory=TaskView)
     breaker: BreakerView = field(default_factory=BreakerView)
     call_estimate_ms: int = 1_000  # what one call takes, to tell whether the deadline still fits one
-    # Set by reconciliation alone: the status query cannot answer now (SPEC §10.1), so REPLAY_RECONCILE may hold.
+    # Set by reconciliation alone: the status query cannot answer now (docs/replay.md), so REPLAY_RECONCILE may hold.
     status_unavailable: bool = False
 
 
@@ -396,7 +398,7 @@ class Check:
 
 @dataclass(frozen=True, kw_only=True)
 class GateDecision:
-    """An admission answer (SPEC §5), unsaved: the caller stores it whether allowed or denied."""
+    """An admission answer (docs/design/gate.md), unsaved: the caller stores it whether allowed or denied."""
 
     allowed: bool
     reason: str  # "admitted", "first_attempt", or the denial's code

@@ -1,4 +1,5 @@
-"""Argument and result validation (SPEC §3 rows 4 and 10-11): JSON Schema (Draft 2020-12) turned into FieldErrors.
+"""Argument and result validation (docs/design/classification.md rows 4 and 10-11): JSON Schema (Draft 2020-12) turned
+into FieldErrors.
 
 A FieldError is written for a model to act on: the dotted `field` ("items.0.sku"), what was `expected` in a few
 words derived from the schema ("positive integer", "one of: a, b") or the property's "x-expected", the value
@@ -490,7 +491,8 @@ def _invariants(tool: ToolPolicy, result: Any, arguments: dict) -> list[FieldErr
 
 
 def validate_result(tool: ToolPolicy, result: Any, *, arguments: dict, now: datetime | None) -> tuple[FieldError, ...]:
-    """The row-11 checks of SPEC §3 on a 2xx result: schema, required fields, freshness, invariants.
+    """The row-11 checks of docs/design/classification.md on a 2xx result: schema, required fields, freshness,
+    invariants.
 
     Fields are prefixed "result.". Freshness needs `now` (the caller's clock, e.g. the attempt's finished_at):
     without it only the presence and the format of the time field are checked.

@@ -1,9 +1,9 @@
 """The periodic schedule, as data, and the scheduler that enqueues it on RQ.
 
-Without Redis the in-process runner (recovery/inprocess.py) runs PERIODIC itself. With Redis every `runjobs`
+Without Redis the in-process runner (recovery/jobs/inprocess.py) runs PERIODIC itself. With Redis every `runjobs`
 process starts a Scheduler, and of those only the one holding a Redis lock enqueues: the others stand by and take
 over within RECOVERY_SCHEDULER_LEASE_S of its death. A periodic job has at most one run pending at a time
-(recovery.queueing.enqueue_periodic: a marker of ours that the run's end removes and that expires after the job's
+(recovery.jobs.queueing.enqueue_periodic: a marker of ours that the run's end removes and that expires after the job's
 period plus the check lease), so a backlog holds one run per name instead of piling up duplicates, and a worker
 killed mid-run — its job left "started" in rq's registries, or its records gone with Redis — delays the next run by
 that much at most. One job failing to enqueue is logged with its name and never costs the others their run.
@@ -26,8 +26,9 @@ from django.conf import settings
 from django.db import connections
 from rq.queue import Queue
 
-from recovery import jobs, queueing
-from recovery.schedule import Periodic
+from recovery.jobs import queueing
+from recovery.jobs import tasks as jobs
+from recovery.jobs.schedule import Periodic
 
 logger = logging.getLogger("recovery.jobs")
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.db import close_old_connections, connections
 
-from recovery.schedule import Periodic
+from recovery.jobs.schedule import Periodic
 
 logger = logging.getLogger("recovery.jobs")
 
@@ -126,7 +126,7 @@ _runner_lock = threading.Lock()
 
 
 def get_runner(periodic: Sequence[Periodic] | None = None) -> Runner:
-    """The process-wide runner; `periodic` (recovery.cron.PERIODIC, from the commands that run the schedule) is the
+    """The process-wide runner; `periodic` (recovery.jobs.cron.PERIODIC, from the commands that run the schedule) is the
     schedule its start() and run_burst() run. A process that only enqueues gets the runner's pool alone."""
     global _runner
     with _runner_lock:

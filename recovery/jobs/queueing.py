@@ -3,11 +3,11 @@
 `enqueue(func, *args, job_id=...)` sends a job when the surrounding transaction commits, never for a rolled-back
 one, and at most once per `job_id` while a job with that id is queued or running. With REDIS_URL set the job goes
 to django-rq's "default" queue for `manage.py runjobs` workers; without it, to the in-process runner
-(recovery/inprocess.py) of the same process. A job is a function of recovery.jobs, given as the function or by its
+(recovery/jobs/inprocess.py) of the same process. A job is a function of recovery.jobs, given as the function or by its
 dotted path: services name theirs by path (recovery.jobs imports the services, so they cannot import it).
 
 Job ids name the work, not the request: `reconcile-call-<id>` for an immediate check of one call,
-`action-execute-<id>` for an approved operator action, the periodic schedule's names (recovery/cron.py) for its
+`action-execute-<id>` for an approved operator action, the periodic schedule's names (recovery/jobs/cron.py) for its
 runs. Jobs must be idempotent: a dedupe window is not a lock, and a job can run twice around a worker's death; the
 services' leases and conditional updates make that harmless.
 """
@@ -31,7 +31,7 @@ from rq.exceptions import DuplicateJobError, InvalidJobOperation, NoSuchJobError
 from rq.job import Callback, Job, JobStatus
 from rq.queue import Queue
 
-from recovery import inprocess
+from recovery.jobs import inprocess
 
 logger = logging.getLogger("recovery.jobs")
 

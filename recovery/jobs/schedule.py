@@ -1,4 +1,4 @@
-"""A periodic job as data (what recovery.cron's Scheduler and recovery.inprocess's Runner both run)."""
+"""A periodic job as data (what recovery.jobs.cron's Scheduler and recovery.jobs.inprocess's Runner both run)."""
 
 from __future__ import annotations
 

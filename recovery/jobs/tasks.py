@@ -1,6 +1,6 @@
-"""Background jobs: thin functions (an id in, a service call), enqueued through recovery.queueing.
+"""Background jobs: thin functions (an id in, a service call), enqueued through recovery.jobs.queueing.
 
-The periodic ones run on the schedule of recovery/cron.py; the others are enqueued on commit by the services and
+The periodic ones run on the schedule of recovery/jobs/cron.py; the others are enqueued on commit by the services and
 the API (`reconcile_call` for an immediate check, `execute_action` for an approved operator action, `execute_bulk`
 for an approved bulk action).
 """
@@ -12,9 +12,9 @@ import logging
 from django.conf import settings
 from django.utils import timezone
 
-from recovery.audit import Actor
-from recovery.audit_checkpoints import CheckpointRefused, checkpoint_write
-from recovery.queueing import enqueue_now, worker_name
+from recovery.audit.chain import Actor
+from recovery.audit.checkpoints import CheckpointRefused, checkpoint_write
+from recovery.jobs.queueing import enqueue_now, worker_name
 from recovery.services import (
     actions,
     breaker_operations,
@@ -33,7 +33,7 @@ logger = logging.getLogger("recovery.jobs")
 
 def reconcile_due() -> int:
     """Periodic: check every UNKNOWN / STILL_UNKNOWN / ACCEPTED call whose next check is due, then the compensation
-    entries whose check or resend is due (SPEC §12: the same schedule as any unknown write)."""
+    entries whose check or resend is due (docs/compensation.md: the same schedule as any unknown write)."""
     worker = worker_name()
     settled = reconcile.reconcile_due(worker=worker) + compensations.compensations_run_due(worker=worker)
     return settled + sagas.sagas_advance_due()
@@ -61,7 +61,7 @@ def reconcile_call(call_id: int) -> None:
 
 
 def metrics_fold() -> int:
-    """Periodic: fold the audit events past the metrics watermark into the rollups (SPEC §17)."""
+    """Periodic: fold the audit events past the metrics watermark into the rollups (docs/metrics.md)."""
     return metrics.metrics_fold(seconds=settings.RECOVERY_METRICS_FOLD_MAX_S)
 
 
@@ -87,7 +87,8 @@ def sweep_sent() -> int:
 
 
 def flag_no_submission() -> int:
-    """Periodic: flag OPEN tasks past their deadline that were never submitted (SPEC §14 `no_submission`)."""
+    """Periodic: flag OPEN tasks past their deadline that were never submitted (docs/design/tasks.md
+    `no_submission`)."""
     return tasks.task_flag_no_submission(now=timezone.now(), actor=Actor.job("no-submission"))
 
 
@@ -117,7 +118,7 @@ def actions_due() -> int:
 
 
 def audit_checkpoint() -> str:
-    """Periodic, in the scheduler's holder: a signed checkpoint of the audit heads (recovery.audit_checkpoints)."""
+    """Periodic, in the scheduler's holder: a signed checkpoint of the audit heads (recovery.audit.checkpoints)."""
     try:
         path = checkpoint_write()
     except CheckpointRefused as refused:

@@ -1,14 +1,15 @@
-"""A tool's own provider request (SPEC §15.4): what a same-key replay sends, built from the registry, and the copy of
-it a dry run shows.
+"""A tool's own provider request (docs/actions.md): what a same-key replay sends, built from the registry, and the copy
+of it a dry run shows.
 
 The request comes from the tool's `request` template ({method, path, body}) filled with the call's arguments and its
-idempotency key, exactly as an agent runtime fills it (recovery/agent/runtime.py): a path placeholder is replaced by
+idempotency key, exactly as an agent runtime fills it (recovery/client/runtime.py): a path placeholder is replaced by
 the URL-quoted value, a body string that is one whole placeholder ("{amount_cents}") becomes the value with its JSON
 type, and a write without a body template sends its arguments. A provider that stores a key with a fingerprint of
 the request (Stripe, the sandbox) must see the same body again, or it answers "key reused with other parameters".
 The provider's outbound credentials come from the environment (providers/status.py `outbound_headers`); the shown
 copy masks them. Sending uses `requests` with the provider's connect and read timeouts and no retry underneath, and
-turns what happened on the wire into the outcome facts of SPEC §3 (recovery.client's helpers, as a runtime does).
+turns what happened on the wire into the outcome facts of docs/design/classification.md (recovery.client's helpers, as a
+runtime does).
 """
 
 from __future__ import annotations
@@ -133,7 +134,8 @@ _local = threading.local()
 
 
 def _session() -> requests.Session:
-    """One keep-alive session per thread, retries off: only one layer retries (SPEC §6), and it is not this one."""
+    """One keep-alive session per thread, retries off: only one layer retries (docs/design/budgets.md), and it is not
+    this one."""
     session = getattr(_local, "session", None)
     if session is None:
         session = requests.Session()
@@ -145,8 +147,9 @@ def _session() -> requests.Session:
 
 
 def send(request: ProviderRequest) -> dict:
-    """Send it once; the outcome facts (SPEC §3) of what happened: a reply's status and result, or the exception's
-    kind (a read timeout after sending is `read_timeout`: the effect may exist). Never raises for the network."""
+    """Send it once; the outcome facts (docs/design/classification.md) of what happened: a reply's status and result, or
+    the exception's kind (a read timeout after sending is `read_timeout`: the effect may exist). Never raises for the
+    network."""
     data = json.dumps(request.body, allow_nan=False).encode() if request.body is not None else None
     try:
         response = _session().request(

@@ -1,4 +1,5 @@
-"""Status queries (SPEC §10): ask a provider what became of a call, by idempotency key or provider reference.
+"""Status queries (docs/reconciliation.md): ask a provider what became of a call, by idempotency key or provider
+reference.
 
 One GET/POST per check with `requests`, connect and read timeouts from the provider's registry entry, and no retry
 underneath (a failed check is a receipt, and the schedule decides when to ask again). The answer is mapped through

@@ -1,4 +1,5 @@
-"""The tool registry as configuration (docs/registry.md; SPEC §3-§7, §9, §10, §13).
+"""The tool registry as configuration (docs/registry.md; docs/design/classification.md-docs/breakers.md,
+docs/design/idempotency.md, docs/reconciliation.md, docs/design/budgets.md).
 
 - `validate_registry(data)` lists every problem of a registry file with its JSON path;
 - `load_registry(data, actor=...)` creates or updates tenants, providers and tools, all or nothing, with one audit

@@ -227,7 +227,7 @@ RECONCILE = {
     "backoff": Key(number(minimum=1, maximum=10)),
     "max_checks": Key(integer(1)),
     "deadline_s": Key(integer(1)),
-    # Replay reconciliation (SPEC §10.1): when the status query cannot answer, one same-key replay settles the call.
+    # Replay reconciliation (docs/replay.md): when the status query cannot answer, one same-key replay settles the call.
     # Only for a replay-safe write with an explicit key_retention_s, and only once a duplicate probe proved it.
     "replay_when_status_down": Key(boolean),
 }

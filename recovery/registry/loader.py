@@ -3,7 +3,7 @@
 The file is declarative for what it names: a tenant, provider or tool in it gets exactly the file's values, an
 absent optional field its default (the model's), so removing a line from the file resets that setting. Objects
 the file does not name are left alone, and so is a tool's retry path (`Tool.retry_path*`, from its latest duplicate
-probe, SPEC §11): a reload never resets it. Only a change of the provider's base URL voids it (back to unprobed,
+probe, docs/replay.md): a reload never resets it. Only a change of the provider's base URL voids it (back to unprobed,
 with the reason): the probe proved what another address answered.
 
 Values are compared in canonical JSON, so 3 and 3.0, or the key order inside a JSON field, are not changes. A load
@@ -18,8 +18,8 @@ from typing import Any
 
 from django.db import models, transaction
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine.canonical import canonical_digest, canonical_json, normalize
 from recovery.models import Provider, RetryPath, Tenant, Tool
 from recovery.registry.checks import RegistryInvalid

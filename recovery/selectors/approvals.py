@@ -1,4 +1,5 @@
-"""Reads of operator actions (SPEC §15.4): the pending-approvals queue, one action request's page, a call's requests.
+"""Reads of operator actions (docs/actions.md): the pending-approvals queue, one action request's page, a call's
+requests.
 
 Each read is a fixed number of statements whatever the number of requests: the queue is one statement (the
 requests with their call, tool, task, tenant and requester joined), its count one more, the pending breaker resets
@@ -12,7 +13,7 @@ from datetime import datetime
 
 from django.db.models import Q
 
-from recovery.audit_actions import REQUEST_EVENTS
+from recovery.audit.actions import REQUEST_EVENTS
 from recovery.models import (
     ActionRequest,
     ActionStatus,

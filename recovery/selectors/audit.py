@@ -1,4 +1,5 @@
-"""Reads of the audit trail (SPEC §15.6): one search page by keyset on `seq`, and an export's rows as a stream.
+"""Reads of the audit trail (docs/design/audit.md): one search page by keyset on `seq`, and an export's rows as a
+stream.
 
 Query plans. Every filter is a plain equality, a range or a left-anchored LIKE on one column — no OR, no function
 wrapped around a column, no "contains" — so each can be served from one of AuditEvent's indexes:
@@ -48,7 +49,7 @@ PAGE_COLUMNS = (
     "reason", "evidence", "call__tool__name", "call__idempotency_key", "task__external_id", "task__agent",
     "actor_user__username", "actor_token__name",
 )  # fmt: skip
-# Everything an auditor needs to recompute each event's hash (recovery.audit.event_hash covers every field from
+# Everything an auditor needs to recompute each event's hash (recovery.audit.chain.event_hash covers every field from
 # `seq` on, `prev_hash` included) and to check the links (`prev_id` names the row before it in its chain).
 EXPORT_COLUMNS = (
     "seq", "chain", "chain_seq", "id", "prev_id", "prev_hash", "hash", "task_id", "call_id", "actor_kind",

@@ -1,5 +1,5 @@
-"""How each tool's circuit breaker reads now (SPEC §7): the effective state from its Breaker row and the pure rules
-of recovery.engine.breaker (open past its cooldown reads half_open; a probe whose lease ran out is free again).
+"""How each tool's circuit breaker reads now (docs/breakers.md): the effective state from its Breaker row and the pure
+rules of recovery.engine.breaker (open past its cooldown reads half_open; a probe whose lease ran out is free again).
 recovery.services.breakers writes the rows; everything that only shows or admits reads them here.
 
 A forced_open breaker's view names who forced it open and why (the latest applied force open of

@@ -1,4 +1,4 @@
-"""Reads of bulk actions (SPEC §15.3): one bulk's page — the bulk, every frozen item with its call, the counts."""
+"""Reads of bulk actions (docs/console.md): one bulk's page — the bulk, every frozen item with its call, the counts."""
 
 from __future__ import annotations
 

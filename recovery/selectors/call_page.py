@@ -1,11 +1,11 @@
-"""What the call page shows (SPEC §15.5): one call with its intent, evidence and history, in a fixed number of
+"""What the call page shows (docs/console.md): one call with its intent, evidence and history, in a fixed number of
 statements whatever the number of attempts, receipts, probes, events, action requests or compensation entries —
 twelve, or two for the page's live refresh.
 
 1. the call with its task (and tenant), step, tool (and provider, and the provider's status-endpoint breaker) and
    the reviewer holding its claim; 2. its attempts, each with its decision card; 3. its gate answers; 4. its
-   receipts; 5. its duplicate probes (SPEC §11: receipts of their own, never attempts); 6. its audit events; 7. its
-   diagnostics (their content only for people who may read them); 8. its operator action requests
+   receipts; 5. its duplicate probes (docs/replay.md: receipts of their own, never attempts); 6. its audit events; 7.
+   its diagnostics (their content only for people who may read them); 8. its operator action requests
    (recovery.selectors.approvals); 9. the tool's breaker; 10, 11 and 12. its compensation entries, their attempts and
    their receipts (recovery.selectors.compensations). The timeline that merges them is built in Python from those
    rows: the forward effect, then each compensation (made, sent, answered, checked) and the call's resulting state,
@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
 
-from recovery.audit_actions import REQUEST_EVENTS
+from recovery.audit.actions import REQUEST_EVENTS
 from recovery.engine.budgets import tighter
 from recovery.engine.types import BreakerView, Budgets
 from recovery.models import (
@@ -57,7 +57,7 @@ KIND_LABELS = {"probe": "duplicate probe"}
 
 def receipt_source(source: str) -> str:
     """A receipt's source in the words the pages use ("poll", "callback", ..., "idempotent replay (replay
-    reconciliation)" for the one same-key replay of SPEC §10.1)."""
+    reconciliation)" for the one same-key replay of docs/replay.md)."""
     return RECEIPT_SOURCES.get(source, source)
 
 
@@ -78,8 +78,9 @@ class TimelineEntry:
 
 @dataclass(frozen=True, kw_only=True)
 class KeyRetention:
-    """How long the provider still deduplicates the call's idempotency key (SPEC §9): `retention_s` from when it was
-    first sent (the first attempt's admission), or from the call's creation when no attempt was made yet."""
+    """How long the provider still deduplicates the call's idempotency key (docs/design/idempotency.md): `retention_s`
+    from when it was first sent (the first attempt's admission), or from the call's creation when no attempt was made
+    yet."""
 
     retention_s: int
     since: datetime
@@ -233,7 +234,8 @@ def _decision_of(attempt: Attempt) -> DecisionRow | None:
 
 
 def budget_lines(call: Call, now: datetime) -> list[BudgetLine]:
-    """Budget left, the tighter of the tool's and the task's limits (SPEC §6), from rows already loaded."""
+    """Budget left, the tighter of the tool's and the task's limits (docs/design/budgets.md), from rows already
+    loaded."""
     task = call.task
     tool_budgets = call.tool.budgets if isinstance(call.tool.budgets, dict) else {}
     limits = tighter(
@@ -372,8 +374,8 @@ def _receipt_entry(receipt: Receipt) -> TimelineEntry:
 
 
 def _probe_entry(probe: DuplicateProbe) -> TimelineEntry:
-    """A duplicate probe (SPEC §11): the second request's answer → the provider's ledger → the decision, with what it
-    covered (the key's age, the provider's base URL). A receipt of its own: it moved no call."""
+    """A duplicate probe (docs/replay.md): the second request's answer → the provider's ledger → the decision, with what
+    it covered (the key's age, the provider's base URL). A receipt of its own: it moved no call."""
     seen = "unknown" if probe.observed_effects is None else probe.observed_effects
     parts = [
         f"first {probe.first}",

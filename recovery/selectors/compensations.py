@@ -1,4 +1,5 @@
-"""Reads of a call's compensation chain for the call and task pages (SPEC §12: "one recovery chain, shown together").
+"""Reads of a call's compensation chain for the call and task pages (docs/compensation.md: "one recovery chain, shown
+together").
 
 The forward effect is the call's own attempts and receipts (recovery.selectors.call_page); after it come the call's
 compensation entries, each with its own key, attempts and receipts. `call_compensations` reads them in three
@@ -13,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recovery.compensation_states import FINAL, EntryState
+from recovery.engine.compensation_states import FINAL, EntryState
+from recovery.engine.states import CallState
 from recovery.models import CompensationAttempt, CompensationEntry, CompensationReceipt
-from recovery.states import CallState
 
 S, E = CallState, EntryState
 

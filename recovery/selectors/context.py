@@ -7,10 +7,10 @@ from datetime import datetime
 from django.db.models import Count, Q
 
 from recovery.engine.budgets import tighter
+from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Receipt, Step, Task, Tool
 from recovery.selectors.breakers import breaker_view, breaker_view_of
-from recovery.states import UNSETTLED, CallState
 
 
 def task_budgets(task: Task) -> Budgets:
@@ -164,8 +164,8 @@ def action_attempt_id(request_id: int) -> str:
 
 
 def approval_for(call: Call, *, attempt_id: str) -> list[int]:
-    """The action requests that allow this attempt of `call` one admission on `approval_granted` now (SPEC §5),
-    the attempt's own replay first.
+    """The action requests that allow this attempt of `call` one admission on `approval_granted` now
+    (docs/design/gate.md), the attempt's own replay first.
 
     An EXECUTED grant_approval not used yet, while the call is still at the version its execution left it at (one
     past the version it was approved for: only the grant itself moved it); or, for the attempt a replay makes

@@ -1,5 +1,5 @@
-"""What every page states about a call, from one reading (SPEC §15): its state, its outcome, its last receipt and the
-effects the provider reported — the call page, its live refresh, the task page, a queue row and an action's
+"""What every page states about a call, from one reading (docs/console.md): its state, its outcome, its last receipt and
+the effects the provider reported — the call page, its live refresh, the task page, a queue row and an action's
 preview all draw these from `shown_facts`, so no two of them can tell a different story about the same call.
 
 The call's own columns are the source: every receipt written (status query, callback, same-key replay, operator,
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from recovery.states import CallState as S
+from recovery.engine.states import CallState as S
 
 # A call in one of these states is settled: an outcome it carries (status checks used up, retries used up) is how it
 # got to a person before it settled, not what it is now.

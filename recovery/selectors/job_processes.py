@@ -1,8 +1,9 @@
 """Who runs the background jobs now (docs/deploy.md), for the overview: the RQ workers registered in Redis with their
-last heartbeat, and the scheduler candidate holding the lock (recovery.cron) with what is left of its lease.
+last heartbeat, and the scheduler candidate holding the lock (recovery.jobs.cron) with what is left of its lease.
 
 Read from Redis only, never from the database; an unreachable Redis is an answer ("unreachable"), not an error, so
-the overview stays up through an outage. Without REDIS_URL the web process runs the jobs itself (recovery.inprocess).
+the overview stays up through an outage. Without REDIS_URL the web process runs the jobs itself
+(recovery.jobs.inprocess).
 """
 
 from __future__ import annotations
@@ -34,9 +35,9 @@ class JobProcesses:
 
 
 def scheduler_holder(client) -> tuple[str | None, int | None]:
-    """The scheduler candidate holding the lock (recovery.cron) and the milliseconds left of its lease, in one round
-    trip on `client` (a redis.Redis); (None, None) when nobody holds it. Redis errors are the caller's."""
-    from recovery.cron import Scheduler
+    """The scheduler candidate holding the lock (recovery.jobs.cron) and the milliseconds left of its lease, in one
+    round trip on `client` (a redis.Redis); (None, None) when nobody holds it. Redis errors are the caller's."""
+    from recovery.jobs.cron import Scheduler
 
     with client.pipeline(transaction=False) as pipe:
         holder, lease_ms = pipe.get(Scheduler.LOCK_KEY).pttl(Scheduler.LOCK_KEY).execute()
@@ -51,7 +52,7 @@ def job_processes() -> JobProcesses:
     import redis
     from rq import Worker
 
-    from recovery import queueing
+    from recovery.jobs import queueing
 
     queue = queueing.get_queue()
     try:

@@ -1,4 +1,5 @@
-"""Reads of the metrics (SPEC §17) for the console's metrics page, the overview, `GET /api/v1/metrics` and `/metrics`.
+"""Reads of the metrics (docs/metrics.md) for the console's metrics page, the overview, `GET /api/v1/metrics` and
+`/metrics`.
 
 Everything here reads the rollups the fold keeps (recovery.services.metrics) and the current queue sizes and breaker
 states — never the history they were counted from — so a page costs the same at ten calls and at ten million: a

@@ -1,7 +1,7 @@
-"""Reads of the operations pages (SPEC §7, §11, §15.7, §18): every tool's breaker with its sliding window and
-history, every tool's retry-path safety as the registry and its latest duplicate probe state it, one tool's page
-(its retry path, the changes of it, its latest probes), each provider's status-endpoint breaker, and the stored drill
-runs.
+"""Reads of the operations pages (docs/breakers.md, docs/replay.md, docs/console.md, docs/drills.md): every tool's
+breaker with its sliding window and history, every tool's retry-path safety as the registry and its latest duplicate
+probe state it, one tool's page (its retry path, the changes of it, its latest probes), each provider's status-endpoint
+breaker, and the stored drill runs.
 
 Each read is a fixed number of statements whatever the number of tools, providers, buckets, events, probes or runs:
 the tools with their provider and breaker row (one join) and their alternates (one prefetch), the window's buckets
@@ -19,7 +19,7 @@ from django.db.models import F, Prefetch, Window
 from django.db.models.fields.json import KT
 from django.db.models.functions import RowNumber
 
-from recovery.audit_actions import BREAKER_RESET_REQUEST_EVENTS, STATUS_BREAKER_EVENTS, TOOL_BREAKER_EVENTS
+from recovery.audit.actions import BREAKER_RESET_REQUEST_EVENTS, STATUS_BREAKER_EVENTS, TOOL_BREAKER_EVENTS
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, WRITE, BreakerPolicy
 from recovery.models import (
@@ -74,7 +74,8 @@ class SlidingWindow:
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPath:
-    """What the registry lets recovery do again with a tool, each line in words (SPEC §5, §7, §11)."""
+    """What the registry lets recovery do again with a tool, each line in words (docs/design/gate.md, docs/breakers.md,
+    docs/replay.md)."""
 
     safe: bool  # a same-key replay may run automatically (reads, or writes the provider dedupes by key)
     replay: str
@@ -86,7 +87,7 @@ class RetryPath:
     write_retry: int | None
     key_retention_s: int
     exhausted: str
-    # The tool's retry path (SPEC §11) as its latest deciding probe or an approved action left it, and why.
+    # The tool's retry path (docs/replay.md) as its latest deciding probe or an approved action left it, and why.
     path: str = "unprobed"  # unprobed, safe, unsafe
     reason: str = ""
     changed_at: datetime | None = None
@@ -126,7 +127,8 @@ class ToolBreaker:
 
 @dataclass(frozen=True, kw_only=True)
 class StatusEndpointBreaker:
-    """A provider's status-endpoint breaker (SPEC §10): a fixed window of status queries, separate from its tools."""
+    """A provider's status-endpoint breaker (docs/reconciliation.md): a fixed window of status queries, separate from
+    its tools."""
 
     provider: str
     stored: str
@@ -386,7 +388,8 @@ def retry_path(tool: Tool) -> RetryPath:
 
 @dataclass(frozen=True, kw_only=True)
 class ToolPage:
-    """One tool as a person checks its retry path (SPEC §11, §15.7): the path and why, its changes, its probes."""
+    """One tool as a person checks its retry path (docs/replay.md, docs/console.md): the path and why, its changes, its
+    probes."""
 
     tool: Tool
     retry: RetryPath

@@ -1,4 +1,4 @@
-"""Reads of the overview (SPEC §15.2): open items per queue and the age of the oldest, SLA breaches per risk, open
+"""Reads of the overview (docs/console.md): open items per queue and the age of the oldest, SLA breaches per risk, open
 breakers, pending approvals, and over the last day the headline metrics, failures by class and how many calls
 entered and left UNKNOWN per hour.
 
@@ -20,19 +20,19 @@ from django.db.models import Count, Min, Q
 
 from recovery.engine import breaker as rules
 from recovery.engine import metrics as m
+from recovery.engine.states import CallState
 from recovery.engine.types import CLOSED, FAILURE_CLASSES
 from recovery.models import Breaker, Call, StatusBreaker
 from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.approvals import pending_approvals_count
 from recovery.selectors.facts import status_breaker_state
 from recovery.selectors.metrics import FigureValue, MetricsReport, metrics_report
-from recovery.states import CallState
 
 S = CallState
 UNKNOWN_STATES = (S.UNKNOWN, S.STILL_UNKNOWN)  # the UNKNOWN queue (states.UNSETTLED), in the index's order
 QUEUE_STATES = {"unknown": UNKNOWN_STATES, "human-review": (S.HUMAN_REVIEW,)}
 WINDOW = "24h"  # recovery.selectors.metrics.WINDOWS: 24 hourly points, the current (partial) hour last
-# The figures of SPEC §17 the overview heads with, each a link to its section of the metrics page.
+# The figures of docs/metrics.md the overview heads with, each a link to its section of the metrics page.
 HEADLINES = (
     "unknown_outcome_rate",
     "reconcile_success_rate",
@@ -81,7 +81,8 @@ class Overview:
     queues: list[QueueLoad]
     sla: list[SlaBreaches]
     breakers: list[OpenBreaker]
-    failures: list[tuple[str, int]]  # every failure class of SPEC §3 with its count, in the SPEC's order
+    # Every failure class of docs/design/classification.md with its count, in the table's order.
+    failures: list[tuple[str, int]]
     attempts: int  # attempts whose outcome came over the same day, failed or not
     flow: list[HourFlow]  # 24 hours, oldest first, the current (partial) hour last
     pending_approvals: int  # action requests waiting for a second person (recovery.selectors.approvals)
@@ -184,8 +185,8 @@ def _epoch(value: datetime | None) -> float | None:
 
 
 def _failures(report: MetricsReport) -> list[tuple[str, int]]:
-    """The day's failed attempts by failure class: every class of SPEC §3 in its order (0 when none failed so), then
-    any other class the rollups hold, by name."""
+    """The day's failed attempts by failure class: every class of docs/design/classification.md in its order (0 when
+    none failed so), then any other class the rollups hold, by name."""
     counted = {label: int(n) for label, n in report.figure("failures").by_label}
     known = [(name, counted.get(name, 0)) for name in FAILURE_CLASSES]
     return known + sorted((name, n) for name, n in counted.items() if name not in FAILURE_CLASSES)

@@ -1,6 +1,6 @@
-"""Reads of duplicate probes (SPEC §11) for the pages that show a tool: each tool's latest probe, one tool's latest
-probes, and the audit trail's record of its retry path changing. Each is one statement whatever the number of tools
-or probes; a probe's stored requests and answers are read only where a page shows them (one tool's page).
+"""Reads of duplicate probes (docs/replay.md) for the pages that show a tool: each tool's latest probe, one tool's
+latest probes, and the audit trail's record of its retry path changing. Each is one statement whatever the number of
+tools or probes; a probe's stored requests and answers are read only where a page shows them (one tool's page).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from datetime import datetime
 from django.db.models import F, Window
 from django.db.models.functions import RowNumber
 
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
 from recovery.models import AuditEvent, DuplicateProbe
 
 PROBES_SHOWN = 20  # a tool's page: its newest probes, this many

@@ -1,17 +1,17 @@
-"""Reads of the review queues (SPEC §15.3): one page by keyset and the navigation's counts, each one statement.
+"""Reads of the review queues (docs/console.md): one page by keyset and the navigation's counts, each one statement.
 
-Raw SQL, one of the two hot paths STYLE.md allows it on (SPEC §19: the UNKNOWN queue page within 2x a bare page):
-the statements are written once from the models' metadata instead of built by the ORM on every poll. Each public
-function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off — the reading
-tests/test_queue_selector.py holds the SQL equal to, and the one `manage.py bench queue` times against it in the
-same run (docs/benchmarks.md, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
+Raw SQL, one of the two hot paths docs/architecture.md allows it on (docs/design/quality-targets.md: the UNKNOWN queue
+page within 2x a bare page): the statements are written once from the models' metadata instead of built by the ORM on
+every poll. Each public function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off — the reading
+tests/test_queue_selector.py holds the SQL equal to, and the one `manage.py bench queue` times against it in the same
+run (docs/benchmarks.md, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
 
-A queue is a set of call states, read through an index in page order; the compensation problems queue (SPEC §12,
-§15.3) adds one condition: of its states, a COMPENSATING call is listed only while its open entry needs a person
-(`review`, or made, in flight or unknown for longer than RECOVERY_COMPENSATION_STUCK_S), an EXISTS on the entries
-of each candidate call. Its rows also carry the call's latest entry (number, state, outcome): why it is listed.
-A new queue is a `Queue` in QUEUES and, when states alone do not say it, a condition written twice here — SQL in
-`_sql_membership`, ORM in `_orm_membership` — and a case in tests/test_queue_selector.py that holds them equal.
+A queue is a set of call states, read through an index in page order; the compensation problems queue
+(docs/compensation.md, docs/console.md) adds one condition: of its states, a COMPENSATING call is listed only while its
+open entry needs a person (`review`, or made, in flight or unknown for longer than RECOVERY_COMPENSATION_STUCK_S), an
+EXISTS on the entries of each candidate call. Its rows also carry the call's latest entry (number, state, outcome): why
+it is listed. A new queue is a `Queue` in QUEUES and, when states alone do not say it, a condition written twice here —
+SQL in `_sql_membership`, ORM in `_orm_membership` — and a case in tests/test_queue_selector.py that holds them equal.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from django.db import connection
 from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from recovery.compensation_states import EntryState
+from recovery.engine.compensation_states import EntryState
+from recovery.engine.states import CallState
 from recovery.models import Call, CompensationEntry, Step, Task, Tenant, Tool
-from recovery.states import CallState
 
 S, E = CallState, EntryState
 # The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always

@@ -1,11 +1,12 @@
-"""The console's task page (SPEC §14, §15.5 "Task", §15.6): one task with its steps, facts, budget use and its whole
-audit trail, verified — in a fixed number of statements whatever the number of steps, calls and events.
+"""The console's task page (docs/design/tasks.md, docs/console.md "Task", docs/design/audit.md): one task with its
+steps, facts, budget use and its whole audit trail, verified — in a fixed number of statements whatever the number of
+steps, calls and events.
 
-The facts, blocked steps and next action come from `task_summary`, the API's own reading of SPEC §14 (three
-statements), so the page and GET /api/v1/tasks/{id} can never disagree. The audit chain is read once: the events
-shown are the events verified, so a row appended between two reads can never be shown unverified. A compensated
-call carries its compensation entries and what became of its effect ("created, then cancelled": SPEC §12), read
-in one statement for the whole task (recovery.selectors.compensations).
+The facts, blocked steps and next action come from `task_summary`, the API's own reading of docs/design/tasks.md (three
+statements), so the page and GET /api/v1/tasks/{id} can never disagree. The audit chain is read once: the events shown
+are the events verified, so a row appended between two reads can never be shown unverified. A compensated call carries
+its compensation entries and what became of its effect ("created, then cancelled": docs/compensation.md), read in one
+statement for the whole task (recovery.selectors.compensations).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from recovery.audit import AuditReport, chain_key, verify_chain
+from recovery.audit.chain import AuditReport, chain_key, verify_chain
 from recovery.models import AuditEvent, Task, TaskStatus
 from recovery.selectors.compensations import effect_story, task_compensations
 from recovery.selectors.observed import TaskObservation, task_observation
@@ -26,7 +27,8 @@ class FactGroup:
     title: str
     meaning: str
     calls: list[dict]
-    always: bool  # shown even when empty: SPEC §14's confirmed / unknown / not executed are answered every time
+    # Shown even when empty: the confirmed / unknown / not executed facts (docs/design/tasks.md) are always answered.
+    always: bool
 
 
 # In the order a reader asks: what is done, what is still open, what did not happen.
@@ -101,7 +103,7 @@ class TaskPage:
     events: list[AuditEvent]
     chain: str
     report: AuditReport
-    observation: TaskObservation  # its observed calls and the spans of its trace (SPEC §21)
+    observation: TaskObservation  # its observed calls and the spans of its trace (docs/recovered-tools.md)
 
 
 def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
@@ -191,7 +193,7 @@ def _dependency(by_index: dict[int, dict], index: int) -> dict:
 
 
 def _headline(task: Task, facts: list[FactGroup]) -> str:
-    """The task in one line: its status and a count per group — never one word over a mix (SPEC §14)."""
+    """The task in one line: its status and a count per group — never one word over a mix (docs/design/tasks.md)."""
     status = {TaskStatus.OPEN: "Open", TaskStatus.SUBMITTED: "Submitted", TaskStatus.ABANDONED: "Abandoned"}
     counts = [f"{len(group.calls)} {group.title.lower()}" for group in facts if group.calls]
     return " · ".join([status.get(task.status, task.status), *(counts or ["no calls yet"])])

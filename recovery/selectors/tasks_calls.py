@@ -9,11 +9,11 @@ from django.db.models import Count, Exists, OuterRef, Subquery
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from recovery.engine.states import UNSETTLED, CallState
 from recovery.models import Attempt, Call, Receipt, Step, Task, TaskStatus, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors.compensations import effect_story, past, task_compensations
 from recovery.selectors.facts import shown_facts
-from recovery.states import UNSETTLED, CallState
 
 S = CallState
 
@@ -34,10 +34,10 @@ def call_in_tenants(call_id: int, tenant_ids: Collection[int]) -> Call | None:
 
 
 def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: str) -> Call | None:
-    """call_in_tenants() with what admitting `attempt_id` reads besides, in the same statement (SPEC §19: the
-    single-shot attempt in at most 15 statements): whether the call has that attempt already, its latest receipt,
-    whether its dependency steps have calls, how many calls of its task are unsettled, whether its tool has
-    alternates (its policy's, read later only if it does), and its tool's breaker row.
+    """call_in_tenants() with what admitting `attempt_id` reads besides, in the same statement
+    (docs/design/quality-targets.md: the single-shot attempt in at most 15 statements): whether the call has that
+    attempt already, its latest receipt, whether its dependency steps have calls, how many calls of its task are
+    unsettled, whether its tool has alternates (its policy's, read later only if it does), and its tool's breaker row.
     recovery.selectors.context.gate_context reads what is left only when these say there is something to read."""
     calls = _in_tenants(call_id, tenant_ids)
     if calls is None:
@@ -129,9 +129,9 @@ def step_states(steps: list[Step], calls: list[Call]) -> dict[int, str]:
 
 
 def task_summary(task: Task, *, with_facts: bool = False) -> dict:
-    """SPEC §14: confirmed facts, unknown facts, what was not executed, blocked steps and the next action. With
-    `with_facts` (the task page) each call's brief also holds its `facts` (recovery.selectors.facts): what every page
-    states of the call, read from the rows already loaded."""
+    """docs/design/tasks.md: confirmed facts, unknown facts, what was not executed, blocked steps and the next action.
+    With `with_facts` (the task page) each call's brief also holds its `facts` (recovery.selectors.facts): what every
+    page states of the call, read from the rows already loaded."""
     now = timezone.now()
     steps = list(Step.objects.filter(task=task).prefetch_related("depends_on").order_by("index"))
     calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))

@@ -1,4 +1,4 @@
-"""Why a queue item waits for a person, in words (SPEC §15.1: a queue says why each item is there): from the call's
+"""Why a queue item waits for a person, in words (docs/console.md: a queue says why each item is there): from the call's
 state, its outcome and, for HUMAN_REVIEW, what its latest decision card asked for — one statement for a page."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from datetime import datetime
 
 from django.db.models import Count
 
+from recovery.engine.states import CallState as S
 from recovery.models import AuditEvent, Decision
-from recovery.states import CallState as S
 
 OUTCOMES = {
     "poll_budget_exhausted": "status checks used up without an answer",

@@ -1,4 +1,4 @@
-"""Executing approved operator actions (SPEC §15.4): once, by a worker; and the sweep of workers that died.
+"""Executing approved operator actions (docs/actions.md): once, by a worker; and the sweep of workers that died.
 
 `action_execute` claims an APPROVED request (APPROVED → EXECUTING with a lease, one conditional UPDATE: a second
 worker or a duplicate job gets nothing) and runs it. Actions that only move the call (escalate, mark committed / not
@@ -22,9 +22,10 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.actions import REVIEW_PERMISSION
-from recovery.audit import Actor, appends_at_commit
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, appends_at_commit
+from recovery.engine.actions import REVIEW_PERMISSION
+from recovery.engine.states import CallState
 from recovery.engine.types import APPROVAL_GRANTED
 from recovery.models import (
     ActionRequest,
@@ -52,8 +53,7 @@ from recovery.services.calls import call_abandon
 from recovery.services.compensations import compensation_send, compensation_settle, compensation_start
 from recovery.services.errors import ServiceError
 from recovery.services.outcomes import attempt_report, facts_of
-from recovery.states import CallState
-from recovery.transitions import TransitionConflict, transition_call
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 A = ActionStatus
 S = CallState
@@ -272,7 +272,7 @@ def _execute_reconcile(request: ActionRequest, worker: str) -> None:
 
 
 def _execute_probe(request: ActionRequest, worker: str) -> None:
-    """The duplicate probe (SPEC §11): one same-key replay and one ledger read, no transaction open meanwhile; the
+    """The duplicate probe (docs/replay.md): one same-key replay and one ledger read, no transaction open meanwhile; the
     probe's receipt and the retry path it decides are stored together. The call does not move."""
     call = _current(request)
     try:
@@ -289,7 +289,7 @@ def _execute_probe(request: ActionRequest, worker: str) -> None:
 
 
 def _restore_retry_path(request: ActionRequest, call: Call) -> dict:
-    """Unsafe → safe by an approved action with its reason (SPEC §11), covering keys as old as this call's."""
+    """Unsafe → safe by an approved action with its reason (docs/replay.md), covering keys as old as this call's."""
     tool = call.tool
     age = probes.key_age_s(call, timezone.now())
     probes.set_retry_path(tool, RetryPath.SAFE, actor=_job(), reason=_why(request), key_age_s=age)
@@ -399,8 +399,8 @@ def _abandon(request: ActionRequest, call: Call) -> dict:
 
 
 def _execute_compensation(request: ActionRequest, worker: str) -> None:
-    """The call's next compensation entry, made and sent once by this worker (SPEC §12): the entry moves the call
-    to COMPENSATING in its own transaction, then its request goes out with its own key; what came back decides the
+    """The call's next compensation entry, made and sent once by this worker (docs/compensation.md): the entry moves the
+    call to COMPENSATING in its own transaction, then its request goes out with its own key; what came back decides the
     entry (and, once final, the call). No transaction is open while the request is out."""
     call = _current(request)
     try:

@@ -1,16 +1,16 @@
-"""The dry run of an operator action (SPEC §15.4): its plan, built from the call as it stands now, sending nothing.
+"""The dry run of an operator action (docs/actions.md): its plan, built from the call as it stands now, sending nothing.
 
 A plan says what executing the action would do: the exact provider request(s) (the tool's own request with the call's
 original idempotency key for a replay, the status query for a reconcile, none for the others), with credentials
 masked; each policy check with pass/fail and why — admission (the real gate, asked as if the approval were granted,
 nothing stored by the gate), the tool's breaker (or the status endpoint's), the call's and the task's budgets, the
-side-effect budget of SPEC §13, the provider's key retention; the actions forbidden now with their reasons; and the
-expected effects. `plan_hash` covers everything that decides what would happen, not the wording of the details
-("kept 3 h 59 min more"), so re-building the plan a minute later gives the same hash unless something that matters
-moved: that is what an approval binds to.
+side-effect budget of docs/design/budgets.md, the provider's key retention; the actions forbidden now with their
+reasons; and the expected effects. `plan_hash` covers everything that decides what would happen, not the wording of the
+details ("kept 3 h 59 min more"), so re-building the plan a minute later gives the same hash unless something that
+matters moved: that is what an approval binds to.
 
-The facts `actions_for` needs (recovery/actions.py) are gathered here once, from the call's rows, for every service
-and page that asks which actions are allowed now; so are what the action services share: ActionRefused, the
+The facts `actions_for` needs (recovery/engine/actions.py) are gathered here once, from the call's rows, for every
+service and page that asks which actions are allowed now; so are what the action services share: ActionRefused, the
 catalogue's refusal (`require_allowed`) and the audit event of a request's step (`action_event`).
 """
 
@@ -21,12 +21,13 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 
-from recovery.actions import ACTIONS, REVIEW_PERMISSION, Action, ActionOption, actions_for
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
+from recovery.engine.actions import ACTIONS, REVIEW_PERMISSION, Action, ActionOption, actions_for
 from recovery.engine.budgets import tighter
 from recovery.engine.canonical import canonical_digest
 from recovery.engine.gate import admit
+from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
 from recovery.models import ActionRequest, BreakerState, Call, RetryPath, StatusBreaker
 from recovery.providers.requests import TemplateError, tool_request
@@ -38,13 +39,12 @@ from recovery.selectors.context import gate_context, task_budgets, task_view
 from recovery.selectors.facts import shown_facts
 from recovery.services.compensation_plans import next_entry_plan
 from recovery.services.errors import ServiceError
-from recovery.states import UNSETTLED, CallState
 
 S = CallState
 ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
 # The attempt a replay makes itself, and the one a granted approval lets the runtime make later.
 MAKES_ATTEMPT = frozenset({"replay_same_key"})
-# The entry of the compensation ledger these make (SPEC §12): a new side effect, not an attempt of the call.
+# The entry of the compensation ledger these make (docs/compensation.md): a new side effect, not an attempt of the call.
 COMPENSATES = frozenset({"start_compensation", "approve_new_compensation"})
 LETS_ATTEMPT = frozenset({"grant_approval"})
 SETTLES = frozenset({"mark_committed", "mark_not_committed", "mark_compensation_committed", "mark_compensation_failed"})
@@ -412,7 +412,8 @@ def _task_budget(call: Call, policy: ToolPolicy, action: Action, now: datetime) 
 
 
 def _side_effect_budget(call: Call, policy: ToolPolicy, action: Action) -> dict:
-    """SPEC §13: effects observed against max_business_effects, the task's write retries, its unsettled unknowns."""
+    """docs/design/budgets.md: effects observed against max_business_effects, the task's write retries, its unsettled
+    unknowns."""
     if call.side_effect != "write":
         return _check("side_effect_budget", True, "a read has no business effect")
     limits = _limits(call, policy)
@@ -446,7 +447,7 @@ def _side_effect_budget(call: Call, policy: ToolPolicy, action: Action) -> dict:
 
 
 def _unknowns_over_budget(call: Call, policy: ToolPolicy) -> str:
-    """Why the task's unsettled UNKNOWN outcomes hold its writes back (SPEC §6 unknown_budget), or ""."""
+    """Why the task's unsettled UNKNOWN outcomes hold its writes back (docs/design/budgets.md unknown_budget), or ""."""
     view = task_view(call.task)
     own = 1 if call.state in UNSETTLED else 0
     task_limit = view.budgets.unknown_budget

@@ -1,13 +1,14 @@
-"""Operator actions (SPEC §15.4): a dry run, a reviewer's request, a second person's decision, a worker's execution.
+"""Operator actions (docs/actions.md): a dry run, a reviewer's request, a second person's decision, a worker's
+execution.
 
     request = action_preview(call_id=7, action="replay_same_key", user=reviewer, actor=Actor.for_user(reviewer))
     action_request(request_id=request.pk, user=reviewer, actor=..., reason="...", plan_hash=request.plan_hash)
     action_approve(request_id=request.pk, user=approver, actor=..., reason="...")   # the job runs on commit
     action_execute(request.pk, worker="host:pid:thread")                          # the job's body: once
 
-Every service first asks the catalogue (recovery.actions.actions_for) with the person's permissions and the call's
-facts, so nothing is accepted here that the call page would not offer. A refusal is an ActionRefused with a code and
-a message for a person; nothing changed, except where the refusal itself is the news (stale, expired: the request's
+Every service first asks the catalogue (recovery.engine.actions.actions_for) with the person's permissions and the
+call's facts, so nothing is accepted here that the call page would not offer. A refusal is an ActionRefused with a code
+and a message for a person; nothing changed, except where the refusal itself is the news (stale, expired: the request's
 status records it). Statuses move only by conditional UPDATEs on (id, status): of two approvers, two workers or an
 approver and the expiry job, exactly one wins and the other is told so. An approval binds to the call's version and
 the plan's hash at preview: approving re-reads the call and re-builds the plan, and anything that moved makes the
@@ -32,11 +33,12 @@ from django.core.validators import URLValidator
 from django.db import transaction
 from django.utils import timezone
 
-from recovery import queueing
-from recovery.actions import REVIEW_PERMISSION
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
+from recovery.engine.actions import REVIEW_PERMISSION
 from recovery.engine.fingerprint import fingerprint
+from recovery.engine.states import CallState
+from recovery.jobs import queueing
 from recovery.models import ActionRequest, ActionStatus, Call, GateDecision
 from recovery.services.action_execution import (  # noqa: F401  (the job's body and the sweep, re-exported)
     action_execute,
@@ -60,7 +62,6 @@ from recovery.services.action_plans import (
     require_allowed,
     require_role,
 )
-from recovery.states import CallState
 
 A = ActionStatus
 S = CallState
@@ -70,7 +71,7 @@ SWEEP_LIMIT = 500
 _LINK = URLValidator(schemes=["http", "https"])
 
 # The job that executes an approved request, by name: recovery.jobs calls this module, so it cannot be imported here.
-EXECUTE_JOB = "recovery.jobs.execute_action"
+EXECUTE_JOB = "recovery.jobs.tasks.execute_action"
 
 
 def _ttl() -> timedelta:
@@ -187,7 +188,7 @@ def action_preview(*, call_id: int, action: str, user, actor: Actor, evidence: d
 
 
 def _store_dry_gate(call: Call, plan: Plan, request: ActionRequest, user) -> None:
-    """The gate's dry-run answer, stored as any gate answer is (SPEC §5), marked as nothing admitted."""
+    """The gate's dry-run answer, stored as any gate answer is (docs/design/gate.md), marked as nothing admitted."""
     gate, candidate = plan.gate, plan.candidate
     GateDecision.objects.create(
         call=call,

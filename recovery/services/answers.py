@@ -1,6 +1,6 @@
-"""The JSON a runtime gets back (SPEC §5, §8.1): the gate's answer, an outcome's answer with its decision card, and
-the public half of a failure. Stored with the attempt and replayed byte for byte to a repeated request, so these are
-the only places that shape them."""
+"""The JSON a runtime gets back (docs/design/gate.md, docs/design/state-machine.md): the gate's answer, an outcome's
+answer with its decision card, and the public half of a failure. Stored with the attempt and replayed byte for byte to a
+repeated request, so these are the only places that shape them."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def outcome_json(
 ) -> dict:
     """The answer to an outcome: the call's state after it, the public failure, the decision card (`card_id`: its
     stored row), the tool's breaker state ("" when the outcome was not counted) and whether it came `late` (after
-    the call had moved past the attempt). Its schema is recovery.api_answers.OutcomeOut."""
+    the call had moved past the attempt). Its schema is recovery.api.answers.OutcomeOut."""
     failure = attempt.failure if outcome.failure else None
     return {
         "call_id": call.pk,

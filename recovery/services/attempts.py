@@ -1,4 +1,5 @@
-"""Admission (SPEC §5, §8.1): may this attempt of a call be sent? The gate's answer, stored whether allowed or denied.
+"""Admission (docs/design/gate.md, docs/design/state-machine.md): may this attempt of a call be sent? The gate's answer,
+stored whether allowed or denied.
 
 An attempt request names its attempt id (unique within the call: a repeated request gets the stored answer), an
 alternate tool or repaired arguments, and the evidence it claims. With an outcome it is a single shot: admission and
@@ -15,14 +16,14 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event, appends_at_commit
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.canonical import canonical_digest
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import admit
+from recovery.engine.states import UNSETTLED, CallState, is_allowed
 from recovery.engine.types import APPROVAL_GRANTED, REPLAY_RECONCILE, Candidate, Facts, FieldError
 from recovery.engine.types import GateDecision as Gate
-from recovery.hot_path import Counters, count_on_task, insert
 from recovery.models import ActionRequest, Attempt, Call, GateDecision, Tool
 from recovery.registry import tool_policy
 from recovery.selectors.context import approval_for, gate_context
@@ -39,8 +40,8 @@ from recovery.services.outcomes import (
     store_decision,
     store_facts,
 )
-from recovery.states import UNSETTLED, CallState, is_allowed
-from recovery.transitions import TransitionConflict, transition_call
+from recovery.statemachine.hot_path import Counters, count_on_task, insert
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
 
@@ -106,7 +107,8 @@ def gate_ask(*, call: Call, request: AttemptRequest, actor: Actor) -> dict:
 
 
 def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor) -> Admission:
-    """POST .../attempts: admission, or a single shot when the request carries an outcome (SPEC §8.1)."""
+    """POST .../attempts: admission, or a single shot when the request carries an outcome
+    (docs/design/state-machine.md)."""
     digest = canonical_digest(request.as_json())
     stored = _stored_attempt(call, request.attempt_id)
     if stored is not None:
@@ -220,7 +222,7 @@ _APPROVAL_STATES = frozenset({S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW})
 
 
 def _approval_available(call: Call, candidate: Candidate) -> bool:
-    """Whether an approved action request allows this call one admission now (SPEC §5 `approval_granted`).
+    """Whether an approved action request allows this call one admission now (docs/design/gate.md `approval_granted`).
 
     Asked (one query) only where an approval can change the answer, so the first attempts of ordinary calls — the
     ingest hot path — read nothing more.
@@ -278,8 +280,8 @@ def _store_gate(
 
 def _stored_attempt(call: Call, attempt_id: str, *, fresh: bool = False) -> Attempt | None:
     """The attempt this call already has under `attempt_id` (unique per call), asked on every admission. The
-    call's admission read (recovery.hot_path.call_for_attempt) already says whether there is one, so the row
-    is read only when there is; `fresh`: ask the database now (after losing a race to a concurrent request)."""
+    call's admission read (recovery.statemachine.hot_path.call_for_attempt) already says whether there is one, so the
+    row is read only when there is; `fresh`: ask the database now (after losing a race to a concurrent request)."""
     if fresh or not hasattr(call, "stored_attempt_pk"):
         return Attempt.objects.filter(call=call, attempt_id=attempt_id).first()
     return Attempt.objects.filter(pk=call.stored_attempt_pk).first() if call.stored_attempt_pk else None
@@ -382,9 +384,9 @@ def _judge(admitting: _Admitting, facts: Facts, *, probe: bool) -> Judgement:
 
 
 def _single_shot(admitting: _Admitting, facts: Facts, judgement: Judgement) -> dict:
-    """Admission and outcome in one transaction (SPEC §8.1), in the fewest statements: the task's counters are
-    moved once, the call moved twice, and the attempt inserted last, whole — facts, answer and all — unless the
-    answer needs the id of a row that needs the attempt's (a decision card), which then costs one UPDATE more."""
+    """Admission and outcome in one transaction (docs/design/state-machine.md), in the fewest statements: the task's
+    counters are moved once, the call moved twice, and the attempt inserted last, whole — facts, answer and all — unless
+    the answer needs the id of a row that needs the attempt's (a decision card), which then costs one UPDATE more."""
     call, gate, actor, now = admitting.call, admitting.gate, admitting.actor, admitting.now
     outcome, breaker = judgement.outcome, judgement.breaker
     counters = _count_round(call, admitting.number, tokens=facts.tokens_used or 0)
@@ -458,7 +460,7 @@ def _bypassed_single_shot(admitting: _Admitting, facts: Facts) -> Admission:
     return Admission(201, response)
 
 
-# --- replay reconciliation (SPEC §10.1) ------------------------------------------------------------------------------
+# --- replay reconciliation (docs/replay.md) ---------------------------------------------------------------------------
 
 REPLAY_ATTEMPT_ID = "reconcile-replay"  # the one replay reconciliation makes of a call: unique per call
 

@@ -1,7 +1,7 @@
-"""Verifying the audit trail on an operator's request (SPEC §15.6), with the check itself recorded.
+"""Verifying the audit trail on an operator's request (docs/design/audit.md), with the check itself recorded.
 
 `audit_verify` is a write — it appends an `audit.verified` event — so it is for the explicit "Verify" action. A page
-that only wants to show whether a chain holds calls `recovery.audit.verify_chain` directly and records nothing.
+that only wants to show whether a chain holds calls `recovery.audit.chain.verify_chain` directly and records nothing.
 """
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import re
 
 from django.db import transaction
 
-from recovery.audit import SYSTEM_CHAIN, Actor, AuditReport, append_event, verify_in_one_snapshot
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import SYSTEM_CHAIN, Actor, AuditReport, append_event, verify_in_one_snapshot
 
-ALL = "all"  # recovery.audit.verify_in_one_snapshot's scope for the whole trail
+ALL = "all"  # recovery.audit.chain.verify_in_one_snapshot's scope for the whole trail
 _TASK_CHAIN = re.compile(r"task:[1-9][0-9]{0,18}", re.ASCII)
 
 

@@ -1,4 +1,4 @@
-"""An operator's force open and reset of a tool's circuit breaker (SPEC §7, §15.4).
+"""An operator's force open and reset of a tool's circuit breaker (docs/breakers.md, docs/actions.md).
 
     shown = breaker_preview(tool_id=3, operation="reset")                     # the dry run: changes nothing
     breaker_force_open(tool_id=3, user=reviewer, actor=..., reason="...")     # protective: one confirmation
@@ -38,10 +38,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from recovery.actions import REVIEW_PERMISSION
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine import breaker as rules
+from recovery.engine.actions import REVIEW_PERMISSION
+from recovery.engine.states import CallState as S
 from recovery.engine.types import CLOSED, FORCED_OPEN
 from recovery.models import (
     Breaker,
@@ -55,7 +56,6 @@ from recovery.models import (
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import view_of_state
 from recovery.services.breakers import breaker_create
-from recovery.states import CallState as S
 
 K, ST = BreakerOperationKind, BreakerOperationStatus
 APPROVE_PERMISSION = "recovery.approve_action"

@@ -1,4 +1,5 @@
-"""Circuit breakers shared by every process (SPEC §7): storage around the pure rules of recovery.engine.breaker.
+"""Circuit breakers shared by every process (docs/breakers.md): storage around the pure rules of
+recovery.engine.breaker.
 
 One Breaker row per tool holds the state, created lazily the first time the breaker opens (no row reads closed).
 Outcome counts live in BreakerBucket rows, one per tool and `bucket_s`, bumped by an upsert that never touches the
@@ -15,8 +16,8 @@ Statements per function (each an upper bound, independent of traffic):
   UPDATE (and an INSERT for a breaker's first opening, or a DELETE of the counts when a probe closes it) plus the
   audit append (4 statements, 6 on a new chain). An uncounted outcome (None) is 1 SELECT.
 
-Lock order: the bucket and breaker rows before the audit heads (like recovery.transitions: conditional UPDATE,
-then the audit row). So reserve a probe before appending audit events in the same transaction, and record an
+Lock order: the bucket and breaker rows before the audit heads (like recovery.statemachine.transitions: conditional
+UPDATE, then the audit row). So reserve a probe before appending audit events in the same transaction, and record an
 outcome outside any transaction that has already appended audit events (or holds them to its end): a caller
 that takes the audit heads first and then the bucket row, racing one that does the opposite, deadlocks.
 """
@@ -28,17 +29,17 @@ from datetime import UTC, datetime, timedelta
 from django.db import connection, transaction
 from django.db.models import Case, F, Q, Value, When
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine import breaker as rules
 from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, BreakerPolicy, BreakerView
 from recovery.models import Breaker, BreakerBucket, Tool
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import breaker_view, view_of_state
 
-# Raw SQL (STYLE.md's data layer), on the path of every outcome: the bucket upsert adds to a counter, which the
-# ORM cannot say (its conflict update sets columns, it does not add to them); the state and the window's sums are
-# read with it in one statement; a first opening inserts the row unless a concurrent opener did.
+# Raw SQL (docs/architecture.md, the data layer), on the path of every outcome: the bucket upsert adds to a counter,
+# which the ORM cannot say (its conflict update sets columns, it does not add to them); the state and the window's sums
+# are read with it in one statement; a first opening inserts the row unless a concurrent opener did.
 
 _BUCKET = BreakerBucket._meta.db_table
 _COUNT = (
@@ -101,7 +102,8 @@ def breaker_record(
     policy: BreakerPolicy | None = None,
     actor: Actor | None = None,
 ) -> BreakerView:
-    """Count one outcome (engine.breaker.counts_as_failure's answer) and apply SPEC §7; returns the breaker after it.
+    """Count one outcome (engine.breaker.counts_as_failure's answer) and apply docs/breakers.md; returns the breaker
+    after it.
 
     None counts nothing (a probe's reservation then stays until its lease expires). A probe's outcome closes or
     reopens a half_open breaker; any other outcome can open a closed one when the window reaches min_calls at the

@@ -1,4 +1,4 @@
-"""Bulk actions (SPEC §15.3, §15.4): one operator action on a frozen, shown selection of calls.
+"""Bulk actions (docs/console.md, docs/actions.md): one operator action on a frozen, shown selection of calls.
 
     bulk = bulk_preview(action="escalate", queue=QUEUES["unknown"], call_ids=[7, 8], user=reviewer, actor=...)
     bulk_request(bulk_id=bulk.pk, user=reviewer, actor=..., reason="...", selection_hash=bulk.selection_hash)
@@ -34,11 +34,11 @@ from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
-from recovery import queueing
-from recovery.actions import REVIEW_PERMISSION
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
+from recovery.engine.actions import REVIEW_PERMISSION
 from recovery.engine.canonical import canonical_digest
+from recovery.jobs import queueing
 from recovery.models import (
     ActionRequest,
     ActionStatus,
@@ -69,7 +69,7 @@ BULK_MAX = 500
 OPEN = (B.PREVIEWED, B.REQUESTED)
 LIVE = (B.APPROVED, B.EXECUTING)
 SWEEP_LIMIT = 100
-EXECUTE_JOB = "recovery.jobs.execute_bulk"
+EXECUTE_JOB = "recovery.jobs.tasks.execute_bulk"
 _RELATED = ("task__tenant", "step", "tool__provider", "claimed_by")
 
 

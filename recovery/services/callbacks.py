@@ -1,4 +1,4 @@
-"""Signed provider callbacks (SPEC §10): a provider tells us what became of a call; it becomes a receipt.
+"""Signed provider callbacks (docs/reconciliation.md): a provider tells us what became of a call; it becomes a receipt.
 
 `Recovery-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">` keyed with the provider's callback
 secret (from the environment variable its registry entry names). A callback outside the 5-minute window, with a bad
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from django.db import IntegrityError
 from django.db.models import Q
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.engine.redact import redact_data
 from recovery.engine.storable import check_storable, loads
 from recovery.engine.types import FieldError

@@ -1,4 +1,5 @@
-"""Calls (SPEC §5): a runtime registers each tool call of a task before its first attempt, and may abandon one.
+"""Calls (docs/design/gate.md): a runtime registers each tool call of a task before its first attempt, and may abandon
+one.
 
 A call is one intent: a tool, its arguments and an idempotency key, at a step of the task that may depend on earlier
 steps. The same key with the same arguments is the same call (a repeated request answers 200 with it); the same key
@@ -13,11 +14,12 @@ from dataclasses import asdict, dataclass, field
 
 from django.db import IntegrityError, transaction
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine.classify import preflight_failure
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.gate import duplicate_intent
+from recovery.engine.states import CallState
 from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
 from recovery.models import Call, Step, Task, TaskStatus, Tool
@@ -25,8 +27,7 @@ from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
 from recovery.services.errors import ServiceError
-from recovery.states import CallState
-from recovery.transitions import TransitionConflict, transition_call
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
 
@@ -57,7 +58,7 @@ def call_add(
     compensation: dict | None = None,
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
-    registry default (a saga's abort uses it, SPEC §12)."""
+    registry default (a saga's abort uses it, docs/compensation.md)."""
     tenant = task.tenant
     tools = {t.name: t for t in allowed_tools(tenant)}
     tool = tools.get(tool_name)

@@ -1,4 +1,4 @@
-"""Reviewer claims on queue items (SPEC §15.3): a lease, so two reviewers never work one item unknowingly.
+"""Reviewer claims on queue items (docs/console.md): a lease, so two reviewers never work one item unknowingly.
 
 A claim is a conditional UPDATE — it succeeds only when the call is unclaimed, its claim has lapsed, or the claimant
 already holds it (which renews the lease) — written with its audit event in one transaction. A claim is not a state
@@ -15,8 +15,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.models import Call
 
 

@@ -1,7 +1,8 @@
-"""A compensation entry sent by the runtime itself (SPEC §12, a saga aborted with `executor: runtime`): the runtime
-asks for the next entry (`GET /tasks/{id}/compensation`), admits an attempt of it, sends the undo with the entry's
-own key, and reports what happened — like any attempt, read by the same §3 table (its tool's refusal codes first)
-as the console's worker reads its own sends (recovery/services/compensations.py `read_reply`).
+"""A compensation entry sent by the runtime itself (docs/compensation.md, a saga aborted with `executor: runtime`): the
+runtime asks for the next entry (`GET /tasks/{id}/compensation`), admits an attempt of it, sends the undo with the
+entry's own key, and reports what happened — like any attempt, read by the same docs/design/classification.md table (its
+tool's refusal codes first) as the console's worker reads its own sends (recovery/services/compensations.py
+`read_reply`).
 
 An admitted attempt holds the entry SENT for its tool's outcome timeout; a runtime that never reports leaves it to
 the sweep (unknown, then checked by its key — never sent again blind). Admitting and reporting are idempotent by the
@@ -15,14 +16,14 @@ from datetime import timedelta
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor
-from recovery.compensation_states import SENDABLE, EntryState
+from recovery.audit.chain import Actor
+from recovery.engine.compensation_states import SENDABLE, EntryState
 from recovery.engine.redact import redact_data
 from recovery.models import Call, CompensationAttempt, CompensationEntry
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.services.compensations import read_reply
 from recovery.services.errors import ServiceError
-from recovery.transitions import transition_entry
+from recovery.statemachine.transitions import transition_entry
 
 E = EntryState
 PREFIX = "comp-"

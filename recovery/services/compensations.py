@@ -1,18 +1,18 @@
-"""Compensation ledgers (SPEC §12): undo a committed effect as its own reconciled side effect.
+"""Compensation ledgers (docs/compensation.md): undo a committed effect as its own reconciled side effect.
 
 An entry is made from the forward tool's registry template (`compensation: {tool, args}`) filled with the original
 call's arguments, its result (`{result.<field>}`) and its provider reference; its key is derived from the original
 key and the entry number, once. Starting the first entry moves the call COMMITTED → COMPENSATING; a worker sends the
-entry's request (`compensation_send`), and what comes back is read by the same §3 table as any write, the tool's
-`refusal_codes` first: committed, unknown (reconciled by its own tool's status query, `compensation_check`), not
-committed (sent again with its own key while its tool's attempts last), failed (refused: nothing executed) or review.
-When the entry ends, so does the call's compensation: COMPENSATED, PARTIAL_COMPENSATED (a receipt shows less than the
-expected effect) or COMPENSATION_FAILED. While any entry of a task is open the task's other writes are refused
-(`open_compensations`, read by admission). Budgets: its own tool's max_attempts; never the task's deadline, rounds or
-tokens — an undo must stay possible.
+entry's request (`compensation_send`), and what comes back is read by the same docs/design/classification.md table as
+any write, the tool's `refusal_codes` first: committed, unknown (reconciled by its own tool's status query,
+`compensation_check`), not committed (sent again with its own key while its tool's attempts last), failed (refused:
+nothing executed) or review. When the entry ends, so does the call's compensation: COMPENSATED, PARTIAL_COMPENSATED (a
+receipt shows less than the expected effect) or COMPENSATION_FAILED. While any entry of a task is open the task's other
+writes are refused (`open_compensations`, read by admission). Budgets: its own tool's max_attempts; never the task's
+deadline, rounds or tokens — an undo must stay possible.
 
-Every state change goes through recovery.transitions (transition_entry, transition_call): conditional UPDATEs with
-their audit events, in one transaction with the entry's attempt or receipt.
+Every state change goes through recovery.statemachine.transitions (transition_entry, transition_call): conditional
+UPDATEs with their audit events, in one transaction with the entry's attempt or receipt.
 """
 
 from __future__ import annotations
@@ -25,13 +25,15 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
-from recovery.compensation_states import FINAL, OPEN, SENDABLE, EntryState
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine.classify import classify
+from recovery.engine.compensation_states import FINAL, OPEN, SENDABLE, EntryState
 from recovery.engine.reconcile import LEARNED_NOTHING, Observation, next_check
 from recovery.engine.redact import redact_data
+from recovery.engine.states import CallState
 from recovery.engine.types import ClassifyContext
+from recovery.jobs.queueing import enqueue
 from recovery.models import (
     Call,
     CompensationAttempt,
@@ -42,13 +44,11 @@ from recovery.models import (
 )
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.providers.status import query_status
-from recovery.queueing import enqueue
 from recovery.registry import tool_policy
 from recovery.services.compensation_plans import entry_plan
 from recovery.services.errors import ServiceError
 from recovery.services.outcomes import facts_of
-from recovery.states import CallState
-from recovery.transitions import TransitionConflict, transition_call, transition_entry
+from recovery.statemachine.transitions import TransitionConflict, transition_call, transition_entry
 
 logger = logging.getLogger("recovery.compensations")
 
@@ -58,7 +58,7 @@ S, E = CallState, EntryState
 STARTABLE = frozenset({S.COMMITTED, S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED})
 LEASE_S = 120  # a worker's hold on an entry while it sends or checks it
 RETRY_S = 2  # a not-committed entry is sent again this long after (its own key: the provider deduplicates)
-# The §3 table's call states, read for an entry.
+# The docs/design/classification.md table's call states, read for an entry.
 _ENTRY_OF = {
     S.COMMITTED: E.COMMITTED,
     S.RETRYABLE: E.NOT_COMMITTED,
@@ -143,8 +143,8 @@ def compensation_start(
 
 
 # The jobs, by name: recovery.jobs calls this module, so it cannot be imported here.
-SEND_JOB = "recovery.jobs.send_compensation"
-CHECK_JOB = "recovery.jobs.check_compensation"
+SEND_JOB = "recovery.jobs.tasks.send_compensation"
+CHECK_JOB = "recovery.jobs.tasks.check_compensation"
 
 
 def _enqueue_send(entry: CompensationEntry) -> None:
@@ -304,7 +304,7 @@ def _settle_call(entry: CompensationEntry, *, actor: Actor) -> None:
     else:
         to, why = S.COMPENSATION_FAILED, "compensation failed, nothing undone: "
     if Task.objects.filter(pk=call.task_id, saga__in=("running", "stopped")).exists():
-        enqueue("recovery.jobs.advance_saga", call.task_id, job_id=f"saga-{call.task_id}-after-{entry.pk}")
+        enqueue("recovery.jobs.tasks.advance_saga", call.task_id, job_id=f"saga-{call.task_id}-after-{entry.pk}")
     transition_call(
         call,
         to,
@@ -319,7 +319,7 @@ def _settle_call(entry: CompensationEntry, *, actor: Actor) -> None:
 
 def compensation_check(entry_id: int, *, worker: str, now: datetime | None = None, force: bool = False):
     """Ask the compensation tool's status query about an unknown entry, by its own key; record a receipt and move
-    the entry as SPEC §10 moves an unknown write. None when another worker holds it or it is not due."""
+    the entry as docs/reconciliation.md moves an unknown write. None when another worker holds it or it is not due."""
     now = now or timezone.now()
     due = Q() if force else Q(next_check_at__isnull=True) | Q(next_check_at__lte=now)
     if not _claim(entry_id, worker=worker, states={E.UNKNOWN}, now=now, due=due):

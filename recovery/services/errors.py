@@ -1,5 +1,5 @@
-"""A service's refusal as a value (SPEC §5): an HTTP status, a machine code, a message, the fields at fault and any
-detail. A refused request writes nothing; the API turns the error into its one error envelope."""
+"""A service's refusal as a value (docs/design/gate.md): an HTTP status, a machine code, a message, the fields at fault
+and any detail. A refused request writes nothing; the API turns the error into its one error envelope."""
 
 from __future__ import annotations
 

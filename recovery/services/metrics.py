@@ -1,8 +1,8 @@
-"""The metrics fold (SPEC §17): audit events past the stored watermark, folded into rollups by a periodic job.
+"""The metrics fold (docs/metrics.md): audit events past the stored watermark, folded into rollups by a periodic job.
 
 The audit sequence is the fold's input because its order is the commit order: an event's `seq` is taken under the
-global head's lock, which its transaction holds to its end (recovery.audit), so once an event is visible every event
-before it is too, and reading `seq > watermark` never skips one that commits late. Each batch runs in one
+global head's lock, which its transaction holds to its end (recovery.audit.chain), so once an event is visible every
+event before it is too, and reading `seq > watermark` never skips one that commits late. Each batch runs in one
 transaction that locks the watermark row (a second fold, on another scheduler, skips the run), reads the events with
 their calls' tool, tenant and side effect, folds them (recovery.engine.metrics), adds the counts to the hourly and
 daily rollups (per tenant and for every tenant, per tool and for every tool) and to the totals, stores the touched
@@ -125,8 +125,8 @@ def _store_marks(marks: dict[int, CallMark]) -> None:
     )
 
 
-# Raw SQL (STYLE.md's data layer), the fold's one write path: an upsert that adds to a counter, which the ORM cannot
-# say (its conflict update sets columns, it does not add to them). Held equal to the ORM's reading by
+# Raw SQL (docs/architecture.md, the data layer), the fold's one write path: an upsert that adds to a counter, which the
+# ORM cannot say (its conflict update sets columns, it does not add to them). Held equal to the ORM's reading by
 # tests/test_metrics_fold.py (the rollups against a recomputation from the raw rows).
 _ROLLUP = MetricRollup._meta.db_table
 _TOTAL = MetricTotal._meta.db_table

@@ -1,10 +1,11 @@
-"""Observed calls (SPEC §21): OpenTelemetry `execute_tool` spans recorded as calls and after-the-fact attempts.
+"""Observed calls (docs/otlp-ingest.md): OpenTelemetry `execute_tool` spans recorded as calls and after-the-fact
+attempts.
 
 A runtime that does not ask for admission yet still exports its traces; each tool span it sent (read by
-recovery.otlp) becomes what the runtime would have reported: the trace is a task, the span a call on the registered
-tool of that name, and its outcome one single shot (SPEC §8.1) through the admission service itself — so what the
-gate would have answered is computed and stored with it, and a write it would have denied is flagged
-`policy_bypassed` and goes to HUMAN_REVIEW as a possible duplicate. The call is marked `observed`.
+recovery.api.otlp_decode) becomes what the runtime would have reported: the trace is a task, the span a call on the
+registered tool of that name, and its outcome one single shot (docs/design/state-machine.md) through the admission
+service itself — so what the gate would have answered is computed and stored with it, and a write it would have denied
+is flagged `policy_bypassed` and goes to HUMAN_REVIEW as a possible duplicate. The call is marked `observed`.
 
 - A span whose key (or, for a write with arguments, whose arguments) an observed call of the tenant already carries
   is another execution of that intent: a second attempt of that call, in the same trace or another. The gate then
@@ -15,7 +16,8 @@ gate would have answered is computed and stored with it, and a write it would ha
 - A span of a tool the tenant has no registry entry for is recorded with its name (`unknown_tool`) and no call.
 - A span is stored once per (tenant, trace id, span id): an exporter resending a batch changes nothing.
 - Each span is one transaction: stored whole or not at all (then rejected, with the reason); the audit events of
-  its task, call and attempt are appended at its commit. Every state change goes through recovery.transitions.
+  its task, call and attempt are appended at its commit. Every state change goes through
+  recovery.statemachine.transitions.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Max
 from django.utils import timezone
 
-from recovery.audit import Actor, appends_at_commit
+from recovery.api.otlp_decode import KEY_PATTERN, Batch, RejectedSpan, ToolSpan
+from recovery.audit.chain import Actor, appends_at_commit
 from recovery.engine.fingerprint import fingerprint
+from recovery.engine.states import CallState
 from recovery.engine.types import TIME_ELAPSED
-from recovery.hot_path import call_for_attempt
 from recovery.models import (
     Attempt,
     Call,
@@ -46,7 +49,6 @@ from recovery.models import (
     Tenant,
     Tool,
 )
-from recovery.otlp import KEY_PATTERN, Batch, RejectedSpan, ToolSpan
 from recovery.providers.requests import TemplateError, filled_key
 from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools
@@ -55,8 +57,8 @@ from recovery.services.calls import call_insert
 from recovery.services.errors import ServiceError, field_errors_json
 from recovery.services.outcomes import facts_of
 from recovery.services.tasks import task_create
-from recovery.states import CallState
-from recovery.transitions import TransitionConflict
+from recovery.statemachine.hot_path import call_for_attempt
+from recovery.statemachine.transitions import TransitionConflict
 
 S = CallState
 RESENT = "resent"  # a span stored before (an exporter's resend): nothing changes
@@ -173,7 +175,7 @@ def _record(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> 
 def _with_template_key(span: ToolSpan, tool: Tool | None) -> ToolSpan:
     """The span with the key its tool's registry template gives it, scoped to the trace (`<trace id>:<filled>`, as a
     recovered tool scopes its keys to its task), when it names no key of its own and its arguments fill the template
-    into a valid key; else the span as it is (its derived key: recovery.otlp.ToolSpan.derived_key)."""
+    into a valid key; else the span as it is (its derived key: recovery.api.otlp_decode.ToolSpan.derived_key)."""
     if tool is None or not tool.key_template or span.idempotency_key is not None or span.arguments is None:
         return span
     try:
@@ -264,7 +266,7 @@ def _same_intent(span: ToolSpan, tenant: Tenant, tool: Tool) -> _Intent | None:
 
 
 def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call:
-    """A new observed call in a step of its own, READY until its attempt moves it (recovery.transitions). A
+    """A new observed call in a step of its own, READY until its attempt moves it (recovery.statemachine.transitions). A
     concurrent span of the same trace taking the same step, or a call with the same key, is a conflict: the span is
     recorded again (and then finds that call)."""
     policy = tool_policy(tool)

@@ -1,4 +1,5 @@
-"""Outcome reports (SPEC §3, §8): what a runtime saw when it sent an attempt, classified, decided on and recorded.
+"""Outcome reports (docs/design/classification.md, docs/design/state-machine.md): what a runtime saw when it sent an
+attempt, classified, decided on and recorded.
 
 An outcome is judged before the transaction that records it: classification only reads, and the tool's shared
 breaker counts the outcome in its own short transaction, so bucket rows are never locked after an audit head (one
@@ -17,24 +18,24 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, appends_at_commit
+from recovery.audit.chain import Actor, appends_at_commit
 from recovery.engine import breaker as breaker_rules
 from recovery.engine.canonical import canonical_digest
 from recovery.engine.classify import classify
 from recovery.engine.decide import decide
 from recovery.engine.redact import redact, redact_data
+from recovery.engine.states import CallState
 from recovery.engine.types import BreakerView, ClassifyContext, Decision, ErrorFacts, Facts, Outcome, ToolPolicy
-from recovery.hot_path import Counters, count_on_task, insert
+from recovery.jobs.queueing import enqueue
 from recovery.models import Attempt, Call, Diagnostic, Receipt, Tool
 from recovery.models import Decision as DecisionRow
-from recovery.queueing import enqueue
 from recovery.registry import tool_policy
 from recovery.selectors.context import call_view, task_view_for_decision
 from recovery.services.answers import decision_json, outcome_json
 from recovery.services.breakers import breaker_record
 from recovery.services.errors import ServiceError
-from recovery.states import CallState
-from recovery.transitions import transition_call
+from recovery.statemachine.hot_path import Counters, count_on_task, insert
+from recovery.statemachine.transitions import transition_call
 
 S = CallState
 
@@ -288,7 +289,7 @@ def check_at_once(call: Call, first_check_s: int) -> None:
     """A write that just turned UNKNOWN with a first check due at once (the registry's first_check_s 0): its
     status check is enqueued when this transaction commits, not left for the next periodic run."""
     if first_check_s == 0:
-        enqueue("recovery.jobs.reconcile_call", call.pk, job_id=f"reconcile-call-{call.pk}")
+        enqueue("recovery.jobs.tasks.reconcile_call", call.pk, job_id=f"reconcile-call-{call.pk}")
 
 
 def _changes_for(
@@ -334,7 +335,8 @@ def _runtime_receipt_columns(now: datetime) -> dict:
 
 
 def _runtime_receipt(call: Call, attempt: Attempt, outcome: Outcome, *, now: datetime, before: str) -> None:
-    """A runtime's own 2xx with a valid result and a provider reference is an idempotency record (SPEC §8)."""
+    """A runtime's own 2xx with a valid result and a provider reference is an idempotency record
+    (docs/design/state-machine.md)."""
     insert(
         Receipt(
             call=call,

@@ -1,4 +1,4 @@
-"""Duplicate probes (SPEC §11) and the retry path they decide.
+"""Duplicate probes (docs/replay.md) and the retry path they decide.
 
 A probe replays a COMMITTED write with its original key, on a test tenant only and after a second person approved it
 (the `probe_duplicate` action), then reads the provider's own ledger for the key through the tool's status query.
@@ -13,8 +13,8 @@ from __future__ import annotations
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event, appends_at_commit
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine import probe as judgement
 from recovery.engine.reconcile import Observation
 from recovery.models import ActionRequest, Call, DuplicateProbe, RetryPath, Tool

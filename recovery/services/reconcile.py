@@ -1,10 +1,11 @@
-"""Reconciliation (SPEC §8, §10): settle writes whose outcome is unknown from the provider's own records.
+"""Reconciliation (docs/design/state-machine.md, docs/reconciliation.md): settle writes whose outcome is unknown from
+the provider's own records.
 
 A due call (UNKNOWN, STILL_UNKNOWN or ACCEPTED with next_check_at passed) is claimed by setting its check lease with
 one conditional UPDATE (`FOR UPDATE SKIP LOCKED` on PostgreSQL), so two workers never check one call at once and a
 crashed worker's lease simply expires. The status query runs with no transaction open; its answer is applied in one
 short transaction that locks the call row (a callback and a poll for the same call serialize there), writes the
-receipt, updates the counters and moves the call only through recovery.transitions.
+receipt, updates the counters and moves the call only through recovery.statemachine.transitions.
 
 reconcile_due() keeps RECOVERY_CHECKS_IN_FLIGHT status queries in flight on worker threads and applies their answers
 on a second, smaller set of threads as they arrive, so the database work of one check never holds back the next
@@ -24,20 +25,20 @@ from django.db import connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event, appends_at_commit
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
-from recovery.hot_path import insert
+from recovery.engine.states import RECONCILABLE, UNSETTLED, CallState
 from recovery.models import BreakerState, Call, Receipt, ReceiptSource, Tool
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.registry.policy import reconcile_policy
 from recovery.services import replay_reconcile
 from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
-from recovery.states import RECONCILABLE, UNSETTLED, CallState
-from recovery.transitions import transition_call
+from recovery.statemachine.hot_path import insert
+from recovery.statemachine.transitions import transition_call
 
 S = CallState
-O = Observation  # noqa: E741  (the receipt's observation, as SPEC §10 names it)
+O = Observation  # noqa: E741  (the receipt's observation, as docs/reconciliation.md names it)
 _RECONCILABLE = sorted(RECONCILABLE)
 logger = logging.getLogger("recovery.reconcile")
 APPLY_BATCH = 20  # answers applied per transaction, at most
@@ -245,7 +246,7 @@ def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
 
 
 def _settled_by_replay(call: Call, reply: Reply | StatusAnswer, *, worker: str) -> bool:
-    """Replay reconciliation (SPEC §10.1, recovery.services.replay_reconcile) when the status query cannot answer
+    """Replay reconciliation (docs/replay.md, recovery.services.replay_reconcile) when the status query cannot answer
     for a tool a probe proved safe: the failed check's receipt first (it counts toward the poll budget, and may
     itself send the call to a person), then the one same-key replay. Whether this took the answer over."""
     if not replay_reconcile.replayable(call):
@@ -319,7 +320,7 @@ def apply_answer(
     actor: Actor | None = None,
     event_id: str = "",
 ) -> Receipt:
-    """Record what the provider said about a call and move it as SPEC §10 says, in one transaction."""
+    """Record what the provider said about a call and move it as docs/reconciliation.md says, in one transaction."""
     with transaction.atomic(), appends_at_commit():
         return _apply(call_id, answer, worker=worker, source=source, actor=actor, event_id=event_id)
 

@@ -1,8 +1,8 @@
-"""Replay reconciliation (SPEC §10.1): settling an unknown write by one same-key replay when its status query
+"""Replay reconciliation (docs/replay.md): settling an unknown write by one same-key replay when its status query
 cannot answer.
 
 For a write tool that the registry marks replay-safe, with `reconcile.replay_when_status_down` on and an explicit
-`key_retention_s`, whose retry path a duplicate probe proved safe (SPEC §11), the provider's idempotency record is
+`key_retention_s`, whose retry path a duplicate probe proved safe (docs/replay.md), the provider's idempotency record is
 the evidence: replayed with the original key, a provider that deduplicates answers with the first request's result
 and makes no second effect. Reconciliation tries it when the status query cannot answer — the status API failed, its
 breaker is open, or the registry declares none — and never twice for one call:
@@ -25,16 +25,16 @@ from collections.abc import Callable
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, appends_at_commit
+from recovery.audit.chain import Actor, appends_at_commit
 from recovery.engine.gate import NOTHING_EXECUTED
 from recovery.engine.reconcile import Observation
+from recovery.engine.states import UNSETTLED, CallState
 from recovery.models import Attempt, Call, Receipt, ReceiptSource
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.providers.status import StatusAnswer
 from recovery.registry.policy import reconcile_policy
 from recovery.services.attempts import replay_admit
 from recovery.services.outcomes import Sent, facts_of, judge, store_facts
-from recovery.states import UNSETTLED, CallState
 
 S = CallState
 logger = logging.getLogger("recovery.reconcile")

@@ -1,4 +1,4 @@
-"""Retention of settled history (SPEC §20, docs/deploy.md): what a settled call no longer needs, removed after
+"""Retention of settled history (docs/deploy.md, docs/deploy.md): what a settled call no longer needs, removed after
 RECOVERY_RETENTION_DAYS so the database grows with the calls, not with every check ever made of them.
 
 Removed, for calls settled (COMMITTED, NOT_COMMITTED, FAILED_PERMANENT or COMPENSATED) that long ago in tasks that
@@ -17,10 +17,10 @@ from datetime import datetime, timedelta
 
 from django.db import transaction
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
+from recovery.engine.states import CallState
 from recovery.models import Attempt, Call, Diagnostic, GateDecision, Receipt, TaskStatus
-from recovery.states import CallState
 
 S = CallState
 SETTLED = (S.COMMITTED, S.NOT_COMMITTED, S.FAILED_PERMANENT, S.COMPENSATED)

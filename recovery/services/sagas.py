@@ -1,5 +1,5 @@
-"""Aborting a saga (SPEC §12, §14): a runtime whose multi-step task fails halfway asks once, and what stands is undone
-in the right order — never twice, and never what did not happen.
+"""Aborting a saga (docs/compensation.md, docs/design/tasks.md): a runtime whose multi-step task fails halfway asks
+once, and what stands is undone in the right order — never twice, and never what did not happen.
 
 `saga_abort` closes the task to new calls (it becomes ABANDONED, its READY and RETRYABLE calls abandoned) and marks
 its saga running; `saga_advance` then moves it one entry at a time, each time it is called (after the abort, when an
@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
+from recovery.engine.states import CallState
 from recovery.engine.types import FieldError
+from recovery.jobs.queueing import enqueue
 from recovery.models import Call, CompensationEntry, Step, Task, TaskOutcome, TaskStatus
-from recovery.queueing import enqueue
 from recovery.services.compensations import compensation_start
 from recovery.services.errors import ServiceError
-from recovery.states import CallState
-from recovery.transitions import TransitionConflict, transition_call
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 logger = logging.getLogger("recovery.sagas")
 
@@ -46,7 +46,7 @@ RUNNING, STOPPED, DONE = "running", "stopped", "done"
 EXECUTORS = ("console", "runtime")
 SETTLING = frozenset({S.SENT, S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED})
 STOPS = frozenset({S.COMPENSATION_FAILED, S.PARTIAL_COMPENSATED, S.HUMAN_REVIEW})
-ADVANCE_JOB = "recovery.jobs.advance_saga"
+ADVANCE_JOB = "recovery.jobs.tasks.advance_saga"
 
 
 def _has_compensation(call: Call) -> bool:

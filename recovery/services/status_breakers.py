@@ -1,5 +1,5 @@
-"""The breaker of each provider's status endpoint (SPEC §10): reconciliation backs off a status API that keeps
-failing, separately from the provider's tools and their breakers.
+"""The breaker of each provider's status endpoint (docs/reconciliation.md): reconciliation backs off a status API that
+keeps failing, separately from the provider's tools and their breakers.
 
 closed: every check goes through and is counted in a fixed window; at `min_calls` with `failure_rate` failed it
 opens. open: checks are skipped (an `unreachable` receipt that still counts toward the call's poll budget) until
@@ -16,8 +16,8 @@ from datetime import datetime, timedelta
 from django.db import transaction
 from django.db.models import F
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine.reconcile import StatusBreakerPolicy
 from recovery.models import BreakerState, Provider, StatusBreaker
 from recovery.registry.policy import status_breaker_policy

@@ -1,9 +1,10 @@
-"""The sweeper (SPEC §8): a SENT call with no outcome after its tool's outcome timeout.
+"""The sweeper (docs/design/state-machine.md): a SENT call with no outcome after its tool's outcome timeout.
 
 A write may have reached the provider, so it becomes UNKNOWN and goes to reconciliation (its first check scheduled
 from the tool's reconcile schedule); a read had no effect, so it becomes RETRYABLE — or FAILED_PERMANENT with
 `retry_exhausted` when it has no attempt left. Each call moves in its own short transaction through
-recovery.transitions, re-checked under the row lock, so an outcome reported at the same moment wins cleanly.
+recovery.statemachine.transitions, re-checked under the row lock, so an outcome reported at the same moment wins
+cleanly.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ from django.db import transaction
 from django.db.models import Min
 from django.utils import timezone
 
-from recovery.audit import Actor, appends_at_commit
+from recovery.audit.chain import Actor, appends_at_commit
+from recovery.engine.states import CallState
 from recovery.engine.types import OUTCOME_UNKNOWN, TRANSIENT
 from recovery.models import Call
 from recovery.registry.policy import reconcile_policy
 from recovery.services.outcomes import check_at_once
-from recovery.states import CallState
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 
 S = CallState
 ACTOR = Actor.job("sweeper")

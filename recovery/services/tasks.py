@@ -1,4 +1,5 @@
-"""Task lifecycle (SPEC §14): create, complete with a structured submission, abandon, and the no_submission flag."""
+"""Task lifecycle (docs/design/tasks.md): create, complete with a structured submission, abandon, and the no_submission
+flag."""
 
 from __future__ import annotations
 
@@ -8,14 +9,14 @@ from datetime import datetime
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine.canonical import canonical_json
+from recovery.engine.states import CallState
 from recovery.engine.types import FieldError
 from recovery.models import Call, Decision, GateDecision, Task, TaskOutcome, TaskStatus, Tenant
 from recovery.services.errors import ServiceError
-from recovery.states import CallState
-from recovery.transitions import TransitionConflict, transition_call
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
 IN_DOUBT = {S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED, S.SENT, S.HUMAN_REVIEW, S.COMPENSATING}
@@ -127,7 +128,7 @@ def task_complete(*, task: Task, summary: str, deliverable: dict | None, actor: 
 
 
 def task_abandon(*, task: Task, reason: str, actor: Actor) -> Task:
-    """READY and RETRYABLE calls end FAILED_PERMANENT; UNKNOWN ones keep being reconciled (SPEC §14)."""
+    """READY and RETRYABLE calls end FAILED_PERMANENT; UNKNOWN ones keep being reconciled (docs/design/tasks.md)."""
     if task.status == TaskStatus.ABANDONED:
         return task
     if task.status != TaskStatus.OPEN:

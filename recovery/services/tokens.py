@@ -1,4 +1,4 @@
-"""API tokens for agent runtimes (SPEC §16): issued once, stored as a peppered HMAC, scoped to tenants, revocable.
+"""API tokens for agent runtimes (docs/api.md): issued once, stored as a peppered HMAC, scoped to tenants, revocable.
 
 A token also has a scope (TokenScope): `runtime` tokens drive the machine API; `metrics` tokens only read the
 metrics (GET /api/v1/metrics and the Prometheus scrape at /metrics), so a scraper's credential cannot register or
@@ -22,11 +22,11 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
-from recovery.hot_path import token_links
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.models import ApiToken, Tenant, TokenScope
 from recovery.services.errors import ServiceError
+from recovery.statemachine.hot_path import token_links
 
 TOKEN_SCHEME = "rc_"
 PREFIX_LENGTH = 12
@@ -124,8 +124,8 @@ def _live_token_with_tenants(prefix: str) -> ApiToken | None:
     """The unrevoked token with this prefix, its tenants prefetched, in one statement: every API request runs it.
 
     A token always has at least one tenant (token_create refuses none), so its tenant links, each read with its
-    token and tenant (recovery.hot_path.token_links), are the token: what prefetch_related("tenants") would leave on
-    it is set from them, so `token.tenants.all()` answers without the second statement prefetching would make.
+    token and tenant (recovery.statemachine.hot_path.token_links), are the token: what prefetch_related("tenants") would
+    leave on it is set from them, so `token.tenants.all()` answers without the second statement prefetching would make.
     """
     links = token_links(prefix)
     if not links:

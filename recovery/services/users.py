@@ -5,9 +5,9 @@ from django.contrib.auth.models import Group
 from django.contrib.auth.password_validation import validate_password
 from django.db import transaction
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
-from recovery.roles import ADMIN, ROLES
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
+from recovery.models.roles import ADMIN, ROLES
 
 
 def user_save_with_roles(*, username: str, roles: list[str], password: str, actor: Actor, email: str = ""):

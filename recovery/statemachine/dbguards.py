@@ -1,19 +1,20 @@
 """Rules the database itself enforces, so that no code path (ORM, raw SQL, a shell) can bypass them.
 
-1. The call state machine: a trigger generated from `recovery.states.ALLOWED_PAIRS` refuses any state change that
-   is not an edge of SPEC §8, any state change that does not bump `version` by exactly one, and any version change
-   without a state change. Violations raise IntegrityError. A compensation ledger entry's states (SPEC §12) are
-   guarded the same way, from `recovery.compensation_states.ALLOWED_PAIRS`.
+1. The call state machine: a trigger generated from `recovery.engine.states.ALLOWED_PAIRS` refuses any state change that
+   is not an edge of docs/design/state-machine.md, any state change that does not bump `version` by exactly one, and any
+   version change without a state change. Violations raise IntegrityError. A compensation ledger entry's states
+   (docs/compensation.md) are guarded the same way, from `recovery.engine.compensation_states.ALLOWED_PAIRS`.
 2. Append-only audit: UPDATE, DELETE (and TRUNCATE on PostgreSQL) of `recovery_auditevent` are refused unless the
    audit maintenance switch is on for the current session; chain heads only move forward, never past the events
    they count, and are never deleted (a rewound head would let a removed tail pass unnoticed; one moved ahead of its
    events would break the next append). The switch is a session setting (`recovery.audit_maintenance` on
    PostgreSQL; a per-connection flag read through an SQL function on SQLite), turned on only by
-   `recovery.audit.audit_maintenance()`, which first records its use as an audit event.
+   `recovery.audit.chain.audit_maintenance()`, which first records its use as an audit event.
 
-Migrations: 0002 calls `install()`. Any later change here, in the state table, or to the guarded tables (SQLite
-rebuilds a table to alter it, which drops its triggers) needs a new migration that calls `install()` again;
-tests/test_states.py and tests/test_audit.py fail until there is one.
+Migrations: 0002 installs what `postgres_sql()` / `sqlite_sql()` generate, frozen in the migration. Any later change
+here, in the state table, or to the guarded tables (SQLite rebuilds a table to alter it, which drops its triggers)
+needs a new migration with the SQL these functions then generate frozen in it (as 0027 does); tests/test_states.py
+and tests/test_audit.py fail until there is one.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.signals import connection_created
 
-from recovery.compensation_states import ALLOWED_PAIRS as ENTRY_PAIRS
-from recovery.states import ALLOWED_PAIRS
+from recovery.engine.compensation_states import ALLOWED_PAIRS as ENTRY_PAIRS
+from recovery.engine.states import ALLOWED_PAIRS
 
 SETTING = "recovery.audit_maintenance"
-# How far a head may count: the events its chain holds (recovery.audit.GLOBAL, "global", counts every event). A head
-# is moved once per transaction to cover the events just inserted (recovery.audit._append_all), never past them.
+# How far a head may count: the events its chain holds (recovery.audit.chain.GLOBAL, "global", counts every event). A
+# head is moved once per transaction to cover the events just inserted (recovery.audit.chain._append_all), never past
+# them.
 _EVENTS_COUNTED = (
     "(CASE WHEN NEW.key = 'global' THEN (SELECT coalesce(max(seq), 0) FROM recovery_auditevent) "
     "ELSE (SELECT coalesce(max(chain_seq), 0) FROM recovery_auditevent WHERE chain = NEW.key) END)"
@@ -179,21 +181,9 @@ def sqlite_sql(pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> list[str]:
     ]
 
 
-def install(schema_editor, pairs: tuple[tuple[str, str], ...] = ALLOWED_PAIRS) -> None:
-    """Install (or replace) every guard on the connection of a migration's schema editor."""
-    vendor = schema_editor.connection.vendor
-    if vendor == "postgresql":
-        statements = postgres_sql(pairs)
-    elif vendor == "sqlite":
-        statements = sqlite_sql(pairs)
-    else:
-        raise RuntimeError(f"no database guards for {vendor}: only PostgreSQL and SQLite are supported")
-    for statement in statements:
-        schema_editor.execute(statement, params=None)  # None: '%' in PL/pgSQL is not a placeholder
-
-
 def entry_guard_sql(vendor: str, pairs: tuple[tuple[str, str], ...] = ENTRY_PAIRS) -> list[str]:
-    """The compensation entries' state guard (SPEC §12), generated from recovery.compensation_states."""
+    """The compensation entries' state guard (docs/compensation.md), generated from
+    recovery.engine.compensation_states."""
     if vendor == "postgresql":
         return _postgres_entry_guard(pairs)
     if vendor == "sqlite":
@@ -201,25 +191,8 @@ def entry_guard_sql(vendor: str, pairs: tuple[tuple[str, str], ...] = ENTRY_PAIR
     raise RuntimeError(f"no database guards for {vendor}: only PostgreSQL and SQLite are supported")
 
 
-def install_entry_guard(schema_editor, pairs: tuple[tuple[str, str], ...] = ENTRY_PAIRS) -> None:
-    """Install (or replace) the entries' guard: migrations from 0015 on, after the table exists (install() serves
-    the migrations before it, so it leaves this table alone)."""
-    for statement in entry_guard_sql(schema_editor.connection.vendor, pairs):
-        schema_editor.execute(statement, params=None)
-
-
-def uninstall_sqlite(schema_editor) -> None:
-    """Drop SQLite's guards before a migration rebuilds a guarded table (install() them again after it): SQLite
-    rebuilds a table by renaming a copy into its place, which fails while another table's trigger names it."""
-    if schema_editor.connection.vendor != "sqlite":
-        return
-    for statement in sqlite_sql():
-        if statement.startswith("DROP TRIGGER"):
-            schema_editor.execute(statement, params=None)
-
-
 def set_maintenance(connection: BaseDatabaseWrapper, on: bool, *, local: bool) -> None:
-    """Flip the switch. Call it only through recovery.audit.audit_maintenance(), which records the use."""
+    """Flip the switch. Call it only through recovery.audit.chain.audit_maintenance(), which records the use."""
     if connection.vendor == "postgresql":
         if not on and local and _transaction_failed(connection):
             return  # the rollback that must follow resets a SET LOCAL; any SQL now would hide the real error

@@ -1,9 +1,9 @@
-"""The hot paths' statements, as SQL written once from the models (STYLE.md's data-layer exception).
+"""The hot paths' statements, as SQL written once from the models (the data-layer exception of docs/architecture.md).
 
-SPEC §19 wants the whole API to ingest single-shot attempts at 0.5x or more of a bare endpoint making the same
-statements, and reconciliation to settle 0.9 x 8 / 0.05 calls a second. Through the ORM alone ingest does not come
-close (`manage.py bench ingest` runs the ORM twin beside it: its `orm_twin_ratio` is about 0.3): building and
-compiling the admission read — the call with its tool, provider, task and breaker, and six subqueries — costs about
+docs/design/quality-targets.md wants the whole API to ingest single-shot attempts at 0.5x or more of a bare endpoint
+making the same statements, and reconciliation to settle 0.9 x 8 / 0.05 calls a second. Through the ORM alone ingest
+does not come close (`manage.py bench ingest` runs the ORM twin beside it: its `orm_twin_ratio` is about 0.3): building
+and compiling the admission read — the call with its tool, provider, task and breaker, and six subqueries — costs about
 6 ms of Python per attempt where running it costs half of one; every transition's conditional UPDATE, every insert
 of an attempt, a gate answer or a receipt, and the token lookup of every request cost several times their
 statement; and the task's counters need an UPDATE and a SELECT where UPDATE ... RETURNING is one statement. So these
@@ -28,10 +28,10 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import F, Model, signals
 
+from recovery.engine.states import UNSETTLED, CallState
 from recovery.models import ApiToken, Attempt, Breaker, Call, Provider, Receipt, Step, Task, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
-from recovery.states import UNSETTLED, CallState
 
 
 def _sql() -> bool:
@@ -203,9 +203,10 @@ def _transition_sql(columns: tuple[str, ...]) -> str:
 
 
 def update_call_state(call: Call, src: str, values: dict[str, Any]) -> int:
-    """recovery.transitions' conditional UPDATE on (id, state, version): `values` (the new state, its times and the
-    other columns the transition writes, plain values) set and the version bumped by one; the rows it changed (0:
-    someone else moved the call first). Every attempt runs it twice; the ORM twin is `update()` with F("version")."""
+    """recovery.statemachine.transitions' conditional UPDATE on (id, state, version): `values` (the new state, its times
+    and the other columns the transition writes, plain values) set and the version bumped by one; the rows it changed
+    (0: someone else moved the call first). Every attempt runs it twice; the ORM twin is `update()` with
+    F("version")."""
     if not _sql():
         where = Call.objects.filter(id=call.pk, state=src, version=call.version)
         return where.update(version=F("version") + 1, **values)

@@ -1,8 +1,9 @@
-"""The one function that moves a call between states (SPEC §8), and its twin for compensation entries (SPEC §12).
+"""The one function that moves a call between states (docs/design/state-machine.md), and its twin for compensation
+entries (docs/compensation.md).
 
 A conditional UPDATE on (id, state, version) bumps the version and sets the new state; the AuditEvent is written in
 the same transaction. "rowcount != 1" means someone else moved the call first: nothing is changed and the caller
-gets TransitionConflict. An edge that is not in recovery.states raises IllegalTransition before any SQL runs (and
+gets TransitionConflict. An edge that is not in recovery.engine.states raises IllegalTransition before any SQL runs (and
 the database trigger would refuse it anyway).
 """
 
@@ -14,14 +15,14 @@ from django.db import transaction
 from django.db.models.expressions import Combinable
 from django.utils import timezone
 
-from recovery.audit import Actor, append_event
-from recovery.audit_actions import AuditAction
-from recovery.call_watch import announce
-from recovery.compensation_states import EntryState
-from recovery.compensation_states import is_allowed as entry_edge_allowed
-from recovery.hot_path import update_call_state
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
+from recovery.engine.compensation_states import EntryState
+from recovery.engine.compensation_states import is_allowed as entry_edge_allowed
+from recovery.engine.states import CallState, is_allowed
 from recovery.models import Call, CompensationEntry
-from recovery.states import CallState, is_allowed
+from recovery.statemachine.hot_path import update_call_state
+from recovery.statemachine.watch import announce
 
 _FORBIDDEN_CHANGES = {"id", "state", "version", "state_changed_at", "task", "task_id", "tenant", "tenant_id"}
 
@@ -83,7 +84,9 @@ def transition_call(
         raise TransitionConflict(
             f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
         )
-    announce(call.pk)  # long polls waiting on this call answer once the change is committed (recovery.call_watch)
+    announce(
+        call.pk
+    )  # long polls waiting on this call answer once the change is committed (recovery.statemachine.watch)
     call.state, call.version, call.state_changed_at, call.updated_at = dst, call.version + 1, now, now
     for name, value in changes.items():
         setattr(call, name, value)
@@ -92,7 +95,8 @@ def transition_call(
 
 def _update(call: Call, src: CallState, dst: CallState, now, changes: dict[str, Any]) -> int:
     """The conditional UPDATE on (id, state, version), the version bumped by one; the number of rows it changed (1,
-    or 0 on a conflict). Every attempt moves its call twice: the statement is the hot path's (recovery.hot_path)."""
+    or 0 on a conflict). Every attempt moves its call twice: the statement is the hot path's
+    (recovery.statemachine.hot_path)."""
     return update_call_state(call, src, {"state": dst, "state_changed_at": now, "updated_at": now, **changes})
 
 
@@ -108,7 +112,7 @@ def transition_entry(
     evidence: dict | None = None,
     changes: dict[str, Any] | None = None,
 ) -> CompensationEntry:
-    """Move a compensation ledger entry as transition_call moves a call: an edge of recovery.compensation_states,
+    """Move a compensation ledger entry as transition_call moves a call: an edge of recovery.engine.compensation_states,
     a conditional UPDATE on (id, state, version) with the version bumped, and the audit event on the original call's
     task chain in the same transaction; TransitionConflict when someone else moved it first."""
     src, dst = EntryState(entry.state), EntryState(to)

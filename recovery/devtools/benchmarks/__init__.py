@@ -1,1 +1,1 @@
-"""Benchmark code too long for recovery/management/commands/bench.py (run through `manage.py bench`)."""
+"""Benchmark code too long for recovery/devtools/management/commands/bench.py (run through `manage.py bench`)."""

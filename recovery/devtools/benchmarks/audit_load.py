@@ -1,7 +1,8 @@
 """The audit history of the calls `queue_load.load(extra=AUDIT_HISTORY)` loads: the events their rows imply, COPYed
-after the global head with their chains and heads, for the metrics benchmark's fold (recovery/benchmarks/metrics.py).
+after the global head with their chains and heads, for the metrics benchmark's fold
+(recovery/devtools/benchmarks/metrics.py).
 
-The events are chained and numbered as recovery.audit appends them, but not hashed with its canonical hash:
+The events are chained and numbered as recovery.audit.chain appends them, but not hashed with its canonical hash:
 verifying the chains is not part of any benchmark that loads them.
 """
 
@@ -13,9 +14,9 @@ import itertools
 import math
 from collections.abc import Iterator
 
-from recovery.audit import GLOBAL, Actor, Keyring, chain_key
-from recovery.audit_actions import AuditAction
-from recovery.benchmarks.queue_load import (
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import GLOBAL, Actor, Keyring, chain_key
+from recovery.devtools.benchmarks.queue_load import (
     _LAST,
     CALLS_PER_TASK,
     PREFIX,
@@ -34,7 +35,8 @@ from recovery.services.tokens import token_create
 # --- the audit history (load(extra=AUDIT_HISTORY)) ------------------------------------------------------------------
 
 # An attempt's outcome as its audit event tells it, per kind of outcome (_OUTCOMES): the state it led to, its row of
-# SPEC §3, its failure class and the decision's route (what the metrics fold reads), its HTTP status.
+# docs/design/classification.md, its failure class and the decision's route (what the metrics fold reads), its HTTP
+# status.
 _TOLD = {
     "transient": ("RETRYABLE", "3", "transient", "retry", "503"),
     "timeout": (UNKNOWN, "8", "outcome_unknown", "reconcile", "null"),
@@ -51,14 +53,14 @@ _Event = tuple[float, str, str, str, str, int, str, int | None]
 
 
 class _History:
-    """The audit events the loaded rows imply, in time order, numbered and chained as recovery.audit appends them.
+    """The audit events the loaded rows imply, in time order, numbered and chained as recovery.audit.chain appends them.
 
     Per call, the `call.transition` events its row's state and version say it went through (an attempt's admission
     and its outcome, a sweep to UNKNOWN, a receipt's settlement, a compensation's two steps; the last one at the
     row's state_changed_at), a `call.checked` event per status check of an UNKNOWN call that learned nothing, and
     per task that ended, its `task.submitted`. `seq` continues the global head's and rises with the events' time;
     each task's events form its chain (chain_seq, prev, prev_hash), the heads written after them. The hash is a
-    digest of the event's fields but not recovery.audit.event_hash's canonical one (it would double the load's
+    digest of the event's fields but not recovery.audit.chain.event_hash's canonical one (it would double the load's
     time): verify_audit would flag these chains, and verifying them is not part of any benchmark.
     """
 

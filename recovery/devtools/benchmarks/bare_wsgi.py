@@ -3,11 +3,11 @@
 `POST /api/v1/calls/{id}/attempts` with a single-shot body (attempt_id + outcome) runs the same statements as the
 product's single shot for a fresh call of a read tool that commits, in the same order and the same transactions
 (the reads and the breaker count in autocommit, then one transaction for the attempt, the two transitions and the
-audit events), then answers JSON. recovery.benchmarks.ingest compares the two lists statement by statement (kind
-and table) and refuses a baseline that drifted. It does no validation, classification or decision: the difference
+audit events), then answers JSON. recovery.devtools.benchmarks.ingest compares the two lists statement by statement
+(kind and table) and refuses a baseline that drifted. It does no validation, classification or decision: the difference
 between the two is what the framework and the product's own Python cost.
 
-Served by gunicorn (`recovery.benchmarks.bare_wsgi:application`) with DATABASE_URL and RECOVERY_TOKEN_PEPPER in
+Served by gunicorn (`recovery.devtools.benchmarks.bare_wsgi:application`) with DATABASE_URL and RECOVERY_TOKEN_PEPPER in
 the environment; `single_shot()` is also what the raw psycopg series runs in a loop, without HTTP.
 Nothing here imports Django. When the product's statements change, change `single_shot()` to match.
 """
@@ -50,7 +50,7 @@ def _hash(value: dict) -> str:
 
 
 def _audit(sql: _Statements, events: list[dict], now: datetime) -> None:
-    """recovery.audit's statements for one transaction's events (all of one task's chain): the global head locked
+    """recovery.audit.chain's statements for one transaction's events (all of one task's chain): the global head locked
     with the events' ids taken, the chain head locked, every event in one INSERT, both heads moved in one UPDATE."""
     chain = f"task:{events[0]['task_id']}"
     length, _, _, ids = sql(
@@ -102,7 +102,7 @@ def _transition(sql, call: dict, src: str, dst: str, token_id: int, now: datetim
     if updated != 1:
         raise RuntimeError(f"call {call['id']} moved under us")
     call["version"] += 1
-    # The product appends its audit events at the end of the transaction (recovery.audit.appends_at_commit).
+    # The product appends its audit events at the end of the transaction (recovery.audit.chain.appends_at_commit).
     return {"task_id": call["task_id"], "call_id": call["id"], "token_id": token_id, "src": src, "dst": dst}
 
 

@@ -1,4 +1,5 @@
-"""The `ingest` benchmark (SPEC §19): single-shot attempt ingest over HTTP on PostgreSQL, against a bare baseline.
+"""The `ingest` benchmark (docs/design/quality-targets.md): single-shot attempt ingest over HTTP on PostgreSQL, against
+a bare baseline.
 
 Each attempt is a single shot (`POST /api/v1/calls/{id}/attempts` with a committed 200 outcome of a read tool, as
 RecoveryClient.single_shot sends it) on a fresh READY call; the calls are spread over 4 tenants and 4 tools, one
@@ -9,7 +10,7 @@ task each, and created beforehand in bulk (not measured). Series:
   read back by UPDATE ... RETURNING) replaced by its ORM twin (an UPDATE and a SELECT);
 - pool: the product with Django's psycopg connection pool (DATABASE_POOL=1: connections lent per request from a
   pool per process) instead of a persistent connection per thread (CONN_MAX_AGE);
-- bare: recovery.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
+- bare: recovery.devtools.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
   psycopg over one persistent connection per worker, served by gunicorn with the same settings;
 - raw psycopg: bare_wsgi.single_shot in a loop from this process, no HTTP.
 
@@ -52,8 +53,8 @@ from django.db import connection
 from django.test import Client, override_settings
 
 from console.env import keyring_text
-from recovery.audit import Actor, chain_key
-from recovery.benchmarks import bare_wsgi
+from recovery.audit.chain import Actor, chain_key
+from recovery.devtools.benchmarks import bare_wsgi
 from recovery.engine.canonical import canonical_json
 from recovery.engine.fingerprint import fingerprint
 from recovery.models import AuditChainHead, Call, Step, Task, Tenant, Tool
@@ -65,9 +66,9 @@ from recovery.services.tokens import token_create
 CLIENTS = 8
 WORKERS, THREADS = 4, 1
 WARM_UP = 5  # attempts per client before each round's measured ones (imports, connections, statement caches)
-PRODUCT_APP, BARE_APP = "console.wsgi:application", "recovery.benchmarks.bare_wsgi:application"
-TARGET_RATIO = 0.5  # SPEC §19
-TARGET_STATEMENTS = 15  # SPEC §19: statements per single-shot attempt
+PRODUCT_APP, BARE_APP = "console.wsgi:application", "recovery.devtools.benchmarks.bare_wsgi:application"
+TARGET_RATIO = 0.5  # docs/design/quality-targets.md
+TARGET_STATEMENTS = 15  # docs/design/quality-targets.md: statements per single-shot attempt
 ROUNDS = 5  # measured rounds per server, interleaved
 TENANTS = [f"bench-{n}" for n in range(4)]
 TOOLS = [f"bench.lookup-{n}" for n in range(4)]
@@ -491,7 +492,8 @@ def bench_ingest(count: int = 1000) -> dict:
     if connection.vendor != "postgresql":
         return {
             "benchmark": "ingest",
-            "skipped": f"needs PostgreSQL (the SPEC 19 ingest target is defined there), this is {connection.vendor}: "
+            "skipped": "needs PostgreSQL (the ingest target of docs/design/quality-targets.md is defined there), "
+            f"this is {connection.vendor}: "
             "run with DATABASE_URL=postgres://user@host:5432/dbname",
         }
     fixture = Fixture.create()
@@ -522,8 +524,8 @@ def bench_ingest(count: int = 1000) -> dict:
         lambda c: product_statements(fixture.token, c, sql=False), fixture.bulk_calls(3 * per_tool, "o")[::per_tool]
     )
 
-    # The product, its ORM twin (RECOVERY_HOT_PATH_SQL off, STYLE.md: the raw statement stays only while the ORM
-    # misses a target) and the bare baseline, in interleaved rounds.
+    # The product, its ORM twin (RECOVERY_HOT_PATH_SQL off, docs/architecture.md: the raw statement stays only while the
+    # ORM misses a target) and the bare baseline, in interleaved rounds.
     per_round = max(count // ROUNDS, 50)
     with (
         serve(PRODUCT_APP, dsn) as product_server,

@@ -1,31 +1,32 @@
-"""The `metrics` benchmark (SPEC §19): the metrics' reads at 1,000,000 calls against the same reads at 10,000, and
-what keeping the rollups costs ingest.
+"""The `metrics` benchmark (docs/design/quality-targets.md): the metrics' reads at 1,000,000 calls against the same
+reads at 10,000, and what keeping the rollups costs ingest.
 
-1. Load (PostgreSQL only; recovery.benchmarks.queue_load with `extra=audit_load.AUDIT_HISTORY`): SMALL calls with
-   their attempts and the audit events their rows imply (about 6 per call: each attempt's admission and outcome,
+1. Load (PostgreSQL only; recovery.devtools.benchmarks.queue_load with `extra=audit_load.AUDIT_HISTORY`): SMALL calls
+   with their attempts and the audit events their rows imply (about 6 per call: each attempt's admission and outcome,
    sweeps, receipts, checks, compensations, submitted tasks; see audit_load._History), over the loader's 90 days. The
    events' `seq` continues the global head's and rises with their time; their chains, heads and hashes are filled as
-   recovery.audit fills them but not with its canonical hash, so verifying the chains is not part of this benchmark.
-2. Fold them with the product's own `metrics_fold()` (timed: events folded per second), then check the rollups
-   against counts made independently with SQL from the loaded rows (calls with an attempt, write calls, attempts with
-   an outcome, write calls that entered UNKNOWN, calls that committed; each call's version against its transitions;
-   the hourly rollups and the per-tenant totals against the all-tenant totals). A mismatch stops the benchmark.
-3. Time each read, `count` requests each after WARM_UP, the reads taken in turn, the order reversed every other
-   round, served in-process by the whole Django stack through `django.test.Client` as bench queue serves its pages
-   (wall time of `Client.get`; median and p95), and count each one's SQL statements: `/metrics` as a signed-in viewer
-   (every tenant) and with a metrics token of every tenant (the scraper's way: the counts of its tenants summed), the
-   metrics page `/overview/metrics/` over 24 hours and over 30 days, the overview `/overview/`, and the JSON
-   `GET /api/v1/metrics` with the same token.
-4. Grow the same database to `calls` (another load after the first: ids, seq and chains after the ones there; the
-   grown calls' times interleave with the first ones', their seq all after them), none of the grown calls left in
-   a reviewer's queue: the history grows a hundredfold and the backlog stays the small load's. The overview and the
-   queue sizes count the open items exactly (an index-only scan of call_backlog_idx, about 0.5 µs per open item): a
-   cost of the backlog the queues hold, which the history's growth does not imply. Check first that the disk holds
-   it (an estimate from what the small load took), fold, check and time the same reads again: each read's
-   `ratio_1m_over_10k` (medians; target <= 1.5) and its statements at both sizes (target: equal).
-5. Ingest with the fold running: bench ingest's single shots (recovery/benchmarks/ingest.py: gunicorn, 8 clients)
-   against the same server in interleaved rounds, without a fold and with a fold process calling the product's
-   periodic job (recovery.jobs.metrics_fold) every `fold_every` seconds (RECOVERY_METRICS_FOLD_EVERY_S, 10 in
+   recovery.audit.chain fills them but not with its canonical hash, so verifying the chains is not part of this
+   benchmark.
+2. Fold them with the product's own `metrics_fold()` (timed: events folded per second), then check the rollups against
+   counts made independently with SQL from the loaded rows (calls with an attempt, write calls, attempts with an
+   outcome, write calls that entered UNKNOWN, calls that committed; each call's version against its transitions; the
+   hourly rollups and the per-tenant totals against the all-tenant totals). A mismatch stops the benchmark.
+3. Time each read, `count` requests each after WARM_UP, the reads taken in turn, the order reversed every other round,
+   served in-process by the whole Django stack through `django.test.Client` as bench queue serves its pages (wall time
+   of `Client.get`; median and p95), and count each one's SQL statements: `/metrics` as a signed-in viewer (every
+   tenant) and with a metrics token of every tenant (the scraper's way: the counts of its tenants summed), the metrics
+   page `/overview/metrics/` over 24 hours and over 30 days, the overview `/overview/`, and the JSON `GET
+   /api/v1/metrics` with the same token.
+4. Grow the same database to `calls` (another load after the first: ids, seq and chains after the ones there; the grown
+   calls' times interleave with the first ones', their seq all after them), none of the grown calls left in a reviewer's
+   queue: the history grows a hundredfold and the backlog stays the small load's. The overview and the queue sizes count
+   the open items exactly (an index-only scan of call_backlog_idx, about 0.5 µs per open item): a cost of the backlog
+   the queues hold, which the history's growth does not imply. Check first that the disk holds it (an estimate from what
+   the small load took), fold, check and time the same reads again: each read's `ratio_1m_over_10k` (medians; target <=
+   1.5) and its statements at both sizes (target: equal).
+5. Ingest with the fold running: bench ingest's single shots (recovery/devtools/benchmarks/ingest.py: gunicorn, 8
+   clients) against the same server in interleaved rounds, without a fold and with a fold process calling the product's
+   periodic job (recovery.jobs.tasks.metrics_fold) every `fold_every` seconds (RECOVERY_METRICS_FOLD_EVERY_S, 10 in
    production) as the scheduler does; each round with the fold starts caught up (the events of the rounds before are
    folded first, untimed). `ingest_with_fold_ratio`: attempts per second with the fold over without (target >= 0.9).
 """
@@ -52,11 +53,10 @@ from django.test import Client, override_settings
 from django.test.utils import CaptureQueriesContext
 from django.urls import Resolver404, resolve, reverse
 
-from recovery import jobs
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
-from recovery.benchmarks.audit_load import AUDIT_HISTORY
-from recovery.benchmarks.ingest import (
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
+from recovery.devtools.benchmarks.audit_load import AUDIT_HISTORY
+from recovery.devtools.benchmarks.ingest import (
     CLIENTS,
     PRODUCT_APP,
     ROUNDS,
@@ -70,20 +70,21 @@ from recovery.benchmarks.ingest import (
     server_env,
     wait_disconnected,
 )
-from recovery.benchmarks.queue_load import CALLS, PREFIX, UNKNOWN_PER_CALLS, VIEWER, load
+from recovery.devtools.benchmarks.queue_load import CALLS, PREFIX, UNKNOWN_PER_CALLS, VIEWER, load
 from recovery.engine import metrics as m
+from recovery.engine.states import CallState
+from recovery.jobs import tasks as jobs
 from recovery.models import Attempt, AuditEvent, Call, MetricRollup, MetricTotal, Tenant, TokenScope
 from recovery.services.metrics import metrics_fold
 from recovery.services.tokens import token_create
-from recovery.states import CallState
 
 SMALL = 10_000
 WARM_UP_REQUESTS = 5
 # The reads the ratio target is set for (/metrics, the metrics page, the overview); the JSON API's read is timed and
 # reported beside them, its statements held constant, its ratio not a target.
 TARGETED = ("prometheus_viewer", "prometheus_token", "metrics_page_24h", "metrics_page_30d", "overview")
-TARGET_RATIO = 1.5  # SPEC §19: each read at `calls` within this many times the same read at SMALL
-TARGET_INGEST = 0.9  # SPEC §19: rollup upkeep costs at most 10 % of ingest throughput
+TARGET_RATIO = 1.5  # docs/design/quality-targets.md: each read at `calls` within this many times the same read at SMALL
+TARGET_INGEST = 0.9  # docs/design/quality-targets.md: rollup upkeep costs at most 10 % of ingest throughput
 INGEST_ATTEMPTS = 20_000  # single shots per ingest series (with and without the fold), over ROUNDS rounds
 DISK_MARGIN = 1.25
 CHECKED = (m.CALLS, m.WRITE_CALLS, m.ATTEMPTS, m.UNKNOWN_CALLS, m.COMMITTED_CALLS)
@@ -279,7 +280,9 @@ def disk_check(used: int, small: int, calls: int) -> dict:
 
 # The fold process: the product's periodic job, every `every` seconds from the start of each run (as the scheduler
 # runs it), until SIGTERM; then one line of JSON: runs, events folded, seconds spent folding, CPU seconds.
-FOLD_LOOP = "import django; django.setup(); from recovery.benchmarks.metrics import fold_loop; fold_loop({every})"
+FOLD_LOOP = (
+    "import django; django.setup(); from recovery.devtools.benchmarks.metrics import fold_loop; fold_loop({every})"
+)
 
 
 def fold_loop(every: float) -> None:
@@ -383,7 +386,8 @@ def bench_metrics(
     if connection.vendor != "postgresql":
         return {
             "benchmark": "metrics",
-            "skipped": f"needs PostgreSQL (the SPEC 19 metrics targets are defined there, and the loader uses COPY), "
+            "skipped": "needs PostgreSQL (the metrics targets of docs/design/quality-targets.md are defined there, "
+            "and the loader uses COPY), "
             f"this is {connection.vendor}: run with DATABASE_URL=postgres://user@host:5432/dbname",
         }
     if not 0 < small < calls:

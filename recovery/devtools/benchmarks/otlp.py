@@ -6,8 +6,8 @@ through the product's services (no server), one after another:
 - single_shot: the single shot a runtime that asks for admission sends for one tool call (attempt_admit with its
   outcome, the call read as the API reads it), on fresh READY calls made beforehand, as the ingest benchmark does;
 - spans: what a runtime that only exports traces sends: `execute_tool` spans in OTLP protobuf, BATCH per request,
-  read (recovery.otlp) and recorded (recovery.services.observed: the trace's task, the span's row, its observed
-  call, the single shot through the same admission service, the runtime's tool tally), per span;
+  read (recovery.api.otlp_decode) and recorded (recovery.services.observed: the trace's task, the span's row, its
+  observed call, the single shot through the same admission service, the runtime's tool tally), per span;
 - spans_http: the same batches through the whole Django stack (`POST /api/v1/otlp/v1/traces` with the test
   client, protobuf, gzip), per span.
 
@@ -28,9 +28,8 @@ from django.test import Client, override_settings
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 
-from recovery import otlp
-from recovery.audit import Actor
-from recovery.hot_path import call_for_attempt
+from recovery.api import otlp_decode as otlp
+from recovery.audit.chain import Actor
 from recovery.registry import load_registry
 from recovery.services import tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit
@@ -38,6 +37,7 @@ from recovery.services.calls import call_add
 from recovery.services.observed import spans_ingest
 from recovery.services.outcomes import facts_of
 from recovery.services.tokens import token_create
+from recovery.statemachine.hot_path import call_for_attempt
 
 BATCH = 50  # spans per export request (the SDK's BatchSpanProcessor sends up to 512)
 NEVER_OPENS = {"min_calls": 1_000_000}

@@ -1,6 +1,7 @@
-"""The `queue` benchmark (SPEC §19): the UNKNOWN queue page at a million calls, against a bare page and the admin.
+"""The `queue` benchmark (docs/design/quality-targets.md): the UNKNOWN queue page at a million calls, against a bare
+page and the admin.
 
-The data is loaded by recovery.benchmarks.queue_load (see there).
+The data is loaded by recovery.devtools.benchmarks.queue_load (see there).
 
 Pages, each a GET served in-process by the whole Django stack through `django.test.Client` (no network, no server:
 WSGI request built, middleware, view, template, response), signed in, over the one persistent connection of this
@@ -16,9 +17,9 @@ process, with the test environment not set up (no template instrumentation), DEB
   50 rows only. It runs behind the same middleware, which makes no SQL for it (it reads neither session nor user);
 - admin: the changelist of Call on a separate AdminSite mounted only for the benchmark, list_display = the queue's
   columns, list_filter = its filters (tool, tenant, state, risk, age as state_changed_at), every other option
-  default — as SPEC §19 defines it, so 100 rows a page (list_per_page's default) — signed in as an admin-role user,
-  filtered by its own `state__exact=UNKNOWN` (all the queue's rows are UNKNOWN); deep: the page at offset DEPTH
-  (`p` = DEPTH / 100 + 1; `p` counts from 1). The target is measured against it;
+  default — as docs/design/quality-targets.md defines it, so 100 rows a page (list_per_page's default) — signed in as an
+  admin-role user, filtered by its own `state__exact=UNKNOWN` (all the queue's rows are UNKNOWN); deep: the page at
+  offset DEPTH (`p` = DEPTH / 100 + 1; `p` counts from 1). The target is measured against it;
 - admin50: the same changelist with list_per_page = 50, the queue's page size, reported beside it (not a target):
   the admin drawing as many rows as the queue, the stricter comparison.
 
@@ -53,7 +54,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 
 from console import urls as console_urls
-from recovery.benchmarks.queue_load import ADMIN, CALLS, UNKNOWN, UNKNOWN_PER_CALLS, VIEWER, load
+from recovery.devtools.benchmarks.queue_load import ADMIN, CALLS, UNKNOWN, UNKNOWN_PER_CALLS, VIEWER, load
 from recovery.models import Call, Step, Task, Tenant, Tool
 from recovery.selectors.queues import PAGE_SIZE, QUEUES
 
@@ -128,7 +129,7 @@ def bare_page(request: HttpRequest) -> HttpResponse:
 
 
 class BenchCallAdmin(admin.ModelAdmin):
-    """The queue's columns and filters; every other option default (SPEC §19's baseline)."""
+    """The queue's columns and filters; every other option default (docs/design/quality-targets.md's baseline)."""
 
     list_display = (
         "task__external_id", "task__id", "step__index", "tool", "tenant", "risk", "state", "state_changed_at",
@@ -217,8 +218,8 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
     pages = {
         "product_first": (product, first),
         "product_deep": (product, deep),
-        # The same page read through the selector's ORM twin (RECOVERY_HOT_PATH_SQL off): STYLE.md keeps the SQL
-        # only while the ORM's page misses the target.
+        # The same page read through the selector's ORM twin (RECOVERY_HOT_PATH_SQL off): docs/architecture.md keeps the
+        # SQL only while the ORM's page misses the target.
         "product_orm_first": (product, first),
         "product_orm_deep": (product, deep),
         "bare_first": (product, bare),
@@ -227,8 +228,9 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
     for name, (changelist, per_page) in changelists.items():
         pages[f"{name}_first"] = (admin_client, changelist)
         pages[f"{name}_deep"] = (admin_client, f"{changelist}&p={depth // per_page + 1}")
-    # The call page (SPEC §19: statements constant in its attempts): the queue's call with the fewest attempts and
-    # the one with the most, among the first thousand by id; timed beside the queue pages, no baseline of its own.
+    # The call page (docs/design/quality-targets.md: statements constant in its attempts): the queue's call with the
+    # fewest attempts and the one with the most, among the first thousand by id; timed beside the queue pages, no
+    # baseline of its own.
     sample = Call.objects.filter(state=UNKNOWN, pk__in=Call.objects.filter(state=UNKNOWN).order_by("pk")[:1000])
     counted = list(sample.annotate(n=Count("attempts")).order_by("n", "pk").values_list("pk", "n"))
     (few, few_n), (many, many_n) = counted[0], counted[-1]
@@ -305,7 +307,8 @@ def bench_queue(count: int = 30, *, calls: int = CALLS, unknown: int | None = No
     if connection.vendor != "postgresql":
         return {
             "benchmark": "queue",
-            "skipped": f"needs PostgreSQL (the SPEC 19 queue target is defined there, and the loader uses COPY), "
+            "skipped": "needs PostgreSQL (the queue target of docs/design/quality-targets.md is defined there, and the "
+            "loader uses COPY), "
             f"this is {connection.vendor}: run with DATABASE_URL=postgres://user@host:5432/dbname",
         }
     unknown = calls // UNKNOWN_PER_CALLS if unknown is None else unknown
@@ -333,7 +336,8 @@ def bench_queue(count: int = 30, *, calls: int = CALLS, unknown: int | None = No
         result["statements_product_first"] == result["statements_product_deep"]
         and result["statements_call_few"] == result["statements_call_many"]
     )
-    # STYLE.md: the page's SQL (recovery/selectors/queues.py) stays only while its ORM twin misses the target.
+    # docs/architecture.md: the page's SQL (recovery/selectors/queues.py) stays only while its ORM twin misses the
+    # target.
     result["orm_twin_meets_target"] = all(
         result[f"ratio_product_orm_bare_{w}"] <= TARGET_BARE for w in ("first", "deep")
     )

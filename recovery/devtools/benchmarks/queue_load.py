@@ -1,4 +1,5 @@
-"""The `queue` benchmark's data (SPEC §19): a million calls, loaded as fast as PostgreSQL takes them.
+"""The `queue` benchmark's data (docs/design/quality-targets.md): a million calls, loaded as fast as PostgreSQL takes
+them.
 
 Load (PostgreSQL only; timed, reported as load_s, not part of any page figure). The registry (providers, 40 tools,
 20 tenants) goes through `load_registry` and the users through `user_save_with_roles`, as in production; then
@@ -34,7 +35,7 @@ from django.contrib.auth import get_user_model
 from django.db import DatabaseError, connection, transaction
 from django.db.models import Model
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.models import Attempt, Call, Step, Task, Tenant, Tool
 from recovery.registry import load_registry
 from recovery.services.users import user_save_with_roles
@@ -426,7 +427,8 @@ _LOADED = (Task, Step, Call, Attempt)
 
 
 class Extra(Protocol):
-    """More rows a load COPYs in its transaction, after the calls' (recovery.benchmarks.audit_load's history)."""
+    """More rows a load COPYs in its transaction, after the calls' (recovery.devtools.benchmarks.audit_load's
+    history)."""
 
     models: tuple[type[Model], ...]  # their tables: ids taken, foreign keys dropped and checked, sequences set
 
@@ -444,8 +446,8 @@ def load(
     queued: bool = True,
 ) -> dict:
     """Load the registry, users and `calls` calls (see the module's docstring); return what was loaded and how long
-    it took. PostgreSQL only. `extra`: more rows, as recovery.benchmarks.audit_load.AUDIT_HISTORY the audit events
-    the loaded rows imply and their chains' heads.
+    it took. PostgreSQL only. `extra`: more rows, as recovery.devtools.benchmarks.audit_load.AUDIT_HISTORY the audit
+    events the loaded rows imply and their chains' heads.
     Loading again adds as many calls more, with ids, audit seq and chains after the ones there. `queued` False: none
     of the calls is left in a reviewer's queue (UNKNOWN, HUMAN_REVIEW; `unknown` must be 0): history that grows
     while the backlog stays what it was, the calls a queued draw would have made COMMITTED instead."""

@@ -1,4 +1,5 @@
-"""The `reconcile` benchmark (SPEC §19): settled calls per second with the status API answering in 50 ms.
+"""The `reconcile` benchmark (docs/design/quality-targets.md): settled calls per second with the status API answering in
+50 ms.
 
 The sandbox provider runs as its own process with 50 ms of latency on its status endpoints. Refunds are made at the
 sandbox first (their replies "lost": the product holds each call in UNKNOWN, due now), then reconciliation workers
@@ -26,7 +27,7 @@ from django.conf import settings
 from django.db import connection, connections
 from django.utils import timezone
 
-from recovery.audit import Actor, chain_key
+from recovery.audit.chain import Actor, chain_key
 from recovery.models import AuditChainHead, Call, Receipt, Step, Task, Tenant, Tool
 from recovery.registry import load_registry
 from recovery.services.reconcile import reconcile_due

@@ -1,7 +1,7 @@
 """The `replay` benchmark: refunds whose reply is lost, settled through the demo runtime, against a bare client.
 
-The measurement of replay reconciliation (SPEC §10.1) from the agent's side: `count` refunds (default 50) in each of
-two cases, through the demo runtime (recovery.agent.runtime.Agent: admit, send, report, then wait for reconciliation
+The measurement of replay reconciliation (docs/replay.md) from the agent's side: `count` refunds (default 50) in each of
+two cases, through the demo runtime (recovery.client.runtime.Agent: admit, send, report, then wait for reconciliation
 the way it waits for any UNKNOWN call) on a tool a duplicate probe proved safe, with
 
 - reply_lost: the sandbox commits each refund and drops its reply (`commit_then_drop`): the status query settles it;
@@ -39,7 +39,7 @@ status-endpoint breaker is left alone: when status_down's 503s outweigh the answ
 first case's stay in it for 60 s) it opens, and later checks are skipped as unreachable (counted in `status_checks`),
 which replay reconciliation takes as "cannot answer" too.
 
-With REDIS_URL, background_jobs (recovery.drills.stage) starts `runjobs` workers with the drills' 1 s periodic
+With REDIS_URL, background_jobs (recovery.devtools.drills.stage) starts `runjobs` workers with the drills' 1 s periodic
 intervals; the immediate check enqueued at UNKNOWN does not depend on them.
 """
 
@@ -64,13 +64,19 @@ from django.conf import settings
 from django.db import connection
 from requests.adapters import HTTPAdapter
 
-from recovery.agent.runtime import COMMITTED, Agent, ToolBook
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient
-from recovery.drills.stage import ApiServer, background_jobs, database_url, sandbox_env_defaults, shipped_registry
+from recovery.client.runtime import COMMITTED, Agent, ToolBook
+from recovery.devtools.drills.stage import (
+    ApiServer,
+    background_jobs,
+    database_url,
+    sandbox_env_defaults,
+    shipped_registry,
+)
+from recovery.devtools.sandbox.process import SandboxProcess
 from recovery.models import Attempt, AuditEvent, Breaker, BreakerBucket, Call, Receipt, Tool
 from recovery.registry import load_registry
-from recovery.sandbox.process import SandboxProcess
 from recovery.services.probes import probe_call
 from recovery.services.tokens import token_create
 

@@ -1,4 +1,5 @@
-"""Fault drills (SPEC §18): the demo agent driven through the real API, jobs and sandbox, against pinned expectations.
+"""Fault drills (docs/drills.md): the demo agent driven through the real API, jobs and sandbox, against pinned
+expectations.
 
 `stage` starts (or borrows) what a run needs — a sandbox process, the API over HTTP, background jobs — and loads the
 drill registry (the shipped sandbox registry under `drill.` names, quick schedules, its own tenant and provider).

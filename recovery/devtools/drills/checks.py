@@ -17,7 +17,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from recovery.drills.results import CheckRow
+from recovery.devtools.drills.results import CheckRow
 
 MISSES_SHOWN = 3  # items of an `each` that did not match, shown in its observed text
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 
-from recovery.audit_actions import REQUEST_EVENTS, AuditAction
+from recovery.audit.actions import REQUEST_EVENTS, AuditAction
 from recovery.models import Attempt, AuditEvent, CompensationEntry, Decision, GateDecision
 
 

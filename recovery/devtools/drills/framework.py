@@ -12,12 +12,12 @@ from typing import Any
 
 from django.utils import timezone
 
-from recovery.agent.runtime import Agent, CallResult
-from recovery.drills import checks
-from recovery.drills.evidence import at
-from recovery.drills.results import CheckRow
-from recovery.drills.stage import Stage
-from recovery.drills.table import BACKLOG_DEFAULT, ROUNDS_DEFAULT, Drill
+from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.drills import checks
+from recovery.devtools.drills.evidence import at
+from recovery.devtools.drills.results import CheckRow
+from recovery.devtools.drills.stage import Stage
+from recovery.devtools.drills.table import BACKLOG_DEFAULT, ROUNDS_DEFAULT, Drill
 
 Log = Callable[[str], None]
 
@@ -59,7 +59,8 @@ class Run:
         return result
 
     def check(self, name: str, *, expected: Any, observed: Any) -> None:
-        """One of the table's checks: it holds when `observed` matches `expected` (recovery/drills/checks.py)."""
+        """One of the table's checks: it holds when `observed` matches `expected`
+        (recovery/devtools/drills/checks.py)."""
         self.checks.append(checks.check(name, expected=expected, observed=observed))
 
     def key(self, name: str) -> str:

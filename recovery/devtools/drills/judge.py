@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from recovery.drills.evidence import EntryPath, call_paths, entry_paths, last_word
-from recovery.drills.framework import Run
-from recovery.drills.results import CheckRow, DrillResult, KeyRow
-from recovery.drills.stage import Stage
-from recovery.drills.table import ARROW, CompensationEnd, Drill, End
-from recovery.states import CallState as S
+from recovery.devtools.drills.evidence import EntryPath, call_paths, entry_paths, last_word
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.drills.results import CheckRow, DrillResult, KeyRow
+from recovery.devtools.drills.stage import Stage
+from recovery.devtools.drills.table import ARROW, CompensationEnd, Drill, End
+from recovery.engine.states import CallState as S
 
 
 def judge(run: Run, slug: str, error: str, seconds: float) -> DrillResult:

@@ -1,7 +1,7 @@
-"""Several nodes on one machine (SPEC §20, docs/deploy.md): the production topology as separate processes, a refund
-backlog whose replies are all lost, and one web process, one worker and the scheduler's holder killed with SIGKILL
-while the runtimes are still sending. `python manage.py nodes` runs it (PostgreSQL and REDIS_URL needed, and Debian's
-nginx and pgbouncer); `tests/test_several_nodes.py` runs it in CI.
+"""Several nodes on one machine (docs/deploy.md, docs/deploy.md): the production topology as separate processes, a
+refund backlog whose replies are all lost, and one web process, one worker and the scheduler's holder killed with
+SIGKILL while the runtimes are still sending. `python manage.py nodes` runs it (PostgreSQL and REDIS_URL needed, and
+Debian's nginx and pgbouncer); `tests/test_several_nodes.py` runs it in CI.
 
 The processes, each started as an operator would (docs/deploy.md), each in a session of its own:
 
@@ -55,15 +55,15 @@ from urllib.parse import quote
 from django.conf import settings
 from django.db import connection
 
-from recovery.agent.runtime import CallResult
-from recovery.cron import Scheduler
-from recovery.drills.evidence import chunks
-from recovery.drills.servers import Nginx, PgBouncer, WebServer
-from recovery.drills.stage import JobWorkers, Stage, drill_stage, sandbox_env_defaults
+from recovery.client.runtime import CallResult
+from recovery.devtools.drills.evidence import chunks
+from recovery.devtools.drills.servers import Nginx, PgBouncer, WebServer
+from recovery.devtools.drills.stage import JobWorkers, Stage, drill_stage, sandbox_env_defaults
+from recovery.engine.states import RECONCILABLE
+from recovery.engine.states import CallState as S
+from recovery.jobs.cron import Scheduler
 from recovery.models import Attempt, AuditEvent, Call, Tool
 from recovery.selectors.job_processes import scheduler_holder
-from recovery.states import RECONCILABLE
-from recovery.states import CallState as S
 
 WEB, WEB_PROCESSES, WEB_THREADS = 2, 2, 4  # web machines; gunicorn processes and threads on each
 WORKERS, SCHEDULERS = 4, 2

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from recovery.drills.results import DrillResult
+from recovery.devtools.drills.results import DrillResult
+from recovery.models.drills import result_table as stored_result_table
 
 ROWS_LOGGED = 12  # per-key rows printed one by one; beyond, only the ones that failed
 
@@ -28,22 +29,7 @@ def log_result(result: DrillResult, log: Callable[[str], None]) -> None:
     log(f"  {'PASS' if result.passed else 'FAIL'} in {result.seconds:.1f} s")
 
 
-def _verdict(result: dict) -> str:
-    if result.get("skipped"):
-        return "skipped"
-    return "pass" if result["passed"] else "FAIL"
-
-
 def result_table(results: list[DrillResult] | list[dict]) -> str:
     """drill | expected | observed | result, one line per drill, columns aligned; from results or their stored JSON
-    (DrillRun.results)."""
-    stored = [r.as_json() if isinstance(r, DrillResult) else r for r in results]
-    rows = [("drill", "expected", "observed", "result")]
-    rows += [(r["name"], r["expected"], r["observed"], _verdict(r)) for r in stored]
-    widths = [max(len(row[i]) for row in rows) for i in range(3)]
-    lines = []
-    for n, row in enumerate(rows):
-        lines.append(" | ".join(cell.ljust(widths[i]) if i < 3 else cell for i, cell in enumerate(row)))
-        if n == 0:
-            lines.append("-+-".join("-" * width for width in [*widths, len("result")]))
-    return "\n".join(lines)
+    (DrillRun.results): the same table the console's admin shows for a stored run."""
+    return stored_result_table([r.as_json() if isinstance(r, DrillResult) else r for r in results])

@@ -14,7 +14,7 @@ class KeyRow:
     expected_effects: int
     observed_effects: int
     passed: bool
-    entry: int | None = None  # the compensation entry's number when the key is an entry's own (SPEC §12)
+    entry: int | None = None  # the compensation entry's number when the key is an entry's own (docs/compensation.md)
     step: str = ""  # the step's role, for a drill whose steps end differently (a saga's order, payment, shipment)
 
 

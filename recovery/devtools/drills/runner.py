@@ -1,10 +1,10 @@
-"""Running the fault drills of SPEC §18 on a stage, each judged against the pinned table (drills/table.py).
+"""Running the fault drills of docs/drills.md on a stage, each judged against the pinned table (drills/table.py).
 
     with drill_stage() as stage:
         result = run_drill(stage, "timeout-after-send", log=print)
         result.passed, result.keys, result.checks
 
-Each drill (one module of drills/cases/) drives the demo agent (recovery/agent/runtime.py) through the real API,
+Each drill (one module of drills/cases/) drives the demo agent (recovery/client/runtime.py) through the real API,
 background jobs and sandbox process; drills/judge.py then reads back what happened from two places that share
 nothing: the sandbox's ledger and request log (the provider's evidence) and the database's audit trail, attempts and
 receipts (the console's). A drill passes only when every key's row and every check the table names holds.
@@ -21,14 +21,14 @@ import time
 import traceback
 from collections.abc import Iterable
 
-from recovery.drills.cases import CASES
-from recovery.drills.framework import Log, Run, missing_service
-from recovery.drills.judge import judge
-from recovery.drills.report import log_result
-from recovery.drills.results import DrillResult
-from recovery.drills.stage import Stage
-from recovery.drills.table import BACKLOG_DEFAULT, DRILLS, ROUNDS_DEFAULT, Drill
-from recovery.sandbox.process import SandboxProcess
+from recovery.devtools.drills.cases import CASES
+from recovery.devtools.drills.framework import Log, Run, missing_service
+from recovery.devtools.drills.judge import judge
+from recovery.devtools.drills.report import log_result
+from recovery.devtools.drills.results import DrillResult
+from recovery.devtools.drills.stage import Stage
+from recovery.devtools.drills.table import BACKLOG_DEFAULT, DRILLS, ROUNDS_DEFAULT, Drill
+from recovery.devtools.sandbox.process import SandboxProcess
 
 
 def run_drills(

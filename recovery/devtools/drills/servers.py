@@ -1,6 +1,6 @@
 """Real servers in their own processes, on free ports of 127.0.0.1: Debian's nginx with the shipped
 deploy/nginx.conf, Debian's PgBouncer in transaction mode, the console under gunicorn. The several-nodes scenario
-(recovery.drills.nodes) stands the production topology up with them; the test suite's edge tests use them too.
+(recovery.devtools.drills.nodes) stands the production topology up with them; the test suite's edge tests use them too.
 
     with PgBouncer("127.0.0.1", 5432, user="postgres", workdir=tmp / "pgbouncer") as bouncer: ...
     with WebServer(env, log_path=tmp / "web.log", shipped=True) as web: ...
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: manage.py, deploy/
+ROOT = Path(__file__).resolve().parents[3]  # the repository: manage.py, deploy/
 
 
 def free_port() -> int:

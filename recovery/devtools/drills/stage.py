@@ -47,18 +47,18 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import connection
 
-from recovery import inprocess
-from recovery.agent.runtime import Agent, ToolBook
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.client import RecoveryClient
-from recovery.cron import PERIODIC
+from recovery.client.runtime import Agent, ToolBook
+from recovery.devtools.sandbox.process import SandboxClient, SandboxProcess
+from recovery.jobs import inprocess
+from recovery.jobs.cron import PERIODIC
+from recovery.models.roles import APPROVER, REVIEWER, sync_roles
 from recovery.registry import load_registry
-from recovery.roles import APPROVER, REVIEWER, sync_roles
-from recovery.sandbox.process import SandboxClient, SandboxProcess
 from recovery.services.tokens import token_create, token_revoke
 from recovery.services.users import user_save_with_roles
 
-SANDBOX_REGISTRY = Path(__file__).resolve().parents[1] / "fixtures" / "registry.example.json"
+SANDBOX_REGISTRY = Path(__file__).resolve().parents[2] / "fixtures" / "registry.example.json"
 # Both sides read these: the sandbox to check requests and sign callbacks, the product (through the registry's
 # `secret_env` names) to authenticate to it and verify the callbacks. Real values from the environment win.
 SANDBOX_ENV_DEFAULTS = {
@@ -76,9 +76,9 @@ DRILL_RECONCILE = {"first_check_s": 1, "backoff": 1, "max_checks": 3, "deadline_
 # a margin, 14 s on the drill provider): the worker-killed drill waits out both.
 DRILL_OUTCOME_TIMEOUT_S = 10
 DRILL_ACTION_LEASE_S = 10
-# Two refund tools of the drills' own, so that what a duplicate probe decides about them (SPEC §11) never touches
+# Two refund tools of the drills' own, so that what a duplicate probe decides about them (docs/replay.md) never touches
 # refund.create: both replay-safe, with replay reconciliation on and an explicit key retention. The status-down drill
-# probes REPLAYED_REFUND safe and lets reconciliation replay it (SPEC §10.1); the provider-ignores-keys drill probes
+# probes REPLAYED_REFUND safe and lets reconciliation replay it (docs/replay.md); the provider-ignores-keys drill probes
 # KEYLESS_REFUND against a sandbox in broken mode and finds it unsafe. Each new stage's sandbox has a new address, so
 # loading the drill registry voids both retry paths again (back to unprobed).
 REPLAYED_REFUND = "refund.replayed"

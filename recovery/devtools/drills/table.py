@@ -1,32 +1,32 @@
-"""The pinned expectations of the fault drills (SPEC §18), as data.
+"""The pinned expectations of the fault drills (docs/drills.md), as data.
 
 Each drill names what is injected, how every call it makes must end — the exact states it passes through after
 READY, as the audit trail records them — how many business effects the sandbox's ledger must hold for each key,
-and the extra checks its module in recovery/drills/cases/ must report. A drill passes only when every key's observed
-effects and every call's end equal these, and every check named here was made and held (recovery/drills/judge.py
-compares). The drills read their numbers from here: what they inject (below) and what each call's path implies
-(how many times it is sent, its last step).
+and the extra checks its module in recovery/devtools/drills/cases/ must report. A drill passes only when every key's
+observed effects and every call's end equal these, and every check named here was made and held
+(recovery/devtools/drills/judge.py compares). The drills read their numbers from here: what they inject (below) and what
+each call's path implies (how many times it is sent, its last step).
 
-The drills of §18 that need an approved operator action play it through the action services (preview, request,
-approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
+The drills of docs/drills.md that need an approved operator action play it through the action services (preview,
+request, approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
 kill (`needs`), and is skipped with the reason without REDIS_URL. The two compensation drills also pin how each
 call's compensation ledger entry ends (`compensation`: the entry's states after pending, and the effects under its
 own key), judged like a call's row. The two saga drills pin each step's end of their own (`steps`: a step's path,
 its key's effects and its entry's end), since an aborted saga's order, payment and refused shipment end differently.
-The two drills of the duplicate probe (SPEC §11) play it as an approved `probe_duplicate` too, on refund tools of
-the drill registry's own (recovery/drills/stage.py: REPLAYED_REFUND, KEYLESS_REFUND), so that the retry path a probe
-decides never touches refund.create: "status API down" proves one safe and lets reconciliation replay it (SPEC
-§10.1), "provider ignores keys" finds the other unsafe in the sandbox's broken mode. Both pin each call by its role
-(`steps`), since their refunds end differently.
+The two drills of the duplicate probe (docs/replay.md) play it as an approved `probe_duplicate` too, on refund tools of
+the drill registry's own (recovery/devtools/drills/stage.py: REPLAYED_REFUND, KEYLESS_REFUND), so that the retry path a
+probe decides never touches refund.create: "status API down" proves one safe and lets reconciliation replay it
+(docs/replay.md), "provider ignores keys" finds the other unsafe in the sandbox's broken mode. Both pin each call by its
+role (`steps`), since their refunds end differently.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from recovery.compensation_states import EntryState
-from recovery.drills.stage import KEYLESS_REFUND, REPLAYED_REFUND
-from recovery.states import CallState
+from recovery.devtools.drills.stage import KEYLESS_REFUND, REPLAYED_REFUND
+from recovery.engine.compensation_states import EntryState
+from recovery.engine.states import CallState
 
 S, E = CallState, EntryState
 ARROW = " → "
@@ -71,9 +71,9 @@ class End:
 
 @dataclass(frozen=True, kw_only=True)
 class CompensationEnd:
-    """How each call's compensation must end (SPEC §12): one ledger entry, whose states after pending are exactly
-    `path` (as its audit trail records them), with `effects` business effects under its own key — `what` names them
-    (a cancellation)."""
+    """How each call's compensation must end (docs/compensation.md): one ledger entry, whose states after pending are
+    exactly `path` (as its audit trail records them), with `effects` business effects under its own key — `what` names
+    them (a cancellation)."""
 
     path: tuple[str, ...]
     effects: int
@@ -101,7 +101,7 @@ class StepEnd:
         return f"{self.step}: {self.end.describe()}, {self.effects} effect{'s' if self.effects != 1 else ''}{undo}"
 
 
-# A saga's committed step, undone by the console's worker (SPEC §12): its call's path, and its entry's.
+# A saga's committed step, undone by the console's worker (docs/compensation.md): its call's path, and its entry's.
 UNDONE = (S.SENT, S.COMMITTED, S.COMPENSATING, S.COMPENSATED)
 CANCELLED = CompensationEnd(path=(E.SENT, E.COMMITTED), effects=1, what="cancellation")
 REFUNDED = CompensationEnd(path=(E.SENT, E.COMMITTED), effects=1, what="refund")
@@ -110,7 +110,7 @@ REFUNDED = CompensationEnd(path=(E.SENT, E.COMMITTED), effects=1, what="refund")
 @dataclass(frozen=True, kw_only=True)
 class Drill:
     slug: str  # what `manage.py drill` takes
-    name: str  # the row of SPEC §18
+    name: str  # the row of docs/drills.md
     injected: str
     expected_end: str  # the table's words
     ends: tuple[End, ...]  # how each call may end (any one of them)
@@ -436,12 +436,12 @@ DRILLS: dict[str, Drill] = {
     )
 }
 
-# Rows of SPEC §18 that `manage.py drill` does not run (name → why): none at present.
+# Rows of docs/drills.md that `manage.py drill` does not run (name → why): none at present.
 NOT_HERE: dict[str, str] = {}
 
 
 def find(name: str) -> Drill:
-    """A drill by its slug or its SPEC name, in any case, with spaces or hyphens: KeyError names the choices."""
+    """A drill by its slug or its name, in any case, with spaces or hyphens: KeyError names the choices."""
     wanted = name.strip().lower().replace(" ", "-").replace("_", "-")
     for drill in DRILLS.values():
         if wanted in (drill.slug, drill.name.lower().replace(" ", "-")):

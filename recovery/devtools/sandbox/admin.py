@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from recovery.sandbox.callbacks import CallbackDispatcher
-from recovery.sandbox.faults import FaultBook, FaultSpecError
-from recovery.sandbox.kinds import Rejection
-from recovery.sandbox.messages import Request, Response, error, rejected
-from recovery.sandbox.store import Store
+from recovery.devtools.sandbox.callbacks import CallbackDispatcher
+from recovery.devtools.sandbox.faults import FaultBook, FaultSpecError
+from recovery.devtools.sandbox.kinds import Rejection
+from recovery.devtools.sandbox.messages import Request, Response, error, rejected
+from recovery.devtools.sandbox.store import Store
 
 
 class _Settings(Protocol):
@@ -22,7 +22,7 @@ class _Settings(Protocol):
 
 
 class Sandbox(Protocol):
-    """What the admin routes reach of the sandbox (recovery.sandbox.app.Sandbox, which routes to them)."""
+    """What the admin routes reach of the sandbox (recovery.devtools.sandbox.app.Sandbox, which routes to them)."""
 
     config: _Settings
     store: Store

@@ -19,12 +19,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from recovery.sandbox import admin
-from recovery.sandbox.callbacks import CallbackConfig, CallbackDispatcher, Event
-from recovery.sandbox.faults import FaultBook, Target
-from recovery.sandbox.kinds import ORDER_ID, WRITE_KINDS, Rejection, WriteKind, synthetic_total_cents
-from recovery.sandbox.messages import Drop, Request, Response, error, rejected
-from recovery.sandbox.store import Store, WriteObject, now_iso
+from recovery.devtools.sandbox import admin
+from recovery.devtools.sandbox.callbacks import CallbackConfig, CallbackDispatcher, Event
+from recovery.devtools.sandbox.faults import FaultBook, Target
+from recovery.devtools.sandbox.kinds import ORDER_ID, WRITE_KINDS, Rejection, WriteKind, synthetic_total_cents
+from recovery.devtools.sandbox.messages import Drop, Request, Response, error, rejected
+from recovery.devtools.sandbox.store import Store, WriteObject, now_iso
 
 log = logging.getLogger(__name__)
 

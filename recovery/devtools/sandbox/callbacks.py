@@ -1,4 +1,5 @@
-"""Signed callbacks (SPEC §10), delivered from background threads so a request never waits on the receiver.
+"""Signed callbacks (docs/reconciliation.md), delivered from background threads so a request never waits on the
+receiver.
 
 One attempt per delivery with a 5 s timeout: retrying is the receiver's reconciliation job, not the sandbox's. The
 `Recovery-Signature` header is `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`; duplicate copies (the
@@ -20,7 +21,7 @@ from typing import Any
 
 import requests
 
-from recovery.sandbox.store import Store, now_iso
+from recovery.devtools.sandbox.store import Store, now_iso
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
-from recovery.sandbox.kinds import Rejection
+from recovery.devtools.sandbox.kinds import Rejection
 
 
 @dataclass(frozen=True, kw_only=True)

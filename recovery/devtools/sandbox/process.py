@@ -21,7 +21,7 @@ from typing import Any
 
 import requests
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STARTUP_TIMEOUT_S = 30
 
 

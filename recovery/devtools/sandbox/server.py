@@ -8,8 +8,8 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TextIO
 
-from recovery.sandbox.app import Sandbox, SandboxConfig
-from recovery.sandbox.messages import Drop, Request, Response, error
+from recovery.devtools.sandbox.app import Sandbox, SandboxConfig
+from recovery.devtools.sandbox.messages import Drop, Request, Response, error
 
 log = logging.getLogger(__name__)
 

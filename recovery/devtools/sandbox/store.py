@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from recovery.sandbox.kinds import KINDS_BY_NAME, synthetic_total_cents
+from recovery.devtools.sandbox.kinds import KINDS_BY_NAME, synthetic_total_cents
 
 log = logging.getLogger("recovery.sandbox")
 

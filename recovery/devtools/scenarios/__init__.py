@@ -4,8 +4,8 @@ provider with one fault injected, ending in a pinned, checkable end.
     results = run_scenarios(stage, ["reply-lost-after-commit"], log=print)
     assert all(result.passed for result in results)
 
-A scenario takes a Stage (recovery/drills/stage.py: the API's URL and a token, the sandbox, the registry) and a log
-callable, and returns a ScenarioResult whose checks compare what it expected with what it observed — read back from
+A scenario takes a Stage (recovery/devtools/drills/stage.py: the API's URL and a token, the sandbox, the registry) and a
+log callable, and returns a ScenarioResult whose checks compare what it expected with what it observed — read back from
 the console's API (GET /calls/{id}, GET /tasks/{id}) and from the sandbox's own evidence (its ledger of business
 effects, its request log), never from the product's models: this is the agent's side of the wire, and it imports
 nothing but the runtime and the client.
@@ -28,9 +28,9 @@ given (Play: its agent, its result, its checks), `checks` how a check compares w
 observed, `shared` what several scenarios use, `catalogue` their order and `running` how they are run.
 """
 
-from recovery.agent.scenarios.catalogue import SCENARIOS
-from recovery.agent.scenarios.checks import Check
-from recovery.agent.scenarios.play import Scenario, ScenarioResult
-from recovery.agent.scenarios.running import run_scenario, run_scenarios
+from recovery.devtools.scenarios.catalogue import SCENARIOS
+from recovery.devtools.scenarios.checks import Check
+from recovery.devtools.scenarios.play import Scenario, ScenarioResult
+from recovery.devtools.scenarios.running import run_scenario, run_scenarios
 
 __all__ = ["SCENARIOS", "Check", "Scenario", "ScenarioResult", "run_scenario", "run_scenarios"]

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from recovery.agent.scenarios import shared
-from recovery.agent.scenarios.play import Play, scenario
+from recovery.devtools.scenarios import shared
+from recovery.devtools.scenarios.play import Play, scenario
 
 
 @scenario(

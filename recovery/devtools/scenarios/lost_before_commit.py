@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from recovery.agent.scenarios import shared
-from recovery.agent.scenarios.checks import contains
-from recovery.agent.scenarios.play import Play, scenario
+from recovery.devtools.scenarios import shared
+from recovery.devtools.scenarios.checks import contains
+from recovery.devtools.scenarios.play import Play, scenario
 
 
 @scenario(

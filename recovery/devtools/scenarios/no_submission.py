@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from recovery.agent.scenarios.play import Play, scenario
+from recovery.devtools.scenarios.play import Play, scenario
 
 DEADLINE_S = 6  # the task's deadline, from its start: the agent stops and outlives it (room for a busy machine)
 

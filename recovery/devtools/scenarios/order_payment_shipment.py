@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from recovery.agent.scenarios import shared
-from recovery.agent.scenarios.play import Play, scenario
+from recovery.devtools.scenarios import shared
+from recovery.devtools.scenarios.play import Play, scenario
 
 ADDRESS = {"line1": "1 Rue de la Paix", "city": "Paris", "postcode": "75002", "country": "FR"}
 

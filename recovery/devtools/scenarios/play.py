@@ -6,11 +6,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from recovery.agent.runtime import CallResult
-from recovery.agent.scenarios.checks import Check
+from recovery.client.runtime import CallResult
+from recovery.devtools.scenarios.checks import Check
 
 if TYPE_CHECKING:
-    from recovery.drills.stage import Stage
+    from recovery.devtools.drills.stage import Stage
 
 Log = Callable[[str], None]
 
@@ -114,7 +114,7 @@ class Play:
 
     def check(self, name: str, expected: Any, observed: Any) -> bool:
         """Record and log whether `observed` is what was `expected`: a value it must equal, or a Comparison
-        (recovery/agent/scenarios/checks.py)."""
+        (recovery/devtools/scenarios/checks.py)."""
         check = Check(name=name, expected=expected, observed=observed)
         self.result.checks.append(check)
         self.log(f"  {check.line}")

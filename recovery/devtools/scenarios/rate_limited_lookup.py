@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from recovery.agent.scenarios import shared
-from recovery.agent.scenarios.checks import at_least, each
-from recovery.agent.scenarios.play import Play, scenario
+from recovery.devtools.scenarios import shared
+from recovery.devtools.scenarios.checks import at_least, each
+from recovery.devtools.scenarios.play import Play, scenario
 
 RETRY_AFTER_S = 2  # what the provider's 429s say
 

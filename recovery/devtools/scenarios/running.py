@@ -9,11 +9,11 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from recovery.agent.scenarios.catalogue import SCENARIOS
-from recovery.agent.scenarios.play import Log, Play, ScenarioResult
+from recovery.devtools.scenarios.catalogue import SCENARIOS
+from recovery.devtools.scenarios.play import Log, Play, ScenarioResult
 
 if TYPE_CHECKING:
-    from recovery.drills.stage import Stage
+    from recovery.devtools.drills.stage import Stage
 
 
 def run_scenario(stage: Stage, name: str, log: Log) -> ScenarioResult:

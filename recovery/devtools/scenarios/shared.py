@@ -12,13 +12,13 @@ import time
 from datetime import datetime
 from typing import Any
 
-from recovery.agent.runtime import CallResult
-from recovery.agent.scenarios.checks import after, one_of
-from recovery.agent.scenarios.play import Play
+from recovery.client.runtime import CallResult
+from recovery.devtools.scenarios.checks import after, one_of
+from recovery.devtools.scenarios.play import Play
 
 # A provider's callback can settle a call before the runtime has even reported the lost reply (the signed word of
-# the provider may come first, SPEC §10). The scenarios that lose a reply hold their key's callback back for this
-# long, so what the agent meets is an UNKNOWN settled by the status query, the same on every run.
+# the provider may come first, docs/reconciliation.md). The scenarios that lose a reply hold their key's callback back
+# for this long, so what the agent meets is an UNKNOWN settled by the status query, the same on every run.
 HOLD_CALLBACK_MS = 30_000
 # Receipts that are the provider's own word about a call (not the runtime's 2xx, not a person's).
 PROVIDER_RECEIPTS = ("poll", "callback")
@@ -111,7 +111,8 @@ def check_held_until_settled(
     return blocker_call, held_call
 
 
-# Sagas (SPEC §12): an order whose payment the provider refuses for good, and the abort that undoes what stands.
+# Sagas (docs/compensation.md): an order whose payment the provider refuses for good, and the abort that undoes what
+# stands.
 
 SAGA_WAIT_S = 60  # how long a scenario waits for the console's worker to end an aborted saga
 SAGA_ENDS = ("done", "stopped")

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import time
 
-from recovery.agent.runtime import CallResult
-from recovery.agent.scenarios import shared
-from recovery.agent.scenarios.checks import each, one_of, only
-from recovery.agent.scenarios.play import Play, exclusive_scenario
 from recovery.client import RecoveryError
+from recovery.client.runtime import CallResult
+from recovery.devtools.scenarios import shared
+from recovery.devtools.scenarios.checks import each, one_of, only
+from recovery.devtools.scenarios.play import Play, exclusive_scenario
 
 # The demo's refund for a person to replay: its late callback is held back this long (the sandbox's maximum), so
 # that what settles it is the reviewer's same-key replay, not the provider's webhook.

@@ -4,8 +4,8 @@ import os
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.audit import Actor
-from recovery.roles import ROLES
+from recovery.audit.chain import Actor
+from recovery.models.roles import ROLES
 from recovery.services.users import user_save_with_roles
 
 

@@ -9,7 +9,7 @@ import logging
 from django.core.management.commands.flush import Command as FlushCommand
 from django.db import connections, transaction
 
-from recovery import dbguards
+from recovery.statemachine import dbguards
 
 logger = logging.getLogger("recovery.audit")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.registry import LoadReport, RegistryInvalid, load_registry, validate_registry
 
 

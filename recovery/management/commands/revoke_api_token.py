@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.audit import Actor
+from recovery.audit.chain import Actor
 from recovery.services.tokens import token_revoke
 
 

@@ -1,7 +1,7 @@
 """`manage.py runjobs [--burst]`: run the background jobs.
 
 With REDIS_URL: an RQ worker on the "default" queue (with rq's scheduler for delayed jobs) and, in a child process,
-the periodic Scheduler of recovery/cron.py; run as many of these as needed, only one of them enqueues the schedule.
+the periodic Scheduler of recovery/jobs/cron.py; run as many of these as needed, only one of them enqueues the schedule.
 Without REDIS_URL: the in-process runner in the foreground until Ctrl-C (useful when the web server runs elsewhere;
 `manage.py run` already runs it next to runserver).
 
@@ -26,9 +26,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from recovery import inprocess, queueing
-from recovery.cron import PERIODIC, Scheduler
-from recovery.schedule import describe
+from recovery.jobs import inprocess, queueing
+from recovery.jobs.cron import PERIODIC, Scheduler
+from recovery.jobs.schedule import describe
 
 ROLES = ("all", "worker", "scheduler")
 # A worker's maintenance (failing jobs whose worker died, freeing their ids) every minute instead of rq's ten.

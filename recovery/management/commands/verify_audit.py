@@ -3,8 +3,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.audit import verify_all, verify_chain
-from recovery.audit_checkpoints import verify_checkpoints
+from recovery.audit.chain import verify_all, verify_chain
+from recovery.audit.checkpoints import verify_checkpoints
 
 
 class Command(BaseCommand):

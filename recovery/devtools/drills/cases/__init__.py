@@ -1,11 +1,11 @@
 """The drills, one module each, named after its slug; each has `play(run)`, which drives the demo agent through
-the drill and reports the table's checks (recovery/drills/table.py). CASES maps each slug to its `play`."""
+the drill and reports the table's checks (recovery/devtools/drills/table.py). CASES maps each slug to its `play`."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from recovery.drills.cases import (
+from recovery.devtools.drills.cases import (
     compensation_refused,
     compensation_reply_lost,
     dependency_5xx,
@@ -21,8 +21,8 @@ from recovery.drills.cases import (
     two_approvers,
     worker_killed_mid_replay,
 )
-from recovery.drills.framework import Run
-from recovery.drills.table import DRILLS
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.drills.table import DRILLS
 
 CASES: dict[str, Callable[[Run], None]] = {
     "refused-before-send": refused_before_send.play,

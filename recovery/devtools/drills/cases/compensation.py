@@ -1,5 +1,5 @@
-"""Steps and checks the two compensation drills share (SPEC §12): an order the demo agent creates for real, its
-compensation started by an approved `start_compensation` (the drill reviewer previews and requests it, an approver
+"""Steps and checks the two compensation drills share (docs/compensation.md): an order the demo agent creates for real,
+its compensation started by an approved `start_compensation` (the drill reviewer previews and requests it, an approver
 approves it, a worker executes it: the entry is made and its cancel sent with the entry's own key), and what the
 sandbox's ledger and request log say about the order and its cancellation."""
 
@@ -8,18 +8,18 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from recovery.agent.runtime import Agent, CallResult
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
-from recovery.drills.checks import check
-from recovery.drills.evidence import action_events
-from recovery.drills.framework import Run, wait
-from recovery.drills.results import CheckRow
-from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_people
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
+from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.drills.checks import check
+from recovery.devtools.drills.evidence import action_events
+from recovery.devtools.drills.framework import Run, wait
+from recovery.devtools.drills.results import CheckRow
+from recovery.devtools.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_people
+from recovery.engine.states import CallState as S
 from recovery.models import ActionRequest, ActionStatus, Call, CompensationEntry
 from recovery.services.actions import action_approve, action_preview, action_request
 from recovery.services.compensation_plans import derive_key
-from recovery.states import CallState as S
 
 START_COMPENSATION = "start_compensation"  # the operator action that undoes a COMMITTED call
 ITEMS = [{"sku": "SKU-1", "quantity": 2}]
@@ -59,8 +59,8 @@ class Order:
 
     @property
     def compensation_key(self) -> str:
-        """The key its first compensation must carry (SPEC §12: derived from the order's key and the entry number,
-        never regenerated); the drill reads the sandbox's evidence under it."""
+        """The key its first compensation must carry (docs/compensation.md: derived from the order's key and the entry
+        number, never regenerated); the drill reads the sandbox's evidence under it."""
         return derive_key(self.key, 1)
 
 
@@ -170,7 +170,7 @@ def check_ledger(run: Run, order: Order, *, cancellations: int) -> None:
 
 def ledger_effects(order: Order, *, cancellations: int, under_order: list[dict], under_undo: list[dict]) -> CheckRow:
     """One order under the order's key and `cancellations` cancellations of that order under its compensation's own
-    key — the "1 order, N cancellation(s)" of SPEC §18 — from the sandbox ledger's entries under the two keys."""
+    key — the "1 order, N cancellation(s)" of docs/drills.md — from the sandbox ledger's entries under the two keys."""
     name = f"1 order, {cancellations} cancellation{'s' if cancellations != 1 else ''} in the sandbox ledger"
     return check(
         name,

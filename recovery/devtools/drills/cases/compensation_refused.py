@@ -10,8 +10,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from recovery.compensation_states import EntryState as E
-from recovery.drills.cases.compensation import (
+from recovery.devtools.drills.cases.compensation import (
     cancel_posts,
     check_ledger,
     check_started_by_approval,
@@ -20,9 +19,10 @@ from recovery.drills.cases.compensation import (
     status_queries,
     wait_compensation_end,
 )
-from recovery.drills.checks import check
-from recovery.drills.framework import Run
-from recovery.drills.results import CheckRow
+from recovery.devtools.drills.checks import check
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.drills.results import CheckRow
+from recovery.engine.compensation_states import EntryState as E
 from recovery.models import Call, CompensationEntry, CompensationReceipt
 from recovery.selectors.queues import COMPENSATION_STATES, QueueFilters, queue_page
 from recovery.services.compensations import RETRY_S, compensations_due

@@ -5,7 +5,7 @@ never a second cancel request."""
 
 from __future__ import annotations
 
-from recovery.drills.cases.compensation import (
+from recovery.devtools.drills.cases.compensation import (
     Order,
     cancel_posts,
     check_ledger,
@@ -15,10 +15,10 @@ from recovery.drills.cases.compensation import (
     status_queries,
     wait_compensation_end,
 )
-from recovery.drills.checks import check
-from recovery.drills.framework import Run
-from recovery.drills.results import CheckRow
-from recovery.drills.table import ARROW
+from recovery.devtools.drills.checks import check
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.drills.results import CheckRow
+from recovery.devtools.drills.table import ARROW
 from recovery.models import CompensationReceipt
 
 

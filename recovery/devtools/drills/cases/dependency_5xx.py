@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from recovery.agent.runtime import Agent, CallResult
-from recovery.audit_actions import AuditAction
-from recovery.drills.checks import at_least, render
-from recovery.drills.evidence import at
-from recovery.drills.framework import Run, sleep_until
+from recovery.audit.actions import AuditAction
+from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.drills.checks import at_least, render
+from recovery.devtools.drills.evidence import at
+from recovery.devtools.drills.framework import Run, sleep_until
 from recovery.models import Attempt, AuditEvent, Breaker, Tool
 from recovery.registry.policy import breaker_policy
 

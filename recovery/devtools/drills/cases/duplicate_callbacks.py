@@ -7,12 +7,12 @@ from __future__ import annotations
 import time
 from itertools import pairwise
 
-from recovery.drills.evidence import call_paths
-from recovery.drills.framework import Run, wait
-from recovery.drills.stage import callback_url
-from recovery.drills.table import CALLBACK_COPIES
+from recovery.devtools.drills.evidence import call_paths
+from recovery.devtools.drills.framework import Run, wait
+from recovery.devtools.drills.stage import callback_url
+from recovery.devtools.drills.table import CALLBACK_COPIES
+from recovery.engine.states import CallState as S
 from recovery.models import Receipt
-from recovery.states import CallState as S
 
 
 def play(run: Run) -> None:

@@ -3,9 +3,9 @@ UNKNOWN, a receipt proves nothing happened, and the same-key retry commits once.
 
 from __future__ import annotations
 
-from recovery.drills.checks import in_order, including
-from recovery.drills.evidence import attempts
-from recovery.drills.framework import Run
+from recovery.devtools.drills.checks import in_order, including
+from recovery.devtools.drills.evidence import attempts
+from recovery.devtools.drills.framework import Run
 from recovery.models import Receipt
 
 

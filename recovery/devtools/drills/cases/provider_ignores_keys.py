@@ -6,7 +6,7 @@ The refund commits; a duplicate probe of it runs through the console's action fl
 provider's ledger then holds two refunds for the key, and the probe says `retry_path_unsafe` — the tool's retry path
 becomes unsafe. The second refund is the evidence (2 effects for the key).
 
-Then automatic replay is off for the tool (SPEC §11), each way a same-key replay could come:
+Then automatic replay is off for the tool (docs/replay.md), each way a same-key replay could come:
 - replay reconciliation: a refund whose reply is lost while its status endpoint answers 503 is never replayed; every
   check fails and counts, and the poll budget sends it to a person;
 - an operator's replay of that refund: the console refuses to preview it;
@@ -16,8 +16,8 @@ Then automatic replay is off for the tool (SPEC §11), each way a same-key repla
 
 from __future__ import annotations
 
-from recovery.audit import Actor
-from recovery.drills.cases.shared import (
+from recovery.audit.chain import Actor
+from recovery.devtools.drills.cases.shared import (
     approved_probe,
     check_probe_approved,
     committed_refund,
@@ -26,11 +26,11 @@ from recovery.drills.cases.shared import (
     unconfirmed_refund,
     write_outcomes,
 )
-from recovery.drills.checks import each, including
-from recovery.drills.evidence import attempts
-from recovery.drills.framework import Run
-from recovery.drills.stage import KEYLESS_REFUND, drill_people
-from recovery.drills.table import LOST_BEFORE_COMMIT, PROBED, REPLY_LOST
+from recovery.devtools.drills.checks import each, including
+from recovery.devtools.drills.evidence import attempts
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.drills.stage import KEYLESS_REFUND, drill_people
+from recovery.devtools.drills.table import LOST_BEFORE_COMMIT, PROBED, REPLY_LOST
 from recovery.models import Call, GateDecision, Receipt, ReceiptSource, RetryPath
 from recovery.services.actions import ActionRefused, action_preview
 

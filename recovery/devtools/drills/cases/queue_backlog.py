@@ -13,14 +13,14 @@ from datetime import datetime
 
 from django.db import connection
 
-from recovery.agent.runtime import CallResult
 from recovery.client import RecoveryError
-from recovery.drills.checks import at_most, each
-from recovery.drills.evidence import chunks
-from recovery.drills.framework import Run, wait
+from recovery.client.runtime import CallResult
+from recovery.devtools.drills.checks import at_most, each
+from recovery.devtools.drills.evidence import chunks
+from recovery.devtools.drills.framework import Run, wait
+from recovery.engine.states import RECONCILABLE
+from recovery.engine.states import CallState as S
 from recovery.models import AuditEvent, Call, Receipt, Tool
-from recovery.states import RECONCILABLE
-from recovery.states import CallState as S
 
 THREADS = 16  # refunds made at once
 # One runtime in this many asks for an immediate check of its call (POST .../reconcile): a job of its own, racing

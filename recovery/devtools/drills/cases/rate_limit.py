@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from itertools import pairwise
 
-from recovery.drills.checks import at_least
-from recovery.drills.evidence import at
-from recovery.drills.framework import Run
-from recovery.drills.table import RETRY_AFTER_S
+from recovery.devtools.drills.checks import at_least
+from recovery.devtools.drills.evidence import at
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.drills.table import RETRY_AFTER_S
+from recovery.engine.states import CallState as S
 from recovery.models import Decision
-from recovery.states import CallState as S
 
 
 def play(run: Run) -> None:

@@ -4,9 +4,9 @@ exception, nothing reached the provider, and the retry carries the same key."""
 
 from __future__ import annotations
 
-from recovery.drills.evidence import at, attempts
-from recovery.drills.framework import Run
-from recovery.sandbox.process import SandboxProcess
+from recovery.devtools.drills.evidence import at, attempts
+from recovery.devtools.drills.framework import Run
+from recovery.devtools.sandbox.process import SandboxProcess
 
 
 def play(run: Run) -> None:

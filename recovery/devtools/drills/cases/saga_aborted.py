@@ -1,9 +1,9 @@
-"""Saga aborted (SPEC §12, §14): order → payment → shipment, each step depending on the one before, made by the demo
-agent for real; the shipment is refused for good and the runtime aborts the saga (`POST /tasks/{id}/compensate`,
-console mode). The console's worker undoes what stands one step at a time in reverse dependency order — the
-payment (refund.create), then the order (order.cancel) — each undo under its entry's own key. The sandbox's request
-times prove the order (the refund's POST before the cancel's), its ledger one effect and one undo per step, and the
-task's record says "created, then cancelled".
+"""Saga aborted (docs/compensation.md, docs/design/tasks.md): order → payment → shipment, each step depending on the one
+before, made by the demo agent for real; the shipment is refused for good and the runtime aborts the saga (`POST
+/tasks/{id}/compensate`, console mode). The console's worker undoes what stands one step at a time in reverse dependency
+order — the payment (refund.create), then the order (order.cancel) — each undo under its entry's own key. The sandbox's
+request times prove the order (the refund's POST before the cancel's), its ledger one effect and one undo per step, and
+the task's record says "created, then cancelled".
 
 The variant (`saga-aborted-unknown-step`): the payment commits and its reply is lost, so it is UNKNOWN when the
 runtime aborts (the shipment refused at admission meanwhile): nothing is undone until a receipt settles it
@@ -16,16 +16,16 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from recovery.agent.runtime import Agent, CallResult
-from recovery.drills.checks import check, in_order
-from recovery.drills.evidence import at
-from recovery.drills.framework import Run, wait
-from recovery.drills.results import CheckRow
-from recovery.drills.table import ARROW
+from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.drills.checks import check, in_order
+from recovery.devtools.drills.evidence import at
+from recovery.devtools.drills.framework import Run, wait
+from recovery.devtools.drills.results import CheckRow
+from recovery.devtools.drills.table import ARROW
+from recovery.engine.states import CallState as S
 from recovery.models import Receipt, Task
 from recovery.selectors.compensations import effect_story, task_compensations
 from recovery.services.compensation_plans import derive_key
-from recovery.states import CallState as S
 
 ITEMS = [{"sku": "SKU-1", "quantity": 1}]
 AMOUNT_CENTS = 2400
@@ -250,7 +250,7 @@ def undo_order(saga: Saga, posts: list[dict]) -> CheckRow:
 
 def saga_ledger(saga: Saga, ledger: dict[str, list[dict]]) -> CheckRow:
     """From the sandbox's ledger, by key: one order and one cancellation of it, one payment and one refund, no
-    shipment — "1 each, 1 cancellation each" of SPEC §18."""
+    shipment — "1 each, 1 cancellation each" of docs/drills.md."""
 
     def kinds(key: str) -> dict[str, int]:
         return dict(Counter(effect["kind"] for effect in ledger.get(key, [])))

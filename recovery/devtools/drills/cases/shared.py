@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from recovery.agent.runtime import Agent, CallResult
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
-from recovery.drills.cases.compensation import ACTION_ENDS
-from recovery.drills.evidence import action_events
-from recovery.drills.framework import Run, wait
-from recovery.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_people
-from recovery.drills.table import ARROW
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
+from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.drills.cases.compensation import ACTION_ENDS
+from recovery.devtools.drills.evidence import action_events
+from recovery.devtools.drills.framework import Run, wait
+from recovery.devtools.drills.stage import DRILL_APPROVERS, DRILL_REVIEWER, drill_people
+from recovery.devtools.drills.table import ARROW
+from recovery.engine.states import CallState as S
 from recovery.models import ActionRequest, ActionStatus, DuplicateProbe, Receipt, Tool
 from recovery.services.actions import action_approve, action_preview, action_request
-from recovery.states import CallState as S
 
-PROBE_DUPLICATE = "probe_duplicate"  # the operator action that runs a duplicate probe (SPEC §11)
+PROBE_DUPLICATE = "probe_duplicate"  # the operator action that runs a duplicate probe (docs/replay.md)
 PROBE_WAIT_S = 60  # how long a drill waits for an approved probe's execution
 # An approved probe, as its request's audit events tell it: each status once, in this order.
 PROBED_EVENTS = [
@@ -82,7 +82,7 @@ def committed_refund(run: Run, label: str, *, goal: str, tool: str, step: str, n
 
 
 def approved_probe(run: Run, call_id: int, *, reason: str) -> ActionRequest:
-    """A duplicate probe of the COMMITTED call through the console's action flow (SPEC §11): the drill reviewer
+    """A duplicate probe of the COMMITTED call through the console's action flow (docs/replay.md): the drill reviewer
     previews and requests `probe_duplicate`, the first drill approver approves it (a second person), and a worker
     executes it — one same-key replay and one read of the provider's ledger. The request, once it has ended (or
     after PROBE_WAIT_S)."""

@@ -8,7 +8,7 @@ that commits, probed — once its key is PROBE_KEY_AGE_S old — by a duplicate 
 (the drill reviewer requests `probe_duplicate`, a drill approver approves it, a worker executes it): the provider
 answers the replay from its idempotency record and its ledger holds one effect, so the retry path is safe for keys
 that old. Then a refund with the same faults as the first: its first check fails (STILL_UNKNOWN), and reconciliation
-settles it by its one same-key replay (SPEC §10.1) — COMMITTED by an `idempotent_replay` receipt, one effect, two
+settles it by its one same-key replay (docs/replay.md) — COMMITTED by an `idempotent_replay` receipt, one effect, two
 write requests under its key in all, no person.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from recovery.drills.cases.shared import (
+from recovery.devtools.drills.cases.shared import (
     approved_probe,
     check_one_request,
     check_probe_approved,
@@ -26,11 +26,11 @@ from recovery.drills.cases.shared import (
     unconfirmed_refund,
     write_outcomes,
 )
-from recovery.drills.checks import at_least, each, one_of
-from recovery.drills.evidence import attempts
-from recovery.drills.framework import Run, sleep_until
-from recovery.drills.stage import REPLAYED_REFUND
-from recovery.drills.table import ARROW, PROBED, REPLAYED, UNPROBED
+from recovery.devtools.drills.checks import at_least, each, one_of
+from recovery.devtools.drills.evidence import attempts
+from recovery.devtools.drills.framework import Run, sleep_until
+from recovery.devtools.drills.stage import REPLAYED_REFUND
+from recovery.devtools.drills.table import ARROW, PROBED, REPLAYED, UNPROBED
 from recovery.models import ActionRequest, Call, Receipt, RetryPath
 from recovery.services.attempts import REPLAY_ATTEMPT_ID
 

@@ -3,8 +3,8 @@ and never sent again."""
 
 from __future__ import annotations
 
-from recovery.drills.cases.shared import check_one_request, check_settled_by_one_receipt
-from recovery.drills.framework import Run
+from recovery.devtools.drills.cases.shared import check_one_request, check_settled_by_one_receipt
+from recovery.devtools.drills.framework import Run
 from recovery.models import Receipt
 
 

@@ -14,17 +14,17 @@ from dataclasses import dataclass
 from django.db import connection
 from django.utils import timezone
 
-from recovery.agent.runtime import HUMAN_REVIEW, CallResult
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
-from recovery.drills.cases.shared import request_replay
-from recovery.drills.checks import each
-from recovery.drills.evidence import action_events, at
-from recovery.drills.framework import Run, wait
-from recovery.drills.stage import drill_people
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
+from recovery.client.runtime import HUMAN_REVIEW, CallResult
+from recovery.devtools.drills.cases.shared import request_replay
+from recovery.devtools.drills.checks import each
+from recovery.devtools.drills.evidence import action_events, at
+from recovery.devtools.drills.framework import Run, wait
+from recovery.devtools.drills.stage import drill_people
+from recovery.engine.states import CallState as S
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call
 from recovery.services.actions import ActionRefused, action_approve
-from recovery.states import CallState as S
 
 SETUP_THREADS = 8  # refunds made at once while the rounds are set up
 EXECUTION_WAIT_S = 120  # how long the drill waits for approved replays to be executed

@@ -13,17 +13,17 @@ from datetime import datetime, timedelta
 
 from django.utils import timezone
 
-from recovery.agent.runtime import HUMAN_REVIEW
-from recovery.audit import Actor
-from recovery.audit_actions import AuditAction
-from recovery.drills.cases.shared import check_settled_by_one_receipt, request_replay, unconfirmed_refund
-from recovery.drills.checks import in_order
-from recovery.drills.evidence import action_events, at
-from recovery.drills.framework import Run, missing_service, wait
-from recovery.drills.stage import drill_people, parent_pid
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor
+from recovery.client.runtime import HUMAN_REVIEW
+from recovery.devtools.drills.cases.shared import check_settled_by_one_receipt, request_replay, unconfirmed_refund
+from recovery.devtools.drills.checks import in_order
+from recovery.devtools.drills.evidence import action_events, at
+from recovery.devtools.drills.framework import Run, missing_service, wait
+from recovery.devtools.drills.stage import drill_people, parent_pid
+from recovery.engine.states import CallState as S
 from recovery.models import ActionRequest, ActionStatus, Attempt, AuditEvent, Call, Receipt
 from recovery.services.actions import action_approve
-from recovery.states import CallState as S
 
 # How long the sandbox holds the replay's reply (the worker is killed well inside it, and inside the drill
 # provider's 2 s read timeout), and how long the drill waits for the execution lease to lapse (14 s on the drill

@@ -10,23 +10,24 @@ console's data. Benchmarks:
   write READY -> SENT -> UNKNOWN -> COMMITTED. Reports per-transition latency (median, p99), the ratio, and SQL
   statements per transition (the first event of a task's chain also creates its chain head: one more INSERT).
 - ingest: single-shot attempts through the whole API served by gunicorn, 8 concurrent clients, against a bare WSGI
-  endpoint making the same statements with psycopg (PostgreSQL only; see recovery/benchmarks/ingest.py).
+  endpoint making the same statements with psycopg (PostgreSQL only; see recovery/devtools/benchmarks/ingest.py).
 - reconcile: UNKNOWN calls settled per second by reconciliation with the sandbox's status API answering in 50 ms
-  and 8 checks in flight, against 8 / 0.05 (see recovery/benchmarks/reconcile.py).
+  and 8 checks in flight, against 8 / 0.05 (see recovery/devtools/benchmarks/reconcile.py).
 - queue: the UNKNOWN queue page (first, and after 9,000 rows) with 1,000,000 calls and 3,000,000 attempts loaded by
   COPY (PostgreSQL only; `--calls` scales it, loading takes minutes at full size), against a bare page making one raw
-  SQL query and the Django admin's changelist of the same columns and filters (see recovery/benchmarks/queue.py).
+  SQL query and the Django admin's changelist of the same columns and filters (see
+  recovery/devtools/benchmarks/queue.py).
 - replay: refunds whose reply is lost after commit (and, in a second case, whose status API is down too; each case at
   the sandbox's own speed and with its writes held 400 ms), run through the demo runtime until COMMITTED on a tool a
   duplicate probe proved safe, against a bare client retrying once with the same key at the same sandbox: wall time
-  per intent, duplicates, people, how each settled (see recovery/benchmarks/replay.py).
+  per intent, duplicates, people, how each settled (see recovery/devtools/benchmarks/replay.py).
 - metrics: the `/metrics` scrape, the metrics page (24 hours, 30 days), the overview and `GET /api/v1/metrics` at
   1,000,000 calls (`--calls`) against the same reads at 10,000, in one database grown between them by COPY with the
   calls' audit history, folded by the product's fold and checked against the rows; then ingest with and without the
   periodic fold running (PostgreSQL only; loading and folding take the better part of an hour at full size; see
-  recovery/benchmarks/metrics.py).
+  recovery/devtools/benchmarks/metrics.py).
 - otlp: OpenTelemetry `execute_tool` spans ingested per second (in-process, and through the whole stack with the test
-  client) beside single-shot attempts per second, in the same run (see recovery/benchmarks/otlp.py).
+  client) beside single-shot attempts per second, in the same run (see recovery/devtools/benchmarks/otlp.py).
 """
 
 from __future__ import annotations
@@ -43,16 +44,16 @@ from django.core.management.base import BaseCommand
 from django.db import connection, transaction
 from django.utils import timezone
 
-from recovery.audit import Actor
-from recovery.benchmarks.ingest import bench_ingest
-from recovery.benchmarks.metrics import bench_metrics
-from recovery.benchmarks.otlp import bench_otlp
-from recovery.benchmarks.queue import CALLS, bench_queue
-from recovery.benchmarks.reconcile import bench_reconcile
-from recovery.benchmarks.replay import bench_replay
+from recovery.audit.chain import Actor
+from recovery.devtools.benchmarks.ingest import bench_ingest
+from recovery.devtools.benchmarks.metrics import bench_metrics
+from recovery.devtools.benchmarks.otlp import bench_otlp
+from recovery.devtools.benchmarks.queue import CALLS, bench_queue
+from recovery.devtools.benchmarks.reconcile import bench_reconcile
+from recovery.devtools.benchmarks.replay import bench_replay
 from recovery.engine.canonical import canonical_json
 from recovery.models import Call, Provider, Step, Task, Tenant, Tool
-from recovery.transitions import transition_call
+from recovery.statemachine.transitions import transition_call
 
 
 def _percentile(samples: list[float], q: float) -> float:
@@ -296,7 +297,9 @@ class Command(BaseCommand):
         # a dict in production): the benchmark does not need `collectstatic` first.
         settings.STORAGES = {**settings.STORAGES, "staticfiles": {"BACKEND": PLAIN_STATIC}}
         if connection.vendor != "postgresql":
-            self.stderr.write("note: SPEC §19 figures are defined on PostgreSQL; set DATABASE_URL=postgres://...")
+            self.stderr.write(
+                "note: docs/design/quality-targets.md figures are defined on PostgreSQL; set DATABASE_URL=postgres://..."
+            )
         if connection.vendor == "sqlite" and not connection.settings_dict["TEST"].get("NAME"):
             # A file (WAL, busy timeout), as the test suite's, not Django's shared-cache in-memory database: its table
             # locks fail concurrent writers at once ("database table is locked") instead of waiting, and no other

@@ -1,7 +1,7 @@
-"""`manage.py drill [NAME ...]`: run the fault drills of SPEC §18 and store the run for the console.
+"""`manage.py drill [NAME ...]`: run the fault drills of docs/drills.md and store the run for the console.
 
     python manage.py drill                                  # every drill; the backlog makes 1,000 refunds
-    python manage.py drill timeout-after-send "rate limit"  # by slug or by the SPEC's name
+    python manage.py drill timeout-after-send "rate limit"  # by slug or by the drill's name
     python manage.py drill queue-backlog --backlog 200 --workers 2
     python manage.py drill two-approvers --rounds 10
     python manage.py drill --list
@@ -11,7 +11,7 @@ database: `--api-workers` gunicorn processes, or threads of this process with 0)
 another free port, and background jobs (`--workers` RQ worker processes with REDIS_URL, the in-process runner
 without). The drills run one after another through the demo agent; each
 prints its log, then a result table is printed, the run is stored as a DrillRun (read-only in /admin/), and the
-command exits non-zero when any drill did not end exactly as the table in recovery/drills/table.py pins.
+command exits non-zero when any drill did not end exactly as the table in recovery/devtools/drills/table.py pins.
 
 A drill that needs a service this run does not have (the worker-killed drill kills RQ worker processes: REDIS_URL)
 is skipped with the reason, in the table and in the stored run ("not run" on its console page); with
@@ -28,11 +28,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
-from recovery.drills.report import result_table
-from recovery.drills.results import DrillResult
-from recovery.drills.runner import run_drill
-from recovery.drills.stage import drill_stage
-from recovery.drills.table import BACKLOG_DEFAULT, DRILLS, NOT_HERE, ROUNDS_DEFAULT, find
+from recovery.devtools.drills.report import result_table
+from recovery.devtools.drills.results import DrillResult
+from recovery.devtools.drills.runner import run_drill
+from recovery.devtools.drills.stage import drill_stage
+from recovery.devtools.drills.table import BACKLOG_DEFAULT, DRILLS, NOT_HERE, ROUNDS_DEFAULT, find
 from recovery.models import DrillRun
 
 REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
@@ -40,8 +40,8 @@ REQUIRE_SERVICES = os.environ.get("REQUIRE_SERVICES") == "1"
 
 class Command(BaseCommand):
     help = (
-        "Run the fault drills of SPEC §18 (all by default) against a sandbox process, the API and background jobs it "
-        "starts; print each drill's log and a result table, store the run, and exit non-zero on any mismatch."
+        "Run the fault drills of docs/drills.md (all by default) against a sandbox process, the API and background "
+        "jobs it starts; print each drill's log and a result table, store the run, and exit non-zero on any mismatch."
     )
 
     def add_arguments(self, parser):

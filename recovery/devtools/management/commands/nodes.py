@@ -1,4 +1,4 @@
-"""`manage.py nodes`: the several-nodes scenario on this machine (recovery/drills/nodes.py, docs/deploy.md).
+"""`manage.py nodes`: the several-nodes scenario on this machine (recovery/devtools/drills/nodes.py, docs/deploy.md).
 
     DATABASE_URL=postgres://... REDIS_URL=redis://... python manage.py nodes [--refunds 2000] [--keep DIR]
 
@@ -19,8 +19,8 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 
-from recovery.drills.nodes import REFUNDS, run_nodes
-from recovery.drills.servers import Nginx, PgBouncer
+from recovery.devtools.drills.nodes import REFUNDS, run_nodes
+from recovery.devtools.drills.servers import Nginx, PgBouncer
 
 
 class Command(BaseCommand):

@@ -25,10 +25,8 @@ from django.core.management import call_command, get_commands
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from recovery import inprocess
-from recovery.audit import Actor
-from recovery.cron import PERIODIC
-from recovery.drills.stage import (
+from recovery.audit.chain import Actor
+from recovery.devtools.drills.stage import (
     DEMO_TENANT,
     SANDBOX_REGISTRY,
     demo_registry,
@@ -36,11 +34,13 @@ from recovery.drills.stage import (
     demo_stage,
     sandbox_env_defaults,
 )
+from recovery.jobs import inprocess
+from recovery.jobs.cron import PERIODIC
+from recovery.jobs.schedule import describe
 from recovery.management.commands.runjobs import redacted
 from recovery.models import Provider, Task, Tenant
+from recovery.models.roles import ROLES
 from recovery.registry import load_registry, provider_move
-from recovery.roles import ROLES
-from recovery.schedule import describe
 from recovery.services.tokens import token_create, token_revoke
 from recovery.services.users import user_save_with_roles
 
@@ -129,7 +129,7 @@ class Command(BaseCommand):
     def play_demo(self, addr: str) -> None:
         """The demo agent's scenarios against this console and sandbox, once both answer (a thread next to
         runserver): what a new user sees in the queues is made by a runtime through the API, not inserted."""
-        from recovery.agent.scenarios import run_scenarios
+        from recovery.devtools.scenarios import run_scenarios
 
         url = f"http://{addr}"
         sandbox_url = demo_sandbox_url()

@@ -1,6 +1,6 @@
-"""`manage.py runsandbox`: serve the sandbox provider (SPEC §18) as its own process.
+"""`manage.py runsandbox`: serve the sandbox provider (docs/sandbox.md) as its own process.
 
-This command is the only place the sandbox meets Django, and only to be started: the `recovery.sandbox` package
+This command is the only place the sandbox meets Django, and only to be started: the `recovery.devtools.sandbox` package
 itself imports no Django and no product code.
 """
 
@@ -10,8 +10,8 @@ from pathlib import Path
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
-from recovery.sandbox.app import SandboxConfig
-from recovery.sandbox.server import make_server, serve
+from recovery.devtools.sandbox.app import SandboxConfig
+from recovery.devtools.sandbox.server import make_server, serve
 
 
 class Command(BaseCommand):

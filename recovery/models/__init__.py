@@ -1,0 +1,120 @@
+"""The data model of docs/design/vocabulary.md.
+
+Fields that queues and workers filter on are real columns with indexes; nested policy that only the engine reads
+(request templates, schemas, schedules) is JSON validated by the registry loader. A call's `state` and `version`
+are written by `recovery.statemachine.transitions` alone (and guarded by a database trigger); audit rows are append-only
+at the database level (see `recovery.statemachine.dbguards`).
+
+One module per concept, all under the app label "recovery": base (field helpers), registry (tenants, providers,
+tools), tokens, tasks, calls (attempts, diagnostics, decisions, gate answers, receipts), probes, audit, breakers,
+reviews (action requests, bulk actions), compensation, drills, metrics and observed (OpenTelemetry ingest). Every
+name is re-exported here: import from `recovery.models`.
+"""
+
+from __future__ import annotations
+
+# Besides the models, the names the single models.py exposed through its own imports (Q, CallState, Observation,
+# ...) stay importable from here.
+from datetime import datetime
+from enum import StrEnum
+
+from django.conf import settings
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import F, Q
+from django.utils import timezone
+
+from recovery.engine.compensation_states import OPEN as OPEN_ENTRY_STATES
+from recovery.engine.compensation_states import EntryState
+from recovery.engine.keys import key_expired, key_expires_at
+from recovery.engine.reconcile import Observation
+from recovery.engine.states import RECONCILABLE, CallState
+from recovery.models.audit import ActorKind, AuditChainHead, AuditEvent
+from recovery.models.base import name_validator
+from recovery.models.breakers import (
+    Breaker,
+    BreakerBucket,
+    BreakerOperation,
+    BreakerOperationKind,
+    BreakerOperationStatus,
+    BreakerState,
+    StatusBreaker,
+)
+from recovery.models.calls import Attempt, Call, Decision, Diagnostic, GateDecision, Receipt, ReceiptSource
+from recovery.models.compensation import CompensationAttempt, CompensationEntry, CompensationReceipt
+from recovery.models.drills import DrillRun
+from recovery.models.metrics import MetricCallMark, MetricFold, MetricRollup, MetricTotal
+from recovery.models.observed import ObservedSpan, ObservedTally, ObservedTool, SpanOutcome
+from recovery.models.probes import DuplicateProbe, ProbeDecision
+from recovery.models.registry import Provider, RetryPath, Risk, SideEffect, Tenant, Tool
+from recovery.models.reviews import ActionRequest, ActionStatus, BulkAction, BulkItem, BulkItemStatus, BulkStatus
+from recovery.models.tasks import Step, Task, TaskOutcome, TaskStatus
+from recovery.models.tokens import ApiToken, TokenScope
+
+__all__ = [
+    "OPEN_ENTRY_STATES",
+    "RECONCILABLE",
+    "ActionRequest",
+    "ActionStatus",
+    "ActorKind",
+    "ApiToken",
+    "Attempt",
+    "AuditChainHead",
+    "AuditEvent",
+    "Breaker",
+    "BreakerBucket",
+    "BreakerOperation",
+    "BreakerOperationKind",
+    "BreakerOperationStatus",
+    "BreakerState",
+    "BulkAction",
+    "BulkItem",
+    "BulkItemStatus",
+    "BulkStatus",
+    "Call",
+    "CallState",
+    "CompensationAttempt",
+    "CompensationEntry",
+    "CompensationReceipt",
+    "Decision",
+    "Diagnostic",
+    "DrillRun",
+    "DuplicateProbe",
+    "EntryState",
+    "F",
+    "GateDecision",
+    "MetricCallMark",
+    "MetricFold",
+    "MetricRollup",
+    "MetricTotal",
+    "Observation",
+    "ObservedSpan",
+    "ObservedTally",
+    "ObservedTool",
+    "ProbeDecision",
+    "Provider",
+    "Q",
+    "Receipt",
+    "ReceiptSource",
+    "RegexValidator",
+    "RetryPath",
+    "Risk",
+    "SideEffect",
+    "SpanOutcome",
+    "StatusBreaker",
+    "Step",
+    "StrEnum",
+    "Task",
+    "TaskOutcome",
+    "TaskStatus",
+    "Tenant",
+    "TokenScope",
+    "Tool",
+    "datetime",
+    "key_expired",
+    "key_expires_at",
+    "models",
+    "name_validator",
+    "settings",
+    "timezone",
+]
