@@ -176,14 +176,18 @@ def test_the_domain_never_imports_its_tooling():
     assert crossing == []
 
 
+FROZEN = "recovery.migrations._frozen"
+
+
 def test_migrations_import_no_live_product_code():
-    # A migration is history: what it needs is frozen in it, so moving or changing a module never changes it.
+    # A migration is history: what it needs is frozen in it or in a frozen module beside it (never edited), so moving
+    # or changing a module never changes it.
     live = sorted(
         f"{path.name}: {module}"
         for path in (ROOT / "recovery" / "migrations").glob("*.py")
         for node in ast.walk(ast.parse(path.read_text()))
         if isinstance(node, ast.Import | ast.ImportFrom)
         for module in ([alias.name for alias in node.names] if isinstance(node, ast.Import) else [node.module or "."])
-        if module.split(".")[0] in PACKAGES or module.startswith(".")
+        if (module.split(".")[0] in PACKAGES or module.startswith(".")) and not module.startswith(FROZEN)
     )
     assert live == []
