@@ -6,8 +6,7 @@ has its own key, attempts and receipts, and can end as unknown as any write. `tr
 this table before its conditional UPDATE, and a migration generates the database trigger from it
 (`dbguards.entry_state_trigger_sql`), so no code path can move an entry along another edge. Changing the table needs
 a new migration with the SQL of `dbguards.entry_guard_sql()` frozen for it (as 0017_sagas has, in
-recovery/migrations/_frozen_guards.py);
-tests/test_compensations.py fails until then.
+recovery/migrations/_frozen_guards.py); tests/test_compensations.py fails until then.
 """
 
 from enum import StrEnum
