@@ -701,7 +701,9 @@ def test_the_demo_leaves_a_refund_reconciliation_could_not_settle_and_its_same_k
     )
     assert wait(lambda: Call.objects.get(pk=call_id).state == S.COMMITTED, 60)
 
-    assert ActionRequest.objects.get(pk=preview.pk).status == ActionStatus.EXECUTED
+    # The replay's report commits the call first and the worker marks the request EXECUTED in its next transaction
+    # (recovery/services/action_execution.py): wait for that too instead of reading between the two.
+    assert wait(lambda: ActionRequest.objects.get(pk=preview.pk).status == ActionStatus.EXECUTED, 10)
     assert transitions(call_id)[-2:] == [S.SENT, S.COMMITTED]
     assert writes(stage, key) == [("POST", None, "dropped_after_commit"), ("POST", 200, "replayed")]
     ledger = stage.sandbox.ledger(key)
