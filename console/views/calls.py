@@ -24,7 +24,8 @@ from django.views.decorators.http import require_GET
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
 from console.views.common import DIAGNOSTIC, VIEW, age_text, by_reason, render_page, requires
 from recovery.engine.actions import actions_for, recommended
-from recovery.models import Call, Observation, RetryPath
+from recovery.engine.reconcile import Observation
+from recovery.models import Call, RetryPath
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status

@@ -8,29 +8,12 @@ at the database level (see `recovery.statemachine.dbguards`).
 One module per concept, all under the app label "recovery": base (field helpers), registry (tenants, providers,
 tools), tokens, tasks, calls (attempts, diagnostics, decisions, gate answers, receipts), probes, audit, breakers,
 reviews (action requests, bulk actions), compensation, drills, metrics and observed (OpenTelemetry ingest). Every
-name is re-exported here: import from `recovery.models`.
+model and its choices are re-exported here: import them from `recovery.models`.
 """
 
 from __future__ import annotations
 
-# Besides the models, the names the single models.py exposed through its own imports (Q, CallState, Observation,
-# ...) stay importable from here.
-from datetime import datetime
-from enum import StrEnum
-
-from django.conf import settings
-from django.core.validators import RegexValidator
-from django.db import models
-from django.db.models import F, Q
-from django.utils import timezone
-
-from recovery.engine.compensation_states import OPEN as OPEN_ENTRY_STATES
-from recovery.engine.compensation_states import EntryState
-from recovery.engine.keys import key_expired, key_expires_at
-from recovery.engine.reconcile import Observation
-from recovery.engine.states import RECONCILABLE, CallState
 from recovery.models.audit import ActorKind, AuditChainHead, AuditEvent
-from recovery.models.base import name_validator
 from recovery.models.breakers import (
     Breaker,
     BreakerBucket,
@@ -52,8 +35,6 @@ from recovery.models.tasks import Step, Task, TaskOutcome, TaskStatus
 from recovery.models.tokens import ApiToken, TokenScope
 
 __all__ = [
-    "OPEN_ENTRY_STATES",
-    "RECONCILABLE",
     "ActionRequest",
     "ActionStatus",
     "ActorKind",
@@ -72,7 +53,6 @@ __all__ = [
     "BulkItemStatus",
     "BulkStatus",
     "Call",
-    "CallState",
     "CompensationAttempt",
     "CompensationEntry",
     "CompensationReceipt",
@@ -80,41 +60,28 @@ __all__ = [
     "Diagnostic",
     "DrillRun",
     "DuplicateProbe",
-    "EntryState",
-    "F",
     "GateDecision",
     "MetricCallMark",
     "MetricFold",
     "MetricRollup",
     "MetricTotal",
-    "Observation",
     "ObservedSpan",
     "ObservedTally",
     "ObservedTool",
     "ProbeDecision",
     "Provider",
-    "Q",
     "Receipt",
     "ReceiptSource",
-    "RegexValidator",
     "RetryPath",
     "Risk",
     "SideEffect",
     "SpanOutcome",
     "StatusBreaker",
     "Step",
-    "StrEnum",
     "Task",
     "TaskOutcome",
     "TaskStatus",
     "Tenant",
     "TokenScope",
     "Tool",
-    "datetime",
-    "key_expired",
-    "key_expires_at",
-    "models",
-    "name_validator",
-    "settings",
-    "timezone",
 ]

@@ -18,10 +18,11 @@ from urllib.parse import quote
 import requests
 from requests.adapters import HTTPAdapter
 
+from recovery.engine.reconcile import Observation
 from recovery.engine.redact import MASK, redact, redact_data
 from recovery.engine.storable import loads
 from recovery.engine.validation import MISSING, resolve
-from recovery.models import Call, Observation, Provider, Tool
+from recovery.models import Call, Provider, Tool
 
 MAX_BODY = 64 * 1024  # what a receipt keeps of an answer; a status answer is small, a runaway one is cut
 

@@ -25,6 +25,7 @@ from django.utils import timezone
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, appends_at_commit
 from recovery.engine.actions import REVIEW_PERMISSION
+from recovery.engine.reconcile import Observation
 from recovery.engine.states import CallState
 from recovery.engine.types import APPROVAL_GRANTED
 from recovery.models import (
@@ -32,7 +33,6 @@ from recovery.models import (
     ActionStatus,
     Attempt,
     Call,
-    Observation,
     Receipt,
     ReceiptSource,
     RetryPath,

@@ -20,11 +20,12 @@ from django.db import IntegrityError
 from django.db.models import Q
 
 from recovery.audit.chain import Actor
+from recovery.engine.reconcile import Observation
 from recovery.engine.redact import redact_data
 from recovery.engine.storable import check_storable, loads
 from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
-from recovery.models import Call, Observation, Provider, Receipt, ReceiptSource
+from recovery.models import Call, Provider, Receipt, ReceiptSource
 from recovery.providers.status import StatusAnswer
 from recovery.services.errors import ServiceError
 from recovery.services.reconcile import apply_answer
