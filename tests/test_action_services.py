@@ -47,7 +47,6 @@ from recovery.selectors.waiting import asked_for, why_waiting
 from recovery.services import action_execution
 from recovery.services.action_plans import CHECKS
 from recovery.services.actions import (
-    ActionRefused,
     action_approve,
     action_execute,
     action_preview,
@@ -61,6 +60,7 @@ from recovery.services.calls import call_add
 from recovery.services.claims import call_claim
 from recovery.services.compensation_plans import derive_key
 from recovery.services.compensations import compensation_check, compensations_run_due
+from recovery.services.errors import Refusal
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.reconcile import reconcile_due
 from recovery.services.tasks import task_create
@@ -247,8 +247,8 @@ def request_events(req: ActionRequest) -> list[tuple[str, str]]:
     return [(e.action, e.actor_label) for e in rows if e.evidence.get("request") == req.pk]
 
 
-def refused(code: str, func, *args, **kwargs) -> ActionRefused:
-    with pytest.raises(ActionRefused) as caught:
+def refused(code: str, func, *args, **kwargs) -> Refusal:
+    with pytest.raises(Refusal) as caught:
         func(*args, **kwargs)
     assert caught.value.code == code, caught.value.message
     return caught.value
@@ -710,7 +710,7 @@ def test_two_approvers_at_once_approve_once_and_it_executes_once(world):
     results = _at_once(lambda: world.approve(req, who="approver"), lambda: world.approve(req, who="approver2"))
 
     approved = [r for r in results if isinstance(r, ActionRequest)]
-    losers = [r for r in results if isinstance(r, ActionRefused)]
+    losers = [r for r in results if isinstance(r, Refusal)]
     assert len(approved) == 1 and len(losers) == 1 and losers[0].code == "not_pending", results
     assert approved[0].status == A.APPROVED
     assert [name for name, _ in request_events(req)].count("action.approved") == 1
@@ -760,7 +760,7 @@ def test_a_withdrawal_racing_an_approval_one_wins_in_every_round(world):
         results = _at_once(lambda req=req: world.withdraw(req), lambda req=req: world.approve(req))
 
         won = [r for r in results if isinstance(r, ActionRequest)]
-        lost = [r for r in results if isinstance(r, ActionRefused)]
+        lost = [r for r in results if isinstance(r, Refusal)]
         assert len(won) == 1 and len(lost) == 1 and lost[0].code == "not_pending", results
         final = fresh_request(req).status
         assert final == won[0].status and final in (A.WITHDRAWN, A.APPROVED)

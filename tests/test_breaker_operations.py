@@ -20,7 +20,6 @@ from recovery.models import AuditEvent, Breaker, BreakerBucket, BreakerOperation
 from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from recovery.selectors.breakers import breaker_view
 from recovery.services.breaker_operations import (
-    BreakerOperationRefused,
     breaker_approve_reset,
     breaker_force_open,
     breaker_operations_expire_due,
@@ -29,6 +28,7 @@ from recovery.services.breaker_operations import (
     breaker_request_reset,
 )
 from recovery.services.breakers import breaker_record, breaker_reserve_probe
+from recovery.services.errors import Refusal
 from recovery.services.users import user_save_with_roles
 from tests.console import HOSTILE_SCRIPT, NO_ROLE, PASSWORD, SIGNED_OUT, page_text, signed_in
 from tests.test_concurrency import run_workers
@@ -172,14 +172,14 @@ class TestForceOpen:
         self, people, tool, who, reason, code, field
     ):
         before = stored()
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             force(tool, people[who], reason=reason)
         assert (refused.value.code, refused.value.field) == (code, field)
         assert stored() == before and not Breaker.objects.exists()
 
     def test_it_refuses_to_force_open_a_breaker_forced_open_already(self, people, tool):
         force(tool, people[REVIEWER])
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             force(tool, people["reviewer2"])
         assert refused.value.code == "not_applicable" and "already forced open" in refused.value.message
         assert BreakerOperation.objects.count() == 1
@@ -246,13 +246,13 @@ class TestReset:
         both = both_roles()
         force(tool, people[REVIEWER])
         op = request_reset(tool, both)
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             approve(op, both)
         assert refused.value.code == "four_eyes"
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             breaker_reject_reset(operation_id=op.pk, user=both, actor=as_actor(both), reason="no")
         assert refused.value.code == "four_eyes"
-        with pytest.raises(BreakerOperationRefused) as refused:  # a reviewer is not an approver
+        with pytest.raises(Refusal) as refused:  # a reviewer is not an approver
             approve(op, people["reviewer2"])
         assert refused.value.code == "role"
         assert Breaker.objects.get(tool=tool).state == "forced_open"
@@ -279,7 +279,7 @@ class TestReset:
         assert "it was open, it is open now, changed since" in inside(page, 'id="moved"', "</p>")
         before = stored()
 
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             approve(op, people[APPROVER])
 
         assert refused.value.code == "stale" and "moved since the request" in refused.value.message
@@ -287,7 +287,7 @@ class TestReset:
         assert (breakers, buckets) == before[:2]  # the breaker and its window untouched
         assert BreakerOperation.objects.get(pk=op.pk).status == "stale"
         assert breaker_events()[-1] == "breaker.reset_stale"
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             approve(op, both_roles("approver2"))
         assert refused.value.code == "not_pending"
 
@@ -296,7 +296,7 @@ class TestReset:
         op = request_reset(tool, people[REVIEWER])
         assert breaker_reserve_probe(tool, now=timezone.now())
         assert record(tool, False, timezone.now(), probe=True).state == "closed"
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             approve(op, people[APPROVER])
         assert refused.value.code == "stale" and "it is closed now" in refused.value.message
 
@@ -312,26 +312,26 @@ class TestReset:
             "incident still open",
         )
         assert Breaker.objects.get(tool=tool).state == "forced_open"
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             approve(op, people[APPROVER])
         assert refused.value.code == "not_pending"
 
     def test_it_refuses_a_reset_of_a_closed_breaker_one_that_moved_since_the_dry_run_or_a_second_request(
         self, people, tool
     ):
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             request_reset(tool, people[REVIEWER])
         assert refused.value.code == "not_applicable"
         open_it(tool)
         seen = breaker_preview(tool_id=tool.pk, operation="reset").version
         force(tool, people["reviewer2"])  # moves it after the reviewer's dry run
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             breaker_request_reset(
                 tool_id=tool.pk, user=people[REVIEWER], actor=as_actor(people[REVIEWER]), reason="r", seen=seen
             )
         assert refused.value.code == "stale"
         request_reset(tool, people[REVIEWER])
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             request_reset(tool, people["reviewer2"])
         assert refused.value.code == "pending" and "requested by reviewer" in refused.value.message
         assert BreakerOperation.objects.filter(operation="reset").count() == 1
@@ -342,7 +342,7 @@ class TestReset:
         op = request_reset(tool, people[REVIEWER])
         assert op.expires_at - op.requested_at == timedelta(seconds=60)
         BreakerOperation.objects.filter(pk=op.pk).update(expires_at=ago(1))
-        with pytest.raises(BreakerOperationRefused) as refused:
+        with pytest.raises(Refusal) as refused:
             approve(op, people[APPROVER])
         assert refused.value.code == "expired"
         assert BreakerOperation.objects.get(pk=op.pk).status == "expired"
@@ -396,7 +396,7 @@ def test_concurrent_approvals_apply_a_reset_once(console_people, tool):
         barrier.wait()
         try:
             approve(op, approvers[index], reason=f"approver {index}")
-        except BreakerOperationRefused as refused:
+        except Refusal as refused:
             results.append(refused.code)
         else:
             results.append("applied")

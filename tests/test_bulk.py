@@ -294,7 +294,7 @@ def test_two_approvals_and_two_workers_execute_a_bulk_once(world):
         barrier.wait()
         try:
             outcomes.append(_approve(world, bulk, who=who).status)
-        except base.ActionRefused as refusal:
+        except base.Refusal as refusal:
             outcomes.append(refusal.code)
         finally:
             connection.close()

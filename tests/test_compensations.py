@@ -26,7 +26,7 @@ from recovery.services.compensations import (
     compensation_start,
     compensations_run_due,
 )
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.services.tokens import token_create
 from recovery.statemachine.transitions import IllegalTransition, TransitionConflict, transition_entry
 from tests.sandbox import sandbox_registry
@@ -220,7 +220,7 @@ def test_a_template_needing_a_result_the_call_lacks_is_a_field_error_and_no_entr
     tool.compensation = {"tool": "order.cancel", "args": {"order_id": "{result.cancel_token}"}}
     tool.save(update_fields=["compensation"])
 
-    with pytest.raises(ServiceError) as refused:
+    with pytest.raises(Refusal) as refused:
         compensation_start(call, actor=ACTOR, send=False)
 
     assert refused.value.code == "compensation_unavailable"
@@ -232,7 +232,7 @@ def test_a_call_that_is_not_committed_cannot_start_a_compensation(world):
     call, _ = _committed_order(world)
     entry = compensation_start(call, actor=ACTOR, send=False)
 
-    with pytest.raises(ServiceError) as refused:
+    with pytest.raises(Refusal) as refused:
         compensation_start(call, actor=ACTOR, send=False)  # COMPENSATING now
 
     assert refused.value.code == "not_compensable"
@@ -283,7 +283,7 @@ def test_two_starts_at_once_make_one_entry(world):
         try:
             barrier.wait()
             results.append(compensation_start(Call.objects.get(pk=call.pk), actor=ACTOR, send=False).pk)
-        except ServiceError as exc:
+        except Refusal as exc:
             results.append(exc.code)
         finally:
             connections.close_all()

@@ -5,7 +5,7 @@ provider request(s), the policy checks, the forbidden actions, the expected effe
 browser is sent to the request's page. Every role reads that page; each form on it is drawn only for who may use it
 now: a reviewer requests the previewed action with a reason, a different person with the approver role approves or
 rejects it with a reason. The services (recovery/services/actions.py) decide everything and refuse with
-`ActionRefused`, whose message the page shows as is (next to its field when it names one) while nothing changes;
+`Refusal`, whose message the page shows as is (next to its field when it names one) while nothing changes;
 success redirects with a message (POST/redirect/GET). No JavaScript is needed; the request's status block
 refreshes itself (htmx) while a worker executes it.
 """
@@ -36,14 +36,8 @@ from recovery.selectors.approvals import (
 from recovery.selectors.bulk import bulks_waiting
 from recovery.selectors.facts import shown_facts
 from recovery.services.action_plans import action_options
-from recovery.services.actions import (
-    ActionRefused,
-    action_approve,
-    action_preview,
-    action_reject,
-    action_request,
-    action_withdraw,
-)
+from recovery.services.actions import action_approve, action_preview, action_reject, action_request, action_withdraw
+from recovery.services.errors import Refusal
 
 LABELS = {a.name: a.label for a in ACTIONS}
 # The actions that settle a call on a person's word: their preview carries the evidence (docs/actions.md).
@@ -64,7 +58,6 @@ REASON_MAX = 2000
 
 # How a refusal answers: bad input is a 400 next to its field, a missing role a 403, and a request that cannot move
 # as asked (forbidden now, four eyes, stale, expired, no longer pending) a 409 — the same page, nothing changed.
-_STATUS = {"reason": 400, "evidence": 400, "role": 403}
 
 
 class EvidenceForm(forms.Form):
@@ -91,10 +84,6 @@ class RequestForm(ReasonForm):
     plan_hash = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
 
 
-def _status(refused: ActionRefused) -> int:
-    return _STATUS.get(refused.code, 409)
-
-
 # --- the dry run ---------------------------------------------------------------------------------------------------
 
 
@@ -118,9 +107,9 @@ def preview(request: HttpRequest, call_id: int, action: str) -> HttpResponse:
             actor=Actor.for_user(request.user),
             evidence=evidence_form.evidence() if evidence_form is not None else None,
         )
-    except ActionRefused as refused:
+    except Refusal as refused:
         error = place_refusal(evidence_form, refused) if evidence_form is not None else refused.message
-        return _preview_refused(request, call, action, evidence_form, error=error, status=_status(refused))
+        return _preview_refused(request, call, action, evidence_form, error=error, status=refused.status)
     messages.success(
         request, f"Dry run of “{LABELS[action]}” ready: nothing was sent. Read the plan, then request it with a reason."
     )
@@ -271,9 +260,9 @@ def request_action(request: HttpRequest, request_id: int) -> HttpResponse:
             reason=form.cleaned_data["reason"],
             plan_hash=form.cleaned_data["plan_hash"],
         )
-    except ActionRefused as refused:
+    except Refusal as refused:
         error = place_refusal(form, refused)
-        return _render(request, request_id, status=_status(refused), request_form=form, error=error)
+        return _render(request, request_id, status=refused.status, request_form=form, error=error)
     except ActionRequest.DoesNotExist:
         raise Http404("No such action request.") from None
     messages.success(request, _after_request(done))
@@ -336,9 +325,9 @@ def _decide(request: HttpRequest, request_id: int, verb: str, service, done: str
             actor=Actor.for_user(request.user),
             reason=form.cleaned_data["reason"],
         )
-    except ActionRefused as refused:
+    except Refusal as refused:
         error = place_refusal(form, refused)
-        return _render(request, request_id, status=_status(refused), error=error, **{f"{verb}_form": form})
+        return _render(request, request_id, status=refused.status, error=error, **{f"{verb}_form": form})
     except ActionRequest.DoesNotExist:
         raise Http404("No such action request.") from None
     messages.success(request, done.format(status=decided.status))

@@ -30,12 +30,12 @@ from recovery.audit.chain import Actor
 from recovery.models import BulkAction, BulkItemStatus, BulkStatus
 from recovery.selectors.bulk import bulk_page
 from recovery.selectors.queues import QUEUES, queue_options
-from recovery.services.action_plans import ACTION_BY_NAME, ActionRefused
+from recovery.services.action_plans import ACTION_BY_NAME
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX, LIVE, bulk_approve, bulk_preview, bulk_reject, bulk_request
+from recovery.services.errors import Refusal
 
 REFRESH_S = 2
 ACTION_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
-_STATUS = {"reason": 400, "selection": 400, "role": 403}
 # How each item status reads on the page.
 ITEM_LABELS = {
     BulkItemStatus.PENDING: "would run",
@@ -72,10 +72,6 @@ class RequestForm(ReasonForm):
     selection_hash = forms.RegexField(regex=r"^[0-9a-f]{64}$", widget=forms.HiddenInput)
 
 
-def _status(refused: ActionRefused) -> int:
-    return _STATUS.get(refused.code, 409)
-
-
 @require_POST
 @login_required
 @requires(REVIEW)
@@ -105,7 +101,7 @@ def preview(request: HttpRequest, slug: str) -> HttpResponse:
             filters=filter_form.filters() if matching else None,
             filter_query=query,
         )
-    except ActionRefused as refused:
+    except Refusal as refused:
         return _back(request, back_url, refused.message)
     messages.success(request, "Selection frozen: nothing was done. Read every item, then request it with a reason.")
     return redirect("console:bulk", made.pk)
@@ -190,9 +186,9 @@ def request_bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
             reason=form.cleaned_data["reason"],
             selection_hash=form.cleaned_data["selection_hash"],
         )
-    except ActionRefused as refused:
+    except Refusal as refused:
         error = place_refusal(form, refused)
-        return _render(request, bulk_id, status=_status(refused), request_form=form, error=error)
+        return _render(request, bulk_id, status=refused.status, request_form=form, error=error)
     except BulkAction.DoesNotExist:
         raise Http404("No such bulk action.") from None
     messages.success(request, "Requested: it waits for a second person with the approver role.")
@@ -221,9 +217,9 @@ def _decide(request: HttpRequest, bulk_id: int, verb: str, service, done: str) -
         decided = service(
             bulk_id=bulk_id, user=request.user, actor=Actor.for_user(request.user), reason=form.cleaned_data["reason"]
         )
-    except ActionRefused as refused:
+    except Refusal as refused:
         error = place_refusal(form, refused)
-        return _render(request, bulk_id, status=_status(refused), error=error, **{f"{verb}_form": form})
+        return _render(request, bulk_id, status=refused.status, error=error, **{f"{verb}_form": form})
     except BulkAction.DoesNotExist:
         raise Http404("No such bulk action.") from None
     messages.success(request, done)

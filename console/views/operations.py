@@ -44,13 +44,13 @@ from recovery.selectors.operations import (
 )
 from recovery.services.breaker_operations import (
     REASON_MAX,
-    BreakerOperationRefused,
     breaker_approve_reset,
     breaker_force_open,
     breaker_preview,
     breaker_reject_reset,
     breaker_request_reset,
 )
+from recovery.services.errors import Refusal
 
 KEY_ROWS = 50  # per drill, the key rows drawn: those that failed first, then the others up to this many
 
@@ -119,7 +119,6 @@ def _recently_operated(tool: ToolBreaker, now) -> bool:
 OPERATIONS = {"force-open": BreakerOperationKind.FORCE_OPEN, "reset": BreakerOperationKind.RESET}
 # How a refusal answers: bad input is a 400 next to its field, a missing role a 403, and an operation that cannot be
 # done as asked (already forced open, nothing to reset, four eyes, stale, expired, decided) a 409.
-_STATUS = {"reason": 400, "role": 403}
 
 
 class OperationForm(forms.Form):
@@ -144,10 +143,6 @@ class DecisionForm(forms.Form):
         strip=True,
         error_messages={"required": "Give a reason: the reviewer reads it on the breakers page."},
     )
-
-
-def _status(refused: BreakerOperationRefused) -> int:
-    return _STATUS.get(refused.code, 409)
 
 
 @require_http_methods(["GET", "POST"])
@@ -177,9 +172,9 @@ def breaker_operation(request: HttpRequest, tool_id: int, operation: str) -> Htt
             message = (
                 f"Reset of {done.tool.name}'s breaker requested: it waits for a second person with the approver role."
             )
-    except BreakerOperationRefused as refused:
+    except Refusal as refused:
         error = place_refusal(form, refused)
-        return _dry_run(request, tool_id, kind, form=form, error=error, status=_status(refused))
+        return _dry_run(request, tool_id, kind, form=form, error=error, status=refused.status)
     messages.success(request, message)
     return redirect(f"{reverse('console:breakers')}#tool-{tool_id}")
 
@@ -276,9 +271,9 @@ def _decide(request, operation_id: int, verb: str, service, done: str) -> HttpRe
             actor=Actor.for_user(request.user),
             reason=form.cleaned_data["reason"],
         )
-    except BreakerOperationRefused as refused:
+    except Refusal as refused:
         error = place_refusal(form, refused)
-        return _detail(request, operation_id, status=_status(refused), error=error, **{f"{verb}_form": form})
+        return _detail(request, operation_id, status=refused.status, error=error, **{f"{verb}_form": form})
     except BreakerOperation.DoesNotExist:
         raise Http404("No such breaker operation.") from None
     messages.success(request, done.format(tool=decided.tool.name))

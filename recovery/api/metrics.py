@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from recovery.models import ApiToken, TokenScope
 from recovery.selectors.metrics import MetricsReport, tools_of_tenants
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 
 # Who may read them: runtimes, and the tokens issued for dashboards and scrapers.
 SCOPES = (TokenScope.RUNTIME, TokenScope.METRICS)
@@ -32,11 +32,11 @@ def metrics_scope(token: ApiToken, *, tenant: str | None, tool: str | None) -> t
     return tuple(sorted(owner.pk for owner in tenants)), tool_id
 
 
-def _not_theirs(field: str, name: str, suggestion: str) -> ServiceError:
-    return ServiceError(
-        404,
+def _not_theirs(field: str, name: str, suggestion: str) -> Refusal:
+    return Refusal(
         "not_found",
         f"no such {field} for this token's tenants",
+        status=404,
         field_errors=[
             {
                 "field": field,

@@ -21,7 +21,7 @@ from pydantic import Field
 from recovery.api import otlp_decode as otlp
 from recovery.api.answers import Answer, ErrorOut
 from recovery.audit.chain import Actor
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.services.observed import spans_ingest
 
 router = Router(tags=["otlp"])
@@ -94,10 +94,10 @@ class OtlpExportOut(Answer):
 def _media(request: HttpRequest) -> str:
     media = request.headers.get("Content-Type", "").split(";")[0].strip().lower()
     if media not in otlp.MEDIA_TYPES:
-        raise ServiceError(
-            415,
+        raise Refusal(
             "unsupported_media_type",
             f"send OTLP traces as {otlp.MEDIA_PROTOBUF} or {otlp.MEDIA_JSON}",
+            status=415,
             field_errors=[_field("Content-Type", " or ".join(otlp.MEDIA_TYPES), media or None, "Set the header.")],
         )
     return media
@@ -113,20 +113,20 @@ def _body(request: HttpRequest, media: str):
     try:
         return otlp.decode(otlp.inflate(request.body, encoding=encoding, limit=limit), media)
     except otlp.BodyTooLarge:
-        raise ServiceError(
-            413,
+        raise Refusal(
             "body_too_large",
             f"the request body is over {limit} bytes once decompressed: send fewer spans per request",
+            status=413,
             detail={"limit": limit},
         ) from None
     except otlp.OtlpError as exc:
         if exc.field == "Content-Encoding":
             field = _field(exc.field, "gzip, identity or none", encoding, "Compress with gzip or not at all.")
-            raise ServiceError(415, "unsupported_encoding", str(exc), field_errors=[field]) from None
+            raise Refusal("unsupported_encoding", str(exc), status=415, field_errors=[field]) from None
         expected = f"an OTLP ExportTraceServiceRequest in {media}"
         field = _field(exc.field, expected, None, "Send what an OTLP/HTTP exporter sends.")
         message = f"the body is not an OTLP trace export: {exc}"
-        raise ServiceError(400, "invalid_otlp", message, field_errors=[field]) from None
+        raise Refusal("invalid_otlp", message, status=400, field_errors=[field]) from None
 
 
 @router.post(

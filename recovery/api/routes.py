@@ -69,7 +69,7 @@ from recovery.selectors.tasks_calls import allowed_tools, call_detail, call_in_t
 from recovery.services import callbacks, calls, sagas, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit, gate_ask
 from recovery.services.compensation_runtime import compensation_admit, compensation_report, entry_of
-from recovery.services.errors import ServiceError, field_errors_json
+from recovery.services.errors import Refusal, field_errors_json
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.tokens import token_authenticate, token_require_scope
 from recovery.statemachine import hot_path, watch
@@ -138,8 +138,8 @@ def _error(request, status: int, code: str, message: str, field_errors=(), detai
     return api.create_response(request, body, status=status)
 
 
-@api.exception_handler(ServiceError)
-def _service_error(request, exc: ServiceError):
+@api.exception_handler(Refusal)
+def _refusal(request, exc: Refusal):
     return _error(request, exc.status, exc.code, exc.message, field_errors_json(exc.field_errors), exc.detail)
 
 
@@ -224,10 +224,10 @@ def _actor(request) -> Actor:
 def _tenant(request, name: str) -> Tenant:
     tenant = Tenant.objects.filter(name=name, pk__in=request.tenant_ids).first()
     if tenant is None:
-        raise ServiceError(
-            403,
+        raise Refusal(
             "tenant_not_allowed",
             "this token is not scoped to that tenant",
+            status=403,
             field_errors=[
                 {
                     "field": "tenant",
@@ -347,10 +347,10 @@ def get_call(request, call_id: int, version: CallVersion | None = None, wait_ms:
     """The call. With `version` (the one last seen) and `wait_ms` (up to 20000), a long poll: the answer comes as
     soon as the call has another version, or after `wait_ms` as it is (its `version` then still the one sent)."""
     if wait_ms and version is None:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "invalid_request",
             "a long poll waits for a change from a version: send the version you last saw with wait_ms",
+            status=422,
             field_errors=[
                 {
                     "field": "version",
@@ -374,10 +374,10 @@ def reconcile_call(request, call_id: int):
     """Ask for an immediate status check of an UNKNOWN, STILL_UNKNOWN or ACCEPTED call: 202, and where to poll."""
     call = _call(request, call_id)
     if call.state not in RECONCILABLE:
-        raise ServiceError(
-            409,
+        raise Refusal(
             "not_reconcilable",
             f"the call is {call.state}: only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are checked with the provider",
+            status=409,
             detail={"call_state": call.state},
         )
     queueing.enqueue(jobs.reconcile_call, call.pk, job_id=f"reconcile-call-{call.pk}")
@@ -430,10 +430,10 @@ def abandon_call(request, call_id: int, payload: AbandonIn):
 @api.post("/calls/{id:call_id}/gate", response={200: GateOut, **ERRORS}, tags=["attempts"], **TYPED)
 def ask_gate(request, call_id: int, payload: CandidateIn):
     if payload.outcome is not None:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "invalid_request",
             "the gate only answers; report outcomes to .../attempts",
+            status=422,
             field_errors=[
                 {"field": "outcome", "expected": "absent", "received": None, "suggestion": "Remove the outcome."}
             ],

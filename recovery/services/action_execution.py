@@ -41,17 +41,11 @@ from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.registry import with_alternates
 from recovery.selectors.context import action_attempt_id
 from recovery.services import probes, reconcile
-from recovery.services.action_plans import (
-    ACTION_BY_NAME,
-    ActionRefused,
-    action_event,
-    call_facts,
-    require_allowed,
-)
+from recovery.services.action_plans import ACTION_BY_NAME, action_event, call_facts, require_allowed
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.calls import call_abandon
 from recovery.services.compensations import compensation_send, compensation_settle, compensation_start
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
@@ -192,7 +186,7 @@ def _current(request: ActionRequest, *, lock: bool = False) -> Call:
     facts = call_facts(call, now=timezone.now())
     try:
         require_allowed(call, facts, request.action, perms={REVIEW_PERMISSION}, held_by="")
-    except ActionRefused as refused:
+    except Refusal as refused:
         raise _Failed(f"no longer allowed: {refused.message}", call_state=call.state) from None
     return call
 
@@ -217,7 +211,7 @@ def _execute_replay(request: ActionRequest, worker: str) -> None:
     replay = AttemptRequest(attempt_id=action_attempt_id(request.pk), evidence=(APPROVAL_GRANTED,))
     try:
         admission = attempt_admit(call=call, request=replay, actor=actor)
-    except ServiceError as exc:
+    except Refusal as exc:
         raise _Failed(
             f"admission failed ({exc.code}: {exc.message}): nothing was sent", call_state=call.state
         ) from None
@@ -393,7 +387,7 @@ def _abandon(request: ActionRequest, call: Call) -> dict:
     else:
         try:
             call_abandon(call=call, actor=_job(), reason=_why(request))
-        except ServiceError as exc:
+        except Refusal as exc:
             raise _Failed(f"not abandoned: {exc.message}", call_state=before) from None
     return {"what": f"abandoned: {before} → FAILED_PERMANENT"}
 
@@ -405,7 +399,7 @@ def _execute_compensation(request: ActionRequest, worker: str) -> None:
     call = _current(request)
     try:
         entry = compensation_start(call, actor=_job(), requested_by=request, send=False)
-    except ServiceError as exc:
+    except Refusal as exc:
         raise _Failed(f"no compensation was started ({exc.code}: {exc.message}): nothing was sent") from None
     common = {"compensation": entry.pk, "entry": entry.number, "idempotency_key": entry.idempotency_key}
     try:
@@ -436,7 +430,7 @@ def _settle_entry(committed: bool):
             entry = compensation_settle(
                 call, committed=committed, evidence=request.evidence or {}, reason=_why(request), actor=_job()
             )
-        except ServiceError as exc:
+        except Refusal as exc:
             raise _Failed(f"nothing was settled: {exc.message}", call_state=call.state) from None
         call.refresh_from_db(fields=["state", "version"])
         return {

@@ -10,7 +10,7 @@ details ("kept 3 h 59 min more"), so re-building the plan a minute later gives t
 matters moved: that is what an approval binds to.
 
 The facts `actions_for` needs (recovery/engine/actions.py) are gathered here once, from the call's rows, for every
-service and page that asks which actions are allowed now; so are what the action services share: ActionRefused, the
+service and page that asks which actions are allowed now; so are what the action services share: Refusal, the
 catalogue's refusal (`require_allowed`) and the audit event of a request's step (`action_event`).
 """
 
@@ -38,7 +38,7 @@ from recovery.selectors.breakers import breaker_view
 from recovery.selectors.context import gate_context, task_budgets, task_view
 from recovery.selectors.facts import shown_facts
 from recovery.services.compensation_plans import next_entry_plan
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 
 S = CallState
 ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
@@ -58,37 +58,25 @@ class PlanError(Exception):
     """The plan cannot be built (e.g. the tool's request template needs an argument the call lacks)."""
 
 
-class ActionRefused(Exception):
-    """A refusal the page shows as is; nothing about the call changed.
-
-    `code`: forbidden, four_eyes, stale, expired, not_pending, evidence, reason or role; `field`: the form field it is
-    about ("reason", "provider_ref", "link", "plan_hash") or "".
-    """
-
-    def __init__(self, code: str, message: str, *, field: str = ""):
-        super().__init__(message)
-        self.code, self.message, self.field = code, message, field
-
-
 APPROVE_PERMISSION = "recovery.approve_action"
 REASON_MAX = 2000
 
 
 def require_role(user, permission: str, what: str) -> None:
-    """ActionRefused("role") unless `user` is active and holds `permission` (reviewer's or approver's)."""
+    """Refusal("role") unless `user` is active and holds `permission` (reviewer's or approver's)."""
     if not (user.is_active and user.has_perm(permission)):
         role = "reviewer" if permission == REVIEW_PERMISSION else "approver"
-        raise ActionRefused("role", f"{what} needs the {role} role ({permission})")
+        raise Refusal("role", f"{what} needs the {role} role ({permission})")
 
 
 def clean_reason(reason: str, *, recorded_with: str = "the action") -> str:
-    """A person's reason, stripped: required, at most REASON_MAX characters (ActionRefused on field "reason")."""
+    """A person's reason, stripped: required, at most REASON_MAX characters (Refusal on field "reason")."""
     reason = (reason or "").strip()
     if not reason:
         message = f"Give a reason: it is recorded with {recorded_with} and read by the other person."
-        raise ActionRefused("reason", message, field="reason")
+        raise Refusal("reason", message, field="reason")
     if len(reason) > REASON_MAX:
-        raise ActionRefused("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
+        raise Refusal("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
     return reason
 
 
@@ -168,10 +156,10 @@ def action_options(call: Call, *, user, now: datetime) -> list[ActionOption]:
 
 
 def require_allowed(call: Call, facts: CallFacts, action: str, *, perms, held_by: str | None = None) -> None:
-    """The catalogue's answer for this action on this call now; ActionRefused("forbidden", its reason) if not."""
+    """The catalogue's answer for this action on this call now; Refusal("forbidden", its reason) if not."""
     option = next(o for o in options_for(call, facts, perms=perms, held_by=held_by) if o.name == action)
     if not option.allowed:
-        raise ActionRefused("forbidden", option.reason)  # the catalogue's words, as the call page shows them
+        raise Refusal("forbidden", option.reason)  # the catalogue's words, as the call page shows them
 
 
 def action_event(
@@ -540,7 +528,7 @@ def _compensation_plan(call: Call, action: Action, *, facts: CallFacts, evidence
     try:
         entry = next_entry_plan(call)
         outgoing = entry.request()
-    except ServiceError as exc:
+    except Refusal as exc:
         fields = "; ".join(f"{e.field}: {e.suggestion}" for e in exc.field_errors)
         raise PlanError(f"{exc.message}" + (f" ({fields})" if fields else "")) from None
     except TemplateError as exc:

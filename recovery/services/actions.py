@@ -7,7 +7,7 @@ execution.
     action_execute(request.pk, worker="host:pid:thread")                          # the job's body: once
 
 Every service first asks the catalogue (recovery.engine.actions.actions_for) with the person's permissions and the
-call's facts, so nothing is accepted here that the call page would not offer. A refusal is an ActionRefused with a code
+call's facts, so nothing is accepted here that the call page would not offer. A refusal is a Refusal with a code
 and a message for a person; nothing changed, except where the refusal itself is the news (stale, expired: the request's
 status records it). Statuses move only by conditional UPDATEs on (id, status): of two approvers, two workers or an
 approver and the expiry job, exactly one wins and the other is told so. An approval binds to the call's version and
@@ -50,7 +50,6 @@ from recovery.services.action_plans import (
     APPROVE_PERMISSION,
     SECOND_PERSON,
     SETTLES,
-    ActionRefused,
     CallFacts,
     Plan,
     PlanError,
@@ -62,6 +61,7 @@ from recovery.services.action_plans import (
     require_allowed,
     require_role,
 )
+from recovery.services.errors import Refusal
 
 A = ActionStatus
 S = CallState
@@ -83,15 +83,15 @@ def _load(request_id: int) -> ActionRequest:
     return ActionRequest.objects.select_related("call", "requested_by", "decided_by").get(pk=request_id)
 
 
-def _not_pending(request: ActionRequest) -> ActionRefused:
-    return ActionRefused("not_pending", f"This request is {request.status} now: nothing more can be done with it.")
+def _not_pending(request: ActionRequest) -> Refusal:
+    return Refusal("not_pending", f"This request is {request.status} now: nothing more can be done with it.")
 
 
 def _plan(call: Call, action: str, facts: CallFacts, evidence: dict, now: datetime) -> Plan:
     try:
         return build_plan(call, action, facts=facts, evidence=evidence, now=now)
     except PlanError as exc:
-        raise ActionRefused("forbidden", f"No plan can be made: {exc}.") from None
+        raise Refusal("forbidden", f"No plan can be made: {exc}.") from None
 
 
 # --- evidence ------------------------------------------------------------------------------------------------------
@@ -104,39 +104,35 @@ def clean_evidence(action: str, evidence: dict | None) -> dict:
         return {}
     evidence = evidence or {}
     if not isinstance(evidence, dict):
-        raise ActionRefused(
-            "evidence", "Evidence is a provider reference, a receipt id or a link.", field="provider_ref"
-        )
+        raise Refusal("evidence", "Evidence is a provider reference, a receipt id or a link.", field="provider_ref")
     for key in evidence:
         if key not in EVIDENCE_FIELDS:
-            raise ActionRefused(
-                "evidence", f"{key!r} is not evidence: give provider_ref, receipt_id or link.", field=key
-            )
+            raise Refusal("evidence", f"{key!r} is not evidence: give provider_ref, receipt_id or link.", field=key)
     clean = {}
     for key, limit in EVIDENCE_FIELDS.items():
         value = evidence.get(key)
         if value is None:
             continue
         if not isinstance(value, str):
-            raise ActionRefused("evidence", "This must be text.", field=key)
+            raise Refusal("evidence", "This must be text.", field=key)
         value = value.strip()
         if not value:
             continue
         if len(value) > limit:
-            raise ActionRefused("evidence", f"At most {limit} characters.", field=key)
+            raise Refusal("evidence", f"At most {limit} characters.", field=key)
         if key == "link":
             try:
                 _LINK(value)
             except ValidationError:
                 message = "The link must be an http:// or https:// address of the receipt or document."
-                raise ActionRefused("evidence", message, field="link") from None
+                raise Refusal("evidence", message, field="link") from None
         clean[key] = value
     if not clean:
         message = (
             "Settling a call by hand needs evidence: the provider's reference, a receipt id, or a link to the "
             "provider's receipt or a document."
         )
-        raise ActionRefused("evidence", message, field="provider_ref")
+        raise Refusal("evidence", message, field="provider_ref")
     return clean
 
 
@@ -147,7 +143,7 @@ def action_preview(*, call_id: int, action: str, user, actor: Actor, evidence: d
     """The dry run: the plan of `action` on the call, stored as a PREVIEWED request. Sends nothing."""
     require_role(user, REVIEW_PERMISSION, "Previewing an action")
     if action not in ACTION_BY_NAME:
-        raise ActionRefused("forbidden", f"There is no action {action!r}.", field="action")
+        raise Refusal("forbidden", f"There is no action {action!r}.", field="action")
     now = timezone.now()
     call = call_for_action(call_id)
     if call is None:
@@ -259,12 +255,12 @@ def _mark(request: ActionRequest, call: Call, actor: Actor, *, to: str, reason: 
     return bool(moved)
 
 
-def _expire_now(request: ActionRequest, actor: Actor, now: datetime) -> ActionRefused:
+def _expire_now(request: ActionRequest, actor: Actor, now: datetime) -> Refusal:
     """Mark a request found past its expiry EXPIRED; the refusal to raise."""
     why = f"not {'decided' if request.status == A.REQUESTED else 'requested'} before {request.expires_at.isoformat()}"
     if not _mark(request, request.call, actor, to=A.EXPIRED, reason=why, now=now):
         return _not_pending(_load(request.pk))
-    return ActionRefused("expired", f"This request expired ({why}): preview the action again.")
+    return Refusal("expired", f"This request expired ({why}): preview the action again.")
 
 
 # --- request -------------------------------------------------------------------------------------------------------
@@ -281,7 +277,7 @@ def action_request(*, request_id: int, user, actor: Actor, reason: str, plan_has
         raise _not_pending(request)
     if plan_hash != request.plan_hash:
         message = "This is not the plan that was previewed: open the request again, read its plan, then request it."
-        raise ActionRefused("stale", message, field="plan_hash")
+        raise Refusal("stale", message, field="plan_hash")
     if now >= request.expires_at:
         raise _expire_now(request, actor, now)
     call = call_for_action(request.call_id)
@@ -294,9 +290,7 @@ def action_request(*, request_id: int, user, actor: Actor, reason: str, plan_has
     require_allowed(call, facts, request.action, perms=user.get_all_permissions())
     if failed := plan.failed_checks:
         details = "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
-        raise ActionRefused(
-            "forbidden", f"The plan's checks fail ({details}): it would not run. Nothing was requested."
-        )
+        raise Refusal("forbidden", f"The plan's checks fail ({details}): it would not run. Nothing was requested.")
     one_confirmation = plan.data["approval"] != SECOND_PERSON
     with transaction.atomic():
         moved = ActionRequest.objects.filter(pk=request.pk, status=A.PREVIEWED).update(
@@ -344,13 +338,13 @@ def _enqueue_execution(request_id: int) -> None:
 
 
 def _decidable(request_id: int, user, actor: Actor, what: str, now: datetime) -> ActionRequest:
-    """The request, REQUESTED, not the user's own, not expired; ActionRefused otherwise (the role first)."""
+    """The request, REQUESTED, not the user's own, not expired; Refusal otherwise (the role first)."""
     require_role(user, APPROVE_PERMISSION, what)
     request = _load(request_id)
     if request.status != A.REQUESTED:
         raise _not_pending(request)
     if request.requested_by_id == user.pk:
-        raise ActionRefused(
+        raise Refusal(
             "four_eyes", "You requested this action: a different person with the approver role decides it (four eyes)."
         )
     if now >= request.expires_at:
@@ -371,7 +365,7 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
     if why:
         if not _mark(request, call, actor, to=A.STALE, reason=f"{why}: preview again", now=now):
             raise _not_pending(_load(request.pk))
-        raise ActionRefused("stale", f"Not approved: {why}. Preview the action again.")
+        raise Refusal("stale", f"Not approved: {why}. Preview the action again.")
     with transaction.atomic():
         moved = ActionRequest.objects.filter(pk=request.pk, status=A.REQUESTED).update(
             status=A.APPROVED, decided_by=user, decided_at=now, decision_reason=reason, updated_at=now
@@ -422,7 +416,7 @@ def action_withdraw(*, request_id: int, user, actor: Actor, reason: str) -> Acti
     now = timezone.now()
     request = _load(request_id)
     if request.requested_by_id != user.pk:
-        raise ActionRefused("role", "Only the person who requested this action can withdraw it.")
+        raise Refusal("role", "Only the person who requested this action can withdraw it.")
     if request.status != A.REQUESTED:
         raise _not_pending(request)
     with transaction.atomic():

@@ -29,7 +29,7 @@ from recovery.registry import tool_policy
 from recovery.selectors.context import approval_for, gate_context
 from recovery.services.answers import checks_json, gate_json, outcome_json
 from recovery.services.breakers import breaker_release_probe, breaker_reserve_probe
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.services.outcomes import (
     Judgement,
     Sent,
@@ -157,7 +157,7 @@ def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor) -> Admis
         raced = _stored_attempt(call, request.attempt_id, fresh=True)
         if raced is not None:
             return _replay(raced, digest)
-        raise ServiceError(409, "conflict", "another attempt of this call was admitted at the same moment") from None
+        raise Refusal("conflict", "another attempt of this call was admitted at the same moment", status=409) from None
     return Admission(201, response)
 
 
@@ -169,10 +169,10 @@ def _candidate(call: Call, request: AttemptRequest) -> tuple[Candidate, Tool]:
         else Tool.objects.select_related("provider").filter(name=tool_name).first()
     )
     if tool is None:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "unknown_tool",
             f"no tool named {tool_name!r}",
+            status=422,
             field_errors=[
                 FieldError(
                     field="tool",
@@ -289,10 +289,10 @@ def _stored_attempt(call: Call, attempt_id: str, *, fresh: bool = False) -> Atte
 
 def _replay(stored: Attempt, digest: str) -> Admission:
     if stored.request_hash != digest:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "attempt_id_reused",
             "this attempt_id was already used with a different body",
+            status=422,
             field_errors=[
                 FieldError(
                     field="attempt_id",
@@ -303,7 +303,7 @@ def _replay(stored: Attempt, digest: str) -> Admission:
             ],
         )
     if stored.response is None:
-        raise ServiceError(409, "in_flight", "a request with this attempt_id is still being processed")
+        raise Refusal("in_flight", "a request with this attempt_id is still being processed", status=409)
     return Admission(200, stored.response)
 
 

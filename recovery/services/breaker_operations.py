@@ -20,7 +20,7 @@ closed it, it reopened, someone forced it open) is left alone and the request go
 double click) the conditional UPDATE on the request's status lets one through. Requests expire after
 RECOVERY_ACTION_TTL_S. An applied reset closes the breaker, deletes its window's buckets and clears its probes.
 
-A refusal is a BreakerOperationRefused with a code (role, reason, not_applicable, pending, four_eyes, stale,
+A refusal is a Refusal with a code (role, reason, not_applicable, pending, four_eyes, stale,
 expired, not_pending) and a message for a person; nothing changed, except where the refusal is the news (stale,
 expired: the request's status records it). Every step is an audit event on the system chain naming the tool.
 
@@ -56,6 +56,7 @@ from recovery.models import (
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import view_of_state
 from recovery.services.breakers import breaker_create
+from recovery.services.errors import Refusal
 
 K, ST = BreakerOperationKind, BreakerOperationStatus
 APPROVE_PERMISSION = "recovery.approve_action"
@@ -68,14 +69,6 @@ FORCE_TRIES = 3  # a force open re-reads the state when another process moved th
 OPEN_CALL_STATES = (
     S.READY, S.RETRYABLE, S.SENT, S.ACCEPTED, S.UNKNOWN, S.STILL_UNKNOWN, S.NOT_COMMITTED, S.HUMAN_REVIEW,
 )  # fmt: skip
-
-
-class BreakerOperationRefused(Exception):
-    """A refusal the page shows as is. `field`: the form field it is about ("reason", "confirm") or ""."""
-
-    def __init__(self, code: str, message: str, *, field: str = ""):
-        super().__init__(message)
-        self.code, self.message, self.field = code, message, field
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,7 +127,7 @@ def breaker_preview(*, tool_id: int, operation: str, now: datetime | None = None
     with its breaker row, its buckets, its open calls by state, the tasks they belong to). Tool.DoesNotExist for an
     unknown id."""
     if operation not in K.values:
-        raise BreakerOperationRefused("not_applicable", f"There is no breaker operation {operation!r}.")
+        raise Refusal("not_applicable", f"There is no breaker operation {operation!r}.")
     now = now or timezone.now()
     tool = Tool.objects.select_related("breaker_row").get(pk=tool_id)
     policy = breaker_policy(tool)
@@ -180,16 +173,16 @@ def _refusal(operation: str, stored: str) -> str:
 def _require(user, permission: str, what: str) -> None:
     if not (user.is_active and user.has_perm(permission)):
         role = "reviewer" if permission == REVIEW_PERMISSION else "approver"
-        raise BreakerOperationRefused("role", f"{what} needs the {role} role ({permission}).")
+        raise Refusal("role", f"{what} needs the {role} role ({permission}).")
 
 
 def clean_reason(reason: str | None) -> str:
     reason = (reason or "").strip()
     if not reason:
         message = "Give a reason: it is recorded with the operation and shown on the breakers page."
-        raise BreakerOperationRefused("reason", message, field="reason")
+        raise Refusal("reason", message, field="reason")
     if len(reason) > REASON_MAX:
-        raise BreakerOperationRefused("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
+        raise Refusal("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
     return reason
 
 
@@ -228,7 +221,7 @@ def breaker_force_open(*, tool_id: int, user, actor: Actor, reason: str) -> Brea
         now = timezone.now()
         shown = breaker_preview(tool_id=tool_id, operation=K.FORCE_OPEN, now=now)
         if shown.refusal:
-            raise BreakerOperationRefused("not_applicable", shown.refusal)
+            raise Refusal("not_applicable", shown.refusal)
         with transaction.atomic():
             if not _force(shown, now):
                 continue  # another process moved the breaker after we read it: read it again
@@ -256,7 +249,7 @@ def breaker_force_open(*, tool_id: int, user, actor: Actor, reason: str) -> Brea
                 tasks=shown.tasks,
             )
         return _load(op.pk)
-    raise BreakerOperationRefused("busy", "The breaker kept changing while it was being forced open: try again.")
+    raise Refusal("busy", "The breaker kept changing while it was being forced open: try again.")
 
 
 def _force(shown: BreakerPreview, now: datetime) -> bool:
@@ -282,9 +275,9 @@ def breaker_request_reset(*, tool_id: int, user, actor: Actor, reason: str, seen
     now = timezone.now()
     shown = breaker_preview(tool_id=tool_id, operation=K.RESET, now=now)
     if shown.refusal:
-        raise BreakerOperationRefused("not_applicable", shown.refusal)
+        raise Refusal("not_applicable", shown.refusal)
     if seen != shown.version:
-        raise BreakerOperationRefused(
+        raise Refusal(
             "stale", f"The breaker moved since your dry run (it is {shown.stored} now): read the dry run again."
         )
     _expire(BreakerOperation.objects.filter(tool_id=tool_id, status=ST.REQUESTED, expires_at__lte=now), now)
@@ -312,9 +305,9 @@ def breaker_request_reset(*, tool_id: int, user, actor: Actor, reason: str, seen
     return _load(op.pk)
 
 
-def _already_pending(found: BreakerOperation | None) -> BreakerOperationRefused:
+def _already_pending(found: BreakerOperation | None) -> Refusal:
     who = f" by {found.requested_by.get_username()}" if found is not None else ""
-    return BreakerOperationRefused(
+    return Refusal(
         "pending", f"A reset of this breaker is already requested{who}: an approver approves or rejects it first."
     )
 
@@ -331,16 +324,14 @@ def _decidable(operation_id: int, user, what: str, now: datetime) -> BreakerOper
     _require(user, APPROVE_PERMISSION, what)
     op = _load(operation_id)
     if op.operation != K.RESET or op.status != ST.REQUESTED:
-        raise BreakerOperationRefused(
-            "not_pending", f"This operation is {op.status}: nothing more can be done with it."
-        )
+        raise Refusal("not_pending", f"This operation is {op.status}: nothing more can be done with it.")
     if op.requested_by_id == user.pk:
-        raise BreakerOperationRefused(
+        raise Refusal(
             "four_eyes", "You requested this reset: a different person with the approver role decides it (four eyes)."
         )
     if op.expires_at is not None and now >= op.expires_at:
         _expire(BreakerOperation.objects.filter(pk=op.pk, status=ST.REQUESTED), now)
-        raise BreakerOperationRefused("expired", "This reset request expired: request it again from a new dry run.")
+        raise Refusal("expired", "This reset request expired: request it again from a new dry run.")
     return op
 
 
@@ -381,9 +372,7 @@ def breaker_approve_reset(*, operation_id: int, user, actor: Actor, reason: str)
             why = _moved(op)
             _event(AuditAction.BREAKER_RESET_STALE, op, actor, reason=why, from_state=op.breaker_state)
     if not closed:
-        raise BreakerOperationRefused(
-            "stale", f"Not applied: {_moved(op)}. Request a reset again if it is still needed."
-        )
+        raise Refusal("stale", f"Not applied: {_moved(op)}. Request a reset again if it is still needed.")
     return _load(op.pk)
 
 
@@ -392,9 +381,9 @@ def _moved(op: BreakerOperation) -> str:
     return f"the breaker moved since the request (it was {op.breaker_state}, it is {now_state} now)"
 
 
-def _not_pending(operation_id: int) -> BreakerOperationRefused:
+def _not_pending(operation_id: int) -> Refusal:
     status = BreakerOperation.objects.filter(pk=operation_id).values_list("status", flat=True).first()
-    return BreakerOperationRefused("not_pending", f"This operation is {status} now: nothing more can be done with it.")
+    return Refusal("not_pending", f"This operation is {status} now: nothing more can be done with it.")
 
 
 def breaker_reject_reset(*, operation_id: int, user, actor: Actor, reason: str) -> BreakerOperation:

@@ -53,7 +53,6 @@ from recovery.services.action_execution import action_execute
 from recovery.services.action_plans import (
     ACTION_BY_NAME,
     APPROVE_PERMISSION,
-    ActionRefused,
     PlanError,
     action_event,
     build_plan,
@@ -62,6 +61,7 @@ from recovery.services.action_plans import (
     options_for,
     require_role,
 )
+from recovery.services.errors import Refusal
 
 B, Item = BulkStatus, BulkItemStatus
 BULK_ACTIONS = ("reconcile_now", "escalate", "replay_same_key", "grant_approval", "abandon")
@@ -104,20 +104,18 @@ def _item_event(event: AuditAction, bulk: BulkAction, item: BulkItem, call: Call
 
 def selected_calls(*, queue: Queue, call_ids: list[int] | None, filters: QueueFilters | None, now: datetime):
     """The calls a selection names, in the queue's order: the rows picked, or every call matching the filter.
-    ActionRefused (field "calls") when there are none, more than BULK_MAX, or ids that are not calls."""
+    Refusal (field "calls") when there are none, more than BULK_MAX, or ids that are not calls."""
     if call_ids is not None:
         ids = list(dict.fromkeys(call_ids))
         if not ids:
-            raise ActionRefused(
-                "selection", "Select at least one row, or every row matching the filter.", field="calls"
-            )
+            raise Refusal("selection", "Select at least one row, or every row matching the filter.", field="calls")
         if len(ids) > BULK_MAX:
             message = f"{len(ids)} rows are selected: a bulk acts on at most {BULK_MAX}."
-            raise ActionRefused("selection", message, field="calls")
+            raise Refusal("selection", message, field="calls")
         calls = list(Call.objects.select_related(*_RELATED).filter(pk__in=ids).order_by("state_changed_at", "id"))
         if missing := sorted(set(ids) - {call.pk for call in calls}):
             shown = ", ".join(str(pk) for pk in missing[:10])
-            raise ActionRefused("selection", f"No call has the id {shown}.", field="calls")
+            raise Refusal("selection", f"No call has the id {shown}.", field="calls")
         return calls
     everything = replace(filters, after=None)  # every page of the filter, from its first row
     page = queue_page(everything, now=now, size=BULK_MAX)
@@ -126,9 +124,9 @@ def selected_calls(*, queue: Queue, call_ids: list[int] | None, filters: QueueFi
             f"More than {BULK_MAX} calls match this filter: narrow it (tool, tenant, risk, age or a search) to at "
             f"most {BULK_MAX}, or select rows."
         )
-        raise ActionRefused("selection", message, field="calls")
+        raise Refusal("selection", message, field="calls")
     if not page.rows:
-        raise ActionRefused("selection", "No call matches this filter: there is nothing to act on.", field="calls")
+        raise Refusal("selection", "No call matches this filter: there is nothing to act on.", field="calls")
     order = {row["id"]: n for n, row in enumerate(page.rows)}
     calls = Call.objects.select_related(*_RELATED).filter(pk__in=list(order))
     return sorted(calls, key=lambda call: order[call.pk])
@@ -172,9 +170,9 @@ def bulk_preview(
     require_role(user, REVIEW_PERMISSION, "Previewing a bulk action")
     if action not in BULK_ACTIONS:
         names = ", ".join(ACTION_BY_NAME[name].label.lower() for name in BULK_ACTIONS)
-        raise ActionRefused("forbidden", f"{action!r} is not a bulk action: one of {names}.", field="action")
+        raise Refusal("forbidden", f"{action!r} is not a bulk action: one of {names}.", field="action")
     if call_ids is None and filters is None:
-        raise ActionRefused("selection", "Select rows, or every row matching the filter.", field="calls")
+        raise Refusal("selection", "Select rows, or every row matching the filter.", field="calls")
     now = timezone.now()
     calls = selected_calls(queue=queue, call_ids=call_ids, filters=filters, now=now)
     perms = user.get_all_permissions()
@@ -230,8 +228,8 @@ def _load(bulk_id: int) -> BulkAction:
     return BulkAction.objects.select_related("previewed_by", "requested_by", "decided_by").get(pk=bulk_id)
 
 
-def _not_pending(bulk: BulkAction) -> ActionRefused:
-    return ActionRefused("not_pending", f"This bulk is {bulk.status} now: nothing more can be done with it.")
+def _not_pending(bulk: BulkAction) -> Refusal:
+    return Refusal("not_pending", f"This bulk is {bulk.status} now: nothing more can be done with it.")
 
 
 def _expire(bulk: BulkAction, actor: Actor, now: datetime) -> bool:
@@ -245,10 +243,10 @@ def _expire(bulk: BulkAction, actor: Actor, now: datetime) -> bool:
     return bool(moved)
 
 
-def _expired_refusal(bulk: BulkAction, actor: Actor, now: datetime) -> ActionRefused:
+def _expired_refusal(bulk: BulkAction, actor: Actor, now: datetime) -> Refusal:
     if not _expire(bulk, actor, now):
         return _not_pending(_load(bulk.pk))
-    return ActionRefused("expired", "This bulk expired before it was decided: select and preview again.")
+    return Refusal("expired", "This bulk expired before it was decided: select and preview again.")
 
 
 def bulk_request(*, bulk_id: int, user, actor: Actor, reason: str, selection_hash: str) -> BulkAction:
@@ -261,12 +259,12 @@ def bulk_request(*, bulk_id: int, user, actor: Actor, reason: str, selection_has
         raise _not_pending(bulk)
     if selection_hash != bulk.selection_hash:
         message = "This is not the selection that was previewed: open the bulk again, read it, then request it."
-        raise ActionRefused("stale", message, field="selection_hash")
+        raise Refusal("stale", message, field="selection_hash")
     if now >= bulk.expires_at:
         raise _expired_refusal(bulk, actor, now)
     if not bulk.items.filter(status=Item.PENDING).exists():
         message = "No item of this selection would run (every one is skipped or excluded): nothing was requested."
-        raise ActionRefused("forbidden", message)
+        raise Refusal("forbidden", message)
     with transaction.atomic():
         moved = BulkAction.objects.filter(pk=bulk.pk, status=B.PREVIEWED).update(
             status=B.REQUESTED,
@@ -290,7 +288,7 @@ def _decidable(bulk_id: int, user, actor: Actor, what: str, now: datetime) -> Bu
     if bulk.status != B.REQUESTED:
         raise _not_pending(bulk)
     if bulk.requested_by_id == user.pk:
-        raise ActionRefused("four_eyes", f"{what} needs a second person: you requested this bulk yourself.")
+        raise Refusal("four_eyes", f"{what} needs a second person: you requested this bulk yourself.")
     if now >= bulk.expires_at:
         raise _expired_refusal(bulk, actor, now)
     return bulk

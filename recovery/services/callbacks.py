@@ -27,7 +27,7 @@ from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Provider, Receipt, ReceiptSource
 from recovery.providers.status import StatusAnswer
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.services.reconcile import apply_answer
 
 WINDOW_S = 300
@@ -59,8 +59,8 @@ def sign(secret: str, raw: bytes, *, now: float | None = None) -> str:
     return f"t={stamp},v1={digest}"
 
 
-def _refused() -> ServiceError:
-    return ServiceError(401, "bad_signature", "the callback's signature is missing, wrong or outside the time window")
+def _refused() -> Refusal:
+    return Refusal("bad_signature", "the callback's signature is missing, wrong or outside the time window", status=401)
 
 
 def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> CallbackResult:
@@ -88,9 +88,9 @@ def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> Callb
     return CallbackResult(receipt, duplicate=False)
 
 
-def _bad(field: str, expected: str, received) -> ServiceError:
+def _bad(field: str, expected: str, received) -> Refusal:
     error = FieldError(field=field, expected=expected, received=received, suggestion=f"Send {field} as {expected}.")
-    return ServiceError(400, "invalid_callback", f"{field}: expected {expected}", field_errors=[error])
+    return Refusal("invalid_callback", f"{field}: expected {expected}", status=400, field_errors=[error])
 
 
 def _parse(raw: bytes) -> dict:
@@ -120,7 +120,7 @@ def _match(provider: Provider, body: dict) -> Call:
     calls = list(Call.objects.filter(by, tool__provider=provider).select_related("tool")[:2])
     if len(calls) != 1:
         what = "no call" if not calls else "more than one call"
-        raise ServiceError(404 if not calls else 409, "unknown_call", f"{what} of this provider matches the callback")
+        raise Refusal("unknown_call", f"{what} of this provider matches the callback", status=404 if not calls else 409)
     return calls[0]
 
 

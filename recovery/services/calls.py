@@ -26,7 +26,7 @@ from recovery.models import Call, Step, Task, TaskStatus, Tool
 from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -63,10 +63,10 @@ def call_add(
     tools = {t.name: t for t in allowed_tools(tenant)}
     tool = tools.get(tool_name)
     if tool is None:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "capability_missing",
             f"{tool_name!r} is not a capability of this tenant: replan with one of the listed tools.",
+            status=422,
             field_errors=[
                 FieldError(
                     field="tool",
@@ -78,15 +78,15 @@ def call_add(
             detail={"capabilities": sorted(tools)},
         )
     if task.status != TaskStatus.OPEN:
-        raise ServiceError(409, "task_closed", f"the task is {task.status}: no new calls")
+        raise Refusal("task_closed", f"the task is {task.status}: no new calls", status=409)
     if compensation is not None:
         _check_compensation(compensation, tool, tools)
     bad_deps = [d for d in depends_on if d >= step_index]
     if bad_deps:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "invalid_dependency",
             "a step may depend only on earlier steps",
+            status=422,
             field_errors=[
                 FieldError(
                     field="depends_on",
@@ -107,11 +107,11 @@ def call_add(
             side_effect=policy.side_effect, fingerprint=print_, existing=[(str(pk), fp, st) for pk, fp, st in others]
         )
         if duplicate:
-            raise ServiceError(
-                409,
+            raise Refusal(
                 "duplicate_intent",
                 f"call {duplicate} already carries this write intent: a new idempotency key must not launder a "
                 "replay. Retry that call under its own key.",
+                status=409,
                 detail={"existing_call": int(duplicate)},
             )
     preflight = validate_args(policy.args_schema, arguments)
@@ -208,10 +208,10 @@ def _check_compensation(compensation: dict, tool, tools: dict) -> None:
     elif undo.pk == tool.pk:
         problem = "a tool cannot compensate itself"
     if problem:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "invalid_compensation",
             problem,
+            status=422,
             field_errors=[
                 FieldError(
                     field="compensation.tool",
@@ -236,11 +236,11 @@ def preflight_answer(call: Call, preflight: tuple[FieldError, ...]) -> tuple[dic
 
 def _same_key(existing: Call, task: Task, print_: str) -> CallAdded:
     if existing.fingerprint != print_ or existing.task_id != task.pk:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "idempotency_conflict",
             "this idempotency key was already used with other arguments (or by another task): use a new key for a "
             "new intent, or the same arguments for this one",
+            status=422,
             field_errors=[
                 FieldError(
                     field="idempotency_key",
@@ -259,8 +259,10 @@ def call_abandon(*, call: Call, actor: Actor, reason: str) -> Call:
     if call.state == S.FAILED_PERMANENT and call.outcome == "abandoned":
         return call  # a repeated abandon (a reply lost on the way back): the call as it stands
     if call.state not in (S.READY, S.RETRYABLE, S.NOT_COMMITTED):
-        raise ServiceError(
-            409, "not_abandonable", f"a {call.state} call cannot be abandoned: only READY, RETRYABLE or NOT_COMMITTED"
+        raise Refusal(
+            "not_abandonable",
+            f"a {call.state} call cannot be abandoned: only READY, RETRYABLE or NOT_COMMITTED",
+            status=409,
         )
     try:
         return transition_call(
@@ -271,4 +273,4 @@ def call_abandon(*, call: Call, actor: Actor, reason: str) -> Call:
             changes={"outcome": "abandoned"},
         )
     except TransitionConflict as exc:
-        raise ServiceError(409, "conflict", str(exc)) from None
+        raise Refusal("conflict", str(exc), status=409) from None

@@ -18,7 +18,7 @@ from recovery.engine.validation import MISSING, resolve
 from recovery.models import Attempt, Call, Receipt, Tool
 from recovery.providers.requests import ProviderRequest, tool_request
 from recovery.registry import tool_policy
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 
 # --- the entry's plan -------------------------------------------------------------------------------------------
 
@@ -123,15 +123,15 @@ def _effect_noun(tool_name: str) -> str:
 
 
 def entry_plan(call: Call, number: int) -> EntryPlan:
-    """The entry `number` of `call` would be; ServiceError 422 `compensation_unavailable` (field errors) when the
+    """The entry `number` of `call` would be; Refusal 422 `compensation_unavailable` (field errors) when the
     tool has no compensation or its template needs a value the call does not have — then no entry is made."""
     own = call.step.compensation if isinstance(call.step.compensation, dict) else {}
     template = own or (call.tool.compensation if isinstance(call.tool.compensation, dict) else {})
     if not template.get("tool"):
-        raise ServiceError(
-            422,
+        raise Refusal(
             "compensation_unavailable",
             f"{call.tool.name} declares no compensation in the registry",
+            status=422,
             field_errors=[
                 FieldError(
                     field="compensation",
@@ -143,8 +143,8 @@ def entry_plan(call: Call, number: int) -> EntryPlan:
         )
     tool = Tool.objects.select_related("provider").filter(name=template["tool"]).first()
     if tool is None:
-        raise ServiceError(
-            422, "compensation_unavailable", f"the compensation tool {template['tool']} is not registered"
+        raise Refusal(
+            "compensation_unavailable", f"the compensation tool {template['tool']} is not registered", status=422
         )
     result = call_result(call)
     values = {
@@ -156,10 +156,10 @@ def entry_plan(call: Call, number: int) -> EntryPlan:
     missing: list[FieldError] = []
     arguments = _fill(template.get("args") or {}, values, "args", missing)
     if missing:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "compensation_unavailable",
             f"the compensation of {call.tool.name} needs values this call does not have",
+            status=422,
             field_errors=missing,
         )
     amount = arguments.get("amount_cents") if isinstance(arguments, dict) else None

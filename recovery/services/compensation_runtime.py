@@ -22,7 +22,7 @@ from recovery.engine.redact import redact_data
 from recovery.models import Call, CompensationAttempt, CompensationEntry
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.services.compensations import read_reply
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.statemachine.transitions import transition_entry
 
 E = EntryState
@@ -58,9 +58,9 @@ def attempt_json(entry: CompensationEntry, attempt: CompensationAttempt) -> dict
     }
 
 
-def _refuse(entry: CompensationEntry, why: str) -> ServiceError:
-    return ServiceError(
-        409, "not_admitted", why, detail={"compensation_id": entry.compensation_id, "state": entry.state}
+def _refuse(entry: CompensationEntry, why: str) -> Refusal:
+    return Refusal(
+        "not_admitted", why, status=409, detail={"compensation_id": entry.compensation_id, "state": entry.state}
     )
 
 
@@ -113,7 +113,7 @@ def compensation_report(entry: CompensationEntry, *, attempt_id: str, wire: dict
     """The runtime's outcome of its attempt: read as the worker reads its own; a repeat answers what was stored."""
     attempt = entry.attempts.filter(attempt_id=attempt_id).first()
     if attempt is None:
-        raise ServiceError(404, "not_found", "no such attempt of this compensation")
+        raise Refusal("not_found", "no such attempt of this compensation", status=404)
     if attempt.finished_at is not None:
         return attempt_json(entry, attempt)
     entry.refresh_from_db()

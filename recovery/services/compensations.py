@@ -46,7 +46,7 @@ from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.providers.status import query_status
 from recovery.registry import tool_policy
 from recovery.services.compensation_plans import entry_plan
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.services.outcomes import facts_of
 from recovery.statemachine.transitions import TransitionConflict, transition_call, transition_entry
 
@@ -81,7 +81,7 @@ def compensation_start(
 ) -> CompensationEntry:
     """Make the next entry of `call` and move the call to COMPENSATING, in one transaction; a worker sends it.
 
-    Refused (ServiceError 409, nothing changed) unless the call is COMMITTED (the first entry) or
+    Refused (Refusal 409, nothing changed) unless the call is COMMITTED (the first entry) or
     PARTIAL_COMPENSATED / COMPENSATION_FAILED with every earlier entry final; two starts at once make one entry
     (the call's row is locked, and the partial unique index allows one open entry per call).
     """
@@ -89,18 +89,18 @@ def compensation_start(
         with transaction.atomic():
             call = Call.objects.select_for_update().select_related("tool__provider", "task", "step").get(pk=call.pk)
             if call.state not in STARTABLE:
-                raise ServiceError(
-                    409,
+                raise Refusal(
                     "not_compensable",
                     f"a {call.state} call cannot start a compensation: only COMMITTED, PARTIAL_COMPENSATED or "
                     "COMPENSATION_FAILED",
+                    status=409,
                     detail={"call_state": call.state},
                 )
             earlier = list(call.compensations.values_list("number", "state"))
             if any(state not in FINAL for _, state in earlier):
-                raise ServiceError(409, "compensation_in_progress", "an earlier entry of this call is not final")
+                raise Refusal("compensation_in_progress", "an earlier entry of this call is not final", status=409)
             if any(state == E.COMMITTED for _, state in earlier) and call.state != S.PARTIAL_COMPENSATED:
-                raise ServiceError(409, "not_compensable", "an earlier entry already undid this effect")
+                raise Refusal("not_compensable", "an earlier entry already undid this effect", status=409)
             number = len(earlier) + 1
             plan = entry_plan(call, number)
             entry = CompensationEntry.objects.create(
@@ -135,8 +135,8 @@ def compensation_start(
             if send:
                 _enqueue_send(entry)
     except IntegrityError:
-        raise ServiceError(
-            409, "compensation_in_progress", "another compensation of this call was just started"
+        raise Refusal(
+            "compensation_in_progress", "another compensation of this call was just started", status=409
         ) from None
     entry.call = call
     return entry
@@ -418,7 +418,7 @@ def compensation_settle(call: Call, *, committed: bool, evidence: dict, reason: 
         .first()
     )
     if entry is None:
-        raise ServiceError(409, "not_in_review", "the call has no compensation entry in review")
+        raise Refusal("not_in_review", "the call has no compensation entry in review", status=409)
     to = E.COMMITTED if committed else E.FAILED
     now = timezone.now()
     receipt = CompensationReceipt.objects.create(

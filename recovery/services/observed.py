@@ -54,7 +54,7 @@ from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.calls import call_insert
-from recovery.services.errors import ServiceError, field_errors_json
+from recovery.services.errors import Refusal, field_errors_json
 from recovery.services.outcomes import facts_of
 from recovery.services.tasks import task_create
 from recovery.statemachine.hot_path import call_for_attempt
@@ -118,7 +118,7 @@ def spans_ingest(*, batch: Batch, tenants: list[Tenant], actor: Actor) -> Ingest
             tools[tenant.pk] = {tool.name: tool for tool in allowed_tools(tenant)}
         try:
             outcome = _record_retrying(span, tenant, tools[tenant.pk].get(span.tool), actor)
-        except ServiceError as exc:
+        except Refusal as exc:
             fields = field_errors_json(exc.field_errors)
             name = fields[0]["field"] if fields else "span"
             report.rejected.append(
@@ -146,11 +146,11 @@ def _record_retrying(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: A
             return _record(span, tenant, tool, actor)
         except (TransitionConflict, IntegrityError) as exc:
             lost = exc
-        except ServiceError as exc:
+        except Refusal as exc:
             if exc.status != 409 or attempt == TRIES - 1:
                 raise
             lost = exc
-    raise ServiceError(409, "conflict", f"the span lost {TRIES} races with concurrent writes: send it again ({lost})")
+    raise Refusal("conflict", f"the span lost {TRIES} races with concurrent writes: send it again ({lost})", status=409)
 
 
 def _record(span: ToolSpan, tenant: Tenant, tool: Tool | None, actor: Actor) -> str:
@@ -192,7 +192,7 @@ def _task(span: ToolSpan, tenant: Tenant, actor: Actor) -> Task:
         task, _ = task_create(
             tenant=tenant, external_id=span.trace_id, agent=span.agent, goal=goal, budget={}, actor=actor
         )
-    except ServiceError as exc:
+    except Refusal as exc:
         if exc.code != "task_exists":
             raise
         task = Task.objects.get(pk=exc.detail["existing_task"])  # made by the API, or for another agent
@@ -234,7 +234,7 @@ def _report(span: ToolSpan, row: ObservedSpan, task: Task, tool: Tool, actor: Ac
         row.call_id = existing.pk  # the trace of an attempt admission already recorded
         return SpanOutcome.PROTECTED
     if existing is None and task.status != TaskStatus.OPEN:
-        raise ServiceError(409, "task_closed", f"the trace's task {task.pk} is {task.status}: no new calls")
+        raise Refusal("task_closed", f"the trace's task {task.pk} is {task.status}: no new calls", status=409)
     row.call_id = existing.pk if existing else _observed_call(span, task, tool, actor).pk
     call = call_for_attempt(row.call_id, [row.tenant_id], attempt_id=span.attempt_id)
     request = AttemptRequest(
@@ -296,7 +296,7 @@ def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call
                 observed=True,
             )
     except IntegrityError:
-        raise ServiceError(409, "conflict", "another request recorded this step or key at the same moment") from None
+        raise Refusal("conflict", "another request recorded this step or key at the same moment", status=409) from None
     return call
 
 

@@ -33,7 +33,7 @@ from recovery.registry import tool_policy
 from recovery.selectors.context import call_view, task_view_for_decision
 from recovery.services.answers import decision_json, outcome_json
 from recovery.services.breakers import breaker_record
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.statemachine.hot_path import Counters, count_on_task, insert
 from recovery.statemachine.transitions import transition_call
 
@@ -137,10 +137,10 @@ def attempt_report(*, call: Call, attempt: Attempt, facts: Facts, actor: Actor) 
     digest = canonical_digest(facts_json(facts))
     if attempt.outcome_request_hash:
         if attempt.outcome_request_hash != digest:
-            raise ServiceError(
-                422,
+            raise Refusal(
                 "outcome_already_reported",
                 "this attempt's outcome was already reported with different facts; evidence is never rewritten",
+                status=422,
             )
         return attempt.outcome_response
     now = timezone.now()

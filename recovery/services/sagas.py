@@ -36,7 +36,7 @@ from recovery.engine.types import FieldError
 from recovery.jobs.queueing import enqueue
 from recovery.models import Call, CompensationEntry, Step, Task, TaskOutcome, TaskStatus
 from recovery.services.compensations import compensation_start
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 logger = logging.getLogger("recovery.sagas")
@@ -59,10 +59,10 @@ def saga_abort(*, task: Task, executor: str, reason: str, actor: Actor) -> Task:
     already compensating task (409), an unknown executor, or a committed (or maybe committed) write step with no
     compensation (422, one field error per step)."""
     if executor not in EXECUTORS:
-        raise ServiceError(
-            422,
+        raise Refusal(
             "invalid_request",
             "executor must be console or runtime",
+            status=422,
             field_errors=[
                 FieldError(
                     field="executor",
@@ -75,17 +75,17 @@ def saga_abort(*, task: Task, executor: str, reason: str, actor: Actor) -> Task:
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
         if task.saga:
-            raise ServiceError(409, "already_compensating", f"the task's saga was already aborted ({task.saga})")
+            raise Refusal("already_compensating", f"the task's saga was already aborted ({task.saga})", status=409)
         if task.status != TaskStatus.OPEN:
-            raise ServiceError(409, "task_closed", f"the task is {task.status}: there is no saga to abort")
+            raise Refusal("task_closed", f"the task is {task.status}: there is no saga to abort", status=409)
         calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
         may_stand = (S.COMMITTED, *SETTLING)
         missing = [c for c in calls if c.side_effect == "write" and c.state in may_stand and not _has_compensation(c)]
         if missing:
-            raise ServiceError(
-                422,
+            raise Refusal(
                 "compensation_unavailable",
                 "a step that took (or may have taken) effect has no compensation: nothing can undo it",
+                status=422,
                 field_errors=[
                     FieldError(
                         field=f"steps.{c.step.index}",
@@ -199,7 +199,7 @@ def saga_advance(task_id: int, *, actor: Actor | None = None) -> str:
         try:
             with transaction.atomic():
                 compensation_start(nxt, actor=actor, send=task.saga_executor == "console", executor=task.saga_executor)
-        except ServiceError as exc:  # its undo cannot even be made (a template needing a value the call lacks)
+        except Refusal as exc:  # its undo cannot even be made (a template needing a value the call lacks)
             _set(task, STOPPED, actor, f"step {nxt.step.index} cannot be undone: {exc.message}")
             return STOPPED
         return RUNNING

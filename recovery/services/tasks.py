@@ -15,7 +15,7 @@ from recovery.engine.canonical import canonical_json
 from recovery.engine.states import CallState
 from recovery.engine.types import FieldError
 from recovery.models import Call, Decision, GateDecision, Task, TaskOutcome, TaskStatus, Tenant
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -59,10 +59,10 @@ def task_create(
         canonical_json(fields["budget"]),
     )
     if not same:
-        raise ServiceError(
-            409,
+        raise Refusal(
             "task_exists",
             f"task {external_id!r} already exists with another agent, goal or budget",
+            status=409,
             field_errors=[
                 FieldError(
                     field="external_id",
@@ -103,7 +103,7 @@ def task_complete(*, task: Task, summary: str, deliverable: dict | None, actor: 
     if task.status != TaskStatus.OPEN:
         if task.status == TaskStatus.SUBMITTED and _same_submission(task, summary, deliverable):
             return task  # a repeated submit (a reply lost on the way back): the stored summary again
-        raise ServiceError(409, "task_closed", f"the task is already {task.status}")
+        raise Refusal("task_closed", f"the task is already {task.status}", status=409)
     now = timezone.now()
     outcome = task_outcome(task)
     with transaction.atomic():
@@ -115,7 +115,7 @@ def task_complete(*, task: Task, summary: str, deliverable: dict | None, actor: 
             updated_at=now,
         )
         if updated != 1:
-            raise ServiceError(409, "task_closed", "the task was closed by someone else")
+            raise Refusal("task_closed", "the task was closed by someone else", status=409)
         append_event(
             action=AuditAction.TASK_SUBMITTED,
             actor=actor,
@@ -132,14 +132,14 @@ def task_abandon(*, task: Task, reason: str, actor: Actor) -> Task:
     if task.status == TaskStatus.ABANDONED:
         return task
     if task.status != TaskStatus.OPEN:
-        raise ServiceError(409, "task_closed", f"the task is already {task.status}")
+        raise Refusal("task_closed", f"the task is already {task.status}", status=409)
     now = timezone.now()
     with transaction.atomic():
         updated = Task.objects.filter(pk=task.pk, status=TaskStatus.OPEN).update(
             status=TaskStatus.ABANDONED, outcome=TaskOutcome.ABANDONED, closed_at=now, updated_at=now
         )
         if updated != 1:
-            raise ServiceError(409, "task_closed", "the task was closed by someone else")
+            raise Refusal("task_closed", "the task was closed by someone else", status=409)
         for call in Call.objects.filter(task=task, state__in=[S.READY, S.RETRYABLE]).order_by("pk"):
             # A call that moved on meanwhile (e.g. just admitted) is no longer READY/RETRYABLE: nothing to abandon.
             with contextlib.suppress(TransitionConflict):

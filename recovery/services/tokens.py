@@ -25,7 +25,7 @@ from django.utils import timezone
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event
 from recovery.models import ApiToken, Tenant, TokenScope
-from recovery.services.errors import ServiceError
+from recovery.services.errors import Refusal
 from recovery.statemachine.hot_path import token_links
 
 TOKEN_SCHEME = "rc_"
@@ -111,11 +111,11 @@ def token_require_scope(token: ApiToken, scopes: tuple[str, ...]) -> None:
     """Refuse (403 wrong_token_scope) a live token of a scope the endpoint does not take: a real token of the wrong
     kind is told so, rather than given the 401 of a bad token, which would send its owner looking for a typo."""
     if token.scope not in scopes:
-        raise ServiceError(
-            403,
+        raise Refusal(
             "wrong_token_scope",
             f"this is a {token.scope} token, and this endpoint takes {' or '.join(scopes)} tokens: "
             f"use one issued with `manage.py create_api_token --scope {scopes[0]}`",
+            status=403,
             detail={"token_scope": token.scope, "accepted_scopes": list(scopes)},
         )
 

@@ -32,7 +32,8 @@ from recovery.devtools.drills.framework import Run
 from recovery.devtools.drills.stage import KEYLESS_REFUND, drill_people
 from recovery.devtools.drills.table import LOST_BEFORE_COMMIT, PROBED, REPLY_LOST
 from recovery.models import Call, GateDecision, Receipt, ReceiptSource, RetryPath
-from recovery.services.actions import ActionRefused, action_preview
+from recovery.services.actions import action_preview
+from recovery.services.errors import Refusal
 
 
 def play(run: Run) -> None:
@@ -140,7 +141,7 @@ def _check_operator_refused(run: Run, call_id: int) -> None:
     refused, why = "", ""
     try:
         action_preview(call_id=call_id, action="replay_same_key", user=reviewer, actor=Actor.for_user(reviewer))
-    except ActionRefused as exc:
+    except Refusal as exc:
         refused, why = exc.code, exc.message
     run.log(f"  replay_same_key preview: {refused or 'allowed'}{f' ({why})' if why else ''}")
     run.check(

@@ -24,7 +24,8 @@ from recovery.devtools.drills.framework import Run, wait
 from recovery.devtools.drills.stage import drill_people
 from recovery.engine.states import CallState as S
 from recovery.models import ActionRequest, ActionStatus, Attempt, Call
-from recovery.services.actions import ActionRefused, action_approve
+from recovery.services.actions import action_approve
+from recovery.services.errors import Refusal
 
 SETUP_THREADS = 8  # refunds made at once while the rounds are set up
 EXECUTION_WAIT_S = 120  # how long the drill waits for approved replays to be executed
@@ -156,7 +157,7 @@ def _approve_twice(request_id: int, approvers, *, at_once: bool, reason: str) ->
             try:
                 done = action_approve(request_id=request_id, user=user, actor=Actor.for_user(user), reason=reason)
                 answer.status = done.status
-            except ActionRefused as refused:
+            except Refusal as refused:
                 answer.refused = refused.code
             answer.ended = time.perf_counter()
             return answer
