@@ -316,59 +316,21 @@ def retry_path(tool: Tool) -> RetryPath:
     write = tool.side_effect == WRITE
     budgets = tool.budgets if isinstance(tool.budgets, dict) else {}
     alternates = tuple(other.name for other in tool.alternates.all())
-    if not write:
-        safe, replay = True, "a read: repeating it changes nothing"
-    elif tool.retry_path == "unsafe":
-        safe = False
-        replay = (
-            "unsafe: a duplicate probe saw the provider ignore the key; every same-key replay is refused until a "
-            "passing probe or an approved action turns it back on"
-        )
-    elif tool.replay_safe and tool.retry_path == "safe":
-        safe = True
-        covered = tool.retry_path_key_age_s or 0
-        replay = (
-            "proved replay-safe: a duplicate probe saw an idempotent replay with one effect "
-            f"(keys up to {covered} s old)"
-        )
-    elif tool.replay_safe:
-        safe = False
-        replay = (
-            "replay-safe by the registry, not proved: no duplicate probe has run, so reconciliation never replays "
-            "it (a person or the runtime may, with evidence)"
-        )
-    else:
-        safe = False
-        replay = (
-            "not replay-safe: only an attempt that provably was not sent is retried; an unknown outcome is "
-            "reconciled, never replayed"
-        )
+    safe, replay = _replay_words(tool, write)
     if write and tool.risk == "high":
         swap = "never swapped to another tool while degraded (high risk)"
     elif alternates:
         swap = "an accepted alternate may replace it after a failure that proves nothing was executed"
     else:
         swap = ""
-    query = tool.status_query if isinstance(tool.status_query, dict) else {}
-    if not write:
-        reconcile = "nothing to reconcile"
-    elif query.get("path"):
-        reconcile = f"status API: {query.get('method', 'GET')} {query['path']}"
-    else:
-        reconcile = "no status API: an unknown outcome goes to human review"
     replay_reconciliation = write and bool((tool.reconcile or {}).get("replay_when_status_down"))
-    if replay_reconciliation:
-        reconcile += (
-            "; when the status query cannot answer, one same-key replay settles it (replay reconciliation, once a "
-            "probe proved the retry path)"
-        )
     return RetryPath(
         safe=safe,
         replay=replay,
         alternates=alternates,
         swap=swap,
         fallback=tool.fallback,
-        reconcile=reconcile,
+        reconcile=_reconcile_words(tool, write, replay_reconciliation),
         max_attempts=budgets.get("max_attempts"),
         write_retry=budgets.get("write_retry") if write else None,
         key_retention_s=tool.key_retention_s,
@@ -381,6 +343,49 @@ def retry_path(tool: Tool) -> RetryPath:
         base_url=tool.retry_path_base_url,
         replay_reconciliation=replay_reconciliation,
     )
+
+
+def _replay_words(tool: Tool, write: bool) -> tuple[bool, str]:
+    """Whether a same-key replay of the tool is safe, and why, in words."""
+    if not write:
+        return True, "a read: repeating it changes nothing"
+    if tool.retry_path == "unsafe":
+        return False, (
+            "unsafe: a duplicate probe saw the provider ignore the key; every same-key replay is refused until a "
+            "passing probe or an approved action turns it back on"
+        )
+    if tool.replay_safe and tool.retry_path == "safe":
+        covered = tool.retry_path_key_age_s or 0
+        return True, (
+            "proved replay-safe: a duplicate probe saw an idempotent replay with one effect "
+            f"(keys up to {covered} s old)"
+        )
+    if tool.replay_safe:
+        return False, (
+            "replay-safe by the registry, not proved: no duplicate probe has run, so reconciliation never replays "
+            "it (a person or the runtime may, with evidence)"
+        )
+    return False, (
+        "not replay-safe: only an attempt that provably was not sent is retried; an unknown outcome is "
+        "reconciled, never replayed"
+    )
+
+
+def _reconcile_words(tool: Tool, write: bool, replay_reconciliation: bool) -> str:
+    """How an unknown outcome of the tool is settled, in words."""
+    query = tool.status_query if isinstance(tool.status_query, dict) else {}
+    if not write:
+        return "nothing to reconcile"
+    if query.get("path"):
+        reconcile = f"status API: {query.get('method', 'GET')} {query['path']}"
+    else:
+        reconcile = "no status API: an unknown outcome goes to human review"
+    if replay_reconciliation:
+        reconcile += (
+            "; when the status query cannot answer, one same-key replay settles it (replay reconciliation, once a "
+            "probe proved the retry path)"
+        )
+    return reconcile
 
 
 # --- one tool ------------------------------------------------------------------------------------------------------

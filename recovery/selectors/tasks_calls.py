@@ -128,21 +128,42 @@ def step_states(steps: list[Step], calls: list[Call]) -> dict[int, str]:
     return states
 
 
-def task_summary(task: Task, *, with_facts: bool = False) -> dict:
-    """docs/design/tasks.md: confirmed facts, unknown facts, what was not executed, blocked steps and the next action.
-    With `with_facts` (the task page) each call's brief also holds its `facts` (recovery.selectors.facts): what every
-    page states of the call, read from the rows already loaded."""
-    now = timezone.now()
-    steps = list(Step.objects.filter(task=task).prefetch_related("depends_on").order_by("index"))
-    calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
+# The task answer's groups of calls, in the order it lists them, and the group of each state (any other state: the
+# effect was compensated).
+GROUPS = (
+    "done",
+    "accepted_in_progress",
+    "unknown",
+    "needs_review",
+    "not_executed",
+    "in_flight",
+    "pending",
+    "compensated",
+)
+GROUP_OF_STATE = {
+    S.COMMITTED: "done",
+    S.ACCEPTED: "accepted_in_progress",
+    S.UNKNOWN: "unknown",
+    S.STILL_UNKNOWN: "unknown",
+    S.HUMAN_REVIEW: "needs_review",
+    S.FAILED_PERMANENT: "not_executed",
+    S.NOT_COMMITTED: "not_executed",
+    S.SENT: "in_flight",
+    S.READY: "pending",
+    S.RETRYABLE: "pending",
+}
+
+
+def _steps_json(steps: list[Step], calls: list[Call], undone: dict) -> tuple[list[dict], list[int]]:
+    """Each step as the task answer shows it, and the indexes of the steps blocked by an uncommitted dependency."""
     states = step_states(steps, calls)
-    undone = task_compensations(task.pk)
     steps_json, blocked = [], []
     for step in steps:
         deps = sorted(dep.index for dep in step.depends_on.all())
         waiting = sorted(dep.index for dep in step.depends_on.all() if states[dep.pk] != S.COMMITTED)
         if waiting and states[step.pk] != S.COMMITTED:
             blocked.append(step.index)
+        own = [c for c in calls if c.step_id == step.pk]
         steps_json.append(
             {
                 "index": step.index,
@@ -150,40 +171,27 @@ def task_summary(task: Task, *, with_facts: bool = False) -> dict:
                 "depends_on": deps,
                 "state": states[step.pk],
                 "blocked_by_steps": waiting,
-                "calls": [c.pk for c in calls if c.step_id == step.pk],
-                "effect": _step_effect([c for c in calls if c.step_id == step.pk], undone),
+                "calls": [c.pk for c in own],
+                "effect": _step_effect(own, undone),
             }
         )
-    groups = {
-        "done": [],
-        "accepted_in_progress": [],
-        "unknown": [],
-        "needs_review": [],
-        "not_executed": [],
-        "in_flight": [],
-        "pending": [],
-        "compensated": [],
-    }
+    return steps_json, blocked
+
+
+def task_summary(task: Task, *, with_facts: bool = False) -> dict:
+    """docs/design/tasks.md: confirmed facts, unknown facts, what was not executed, blocked steps and the next action.
+    With `with_facts` (the task page) each call's brief also holds its `facts` (recovery.selectors.facts): what every
+    page states of the call, read from the rows already loaded."""
+    now = timezone.now()
+    steps = list(Step.objects.filter(task=task).prefetch_related("depends_on").order_by("index"))
+    calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
+    steps_json, blocked = _steps_json(steps, calls, task_compensations(task.pk))
+    groups = {group: [] for group in GROUPS}
     for call in calls:
         brief = _call_brief(call)
         if with_facts:
             brief["facts"] = shown_facts(call)
-        if call.state == S.COMMITTED:
-            groups["done"].append(brief)
-        elif call.state == S.ACCEPTED:
-            groups["accepted_in_progress"].append(brief)
-        elif call.state in (S.UNKNOWN, S.STILL_UNKNOWN):
-            groups["unknown"].append(brief)
-        elif call.state == S.HUMAN_REVIEW:
-            groups["needs_review"].append(brief)
-        elif call.state in (S.FAILED_PERMANENT, S.NOT_COMMITTED):
-            groups["not_executed"].append(brief)
-        elif call.state == S.SENT:
-            groups["in_flight"].append(brief)
-        elif call.state in (S.READY, S.RETRYABLE):
-            groups["pending"].append(brief)
-        else:
-            groups["compensated"].append(brief)
+        groups[GROUP_OF_STATE.get(call.state, "compensated")].append(brief)
     no_submission = task.no_submission or (
         task.status == TaskStatus.OPEN and task.deadline is not None and task.deadline < now
     )
@@ -279,64 +287,68 @@ def call_detail(call: Call) -> dict:
         "max_attempts": call.max_attempts,
         "checks_made": call.checks_made,
         "next_check_at": call.next_check_at.isoformat() if call.next_check_at else None,
-        "attempts": [
-            {
-                "attempt_id": a.attempt_id,
-                "number": a.number,
-                "tool": a.tool.name,
-                "policy_bypassed": a.policy_bypassed,
-                "admitted_at": a.admitted_at.isoformat() if a.admitted_at else None,
-                "reported_at": a.reported_at.isoformat() if a.reported_at else None,
-                "http_status": a.http_status,
-                "error_kind": a.error_kind or None,
-                "failure_class": a.failure_class or None,
-                "decision": decisions[a.pk].card | {"id": decisions[a.pk].pk} if a.pk in decisions else None,
-            }
-            for a in attempts
-        ],
+        "attempts": [_attempt_json(a, decisions) for a in attempts],
         "latest_decision": latest.card if latest else None,
-        "gate_decisions": [
-            {
-                "id": g.pk,
-                "allowed": g.allowed,
-                "reason": g.reason,
-                "evidence_used": g.evidence_used,
-                "dry_run": g.dry_run,
-                "required_next": g.required_next or None,
-                "created_at": g.created_at.isoformat(),
-            }
-            for g in gates
-        ],
-        "receipts": [
-            {
-                "id": r.pk,
-                "source": r.source,
-                "observed": r.observed,
-                "provider_status": r.provider_status,
-                "provider_ref": r.provider_ref or None,
-                "applied": r.applied,
-                "checked_at": r.checked_at.isoformat(),
-                "local_state_before": r.local_state_before,
-                "local_state_after": r.local_state_after,
-            }
-            for r in receipts
-        ],
-        "compensations": [
-            {
-                "compensation_id": c.compensation_id,
-                "number": c.number,
-                "tool": c.tool.name,
-                "idempotency_key": c.idempotency_key,
-                "state": c.state,
-                "target": c.target,
-                "expected_effect": c.expected_effect,
-                "attempts_made": c.attempts_count,
-                "max_attempts": c.max_attempts,
-                "checks_made": c.checks_made,
-                "provider_ref": c.provider_ref or None,
-                "outcome": c.outcome or None,
-                "state_changed_at": c.state_changed_at.isoformat(),
-            }
-            for c in compensations
-        ],
+        "gate_decisions": [_gate_json(g) for g in gates],
+        "receipts": [_receipt_json(r) for r in receipts],
+        "compensations": [_compensation_json(c) for c in compensations],
+    }
+
+
+def _attempt_json(a, decisions: dict) -> dict:
+    return {
+        "attempt_id": a.attempt_id,
+        "number": a.number,
+        "tool": a.tool.name,
+        "policy_bypassed": a.policy_bypassed,
+        "admitted_at": a.admitted_at.isoformat() if a.admitted_at else None,
+        "reported_at": a.reported_at.isoformat() if a.reported_at else None,
+        "http_status": a.http_status,
+        "error_kind": a.error_kind or None,
+        "failure_class": a.failure_class or None,
+        "decision": decisions[a.pk].card | {"id": decisions[a.pk].pk} if a.pk in decisions else None,
+    }
+
+
+def _gate_json(g) -> dict:
+    return {
+        "id": g.pk,
+        "allowed": g.allowed,
+        "reason": g.reason,
+        "evidence_used": g.evidence_used,
+        "dry_run": g.dry_run,
+        "required_next": g.required_next or None,
+        "created_at": g.created_at.isoformat(),
+    }
+
+
+def _receipt_json(r) -> dict:
+    return {
+        "id": r.pk,
+        "source": r.source,
+        "observed": r.observed,
+        "provider_status": r.provider_status,
+        "provider_ref": r.provider_ref or None,
+        "applied": r.applied,
+        "checked_at": r.checked_at.isoformat(),
+        "local_state_before": r.local_state_before,
+        "local_state_after": r.local_state_after,
+    }
+
+
+def _compensation_json(c) -> dict:
+    return {
+        "compensation_id": c.compensation_id,
+        "number": c.number,
+        "tool": c.tool.name,
+        "idempotency_key": c.idempotency_key,
+        "state": c.state,
+        "target": c.target,
+        "expected_effect": c.expected_effect,
+        "attempts_made": c.attempts_count,
+        "max_attempts": c.max_attempts,
+        "checks_made": c.checks_made,
+        "provider_ref": c.provider_ref or None,
+        "outcome": c.outcome or None,
+        "state_changed_at": c.state_changed_at.isoformat(),
     }

@@ -59,8 +59,45 @@ def call_add(
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
     registry default (a saga's abort uses it, docs/compensation.md)."""
-    tenant = task.tenant
-    tools = {t.name: t for t in allowed_tools(tenant)}
+    tools = {t.name: t for t in allowed_tools(task.tenant)}
+    tool = _check_admissible(task, tools, tool_name, step_index, depends_on, compensation)
+    policy = tool_policy(tool)
+    print_ = fingerprint(tool.name, arguments)
+    existing = Call.objects.filter(tenant=task.tenant, tool=tool, idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return _same_key(existing, task, print_)
+    if policy.is_write:
+        _check_new_intent(task, policy.side_effect, print_)
+    preflight = validate_args(policy.args_schema, arguments)
+    try:
+        with transaction.atomic():
+            step = _step(task, step_index, depends_on, compensation)
+            call = call_insert(
+                task=task,
+                step=step,
+                tool=tool,
+                idempotency_key=idempotency_key,
+                arguments=arguments,
+                fingerprint=print_,
+                max_attempts=_max_attempts(policy.budgets.max_attempts, task),
+                actor=actor,
+                reason=f"{tool.name} step {step_index}",
+                evidence={"preflight_errors": len(preflight)},
+            )
+    except IntegrityError:
+        # A concurrent add of the same key won: answer as for a repeated request.
+        existing = Call.objects.filter(tenant=task.tenant, tool=tool, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _same_key(existing, task, print_)
+    return _added(call, created=True, preflight=preflight)
+
+
+def _check_admissible(
+    task: Task, tools: dict[str, Tool], tool_name: str, step_index: int, depends_on: list[int], compensation
+) -> Tool:
+    """The tenant's tool named `tool_name`; Refusal if it has none, the task is closed, the step's own undo is not
+    one, or a dependency is not an earlier step (checked in that order)."""
     tool = tools.get(tool_name)
     if tool is None:
         raise Refusal(
@@ -96,60 +133,43 @@ def call_add(
                 )
             ],
         )
-    policy = tool_policy(tool)
-    print_ = fingerprint(tool.name, arguments)
-    existing = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=idempotency_key).first()
-    if existing is not None:
-        return _same_key(existing, task, print_)
-    if policy.is_write:
-        others = Call.objects.filter(task=task, fingerprint=print_).values_list("pk", "fingerprint", "state")
-        duplicate = duplicate_intent(
-            side_effect=policy.side_effect, fingerprint=print_, existing=[(str(pk), fp, st) for pk, fp, st in others]
+    return tool
+
+
+def _check_new_intent(task: Task, side_effect: str, print_: str) -> None:
+    """Refusal if another call of the task already carries this write intent (a new key must not launder a replay)."""
+    others = Call.objects.filter(task=task, fingerprint=print_).values_list("pk", "fingerprint", "state")
+    duplicate = duplicate_intent(
+        side_effect=side_effect, fingerprint=print_, existing=[(str(pk), fp, st) for pk, fp, st in others]
+    )
+    if duplicate:
+        raise Refusal(
+            "duplicate_intent",
+            f"call {duplicate} already carries this write intent: a new idempotency key must not launder a "
+            "replay. Retry that call under its own key.",
+            status=409,
+            detail={"existing_call": int(duplicate)},
         )
-        if duplicate:
-            raise Refusal(
-                "duplicate_intent",
-                f"call {duplicate} already carries this write intent: a new idempotency key must not launder a "
-                "replay. Retry that call under its own key.",
-                status=409,
-                detail={"existing_call": int(duplicate)},
-            )
-    preflight = validate_args(policy.args_schema, arguments)
-    max_attempts = policy.budgets.max_attempts
+
+
+def _max_attempts(tool_max: int | None, task: Task) -> int | None:
+    """The tighter of the tool's and the task's attempt budgets (None: no limit)."""
     task_max = (task.budget or {}).get("max_attempts")
-    if task_max is not None:
-        max_attempts = min(max_attempts, task_max) if max_attempts is not None else task_max
-    try:
-        with transaction.atomic():
-            step, _ = Step.objects.get_or_create(task=task, index=step_index)
-            if compensation is not None and step.compensation != compensation:
-                Step.objects.filter(pk=step.pk).update(compensation=compensation)
-                step.compensation = compensation
-            if depends_on:
-                deps = []
-                for index in depends_on:
-                    dep, _ = Step.objects.get_or_create(task=task, index=index)
-                    deps.append(dep)
-                step.depends_on.add(*deps)
-            call = call_insert(
-                task=task,
-                step=step,
-                tool=tool,
-                idempotency_key=idempotency_key,
-                arguments=arguments,
-                fingerprint=print_,
-                max_attempts=max_attempts,
-                actor=actor,
-                reason=f"{tool.name} step {step_index}",
-                evidence={"preflight_errors": len(preflight)},
-            )
-    except IntegrityError:
-        # A concurrent add of the same key won: answer as for a repeated request.
-        existing = Call.objects.filter(tenant=tenant, tool=tool, idempotency_key=idempotency_key).first()
-        if existing is None:
-            raise
-        return _same_key(existing, task, print_)
-    return _added(call, created=True, preflight=preflight)
+    if task_max is None:
+        return tool_max
+    return min(tool_max, task_max) if tool_max is not None else task_max
+
+
+def _step(task: Task, step_index: int, depends_on: list[int], compensation: dict | None) -> Step:
+    """The task's step `step_index` (made on first use), with its dependencies and its own undo recorded."""
+    step, _ = Step.objects.get_or_create(task=task, index=step_index)
+    if compensation is not None and step.compensation != compensation:
+        Step.objects.filter(pk=step.pk).update(compensation=compensation)
+        step.compensation = compensation
+    if depends_on:
+        deps = [Step.objects.get_or_create(task=task, index=index)[0] for index in depends_on]
+        step.depends_on.add(*deps)
+    return step
 
 
 def call_insert(

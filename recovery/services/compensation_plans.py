@@ -162,15 +162,8 @@ def entry_plan(call: Call, number: int) -> EntryPlan:
             status=422,
             field_errors=missing,
         )
-    amount = arguments.get("amount_cents") if isinstance(arguments, dict) else None
-    if number > 1 and isinstance(amount, int) and not isinstance(amount, bool):
-        # After a partial undo, the next entry undoes what is left of the amount, never the whole amount again.
-        done = sum(
-            call.compensations.filter(state="committed", undone_amount__isnull=False).values_list(
-                "undone_amount", flat=True
-            )
-        )
-        arguments = {**arguments, "amount_cents": max(amount - done, 0)}
+    if number > 1:
+        arguments = _what_is_left(call, arguments)
     ref = call.provider_ref or call.idempotency_key
     noun = _effect_noun(tool.name)
     policy = tool_policy(tool)
@@ -183,6 +176,19 @@ def entry_plan(call: Call, number: int) -> EntryPlan:
         max_attempts=policy.budgets.max_attempts,
         number=number,
     )
+
+
+def _what_is_left(call: Call, arguments):
+    """After a partial undo, the next entry undoes what is left of the amount, never the whole amount again."""
+    amount = arguments.get("amount_cents") if isinstance(arguments, dict) else None
+    if not isinstance(amount, int) or isinstance(amount, bool):
+        return arguments
+    done = sum(
+        call.compensations.filter(state="committed", undone_amount__isnull=False).values_list(
+            "undone_amount", flat=True
+        )
+    )
+    return {**arguments, "amount_cents": max(amount - done, 0)}
 
 
 def next_entry_plan(call: Call) -> EntryPlan:

@@ -28,7 +28,7 @@ from django.utils import timezone
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event
 from recovery.engine.classify import classify
-from recovery.engine.compensation_states import FINAL, OPEN, SENDABLE, EntryState
+from recovery.engine.compensation_states import FINAL, SENDABLE, EntryState
 from recovery.engine.reconcile import LEARNED_NOTHING, Observation, next_check
 from recovery.engine.redact import redact_data
 from recovery.engine.states import CallState
@@ -88,48 +88,8 @@ def compensation_start(
     try:
         with transaction.atomic():
             call = Call.objects.select_for_update().select_related("tool__provider", "task", "step").get(pk=call.pk)
-            if call.state not in STARTABLE:
-                raise Refusal(
-                    "not_compensable",
-                    f"a {call.state} call cannot start a compensation: only COMMITTED, PARTIAL_COMPENSATED or "
-                    "COMPENSATION_FAILED",
-                    status=409,
-                    detail={"call_state": call.state},
-                )
-            earlier = list(call.compensations.values_list("number", "state"))
-            if any(state not in FINAL for _, state in earlier):
-                raise Refusal("compensation_in_progress", "an earlier entry of this call is not final", status=409)
-            if any(state == E.COMMITTED for _, state in earlier) and call.state != S.PARTIAL_COMPENSATED:
-                raise Refusal("not_compensable", "an earlier entry already undid this effect", status=409)
-            number = len(earlier) + 1
-            plan = entry_plan(call, number)
-            entry = CompensationEntry.objects.create(
-                call=call,
-                number=number,
-                tool=plan.tool,
-                idempotency_key=plan.idempotency_key,
-                arguments=plan.arguments,
-                target=plan.target,
-                target_version=call.version,
-                expected_effect=plan.expected_effect,
-                max_attempts=plan.max_attempts,
-                requested_by=requested_by,
-                executor=executor,
-            )
-            append_event(
-                action=AuditAction.COMPENSATION_STARTED,
-                actor=actor,
-                task_id=call.task_id,
-                call_id=call.pk,
-                reason=f"compensation {number} of {call.tool.name}: {plan.expected_effect}",
-                evidence={
-                    "compensation": entry.pk,
-                    "entry": number,
-                    "tool": plan.tool.name,
-                    "idempotency_key": plan.idempotency_key,
-                    "target_version": call.version,
-                },
-            )
+            number = _next_number(call)
+            entry = _make_entry(call, number, actor=actor, requested_by=requested_by, executor=executor)
             why = "saga compensation started" if number == 1 else "approved new compensation"
             transition_call(call, S.COMPENSATING, actor=actor, reason=why, evidence={"compensation": entry.pk})
             if send:
@@ -142,31 +102,64 @@ def compensation_start(
     return entry
 
 
+def _next_number(call: Call) -> int:
+    """The number of the call's next entry; Refusal 409 unless the call may start one now."""
+    if call.state not in STARTABLE:
+        raise Refusal(
+            "not_compensable",
+            f"a {call.state} call cannot start a compensation: only COMMITTED, PARTIAL_COMPENSATED or "
+            "COMPENSATION_FAILED",
+            status=409,
+            detail={"call_state": call.state},
+        )
+    earlier = list(call.compensations.values_list("number", "state"))
+    if any(state not in FINAL for _, state in earlier):
+        raise Refusal("compensation_in_progress", "an earlier entry of this call is not final", status=409)
+    if any(state == E.COMMITTED for _, state in earlier) and call.state != S.PARTIAL_COMPENSATED:
+        raise Refusal("not_compensable", "an earlier entry already undid this effect", status=409)
+    return len(earlier) + 1
+
+
+def _make_entry(call: Call, number: int, *, actor: Actor, requested_by, executor: str) -> CompensationEntry:
+    """Entry `number` of the locked `call`, as its plan says, with its audit event."""
+    plan = entry_plan(call, number)
+    entry = CompensationEntry.objects.create(
+        call=call,
+        number=number,
+        tool=plan.tool,
+        idempotency_key=plan.idempotency_key,
+        arguments=plan.arguments,
+        target=plan.target,
+        target_version=call.version,
+        expected_effect=plan.expected_effect,
+        max_attempts=plan.max_attempts,
+        requested_by=requested_by,
+        executor=executor,
+    )
+    append_event(
+        action=AuditAction.COMPENSATION_STARTED,
+        actor=actor,
+        task_id=call.task_id,
+        call_id=call.pk,
+        reason=f"compensation {number} of {call.tool.name}: {plan.expected_effect}",
+        evidence={
+            "compensation": entry.pk,
+            "entry": number,
+            "tool": plan.tool.name,
+            "idempotency_key": plan.idempotency_key,
+            "target_version": call.version,
+        },
+    )
+    return entry
+
+
 # The jobs, by name: recovery.jobs calls this module, so it cannot be imported here.
 SEND_JOB = "recovery.jobs.tasks.send_compensation"
-CHECK_JOB = "recovery.jobs.tasks.check_compensation"
 
 
 def _enqueue_send(entry: CompensationEntry) -> None:
     """Send the entry's next attempt once this transaction commits (one job per attempt number)."""
     enqueue(SEND_JOB, entry.pk, job_id=f"compensation-send-{entry.pk}-{entry.attempts_count + 1}")
-
-
-def enqueue_check(entry: CompensationEntry) -> None:
-    """An immediate status check of an unknown entry, once this transaction commits."""
-    enqueue(CHECK_JOB, entry.pk, job_id=f"compensation-check-{entry.pk}-{entry.checks_made + 1}")
-
-
-def open_compensations(task: Task) -> list[int]:
-    """The ids of the task's calls with an open entry (or COMPENSATING): while there is one, the task's other writes
-    are refused (`compensation_in_progress`)."""
-    return sorted(
-        set(
-            Call.objects.filter(task=task)
-            .filter(Q(state=S.COMPENSATING) | Q(compensations__state__in=sorted(OPEN)))
-            .values_list("pk", flat=True)
-        )
-    )
 
 
 # --- leases -----------------------------------------------------------------------------------------------------
@@ -336,33 +329,7 @@ def compensation_check(entry_id: int, *, worker: str, now: datetime | None = Non
     checks = entry.checks_made + 1
     with transaction.atomic():
         before = entry.state
-        changes: dict[str, Any] = {
-            "checks_made": checks,
-            "last_receipt_at": now,
-            "lease_owner": "",
-            "lease_until": None,
-        }
-        if answer.provider_ref:
-            changes["provider_ref"] = answer.provider_ref[:255]
-        if answer.provider_status:
-            changes["provider_status"] = answer.provider_status[:64]
-        to, why = _after_receipt(entry, answer.observed, checks=checks, policy=policy, now=now)
-        if to is None:
-            changes["next_check_at"] = next_check(policy, checks=checks, now=now, started_at=entry.created_at)
-            CompensationEntry.objects.filter(pk=entry.pk).update(**changes)
-            for name, value in changes.items():
-                setattr(entry, name, value)
-        else:
-            if to == E.NOT_COMMITTED:
-                changes["send_at"] = now  # the periodic tick sends it again with its own key
-            if to in (E.REVIEW, E.FAILED):
-                changes["outcome"] = why.split(":")[0]
-            if to == E.COMMITTED:
-                if answer.effects is not None:
-                    changes["effects_observed"] = min(answer.effects, entry.expected_effects)
-                changes.update(_undone(entry, (answer.response or {}).get("body")))
-            _move(entry, to, actor=actor, reason=f"receipt: {why}", changes=changes,
-                  evidence={"observed": answer.observed, "provider_status": answer.provider_status})  # fmt: skip
+        to = _apply_answer(entry, answer, checks=checks, policy=policy, now=now, actor=actor)
         receipt = CompensationReceipt.objects.create(
             entry=entry,
             source=ReceiptSource.POLL,
@@ -387,6 +354,33 @@ def compensation_check(entry_id: int, *, worker: str, now: datetime | None = Non
             evidence={"compensation": entry.pk, "receipt": receipt.pk, "observed": answer.observed},
         )
     return receipt
+
+
+def _apply_answer(entry, answer, *, checks: int, policy, now: datetime, actor: Actor) -> EntryState | None:
+    """Write what the status answer says of the entry: its next check, or its move (returned; None: it stays)."""
+    changes: dict[str, Any] = {"checks_made": checks, "last_receipt_at": now, "lease_owner": "", "lease_until": None}
+    if answer.provider_ref:
+        changes["provider_ref"] = answer.provider_ref[:255]
+    if answer.provider_status:
+        changes["provider_status"] = answer.provider_status[:64]
+    to, why = _after_receipt(entry, answer.observed, checks=checks, policy=policy, now=now)
+    if to is None:
+        changes["next_check_at"] = next_check(policy, checks=checks, now=now, started_at=entry.created_at)
+        CompensationEntry.objects.filter(pk=entry.pk).update(**changes)
+        for name, value in changes.items():
+            setattr(entry, name, value)
+        return None
+    if to == E.NOT_COMMITTED:
+        changes["send_at"] = now  # the periodic tick sends it again with its own key
+    if to in (E.REVIEW, E.FAILED):
+        changes["outcome"] = why.split(":")[0]
+    if to == E.COMMITTED:
+        if answer.effects is not None:
+            changes["effects_observed"] = min(answer.effects, entry.expected_effects)
+        changes.update(_undone(entry, (answer.response or {}).get("body")))
+    _move(entry, to, actor=actor, reason=f"receipt: {why}", changes=changes,
+          evidence={"observed": answer.observed, "provider_status": answer.provider_status})  # fmt: skip
+    return to
 
 
 def _after_receipt(entry, observed: str, *, checks: int, policy, now: datetime) -> tuple[EntryState | None, str]:

@@ -39,20 +39,8 @@ def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None)
     now = timezone.now()
     result = facts.get("result") if isinstance(facts.get("result"), dict) else {}
     second_ref = result.get(tool.provider_ref_field) if tool.provider_ref_field else None
-    effects_field = (tool.status_query or {}).get("effects_field")
-    ledger_read = bool(effects_field) and answer is not None and answer.observed in _ANSWERED
     expected = int((tool.budgets or {}).get("max_business_effects") or 1)
-    verdict = judgement.judge(
-        judgement.ProbeFacts(
-            http_status=facts.get("http_status"),
-            first_business_id=call.provider_ref,
-            second_business_id=str(second_ref) if second_ref is not None else "",
-            ledger_read=ledger_read,
-            key_known=answer is not None and answer.observed != Observation.NOT_COMMITTED,
-            observed_effects=answer.effects if answer is not None else None,
-            expected_effects=expected,
-        )
-    )
+    verdict = _verdict(call, facts, answer, second_ref, expected)
     shown = outgoing.shown()
     request = {"replay": {k: shown[k] for k in ("method", "url", "body")}}
     response = {"replay": {"http_status": facts.get("http_status"), "result": result or None}}
@@ -98,6 +86,23 @@ def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None)
                 now=now,
             )
     return probe
+
+
+def _verdict(call: Call, facts: dict, answer, second_ref, expected: int) -> judgement.ProbeVerdict:
+    """The engine's judgement of the replay (its answer `facts`) and of the ledger read after it (`answer`)."""
+    effects_field = (call.tool.status_query or {}).get("effects_field")
+    ledger_read = bool(effects_field) and answer is not None and answer.observed in _ANSWERED
+    return judgement.judge(
+        judgement.ProbeFacts(
+            http_status=facts.get("http_status"),
+            first_business_id=call.provider_ref,
+            second_business_id=str(second_ref) if second_ref is not None else "",
+            ledger_read=ledger_read,
+            key_known=answer is not None and answer.observed != Observation.NOT_COMMITTED,
+            observed_effects=answer.effects if answer is not None else None,
+            expected_effects=expected,
+        )
+    )
 
 
 def set_retry_path(

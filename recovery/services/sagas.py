@@ -58,44 +58,10 @@ def saga_abort(*, task: Task, executor: str, reason: str, actor: Actor) -> Task:
     """Abort the task as a saga; the compensations follow (saga_advance). Refused, changing nothing: a closed or
     already compensating task (409), an unknown executor, or a committed (or maybe committed) write step with no
     compensation (422, one field error per step)."""
-    if executor not in EXECUTORS:
-        raise Refusal(
-            "invalid_request",
-            "executor must be console or runtime",
-            status=422,
-            field_errors=[
-                FieldError(
-                    field="executor",
-                    expected="console or runtime",
-                    received=executor,
-                    suggestion="console: the console's worker sends each undo; runtime: you do.",
-                )
-            ],
-        )
+    _check_executor(executor)
     with transaction.atomic():
         task = Task.objects.select_for_update().get(pk=task.pk)
-        if task.saga:
-            raise Refusal("already_compensating", f"the task's saga was already aborted ({task.saga})", status=409)
-        if task.status != TaskStatus.OPEN:
-            raise Refusal("task_closed", f"the task is {task.status}: there is no saga to abort", status=409)
-        calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
-        may_stand = (S.COMMITTED, *SETTLING)
-        missing = [c for c in calls if c.side_effect == "write" and c.state in may_stand and not _has_compensation(c)]
-        if missing:
-            raise Refusal(
-                "compensation_unavailable",
-                "a step that took (or may have taken) effect has no compensation: nothing can undo it",
-                status=422,
-                field_errors=[
-                    FieldError(
-                        field=f"steps.{c.step.index}",
-                        expected="a compensation for this step (the tool's registry default, or the step's own)",
-                        received=c.tool.name,
-                        suggestion="Declare the step's compensation when its call is added, or settle it by hand.",
-                    )
-                    for c in missing
-                ],
-            )
+        calls = _abortable_calls(task)
         now = timezone.now()
         Task.objects.filter(pk=task.pk).update(
             status=TaskStatus.ABANDONED,
@@ -122,6 +88,51 @@ def saga_abort(*, task: Task, executor: str, reason: str, actor: Actor) -> Task:
         enqueue(ADVANCE_JOB, task.pk, job_id=f"saga-{task.pk}-abort")
     task.refresh_from_db()
     return task
+
+
+def _check_executor(executor: str) -> None:
+    if executor not in EXECUTORS:
+        raise Refusal(
+            "invalid_request",
+            "executor must be console or runtime",
+            status=422,
+            field_errors=[
+                FieldError(
+                    field="executor",
+                    expected="console or runtime",
+                    received=executor,
+                    suggestion="console: the console's worker sends each undo; runtime: you do.",
+                )
+            ],
+        )
+
+
+def _abortable_calls(task: Task) -> list[Call]:
+    """The locked task's calls; Refusal if its saga was aborted already, it is closed, or a write step that took (or
+    may have taken) effect has nothing to undo it."""
+    if task.saga:
+        raise Refusal("already_compensating", f"the task's saga was already aborted ({task.saga})", status=409)
+    if task.status != TaskStatus.OPEN:
+        raise Refusal("task_closed", f"the task is {task.status}: there is no saga to abort", status=409)
+    calls = list(Call.objects.filter(task=task).select_related("tool", "step").order_by("pk"))
+    may_stand = (S.COMMITTED, *SETTLING)
+    missing = [c for c in calls if c.side_effect == "write" and c.state in may_stand and not _has_compensation(c)]
+    if missing:
+        raise Refusal(
+            "compensation_unavailable",
+            "a step that took (or may have taken) effect has no compensation: nothing can undo it",
+            status=422,
+            field_errors=[
+                FieldError(
+                    field=f"steps.{c.step.index}",
+                    expected="a compensation for this step (the tool's registry default, or the step's own)",
+                    received=c.tool.name,
+                    suggestion="Declare the step's compensation when its call is added, or settle it by hand.",
+                )
+                for c in missing
+            ],
+        )
+    return calls
 
 
 @dataclass(frozen=True, kw_only=True)
