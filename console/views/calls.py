@@ -23,15 +23,16 @@ from django.views.decorators.http import require_GET
 
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
 from console.views.common import DIAGNOSTIC, VIEW, age_text, by_reason, render_page, requires
-from recovery.engine.actions import actions_for, recommended
+from recovery.engine.actions import recommended
 from recovery.engine.reconcile import Observation
-from recovery.models import Call, RetryPath
+from recovery.models import Call
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status
 from recovery.selectors.facts import shown_facts
 from recovery.selectors.observed import admission_of, call_spans
 from recovery.selectors.waiting import required_action
+from recovery.services.action_plans import call_facts, options_for
 
 REFRESH_S = 5
 
@@ -61,76 +62,71 @@ def call(request: HttpRequest, call_id: int) -> HttpResponse:
     page = call_page(call_id, diagnostics_readable=readable, now=now)
     if page is None:
         raise Http404("No such call.")
-    current = page.call
-    held_by = ""
-    if page.status.claim_live and current.claimed_by_id != request.user.pk:
-        held_by = current.claimed_by.get_username()
-    tool = current.tool
-    actions = actions_for(
-        current.state,
-        perms=request.user.get_all_permissions(),
-        side_effect=current.side_effect,
-        has_status_api=bool(tool.status_query),
-        key_expired=page.status.key.expired,
-        retry_path_safe=tool.retry_path != RetryPath.UNSAFE,
-        duplicate_effect=current.duplicate_effect,
-        has_compensation=isinstance(tool.compensation, dict) and bool(tool.compensation.get("tool")),
-        compensation_in_review=current.state == "COMPENSATING"
-        and current.compensations.filter(state="review").exists(),
-        sandbox_tenant=current.task.tenant.sandbox,
-        retry_path=tool.retry_path,
-        held_by=held_by,
+    context = (
+        _status_context(request, page.status, seen_values, now)
+        | _page_context(request, page, now)
+        | {"seen_form": seen}
     )
+    return render_page(request, "console/call.html", context, status=200 if valid else 400)
+
+
+def _page_context(request: HttpRequest, page: CallPage, now) -> dict:
+    """The page below the live block: what may be done now, the decisions, attempts and receipts."""
+    current = page.call
+    diagnostic_refs = {d.pk: d.ref for d in page.diagnostics}
+    numbers = {a.pk: a.number for a in page.attempts}
     latest = page.latest_decision
-    asked = required_action(latest.required_next) if latest else ""
+    return _actions_context(request, page, now) | {
+        "page": page,
+        "task": current.task,
+        "action_requests": [
+            {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
+            for r in page.action_requests
+        ],
+        "latest_number": numbers.get(latest.attempt_id) if latest else None,
+        "latest_card": card_text(current, latest, numbers) if latest else "",
+        "latest_fields": card_fields(latest) if latest else [],
+        "earlier_cards": [
+            {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
+            for d in page.decisions[:-1]
+        ],
+        "attempt_rows": [
+            {"attempt": a, "diagnostic_ref": diagnostic_refs.get(a.diagnostic_id, "")} for a in page.attempts
+        ],
+        "receipt_rows": [
+            {"receipt": r, "diagnostic_ref": diagnostic_refs.get(r.diagnostic_id, "")} for r in page.receipts
+        ],
+        "observation": _observation(page) if current.observed else None,
+    }
+
+
+def _actions_context(request: HttpRequest, page: CallPage, now) -> dict:
+    """The catalogue's answer for this person on this call (the facts the action services read, with the key's age
+    the page already has), the recommended action first."""
+    current = page.call
+    facts = call_facts(current, user=request.user, now=now, key_since=page.status.key.since)
+    actions = options_for(current, facts, perms=request.user.get_all_permissions())
+    latest = page.latest_decision
+    tool = current.tool
     advice = recommended(
         actions,
         state=current.state,
         outcome=current.outcome,
-        asked=asked,
+        asked=required_action(latest.required_next) if latest else "",
         retry_path=tool.retry_path,
         replay_safe=tool.replay_safe,
     )
-    diagnostic_refs = {d.pk: d.ref for d in page.diagnostics}
-    numbers = {a.pk: a.number for a in page.attempts}
-    context = (
-        _status_context(request, page.status, seen_values, now)
-        | {
-            "page": page,
-            "task": current.task,
-            "actions": actions,
-            "allowed_actions": sorted(  # the recommended one first, the rest in the catalogue's order
-                (
-                    _offered(current.pk, a) | {"recommended": advice is not None and a.name == advice.name}
-                    for a in actions
-                    if a.allowed
-                ),
-                key=lambda offer: not offer["recommended"],
-            ),
-            "recommendation": advice,
-            "forbidden_groups": by_reason((a.reason, a) for a in actions if not a.allowed),
-            "action_requests": [
-                {"req": r, "label": LABELS.get(r.action, r.action), "stale": _stale(r, current)}
-                for r in page.action_requests
-            ],
-            "latest_number": numbers.get(page.latest_decision.attempt_id) if page.latest_decision else None,
-            "latest_card": card_text(current, page.latest_decision, numbers) if page.latest_decision else "",
-            "latest_fields": card_fields(page.latest_decision) if page.latest_decision else [],
-            "earlier_cards": [
-                {"number": numbers[d.attempt_id], "text": card_text(current, d, numbers), "at": d.created_at}
-                for d in page.decisions[:-1]
-            ],
-            "attempt_rows": [
-                {"attempt": a, "diagnostic_ref": diagnostic_refs.get(a.diagnostic_id, "")} for a in page.attempts
-            ],
-            "receipt_rows": [
-                {"receipt": r, "diagnostic_ref": diagnostic_refs.get(r.diagnostic_id, "")} for r in page.receipts
-            ],
-            "seen_form": seen,
-            "observation": _observation(page) if current.observed else None,
-        }
+    offered = (
+        _offered(current.pk, a) | {"recommended": advice is not None and a.name == advice.name}
+        for a in actions
+        if a.allowed
     )
-    return render_page(request, "console/call.html", context, status=200 if valid else 400)
+    return {
+        "actions": actions,
+        "allowed_actions": sorted(offered, key=lambda offer: not offer["recommended"]),
+        "recommendation": advice,
+        "forbidden_groups": by_reason((a.reason, a) for a in actions if not a.allowed),
+    }
 
 
 def _observation(page: CallPage) -> dict:

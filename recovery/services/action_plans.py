@@ -108,10 +108,11 @@ def call_for_action(call_id: int) -> Call | None:
     return Call.objects.select_related(*related).filter(pk=call_id).first()
 
 
-def call_facts(call: Call, *, user=None, now: datetime) -> CallFacts:
-    """The call's facts for the catalogue, as the call page computes them (one query: the first attempt)."""
+def call_facts(call: Call, *, user=None, now: datetime, key_since: datetime | None = None) -> CallFacts:
+    """The call's facts for the catalogue. `key_since`: when its key was first sent, where the caller read it already
+    (the call page does); otherwise one query reads the first attempt."""
     tool = call.tool
-    since = call.key_since(call.first_sent_at())
+    since = key_since or call.key_since(call.first_sent_at())
     held_by = ""
     if call.claim_held(now) and (user is None or call.claimed_by_id != user.pk):
         held_by = call.claimed_by.get_username()
