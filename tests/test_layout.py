@@ -1,6 +1,7 @@
 """The house rules of docs/architecture.md that a reader relies on, checked on the source itself: recovery/ is a
 dozen concept packages, the domain never imports its tooling, no import circle, reads never import writes, the engine
-imports no Django, migrations import no live code, and no product module grows past 600 lines."""
+imports no Django, migrations import no live code, no product module grows past 600 lines nor function past 60, and
+no behaviour depends on how a row was loaded."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("recovery", "console")
 MAX_LINES = 600
+MAX_FUNCTION_LINES = 60
 LONG_ALLOWED: set[str] = set()
 # recovery/'s top level: Django's own entries, then one package per concept (docs/architecture.md draws them).
 DJANGO_ENTRIES = {"__init__.py", "apps.py", "admin.py", "migrations", "management", "fixtures"}
@@ -153,6 +155,42 @@ def test_no_product_module_is_longer_than_600_lines():
         if (lines := len(path.read_text().splitlines())) > MAX_LINES
     }
     assert {path: lines for path, lines in long.items() if path not in LONG_ALLOWED} == {}
+
+
+def _functions():
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                yield path, node
+
+
+def test_no_product_function_is_longer_than_60_lines():
+    long = {
+        f"{path.relative_to(ROOT)}:{node.lineno} {node.name}": lines
+        for path, node in _functions()
+        if (lines := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES
+    }
+    assert long == {}
+
+
+# Django's caches on a loaded row: behaviour keyed on them would change with how the row happened to be loaded.
+PRIVATE_CACHES = {"_prefetched_objects_cache", "fields_cache", "_policy_alternates"}
+
+
+def test_no_behaviour_depends_on_how_a_row_was_loaded():
+    """No `hasattr(row, ...)` probing for an annotation, and no reading or setting of Django's private caches: what
+    is known is passed, or loaded in the one place that needs it (docs/development.md)."""
+    found = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text())):
+            where = f"{path.relative_to(ROOT)}:{getattr(node, 'lineno', 0)}"
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr":
+                found.append(f"{where} hasattr")
+            elif isinstance(node, ast.Attribute) and node.attr in PRIVATE_CACHES:
+                found.append(f"{where} .{node.attr}")
+            elif isinstance(node, ast.Constant) and node.value in PRIVATE_CACHES:
+                found.append(f"{where} {node.value!r}")
+    assert found == []
 
 
 def test_recovery_is_a_dozen_concept_packages():

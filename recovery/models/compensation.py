@@ -93,12 +93,6 @@ class CompensationEntry(models.Model):
     def has_attempts_left(self) -> bool:
         return self.max_attempts is None or self.attempts_count < self.max_attempts
 
-    def task_id_for_audit(self) -> int:
-        """The task whose chain records the entry's events: its original call's (read without loading the call)."""
-        if "call" in self._state.fields_cache:
-            return self.call.task_id
-        return Call.objects.filter(pk=self.call_id).values_list("task_id", flat=True).get()
-
 
 class CompensationAttempt(models.Model):
     """One send of a compensation's request and what came back (the outcome facts of docs/design/classification.md,

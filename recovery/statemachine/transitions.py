@@ -134,7 +134,7 @@ def transition_entry(
             append_event(
                 action=AuditAction.COMPENSATION_TRANSITION,
                 actor=actor,
-                task_id=entry.task_id_for_audit(),
+                task_id=entry.call.task_id,  # loaded once if the caller had not
                 call_id=entry.call_id,
                 from_state=src,
                 to_state=dst,
