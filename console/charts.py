@@ -1,10 +1,6 @@
-"""Time-series bar charts drawn on the server as inline SVG: the overview's UNKNOWN flow and every figure of the
-metrics page.
-
-The helper only computes geometry (in SVG user units, as strings for the template) and the text of each bar's
-tooltip and each axis label; the markup is one partial (templates/console/metrics.html#chart) that both pages
-include. No script and no style attribute — the site's CSP allows neither — so colours come from each page's
-stylesheet through the classes named here: the svg's `css` class and each series' `name`.
+"""Time-series bar charts drawn on the server as inline SVG, for the overview and the metrics page (docs/console.md).
+Geometry and text only; the CSP allows no script and no style attribute, so colours come from each page's stylesheet
+through the classes named here.
 """
 
 from __future__ import annotations

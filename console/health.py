@@ -1,14 +1,6 @@
-"""Health probes for load balancers and orchestrators (docs/deploy.md): `/healthz` and `/readyz`, JSON, no
-authentication, no data.
-
-`/healthz` says the process is up and answering: it reads nothing. `/readyz` says it can serve: the database answers
-and every migration this code knows is applied (503 otherwise, with the reason). Redis and the scheduler's holder are
-reported in its body but never fail it: the API keeps answering through a Redis outage (jobs wait), and taking every
-web process out of the load balancer for it would turn a degraded console into a dead one.
-
-Probes come by IP, often over plain HTTP from inside the network, so the middleware answering them is the first in
-the chain: no host check (ALLOWED_HOSTS), no HTTPS redirect, no session, no CSRF. What `/readyz` found is kept for
-RECOVERY_READY_CACHE_S per process, so a probe every second costs the database one statement per interval.
+"""`/healthz` and `/readyz` for load balancers (docs/deploy.md, "Health"): JSON, no authentication, no data.
+`/readyz` fails only on the database or pending migrations, never on Redis or the scheduler. The middleware answering
+them is first in the chain: no host check, no HTTPS redirect, no session, no CSRF.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Django settings for Recovery Console.
-
-Everything that differs between a laptop and production comes from the environment through the strict helpers in
-console/env.py. The embedded default (no variables set, DEBUG=1) is SQLite under var/ with in-process jobs; setting
-DATABASE_URL and REDIS_URL switches to PostgreSQL and RQ workers. With DEBUG off the settings are production ones:
-SECRET_KEY and ALLOWED_HOSTS must be given, and `manage.py check --deploy` passes without warnings.
+"""Django settings for Recovery Console (docs/configuration.md, docs/deploy.md).
+Everything that differs between a laptop and production comes from the environment through console/env.py.
 """
 
 from pathlib import Path

@@ -1,9 +1,6 @@
-"""Django admin: the registry is edited here; everything recorded by the engine is read-only.
-
-Tenants, providers and tools validate like `load_tools`: each form builds the one-item registry file its object
-would have and maps every RegistryError's JSON path onto the form field it names, so the admin cannot store what
-the loader would refuse. Each edit is also an audit event. Calls, attempts and audit rows change only through
-services and `transitions.py`, so their admin pages never offer add, change or delete — not even to superusers.
+"""Django admin: the registry is edited here; everything recorded by the engine is read-only (docs/registry.md).
+Registry forms validate like `load_tools` and each edit is an audit event; calls, attempts and audit rows offer no
+add, change or delete, not even to superusers.
 """
 
 import re

@@ -1,16 +1,6 @@
-"""The audit trail (docs/design/audit.md): search, export as JSON lines or CSV, and verifying the hash chains.
-
-Who: every role searches and exports (`recovery.view_call`, `recovery.export_audit`); only admins verify
-(`recovery.verify_audit`), because a check is recorded as an `audit.verified` event. A signed-out visitor is sent to
-sign-in; a signed-in user without the permission gets 403. Bad filters give 400 with the page's field errors, for
-the export too (nothing is exported then).
-
-Exports are oldest first: a trail is read, and its hashes re-verified, from its start. `task=<id>` alone exports
-that task's whole chain in order. JSON lines carry every hashed field as stored, so `recovery.audit.chain.event_hash`
-recomputes each row's `hash` from its line alone, and each row's `prev_hash` is the `hash` of the row before it in
-its chain. CSV has the same columns (evidence as compact JSON); a text cell that a spreadsheet would run as a formula
-— starting with =, +, -, @, a tab or a carriage return — is written with a leading apostrophe, and so is a cell that
-itself starts with an apostrophe, so the rule undoes exactly: drop one leading apostrophe from any cell that has one.
+"""The audit page (docs/console.md, "The audit trail"): search, export as JSON lines or CSV, and verifying the chains.
+Every role searches and exports; only admins verify, because a check is recorded. Exports are oldest first, every
+hashed field as stored, and CSV cells a spreadsheet would run as a formula get a leading apostrophe.
 """
 
 from __future__ import annotations

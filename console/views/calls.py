@@ -1,12 +1,6 @@
-"""The call page (docs/console.md): everything a reviewer needs to decide an UNKNOWN item, on one page.
-
-Every role may read it (`recovery.view_call`); the redacted diagnostics are read only by people with
-`recovery.view_diagnostic` — for everyone else they are not even loaded. The actions a person could take are listed
-with the reason each is allowed or forbidden (recovery.engine.actions, the same answer the action services ask first):
-each allowed one is a POST form "Preview" (console/views/actions.py) that makes a dry run and sends nothing — never
-an execution — and the call's action requests are listed with their status. The status block refreshes every few
-seconds (htmx) and says when the call changed since the page was drawn, rather than swapping the evidence under the
-reader's eyes.
+"""The call page (docs/console.md, "The call page"): everything a reviewer needs to decide an UNKNOWN item.
+Diagnostics are loaded only for `recovery.view_diagnostic`; each allowed action is a Preview (a dry run), never an
+execution. The status block refreshes, but the evidence never changes under the reader.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""The console's error pages — 403, 404 and 500 — in the console's layout, with its navigation, saying what happened
-and where to go. The 403 page names the roles that have the permission the page needs (console.views.common.requires
-raises PermissionDenied with it) and the roles the user holds.
-
-Django's technical pages (DEBUG's 404 listing every URL pattern, its 500 traceback) are shown only with
-RECOVERY_TECHNICAL_ERRORS=1: `make run` runs with DEBUG on, and a newcomer mistyping a URL gets this page too
-(console.middleware.ConsoleErrorPagesMiddleware puts it in place of DEBUG's)."""
+"""The console's 403, 404 and 500 pages, in its layout (docs/console.md, "Error pages and the favicon").
+Django's technical pages only with RECOVERY_TECHNICAL_ERRORS=1 (console.middleware.ConsoleErrorPagesMiddleware).
+"""
 
 from __future__ import annotations
 

@@ -1,14 +1,6 @@
-"""The metrics page (docs/metrics.md): every figure of recovery.engine.metrics over a window (24 hours, 7 days or 30
-days), for one tool or all and one tenant or all — its number, a chart of it over the window, the same numbers in a
-table, and its definition — with the queues' sizes now and how fresh the figures are.
-
-Every role reads it (`recovery.view_call`). It reads the rollups the metrics-fold job keeps
-(recovery.selectors.metrics), never the history: a fixed number of statements whatever the data's size. The page
-never folds; a figure is as fresh as the last fold, and the page says when that was.
-
-The filters are GET parameters (`window`, `tool` and `tenant`, by name), so a view can be shared. A bad value is a
-field error (400) and that filter alone falls back to its default: the page still shows figures, those of the
-filters that were good.
+"""The metrics page (docs/metrics.md): every figure over a window, for one tool or all and one tenant or all.
+It reads the rollups (recovery.selectors.metrics), never the history, and never folds. A bad filter is a field error
+(400) and only that filter falls back to its default.
 """
 
 from __future__ import annotations

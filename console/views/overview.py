@@ -1,12 +1,6 @@
-"""The overview (docs/console.md): what needs attention now, for every role (`recovery.view_call`) — open items per
-queue with the age of the oldest, SLA breaches per risk (settings.RECOVERY_SLA_S), open breakers, the day's headline
-metrics (each a link to its section of the metrics page, console/views/metrics.py), failures by class over the last
-day, and a chart of calls entering and leaving UNKNOWN per hour. The day's numbers come from the metrics rollups
-(recovery.selectors.overview says why), so they are as fresh as the last fold, which the page says.
-
-The chart is inline SVG drawn on the server by console/charts.py (no script, no style attribute: the bars' colours
-come from static/console/overview.css through classes), with the same numbers in a table beside it for screen
-readers and pages read without CSS.
+"""The overview (docs/console.md, "The overview"): what needs attention now, for every role.
+The day's figures are as fresh as the last metrics fold, which the page says; the chart is server-drawn SVG
+(console/charts.py) with the same numbers in a table.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""`/metrics`: the metrics of docs/metrics.md as Prometheus text (recovery/api/prometheus.py), token or role protected.
-
-Two ways in:
-- a bearer token (`Authorization: Bearer rc_...`, runtime or metrics scope): the counts of the token's tenants only,
-  summed, and the breakers of the tools they may use. A scraper never gets a redirect: no credentials or a bad token
-  answer 401 with `WWW-Authenticate: Bearer`. When the header is there it decides, whatever session comes with it.
-- a signed-in console user with the view permission (every role): every tenant. Signed in without a role: 403.
-
-GET only (405 otherwise), and exempt from CSRF: it changes nothing, and a scraper has no cookie to pair a token with.
+"""`/metrics`: docs/metrics.md's metrics as Prometheus text, for a bearer token (its tenants) or a signed-in role.
+A token header decides whatever session comes with it; no credentials or a bad token answer 401, never a redirect.
+GET only, and exempt from CSRF: it changes nothing.
 """
 
 from __future__ import annotations

@@ -1,15 +1,6 @@
-"""What the machine API answers (docs/api.md), as schemas: the served document (/api/v1/openapi.json) is built from
-these, and every answer is checked against its schema before it leaves (django-ninja validates the route's result
-against `response=`).
-
-They are *output* schemas: each field carries a one-line description for the document, enumerations are closed
-(`Literal`), and an answer holding a field not declared here fails loudly (extra="forbid") instead of being dropped
-in silence, so a new field reaches the document, the client's types (recovery/client/__init__.py) and their test
-(tests/test_api_document.py) together. Free-form values — a tool's arguments, a provider's result, a detail object —
-are JSON objects without a fixed shape, and say so.
-
-The shapes themselves are made elsewhere, once: recovery/services/answers.py (gate, admission, outcome, decision
-card, public failure) and recovery/selectors/tasks_calls.py (task summary, call detail).
+"""What the machine API answers (docs/api.md), as closed output schemas; each answer is checked against its schema.
+A new field goes here with a one-line description, reaching the document, the client's types and their test together.
+The shapes are made once in recovery/services/answers.py and recovery/selectors/tasks_calls.py.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
 """One error envelope for every answer under /api/v1/ (docs/api.md), whoever produces it.
-
-    {"error": {"code": "...", "message": "...", "field_errors": [...], "detail": {...}}}
-
-The API's own refusals (recovery/api/routes.py), what Django answers before the API runs (an unknown URL, an oversized
-or truncated body: console.middleware.ApiEdgeMiddleware) and exceptions nothing else handled all take this shape, so a
-runtime parses one format whatever went wrong. An exception is `internal_error` (500) with the request id that the
-server's log line carries too, or `database_unavailable` (503 with Retry-After) when the database does not answer:
-the request changed nothing and may be sent again.
+An unhandled exception is `internal_error` (500) with the request id the log line carries, or `database_unavailable`
+(503 with Retry-After) when the database does not answer.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """What the machine API accepts (docs/api.md): the request bodies and parameters, strict.
-
-Strict types (a boolean is not an integer, "5" is not a number), unknown fields refused, every text checked to be
-storable (no NUL, no lone surrogate), bounds at the columns' ranges, times as ISO 8601 text with an offset. A
-request that fails here is a 422 with field-level errors and stores nothing (recovery/api/routes.py answers it). What
-the API answers is recovery/api/answers.py.
+Strict types, unknown fields refused, every text storable, bounds at the columns' ranges; a failure is a 422 with
+field errors and stores nothing.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""GET /api/v1/metrics (docs/metrics.md) beside recovery/api/routes.py's route: whose metrics a token asked for, and the
-answer.
-
-A token reads its own tenants' figures, summed, or one of those tenants' (`tenant`); a tool narrows them (`tool`).
-A tenant that is not the token's and a tool none of its tenants may use answer 404, whether they exist or not, like
-every other foreign object of the API, with the parameter named. The answer's schema is
-recovery.api.answers.MetricsOut.
+"""GET /api/v1/metrics (docs/metrics.md, "JSON"): whose metrics a token asked for, and the answer.
+A tenant that is not the token's and a tool none of its tenants may use answer 404, whether they exist or not.
 """
 
 from __future__ import annotations

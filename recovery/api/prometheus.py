@@ -1,16 +1,5 @@
-"""The metrics of docs/metrics.md as Prometheus text: a collector over the since-forever totals
-(recovery.selectors.metrics).
-
-Counters are the fold's totals (MetricTotal), so they only grow, are the same from every web process, and cost the
-same to read at ten calls and at ten million. A Prometheus `increase()` over a range turns them into the windowed
-figures the console shows (docs/grafana-dashboard.json has the queries). Gauges are read now: the queues' sizes, the
-breakers' states, and how far behind the fold is.
-
-No metric carries a tenant, a call or a task id (bounded label values: tools, outcomes, classes, routes, queues); a
-token's scrape is the sum over its tenants. Breakers belong to tools, which every tenant shares: their series are
-kept for all tenants, and a token sees those of the tools its tenants may use.
-
-`scrape()` builds a fresh registry per request with one collector: nothing global, nothing left between scrapes.
+"""The metrics of docs/metrics.md as Prometheus text: counters from the fold's totals, gauges read now.
+No metric carries a tenant, a call or a task id; `scrape()` builds a fresh registry per request, nothing global.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The machine API for agent runtimes (docs/api.md), versioned under /api/v1/, documented at /api/v1/openapi.json.
-
-Bearer tokens scoped to tenants; another tenant's objects answer 404; every 4xx carries field-level errors; unknown
-fields are rejected; a rejected request stores nothing; a denied admission (409) is an answer and is stored. Runtime
-tokens use every endpoint; metrics tokens only GET /api/v1/metrics (and the Prometheus /metrics): every other endpoint
-answers them 403 `wrong_token_scope` (services.tokens.token_require_scope).
+Tokens are scoped to tenants (another tenant's objects answer 404); a metrics token gets 403 `wrong_token_scope` on
+every endpoint but GET /api/v1/metrics (services.tokens.token_require_scope).
 """
 
 from __future__ import annotations

@@ -1,21 +1,6 @@
-"""Signed checkpoints of the audit heads, written outside the database (docs/design/audit.md).
-
-Event HMACs (recovery.audit.chain) stop anyone without the audit key from rewriting an event. Two rewrites remain open
-to someone with full database access: removing the newest events and rewinding the heads (every event left is still
-validly signed), and — holding the key — rewriting a chain whole. A checkpoint closes both for what it covers: the
-scheduler's holder writes, every RECOVERY_AUDIT_CHECKPOINT_S, the global head and the head of every chain that moved
-since the previous checkpoint, signed with the audit key, to RECOVERY_AUDIT_CHECKPOINT_DIR (a directory: mount or
-sync it somewhere the database's administrators cannot write). `verify_audit --checkpoints DIR` then checks that the
-database still holds, for every chain, the event each checkpoint recorded as its head (same number, same hash) and
-the global head's event: a removed tail or a rewritten chain no longer matches. What was appended after the last
-checkpoint is the window no checkpoint protects yet (at most RECOVERY_AUDIT_CHECKPOINT_S of events; the HMACs still
-cover edits there, not removals). Chains removed by a recorded retention purge are not findings.
-
-One file per checkpoint, named by the global length it covers, so the files sort in the order they were written:
-
-    checkpoint-000000001234-20261201T203000Z.json
-    {"body": {"version": 1, "written_at", "global": [length, head_hash], "chains": {"task:7": [length, head_hash]},
-              "first_keyed_seq", "previous"}, "key_id": "k2", "signature": "<HMAC of the canonical body>"}
+"""Signed checkpoints of the audit heads, written outside the database, and their verification (docs/design/audit.md,
+"Checkpoints outside the database"). No checkpoint is written when the database no longer holds what the last one
+recorded: a rewound trail is never recorded as the truth.
 """
 
 from __future__ import annotations

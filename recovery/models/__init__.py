@@ -1,14 +1,6 @@
-"""The data model of docs/design/vocabulary.md.
-
-Fields that queues and workers filter on are real columns with indexes; nested policy that only the engine reads
-(request templates, schemas, schedules) is JSON validated by the registry loader. A call's `state` and `version`
-are written by `recovery.statemachine.transitions` alone (and guarded by a database trigger); audit rows are append-only
-at the database level (see `recovery.statemachine.dbguards`).
-
-One module per concept, all under the app label "recovery": base (field helpers), registry (tenants, providers,
-tools), tokens, tasks, calls (attempts, diagnostics, decisions, gate answers, receipts), probes, audit, breakers,
-reviews (action requests, bulk actions), compensation, drills, metrics and observed (OpenTelemetry ingest). Every
-model and its choices are re-exported here: import them from `recovery.models`.
+"""The data model of docs/design/vocabulary.md, one module per concept under the app label "recovery".
+Every model and its choices are re-exported here: import them from `recovery.models`. Only
+`recovery.statemachine.transitions` writes a call's `state` and `version`.
 """
 
 from __future__ import annotations

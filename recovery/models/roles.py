@@ -1,9 +1,5 @@
-"""The four roles of docs/design/README.md as Django groups with explicit permissions.
-
-A data migration creates them (recovery/migrations/0003_roles_and_audit_heads.py) and every migrate syncs them again
-(`sync_roles` is idempotent; recovery/apps.py); a migration that changes this table freezes a copy of the table and
-of `sync_roles` in itself (as 0011_action_requests does). Roles add up: a user may be reviewer and approver, but the
-four-eyes rule (nobody approves their own request) is enforced on the action itself, not by the roles.
+"""The four roles of docs/design/README.md as Django groups with explicit permissions, synced on every migrate.
+A migration that changes this table freezes its own copy of the table and of `sync_roles` (docs/architecture.md).
 """
 
 from __future__ import annotations

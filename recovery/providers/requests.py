@@ -1,15 +1,6 @@
-"""A tool's own provider request (docs/actions.md): what a same-key replay sends, built from the registry, and the copy
-of it a dry run shows.
-
-The request comes from the tool's `request` template ({method, path, body}) filled with the call's arguments and its
-idempotency key, exactly as an agent runtime fills it (recovery/client/runtime.py): a path placeholder is replaced by
-the URL-quoted value, a body string that is one whole placeholder ("{amount_cents}") becomes the value with its JSON
-type, and a write without a body template sends its arguments. A provider that stores a key with a fingerprint of
-the request (Stripe, the sandbox) must see the same body again, or it answers "key reused with other parameters".
-The provider's outbound credentials come from the environment (providers/status.py `outbound_headers`); the shown
-copy masks them. Sending uses `requests` with the provider's connect and read timeouts and no retry underneath, and
-turns what happened on the wire into the outcome facts of docs/design/classification.md (recovery.client's helpers, as a
-runtime does).
+"""A tool's own provider request (docs/actions.md, docs/registry.md): what a same-key replay sends, and the masked copy
+a dry run shows. The body must be exactly what a runtime sends (recovery/client/runtime.py): a provider that keeps a
+fingerprint of a key's request refuses another. Explicit timeouts, no retry underneath.
 """
 
 from __future__ import annotations

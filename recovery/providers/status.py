@@ -1,10 +1,6 @@
-"""Status queries (docs/reconciliation.md): ask a provider what became of a call, by idempotency key or provider
-reference.
-
-One GET/POST per check with `requests`, connect and read timeouts from the provider's registry entry, and no retry
-underneath (a failed check is a receipt, and the schedule decides when to ask again). The answer is mapped through
-the tool's `status_map`; whatever the provider sent is kept for the receipt with secrets redacted, and the request
-is recorded with its credentials masked.
+"""Status queries (docs/reconciliation.md): ask a provider what became of a call, by idempotency key or reference.
+One request per check with the provider's timeouts and no retry underneath; the answer goes through the tool's
+`status_map`, and what is kept for the receipt has its secrets masked.
 """
 
 from __future__ import annotations

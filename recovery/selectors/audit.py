@@ -1,33 +1,6 @@
-"""Reads of the audit trail (docs/design/audit.md): one search page by keyset on `seq`, and an export's rows as a
-stream.
-
-Query plans. Every filter is a plain equality, a range or a left-anchored LIKE on one column — no OR, no function
-wrapped around a column, no "contains" — so each can be served from one of AuditEvent's indexes:
-
-- task / call: (task, seq) and (call, seq) hold a task's (call's) events already in `seq` order, so a page is one
-  index range read of at most 51 entries, backwards from the cursor, whatever the depth.
-- no filter: the unique index on `seq`, read backwards from the cursor; LIMIT 51 stops it.
-- action / actor (exact): (action, created_at) and (actor_label, created_at) find the matching rows, and a time
-  range narrows them in the same index. The page is ordered by `seq`, which those indexes do not hold (an event is
-  stamped when appended but numbered at commit), so PostgreSQL chooses by its statistics between reading those
-  entries and keeping the top 51 (a rare action or actor) and walking the `seq` index backwards, checking each row,
-  until 51 match (a common one: they are found at once). Both stop early; neither reads the whole trail.
-- a prefix ("call.", "user:*"): LIKE 'call.%', which PostgreSQL serves from the same btree indexes under the C
-  collation (the databases here are C.UTF-8; under a language collation it falls back to the `seq` walk). SQLite's
-  LIKE ignores ASCII case and uses no index: fine for the embedded database's size.
-- time range alone: the (created_at) index, or the `seq` walk, as above.
-
-Measured on PostgreSQL with 500,000 events (EXPLAIN ANALYZE): no filter, a task, a common action or a prefix of
-common ones walk an index for 51 rows in under 0.5 ms, first page or deep; a rare action (500 events) reads its index
-entries and sorts the top 51 in about 3 ms; a rare prefix ("audit.") walks the `seq` index, about 18 ms.
-
-A page counts nothing: a COUNT would read every match. "Older" exists when a 51st row does. "Newer" reads the same
-index the other way (seq > the cursor, ascending, LIMIT 51) and shows the rows newest first again, so a reader who
-walks back up meets every page's rows exactly as on the way down, by key, never by OFFSET.
-
-A row carries the names a reader knows its ids by — the call's tool and idempotency key, the task's external id and
-agent, the acting user's name or the agent token's — from LEFT JOINs on primary keys in the same statement: the
-index walk stops at 51 rows and each is joined once, so a page is still one statement, whatever it shows.
+"""Reads of the audit trail (docs/design/audit.md): a search page by keyset on `seq`, and an export's rows as a stream.
+Every filter is an equality, a range or a left-anchored LIKE on one column, so one of AuditEvent's indexes serves it;
+a page is one statement of at most 51 rows that counts nothing and never uses OFFSET.
 """
 
 from __future__ import annotations

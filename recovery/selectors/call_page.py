@@ -1,16 +1,6 @@
-"""What the call page shows (docs/console.md): one call with its intent, evidence and history, in a fixed number of
-statements whatever the number of attempts, receipts, probes, events, action requests or compensation entries —
-twelve, or two for the page's live refresh.
-
-1. the call with its task (and tenant), step, tool (and provider, and the provider's status-endpoint breaker) and
-   the reviewer holding its claim; 2. its attempts, each with its decision card; 3. its gate answers; 4. its
-   receipts; 5. its duplicate probes (docs/replay.md: receipts of their own, never attempts); 6. its audit events; 7.
-   its diagnostics (their content only for people who may read them); 8. its operator action requests
-   (recovery.selectors.approvals); 9. the tool's breaker; 10, 11 and 12. its compensation entries, their attempts and
-   their receipts (recovery.selectors.compensations). The timeline that merges them is built in Python from those
-   rows: the forward effect, then each compensation (made, sent, answered, checked) and the call's resulting state,
-   one chain in time order. Every step of an action request is an audit event of the call, so the timeline tells an
-   action's story from those events.
+"""What the call page shows (docs/console.md, "The call page"): one call with its intent, evidence and history.
+Twelve statements (two for the live refresh) whatever the number of attempts, receipts, events or entries; the
+timeline is merged in Python from those rows.
 """
 
 from __future__ import annotations

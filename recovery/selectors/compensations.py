@@ -1,13 +1,6 @@
-"""Reads of a call's compensation chain for the call and task pages (docs/compensation.md: "one recovery chain, shown
-together").
-
-The forward effect is the call's own attempts and receipts (recovery.selectors.call_page); after it come the call's
-compensation entries, each with its own key, attempts and receipts. `call_compensations` reads them in three
-statements and `task_compensations` a task's entries in one, whatever their number — each statement runs even when
-there is nothing to read, so a page's cost never depends on whether the call was compensated.
-
-`effect_story` says what became of the effect in words: "created, then cancelled" — never "never created": a
-compensated effect happened, and was undone by a second effect of its own.
+"""Reads of a call's compensation chain for the call and task pages (docs/compensation.md, docs/console.md).
+A fixed number of statements, run even when there is nothing to read; `effect_story` never says "never created" of
+an effect that was undone.
 """
 
 from __future__ import annotations

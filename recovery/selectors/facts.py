@@ -1,15 +1,6 @@
-"""What every page states about a call, from one reading (docs/console.md): its state, its outcome, its last receipt and
-the effects the provider reported — the call page, its live refresh, the task page, a queue row and an action's
-preview all draw these from `shown_facts`, so no two of them can tell a different story about the same call.
-
-The call's own columns are the source: every receipt written (status query, callback, same-key replay, operator,
-the runtime's own 2xx) sets `last_receipt_at` / `last_receipt_status` in the transaction that records it, and a
-reported effect count sets `effects_observed`. A page marks each fact it shows with `data-fact` (the fact's name)
-and `data-value` (`FactValues`), inside an element carrying `data-call`, so a test can compare them across pages.
-
-Breakers are facts of a tool or a provider, not of a call: `status_breaker_state` is the one reading of a status
-endpoint's breaker (stored open past its cooldown reads half_open) for the call page, the overview and the breakers
-page alike; a tool's breaker is `recovery.selectors.breakers.breaker_view`.
+"""What every page states about a call, from one reading of its own columns (docs/console.md, "The call page").
+The call page, its refresh, the task page, a queue row and an action's preview all draw from `shown_facts`; a status
+endpoint's breaker is read by `status_breaker_state`, a tool's by recovery.selectors.breakers.breaker_view.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Who runs the background jobs now (docs/deploy.md), for the overview: the RQ workers registered in Redis with their
-last heartbeat, and the scheduler candidate holding the lock (recovery.jobs.cron) with what is left of its lease.
-
-Read from Redis only, never from the database; an unreachable Redis is an answer ("unreachable"), not an error, so
-the overview stays up through an outage. Without REDIS_URL the web process runs the jobs itself
-(recovery.jobs.inprocess).
+"""Who runs the background jobs now (docs/deploy.md), for the overview: the RQ workers and the scheduler's lock holder.
+Read from Redis only; an unreachable Redis is an answer, not an error, so the overview stays up through an outage.
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""What the console shows of observed calls (docs/otlp-ingest.md; recovery.services.observed): the spans a call or a
-task was recorded from, what admission would have answered to each after-the-fact attempt, and per runtime (a task's
-agent) which tools it calls under admission's protection and which it is only observed calling.
-
-Each read is a fixed number of statements: a call page's spans (one, and only for an observed call), a queue page's
-or a task's admission answers (one), a task's observed spans (one, at most TASK_SPANS of them), and the runtimes
-(one for the tools seen in traces, one per tool for whether admission protects it, at most RUNTIME_TOOLS tools).
+"""What the console shows of observed calls (docs/otlp-ingest.md): a call's or a task's spans, what admission would
+have answered, and which tools each runtime calls under admission's protection. A fixed number of statements each.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""Reads of the operations pages (docs/breakers.md, docs/replay.md, docs/console.md, docs/drills.md): every tool's
-breaker with its sliding window and history, every tool's retry-path safety as the registry and its latest duplicate
-probe state it, one tool's page (its retry path, the changes of it, its latest probes), each provider's status-endpoint
-breaker, and the stored drill runs.
-
-Each read is a fixed number of statements whatever the number of tools, providers, buckets, events, probes or runs:
-the tools with their provider and breaker row (one join) and their alternates (one prefetch), the window's buckets
-(one), the recent breaker events of every breaker (one, ranked per breaker by a window function), every tool's latest
-probe (one, ranked the same way), the providers with their status breaker (one).
+"""Reads of the operations pages (docs/breakers.md, docs/replay.md, docs/drills.md): breakers, retry paths and drills.
+A fixed number of statements whatever the number of tools, providers, buckets, events, probes or runs.
 """
 
 from __future__ import annotations

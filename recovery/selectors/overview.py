@@ -1,14 +1,6 @@
-"""Reads of the overview (docs/console.md): open items per queue and the age of the oldest, SLA breaches per risk, open
-breakers, pending approvals, and over the last day the headline metrics, failures by class and how many calls
-entered and left UNKNOWN per hour.
-
-Six statements whatever the data's size, each bounded by what it shows rather than by the history's size: the open
-queues (the backlog, counted from `call_backlog_idx`), the breakers that are not closed (two small statements), the
-pending approvals (by `action_status_idx`: requested and not expired), and the metrics report of the last 24 hours
-(recovery.selectors.metrics: a day of hourly rollups and the fold's watermark). The day's failures, attempts and
-UNKNOWN flow used to be scans of the attempts and the audit trail (70 ms with 3,000,000 attempts); they are now read
-from the rollups the metrics-fold job keeps, whose rows are bounded by hours x labels, not by the calls — so
-they are as fresh as the last fold (every RECOVERY_METRICS_FOLD_EVERY_S), which the page says.
+"""Reads of the overview (docs/console.md, "The overview"): open items, SLA breaches, open breakers, pending approvals,
+and the last day's metrics. Six statements whatever the history's size: the day's figures come from the metrics
+rollups (recovery.selectors.metrics), never from the attempts or the audit trail.
 """
 
 from __future__ import annotations

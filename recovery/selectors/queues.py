@@ -1,17 +1,7 @@
-"""Reads of the review queues (docs/console.md): one page by keyset and the navigation's counts, each one statement.
-
-Raw SQL, one of the two hot paths docs/architecture.md allows it on (docs/design/quality-targets.md: the UNKNOWN queue
-page within 2x a bare page): the statements are written once from the models' metadata instead of built by the ORM on
-every poll. Each public function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off — the reading
-tests/test_queue_selector.py holds the SQL equal to, and the one `manage.py bench queue` times against it in the same
-run (docs/benchmarks.md, "The queue benchmark": the SQL stays only while the ORM's page misses the target).
-
-A queue is a set of call states, read through an index in page order; the compensation problems queue
-(docs/compensation.md, docs/console.md) adds one condition: of its states, a COMPENSATING call is listed only while its
-open entry needs a person (`review`, or made, in flight or unknown for longer than RECOVERY_COMPENSATION_STUCK_S), an
-EXISTS on the entries of each candidate call. Its rows also carry the call's latest entry (number, state, outcome): why
-it is listed. A new queue is a `Queue` in QUEUES and, when states alone do not say it, a condition written twice here —
-SQL in `_sql_membership`, ORM in `_orm_membership` — and a case in tests/test_queue_selector.py that holds them equal.
+"""Reads of the review queues (docs/console.md): a page by keyset and the navigation's counts, one statement each.
+Raw SQL on a hot path, with an ORM twin used when RECOVERY_HOT_PATH_SQL is off (docs/architecture.md, "The data layer").
+A new queue is a `Queue` in QUEUES and, when its states alone do not say it, a condition in both `_sql_membership` and
+`_orm_membership`, with a case in tests/test_queue_selector.py holding them equal.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The console's task page (docs/design/tasks.md, docs/console.md "Task", docs/design/audit.md): one task with its
-steps, facts, budget use and its whole audit trail, verified — in a fixed number of statements whatever the number of
-steps, calls and events.
-
-The facts, blocked steps and next action come from `task_summary`, the API's own reading of docs/design/tasks.md (three
-statements), so the page and GET /api/v1/tasks/{id} can never disagree. The audit chain is read once: the events shown
-are the events verified, so a row appended between two reads can never be shown unverified. A compensated call carries
-its compensation entries and what became of its effect ("created, then cancelled": docs/compensation.md), read in one
-statement for the whole task (recovery.selectors.compensations).
+"""The console's task page (docs/console.md, "The task page"): one task with its steps, facts, budgets and audit trail.
+Its facts come from `task_summary`, the API's own reading; the chain is read once, so the events shown are the events
+verified. A fixed number of statements whatever the task's size.
 """
 
 from __future__ import annotations

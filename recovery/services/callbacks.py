@@ -1,11 +1,6 @@
 """Signed provider callbacks (docs/reconciliation.md): a provider tells us what became of a call; it becomes a receipt.
-
-`Recovery-Signature: t=<unix time>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">` keyed with the provider's callback
-secret (from the environment variable its registry entry names). A callback outside the 5-minute window, with a bad
-or missing signature, or for a provider without a secret is refused with 401 and nothing is stored. A valid one is
-deduplicated by its event id (a unique constraint, so concurrent deliveries of one event store one receipt),
-matched to its call by idempotency key or provider reference, and applied like a poll's answer — except that it
-does not count toward the call's poll budget.
+A bad signature, a stale timestamp or no secret is 401 and stores nothing; a valid one is stored once per event id and
+applied like a poll's answer, without counting toward the poll budget.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
-"""Calls (docs/design/gate.md): a runtime registers each tool call of a task before its first attempt, and may abandon
-one.
-
-A call is one intent: a tool, its arguments and an idempotency key, at a step of the task that may depend on earlier
-steps. The same key with the same arguments is the same call (a repeated request answers 200 with it); the same key
-with other arguments, or a write intent the task already carries under another key, is refused. Arguments that fail
-the tool's schema still register the call and come back as preflight field errors, with the failure an attempt
-would have carried.
+"""Calls (docs/design/idempotency.md, docs/design/gate.md): a runtime registers each tool call before its first attempt,
+and may abandon one. The same key with the same arguments is the same call; other arguments under that key, or a write
+intent the task carries under another key, are refused.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Reviewer claims on queue items (docs/console.md): a lease, so two reviewers never work one item unknowingly.
-
-A claim is a conditional UPDATE — it succeeds only when the call is unclaimed, its claim has lapsed, or the claimant
-already holds it (which renews the lease) — written with its audit event in one transaction. A claim is not a state
-change: it never touches the call's state or version, and nothing but a lease stops a colleague from *seeing* the
-item; the console shows who holds it until when.
+A claim is a conditional UPDATE with its audit event, and not a state change: it never touches the call's state or
+version.
 """
 
 from __future__ import annotations

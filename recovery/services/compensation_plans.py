@@ -1,9 +1,6 @@
-"""What a compensation ledger entry will be (docs/compensation.md), before it exists: its tool and arguments from the
-forward tool's registry template (`compensation: {tool, args}`) filled with the original call's arguments, its result
-(`{result.<field>}`) and its provider reference; its own key derived from the original key and the entry number;
-the target and the expected effect. A template that needs a value the call does not have is a field-level error,
-and no entry is made. recovery/services/compensations.py makes and moves entries; the dry run of the operator
-actions (recovery/services/action_plans.py) shows this plan.
+"""What a compensation ledger entry will be, before it exists (docs/compensation.md): its tool, arguments, own key,
+target and expected effect, from the registry template. A template needing a value the call lacks is a field error,
+and no entry is made.
 """
 
 from __future__ import annotations

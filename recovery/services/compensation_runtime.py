@@ -1,12 +1,6 @@
-"""A compensation entry sent by the runtime itself (docs/compensation.md, a saga aborted with `executor: runtime`): the
-runtime asks for the next entry (`GET /tasks/{id}/compensation`), admits an attempt of it, sends the undo with the
-entry's own key, and reports what happened — like any attempt, read by the same docs/design/classification.md table (its
-tool's refusal codes first) as the console's worker reads its own sends (recovery/services/compensations.py
-`read_reply`).
-
-An admitted attempt holds the entry SENT for its tool's outcome timeout; a runtime that never reports leaves it to
-the sweep (unknown, then checked by its key — never sent again blind). Admitting and reporting are idempotent by the
-runtime's attempt id: the same request again answers what the first one stored.
+"""A compensation entry sent by the runtime itself (docs/compensation.md, `executor: runtime`): admit, then report.
+The reply is read like any attempt's; an entry never reported is swept to unknown and checked by its key, never sent
+again blind. Admitting and reporting are idempotent by the runtime's attempt id.
 """
 
 from __future__ import annotations

@@ -1,18 +1,6 @@
 """Compensation ledgers (docs/compensation.md): undo a committed effect as its own reconciled side effect.
-
-An entry is made from the forward tool's registry template (`compensation: {tool, args}`) filled with the original
-call's arguments, its result (`{result.<field>}`) and its provider reference; its key is derived from the original
-key and the entry number, once. Starting the first entry moves the call COMMITTED → COMPENSATING; a worker sends the
-entry's request (`compensation_send`), and what comes back is read by the same docs/design/classification.md table as
-any write, the tool's `refusal_codes` first: committed, unknown (reconciled by its own tool's status query,
-`compensation_check`), not committed (sent again with its own key while its tool's attempts last), failed (refused:
-nothing executed) or review. When the entry ends, so does the call's compensation: COMPENSATED, PARTIAL_COMPENSATED (a
-receipt shows less than the expected effect) or COMPENSATION_FAILED. While any entry of a task is open the task's other
-writes are refused (`open_compensations`, read by admission). Budgets: its own tool's max_attempts; never the task's
-deadline, rounds or tokens — an undo must stay possible.
-
-Every state change goes through recovery.statemachine.transitions (transition_entry, transition_call): conditional
-UPDATEs with their audit events, in one transaction with the entry's attempt or receipt.
+An entry's reply is read by the docs/design/classification.md table, its tool's `refusal_codes` first; its budget is its
+own tool's max_attempts, never the task's. Every state change goes through transition_entry / transition_call.
 """
 
 from __future__ import annotations

@@ -1,14 +1,6 @@
-"""The metrics fold (docs/metrics.md): audit events past the stored watermark, folded into rollups by a periodic job.
-
-The audit sequence is the fold's input because its order is the commit order: an event's `seq` is taken under the
-global head's lock, which its transaction holds to its end (recovery.audit.chain), so once an event is visible every
-event before it is too, and reading `seq > watermark` never skips one that commits late. Each batch runs in one
-transaction that locks the watermark row (a second fold, on another scheduler, skips the run), reads the events with
-their calls' tool, tenant and side effect, folds them (recovery.engine.metrics), adds the counts to the hourly and
-daily rollups (per tenant and for every tenant, per tool and for every tool) and to the totals, stores the touched
-calls' marks and moves the watermark: all or nothing, so a killed fold neither loses nor doubles a count.
-
-Pages and scrapes read the rollups (recovery.selectors.metrics), never the history they were counted from.
+"""The metrics fold (docs/metrics.md, "How the figures are kept"): audit events past the watermark, folded into rollups.
+Each batch is one transaction locking the watermark row: all or nothing, so a killed fold neither loses nor doubles
+a count, and a second fold skips the run.
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""Observed calls (docs/otlp-ingest.md): OpenTelemetry `execute_tool` spans recorded as calls and after-the-fact
-attempts.
-
-A runtime that does not ask for admission yet still exports its traces; each tool span it sent (read by
-recovery.api.otlp_decode) becomes what the runtime would have reported: the trace is a task, the span a call on the
-registered tool of that name, and its outcome one single shot (docs/design/state-machine.md) through the admission
-service itself — so what the gate would have answered is computed and stored with it, and a write it would have denied
-is flagged `policy_bypassed` and goes to HUMAN_REVIEW as a possible duplicate. The call is marked `observed`.
-
-- A span whose key (or, for a write with arguments, whose arguments) an observed call of the tenant already carries
-  is another execution of that intent: a second attempt of that call, in the same trace or another. The gate then
-  answers as it would have (a committed or unknown write is never admitted again: human review); a span with
-  neither arguments nor a key of its own is never taken for a repeat.
-- A span whose key is that of a call admission already protects (registered through the API, with an attempt) is
-  that attempt's own trace: linked, nothing added. A registered call without an attempt gets the span as its first.
-- A span of a tool the tenant has no registry entry for is recorded with its name (`unknown_tool`) and no call.
-- A span is stored once per (tenant, trace id, span id): an exporter resending a batch changes nothing.
-- Each span is one transaction: stored whole or not at all (then rejected, with the reason); the audit events of
-  its task, call and attempt are appended at its commit. Every state change goes through
-  recovery.statemachine.transitions.
+"""Observed calls (docs/otlp-ingest.md): OpenTelemetry `execute_tool` spans recorded as calls and their attempts.
+Each span goes through the admission service itself, so what the gate would have answered is stored with it; one span
+is one transaction, stored once per (tenant, trace id, span id), and its state changes go through transition_call.
 """
 
 from __future__ import annotations

@@ -1,11 +1,6 @@
 """Duplicate probes (docs/replay.md) and the retry path they decide.
-
-A probe replays a COMMITTED write with its original key, on a test tenant only and after a second person approved it
-(the `probe_duplicate` action), then reads the provider's own ledger for the key through the tool's status query.
-`recovery.engine.probe.judge` turns the two answers into a decision; the probe is stored as a receipt of its own
-(DuplicateProbe: never an attempt, it moves no call) with the key's age and the provider's base URL, and a decided
-probe sets the tool's retry path (safe or unsafe) in the same transaction, with an audit event. No transaction is
-open while either request is out.
+A probe is a receipt of its own (DuplicateProbe), never an attempt: it moves no call. No transaction is open while a
+request is out.
 """
 
 from __future__ import annotations

@@ -1,13 +1,6 @@
-"""Retention of settled history (docs/deploy.md, docs/deploy.md): what a settled call no longer needs, removed after
-RECOVERY_RETENTION_DAYS so the database grows with the calls, not with every check ever made of them.
-
-Removed, for calls settled (COMMITTED, NOT_COMMITTED, FAILED_PERMANENT or COMPENSATED) that long ago in tasks that
-are closed: their reconcile receipts, their gate answers, their diagnostics (the redacted raw failure details
-operators may read) and their attempts' response bodies (the provider's replies as recorded, redacted). Kept: the
-call, its state and counters (checks made, the last receipt's time and status), its attempts with their facts, its
-decision cards, the audit trail — whose verification never reads the removed rows — and the metrics' rollups, which
-were counted from the audit sequence. Each batch is one transaction: the rows go, the calls are stamped
-`history_pruned_at`, and a `retention.pruned` audit event records how many of each went.
+"""Retention of settled history (docs/deploy.md, "Data growth and retention"): what a settled call no longer needs,
+removed after RECOVERY_RETENTION_DAYS. Never the call, its attempts' facts, its decision cards, the audit trail or
+the rollups; each batch is one transaction recorded as a `retention.pruned` event.
 """
 
 from __future__ import annotations

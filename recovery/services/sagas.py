@@ -1,23 +1,6 @@
-"""Aborting a saga (docs/compensation.md, docs/design/tasks.md): a runtime whose multi-step task fails halfway asks
-once, and what stands is undone in the right order — never twice, and never what did not happen.
-
-`saga_abort` closes the task to new calls (it becomes ABANDONED, its READY and RETRYABLE calls abandoned) and marks
-its saga running; `saga_advance` then moves it one entry at a time, each time it is called (after the abort, when an
-entry ends, and on the reconcile schedule):
-
-- a step still settling (SENT, UNKNOWN, STILL_UNKNOWN, ACCEPTED) is reconciled first — committed, it is undone;
-  not committed, there is nothing to undo — so the saga waits for it;
-- a compensation under way (a call COMPENSATING) is waited for: one entry at a time;
-- an entry that failed or undid only part (COMPENSATION_FAILED, PARTIAL_COMPENSATED), or a step in HUMAN_REVIEW,
-  stops the chain there (`stopped`): it is in the Compensation problems queue, and the rest waits for a person;
-- otherwise the next committed write is compensated, in reverse dependency order: a step is undone only once every
-  step depending on it has nothing left standing (the highest step first among those);
-- nothing left standing: the saga is `done`, and the task's outcome is `compensated` when a committed step was
-  undone (reads have nothing to undo).
-
-Who sends each entry is the runtime's choice at the abort: the console's worker (`console`), or the runtime itself
-(`runtime`), which asks `GET /tasks/{id}/compensation` for the next entry and admits and reports it like an attempt
-(recovery/services/compensations.py `compensation_admit` / `compensation_report`).
+"""Aborting a saga (docs/compensation.md, "Sagas"): undo what stands of a task that failed halfway, one entry at a time.
+`saga_abort` closes the task and marks the saga running; `saga_advance` takes one step each time it is called, in
+reverse dependency order, waiting on steps still settling and stopping at an undo that needs a person.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""Rules the database itself enforces, so that no code path (ORM, raw SQL, a shell) can bypass them.
-
-1. The call state machine: a trigger generated from `recovery.engine.states.ALLOWED_PAIRS` refuses any state change that
-   is not an edge of docs/design/state-machine.md, any state change that does not bump `version` by exactly one, and any
-   version change without a state change. Violations raise IntegrityError. A compensation ledger entry's states
-   (docs/compensation.md) are guarded the same way, from `recovery.engine.compensation_states.ALLOWED_PAIRS`.
-2. Append-only audit: UPDATE, DELETE (and TRUNCATE on PostgreSQL) of `recovery_auditevent` are refused unless the
-   audit maintenance switch is on for the current session; chain heads only move forward, never past the events
-   they count, and are never deleted (a rewound head would let a removed tail pass unnoticed; one moved ahead of its
-   events would break the next append). The switch is a session setting (`recovery.audit_maintenance` on
-   PostgreSQL; a per-connection flag read through an SQL function on SQLite), turned on only by
-   `recovery.audit.chain.audit_maintenance()`, which first records its use as an audit event.
-
-Migrations: 0002 installs what `postgres_sql()` / `sqlite_sql()` generate, frozen in the migration. Any later change
-here, in the state table, or to the guarded tables (SQLite rebuilds a table to alter it, which drops its triggers)
-needs a new migration with the SQL these functions then generate frozen in it (as 0027 does); tests/test_states.py
-and tests/test_audit.py fail until there is one.
+"""The database triggers no code path can bypass: the call and compensation-entry state tables, the append-only audit
+trail and its forward-only heads (docs/design/state-machine.md, docs/design/audit.md). Any change here, to the state
+tables or to a guarded table needs a new migration with the SQL then generated frozen in it (as 0027 does):
+tests/test_states.py and tests/test_audit.py fail until there is one.
 """
 
 from __future__ import annotations

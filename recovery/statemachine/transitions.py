@@ -1,10 +1,6 @@
 """The one function that moves a call between states (docs/design/state-machine.md), and its twin for compensation
-entries (docs/compensation.md).
-
-A conditional UPDATE on (id, state, version) bumps the version and sets the new state; the AuditEvent is written in
-the same transaction. "rowcount != 1" means someone else moved the call first: nothing is changed and the caller
-gets TransitionConflict. An edge that is not in recovery.engine.states raises IllegalTransition before any SQL runs (and
-the database trigger would refuse it anyway).
+entries (docs/compensation.md): a conditional UPDATE with its audit event in one transaction; a lost race raises
+TransitionConflict, an edge not in the table IllegalTransition.
 """
 
 from __future__ import annotations

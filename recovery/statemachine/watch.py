@@ -1,22 +1,6 @@
-"""Waiting for a call to change: the long poll behind `GET /calls/{id}?version=V&wait_ms=N`.
-
-An agent waiting for reconciliation used to ask for its call again and again; it now asks once with the version it
-has seen, and the answer comes as soon as the call has another version (or when `wait_ms` is over, unchanged). The
-database stays the only truth: a waiter re-reads the call's version, and a wake-up only says when to re-read.
-
-- `announce(call_id)`: transition_call's word that a call changed, sent when the transaction commits (never for a
-  rolled-back one): a Redis PUBLISH on `recovery:call-changed:<id>` with REDIS_URL (every web process and worker
-  hears it), and a wake-up of this process's waiters in any case (the embedded default runs its jobs in the web
-  process). A publish that fails is logged and changes nothing else: the transition is committed, and waiters
-  re-read on their own clock anyway; after a failure, publishing pauses PUBLISH_PAUSE_S so an unreachable Redis
-  does not slow every transition by its connect timeout.
-- `wait_for_change(call_id, version, wait_s)`: returns the call's version once it differs from `version`, or at
-  the end of `wait_s`. It re-reads the version after each wake-up, and at least every REREAD_REDIS_S with Redis (a
-  lost message costs a waiter that much, never a wrong answer) or every REREAD_LOCAL_S without it (a change made by
-  another process, e.g. a separate `runjobs`, is seen that late).
-
-A waiting request holds one web thread; `wait_ms` is capped at MAX_WAIT_MS (docs/api.md's table says so, and that
-the web server's threads must cover the agents that wait at once).
+"""Waiting for a call to change: the long poll behind `GET /calls/{id}?version=V&wait_ms=N` (docs/api.md).
+The database stays the only truth: `announce` (after commit) only says when to re-read, and a waiter also re-reads
+on its own clock, so a lost or failed wake-up costs time, never a wrong answer (docs/design/state-machine.md).
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""`manage.py runjobs [--burst]`: run the background jobs.
-
-With REDIS_URL: an RQ worker on the "default" queue (with rq's scheduler for delayed jobs) and, in a child process,
-the periodic Scheduler of recovery/jobs/cron.py; run as many of these as needed, only one of them enqueues the schedule.
-Without REDIS_URL: the in-process runner in the foreground until Ctrl-C (useful when the web server runs elsewhere;
-`manage.py run` already runs it next to runserver).
-
---burst does what is due now and exits: each periodic job once, then whatever is queued. Tests and drills use it.
-
---role splits the two on several machines (docs/deploy.md): `worker` runs only the RQ worker (as many as needed,
-anywhere), `scheduler` only a scheduler candidate (run two, on different machines: one holds the lock, the other
-takes over within RECOVERY_SCHEDULER_LEASE_S of its death). Killing one never stops the other. `all` (the default)
-runs both, the scheduler in a child process.
+"""`manage.py runjobs [--burst] [--role all|worker|scheduler]`: run the background jobs (docs/deploy.md).
+With REDIS_URL an RQ worker, a scheduler candidate (only the lock holder enqueues the schedule) or both; without it
+the in-process runner. --burst runs each periodic job once, then what is queued, and exits (tests and drills use it).
 """
 
 from __future__ import annotations
