@@ -1,9 +1,6 @@
 """The audit history of the calls `queue_load.load(extra=AUDIT_HISTORY)` loads: the events their rows imply, COPYed
-after the global head with their chains and heads, for the metrics benchmark's fold
-(recovery/devtools/benchmarks/metrics.py).
-
-The events are chained and numbered as recovery.audit.chain appends them, but not hashed with its canonical hash:
-verifying the chains is not part of any benchmark that loads them.
+after the global head with their chains and heads (chained as recovery.audit.chain appends them, not hashed with its
+canonical hash), for the metrics benchmark's fold (docs/benchmarks.md, "The metrics benchmark").
 """
 
 from __future__ import annotations
