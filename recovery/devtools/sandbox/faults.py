@@ -1,8 +1,5 @@
-"""Fault injection: what the sandbox should do wrong, for which requests, and how many times.
-
-Faults live in memory (a restart or `POST /_sandbox/reset` clears them): they are a drill's setup, not evidence.
-Each kind is taken at the point where it acts — a `pending` fault is only consumed by a write that executes, a
-`status_down` fault only by a status query — so `times` counts the requests it really changed.
+"""Fault injection: what the sandbox should do wrong, for which requests, and how many times. Faults live in memory
+and each kind is taken where it acts, so `times` counts the requests it really changed (docs/sandbox.md).
 """
 
 from __future__ import annotations
