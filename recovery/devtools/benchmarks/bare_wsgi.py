@@ -165,12 +165,9 @@ def _count_breaker(sql: _Statements, call: dict, now: datetime) -> None:
 
 
 def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, pepper: str, trace=None) -> dict:
-    """One single-shot attempt; returns the JSON answer. NotFound for an unknown token or call.
-
-    Like the product: reads and the breaker count in autocommit (each its own transaction), then the task's
-    counters, the transitions, the attempt (answer included), its gate answer and the audit events in one
-    transaction.
-    """
+    """One single-shot attempt, as the product makes it: the reads and the breaker count in autocommit (each its own
+    transaction), then the rest in one transaction (_record). Returns the JSON answer; NotFound for an unknown token or
+    call."""
     now = datetime.now(UTC)
     conn.autocommit = True
     with conn.cursor() as cursor:

@@ -466,12 +466,10 @@ def load(
     extra: Extra | None = None,
     queued: bool = True,
 ) -> dict:
-    """Load the registry, users and `calls` calls (docs/benchmarks.md); return what was loaded and how long
-    it took. PostgreSQL only. `extra`: more rows, as recovery.devtools.benchmarks.audit_load.AUDIT_HISTORY the audit
-    events the loaded rows imply and their chains' heads.
-    Loading again adds as many calls more, with ids, audit seq and chains after the ones there. `queued` False: none
-    of the calls is left in a reviewer's queue (UNKNOWN, HUMAN_REVIEW; `unknown` must be 0): history that grows
-    while the backlog stays what it was, the calls a queued draw would have made COMMITTED instead."""
+    """Load the registry, users and `calls` calls (docs/benchmarks.md), PostgreSQL only: what was loaded and how long it
+    took. Loading again adds as many calls more, after the ones there. `extra`: more rows (audit_load.AUDIT_HISTORY).
+    `queued` False: no call left in a reviewer's queue (`unknown` must be 0; the calls a queued draw would have left
+    there made COMMITTED instead): history that grows while the backlog stays what it was."""
     unknown = calls // UNKNOWN_PER_CALLS if unknown is None else unknown
     if unknown and not queued:
         raise ValueError("calls left in UNKNOWN are queued: unknown must be 0 when queued is False")
