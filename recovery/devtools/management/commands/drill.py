@@ -98,10 +98,12 @@ class Command(BaseCommand):
         except Exception as exc:  # the stage could not start (or stop): stored with the run, then reported
             failure = f"{type(exc).__name__}: {exc}"
         finally:
-            failure = _store(run, slugs, results, failure, log, lines)
-        self._summary(run, slugs, results, failure, time.monotonic() - began)
+            passed, failure = _store(run, slugs, results, failure, log, lines)
+        self._summary(run, slugs, results, passed, failure, time.monotonic() - began)
 
-    def _summary(self, run: DrillRun, slugs: list[str], results: list[DrillResult], failure: str, seconds: float):
+    def _summary(
+        self, run: DrillRun, slugs: list[str], results: list[DrillResult], passed: bool, failure: str, seconds: float
+    ) -> None:
         """The closing line; CommandError naming what failed when the run did not pass."""
         skipped = {result.name: result.skipped for result in results if result.skipped}
         ran = [result for result in results if not result.skipped]
@@ -111,7 +113,7 @@ class Command(BaseCommand):
             + (f", {len(skipped)} skipped ({'; '.join(skipped)})" if skipped else "")
             + f"; stored as drill run {run.pk} (/operations/drills/{run.pk}/ in the console)"
         )
-        if not run.passed:
+        if not passed:
             failed = [result.name for result in ran if not result.passed]
             raise CommandError(f"{summary}; failed: {', '.join(failed) or failure}")
         self.stdout.write(self.style.SUCCESS(summary))
@@ -159,8 +161,8 @@ def _checked_options(backlog: int, rounds: int, workers: int | None, api_workers
 
 def _store(
     run: DrillRun, slugs: list[str], results: list[DrillResult], failure: str, log: Log, lines: list[str]
-) -> str:
-    """Log the table and complete the stored run (whatever stopped it); the run's failure, if any."""
+) -> tuple[bool, str]:
+    """Log the table and complete the stored run (whatever stopped it): whether it passed, and its failure if any."""
     if failure:
         log(f"the run stopped: {failure}")
     log("")
@@ -169,12 +171,13 @@ def _store(
     if skipped and REQUIRE_SERVICES:
         failure = failure or f"REQUIRE_SERVICES=1 but {'; '.join(skipped.values())}"
     ran = [result for result in results if not result.skipped]
+    passed = not failure and len(results) == len(slugs) and all(result.passed for result in ran)
     run.finished_at = timezone.now()
-    run.passed = not failure and len(results) == len(slugs) and all(result.passed for result in ran)
+    run.passed = passed
     # A skipped drill is not a result: the console shows it as not run; why is in the options and the log.
     run.results = [result.as_json() for result in ran]
     if skipped:
         run.options = {**run.options, "skipped": skipped}
     run.log = DrillRun.cut_log("\n".join(lines))
     run.save(update_fields=["finished_at", "passed", "results", "log", "options"])
-    return failure
+    return passed, failure
