@@ -1,9 +1,6 @@
 """The audit history of the calls `queue_load.load(extra=AUDIT_HISTORY)` loads: the events their rows imply, COPYed
-after the global head with their chains and heads, for the metrics benchmark's fold
-(recovery/devtools/benchmarks/metrics.py).
-
-The events are chained and numbered as recovery.audit.chain appends them, but not hashed with its canonical hash:
-verifying the chains is not part of any benchmark that loads them.
+after the global head with their chains and heads (chained as recovery.audit.chain appends them, not hashed with its
+canonical hash), for the metrics benchmark's fold (docs/benchmarks.md, "The metrics benchmark").
 """
 
 from __future__ import annotations
@@ -53,15 +50,10 @@ _Event = tuple[float, str, str, str, str, int, str, int | None]
 
 
 class _History:
-    """The audit events the loaded rows imply, in time order, numbered and chained as recovery.audit.chain appends them.
-
-    Per call, the `call.transition` events its row's state and version say it went through (an attempt's admission
-    and its outcome, a sweep to UNKNOWN, a receipt's settlement, a compensation's two steps; the last one at the
-    row's state_changed_at), a `call.checked` event per status check of an UNKNOWN call that learned nothing, and
-    per task that ended, its `task.submitted`. `seq` continues the global head's and rises with the events' time;
-    each task's events form its chain (chain_seq, prev, prev_hash), the heads written after them. The hash is a
-    digest of the event's fields but not recovery.audit.chain.event_hash's canonical one (it would double the load's
-    time): verify_audit would flag these chains, and verifying them is not part of any benchmark.
+    """The audit events the loaded rows imply, in time order, numbered and chained as recovery.audit.chain appends them:
+    per call the `call.transition` events its row's state and version say it went through and a `call.checked` per
+    status check of an UNKNOWN call that learned nothing, per ended task its `task.submitted`. The hash is a digest of
+    the event's fields, not event_hash's canonical one (it would double the load's time): verify_audit would flag them.
     """
 
     def __init__(self, calls: _Calls, *, first_id: int, first_seq: int, token_id: int):

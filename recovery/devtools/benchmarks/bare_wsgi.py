@@ -1,15 +1,7 @@
-"""The `ingest` benchmark's baseline: a bare WSGI application, no framework, psycopg over one persistent connection.
-
-`POST /api/v1/calls/{id}/attempts` with a single-shot body (attempt_id + outcome) runs the same statements as the
-product's single shot for a fresh call of a read tool that commits, in the same order and the same transactions
-(the reads and the breaker count in autocommit, then one transaction for the attempt, the two transitions and the
-audit events), then answers JSON. recovery.devtools.benchmarks.ingest compares the two lists statement by statement
-(kind and table) and refuses a baseline that drifted. It does no validation, classification or decision: the difference
-between the two is what the framework and the product's own Python cost.
-
-Served by gunicorn (`recovery.devtools.benchmarks.bare_wsgi:application`) with DATABASE_URL and RECOVERY_TOKEN_PEPPER in
-the environment; `single_shot()` is also what the raw psycopg series runs in a loop, without HTTP.
-Nothing here imports Django. When the product's statements change, change `single_shot()` to match.
+"""The `ingest` benchmark's baseline: a bare WSGI application (no framework, nothing of Django) that runs the
+product's single-shot statements with psycopg over one persistent connection (docs/benchmarks.md, "The ingest
+benchmark"). Served by gunicorn (`recovery.devtools.benchmarks.bare_wsgi:application`) with DATABASE_URL and
+RECOVERY_TOKEN_PEPPER set. When the product's statements change, change `single_shot()` to match.
 """
 
 from __future__ import annotations
@@ -173,94 +165,105 @@ def _count_breaker(sql: _Statements, call: dict, now: datetime) -> None:
 
 
 def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, pepper: str, trace=None) -> dict:
-    """One single-shot attempt; returns the JSON answer. NotFound for an unknown token or call.
-
-    Like the product: reads and the breaker count in autocommit (each its own transaction), then the task's
-    counters, the transitions, the attempt (answer included), its gate answer and the audit events in one
-    transaction.
-    """
+    """One single-shot attempt, as the product makes it: the reads and the breaker count in autocommit (each its own
+    transaction), then the rest in one transaction (_record). Returns the JSON answer; NotFound for an unknown token or
+    call."""
     now = datetime.now(UTC)
     conn.autocommit = True
     with conn.cursor() as cursor:
         sql = _Statements(cursor, trace)
         token_id, tenants = _authenticate(sql, token, pepper)
-        attempt_id, outcome = body["attempt_id"], body["outcome"]
-        call = _call(sql, call_id, tenants, attempt_id)
+        call = _call(sql, call_id, tenants, body["attempt_id"])
         if call["stored"] is not None:
             stored = sql("SELECT response FROM recovery_attempt WHERE id = %s", [call["stored"]]).fetchone()
             return stored[0]
-        number = call["attempts_count"] + 1
         _count_breaker(sql, call, now)
-        request_hash = _hash(body)
-        print_ = _hash({"tool": call["tool"], "arguments": call["arguments"]})
         with conn.transaction():
-            sql(
-                "UPDATE recovery_task SET rounds_used = rounds_used + %s, write_retries_used = write_retries_used + "
-                "%s, tokens_used = tokens_used + %s WHERE id = %s RETURNING rounds_used, tokens_used, "
-                "write_retries_used",
-                [1, 0, 0, call["task_id"]],
-            ).fetchone()
-            extra, params = ", attempts_count = %s, sent_at = %s", [number, now]
-            events = [_transition(sql, call, call["state"], "SENT", token_id, now, extra, params)]
-            events.append(_transition(sql, call, "SENT", "COMMITTED", token_id, now))
-            response = {
-                "call_id": call_id,
-                "attempt_id": attempt_id,
-                "attempt_number": number,
-                "call_state": "COMMITTED",
-                "policy_bypassed": False,
-                "failure": None,
-                "decision": None,
-                "breaker_state": "closed",
-                "provider_ref": "",
-            }
-            failure = {"side_effect": "sent", "row": "9", "phase": "response"}
-            (attempt_pk,) = sql(
-                "INSERT INTO recovery_attempt (call_id, attempt_id, number, tool_id, arguments, fingerprint, "
-                "evidence, policy_bypassed, breaker_probe, admitted_at, facts, connection_opened, sent, http_status, "
-                "error_kind, error_code, provider_request_id, reported_at, failure, failure_class, request_hash, "
-                "response, outcome_request_hash, outcome_response, created_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, false, false, %s, %s, %s, %s, %s, '', '', '', %s, %s, '', %s, "
-                "%s, %s, %s, %s) RETURNING id",
-                [
-                    call_id,
-                    attempt_id,
-                    number,
-                    call["tool_id"],
-                    Jsonb(call["arguments"]),
-                    print_,
-                    Jsonb([]),
-                    now,
-                    Jsonb(outcome),
-                    outcome.get("connection_opened"),
-                    outcome.get("sent"),
-                    outcome.get("http_status"),
-                    now,
-                    Jsonb(failure),
-                    request_hash,
-                    Jsonb(response),
-                    _hash(outcome),
-                    Jsonb(response),
-                    now,
-                ],
-            ).fetchone()
-            sql(
-                "INSERT INTO recovery_gatedecision (call_id, attempt_id, candidate_attempt_id, candidate, dry_run, "
-                "allowed, reason, evidence_used, checks, required_next, actor_token_id, created_at) "
-                "VALUES (%s, %s, %s, %s, false, true, 'first_attempt', '', %s, %s, %s, %s) RETURNING id",
-                [
-                    call_id,
-                    attempt_pk,
-                    attempt_id,
-                    Jsonb({"tool": call["tool"], "fingerprint": print_}),
-                    Jsonb([]),
-                    Jsonb({}),
-                    token_id,
-                    now,
-                ],
-            )
-            _audit(sql, events, now)
+            response = _record(sql, call_id, call, body, token_id, now)
     return response
+
+
+def _record(sql: _Statements, call_id: int, call: dict, body: dict, token_id: int, now: datetime) -> dict:
+    """The single shot's transaction: the task's counters, both transitions, the attempt, its gate answer, the
+    audit events; returns the answer."""
+    number = call["attempts_count"] + 1
+    sql(
+        "UPDATE recovery_task SET rounds_used = rounds_used + %s, write_retries_used = write_retries_used + "
+        "%s, tokens_used = tokens_used + %s WHERE id = %s RETURNING rounds_used, tokens_used, "
+        "write_retries_used",
+        [1, 0, 0, call["task_id"]],
+    ).fetchone()
+    extra, params = ", attempts_count = %s, sent_at = %s", [number, now]
+    events = [_transition(sql, call, call["state"], "SENT", token_id, now, extra, params)]
+    events.append(_transition(sql, call, "SENT", "COMMITTED", token_id, now))
+    response = {
+        "call_id": call_id,
+        "attempt_id": body["attempt_id"],
+        "attempt_number": number,
+        "call_state": "COMMITTED",
+        "policy_bypassed": False,
+        "failure": None,
+        "decision": None,
+        "breaker_state": "closed",
+        "provider_ref": "",
+    }
+    print_ = _hash({"tool": call["tool"], "arguments": call["arguments"]})
+    attempt_pk = _insert_attempt(sql, call_id, call, body, number, print_, response, now)
+    sql(
+        "INSERT INTO recovery_gatedecision (call_id, attempt_id, candidate_attempt_id, candidate, dry_run, "
+        "allowed, reason, evidence_used, checks, required_next, actor_token_id, created_at) "
+        "VALUES (%s, %s, %s, %s, false, true, 'first_attempt', '', %s, %s, %s, %s) RETURNING id",
+        [
+            call_id,
+            attempt_pk,
+            body["attempt_id"],
+            Jsonb({"tool": call["tool"], "fingerprint": print_}),
+            Jsonb([]),
+            Jsonb({}),
+            token_id,
+            now,
+        ],
+    )
+    _audit(sql, events, now)
+    return response
+
+
+def _insert_attempt(
+    sql: _Statements, call_id: int, call: dict, body: dict, number: int, print_: str, response: dict, now: datetime
+) -> int:
+    """The attempt row, its outcome and answer stored with it: its id."""
+    outcome = body["outcome"]
+    failure = {"side_effect": "sent", "row": "9", "phase": "response"}
+    (attempt_pk,) = sql(
+        "INSERT INTO recovery_attempt (call_id, attempt_id, number, tool_id, arguments, fingerprint, "
+        "evidence, policy_bypassed, breaker_probe, admitted_at, facts, connection_opened, sent, http_status, "
+        "error_kind, error_code, provider_request_id, reported_at, failure, failure_class, request_hash, "
+        "response, outcome_request_hash, outcome_response, created_at) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, false, false, %s, %s, %s, %s, %s, '', '', '', %s, %s, '', %s, "
+        "%s, %s, %s, %s) RETURNING id",
+        [
+            call_id,
+            body["attempt_id"],
+            number,
+            call["tool_id"],
+            Jsonb(call["arguments"]),
+            print_,
+            Jsonb([]),
+            now,
+            Jsonb(outcome),
+            outcome.get("connection_opened"),
+            outcome.get("sent"),
+            outcome.get("http_status"),
+            now,
+            Jsonb(failure),
+            _hash(body),
+            Jsonb(response),
+            _hash(outcome),
+            Jsonb(response),
+            now,
+        ],
+    ).fetchone()
+    return attempt_pk
 
 
 _connection: psycopg.Connection | None = None

@@ -1,29 +1,6 @@
-"""The `ingest` benchmark (docs/design/quality-targets.md): single-shot attempt ingest over HTTP on PostgreSQL, against
-a bare baseline.
-
-Each attempt is a single shot (`POST /api/v1/calls/{id}/attempts` with a committed 200 outcome of a read tool, as
-RecoveryClient.single_shot sends it) on a fresh READY call; the calls are spread over 4 tenants and 4 tools, one
-task each, and created beforehand in bulk (not measured). Series:
-
-- product: the whole API (console.wsgi) served by gunicorn;
-- orm: the same, with RECOVERY_HOT_PATH_SQL off — the hot path's one raw statement (the task's counters moved and
-  read back by UPDATE ... RETURNING) replaced by its ORM twin (an UPDATE and a SELECT);
-- pool: the product with Django's psycopg connection pool (DATABASE_POOL=1: connections lent per request from a
-  pool per process) instead of a persistent connection per thread (CONN_MAX_AGE);
-- bare: recovery.devtools.benchmarks.bare_wsgi, a WSGI function with no framework that runs the same statements with
-  psycopg over one persistent connection per worker, served by gunicorn with the same settings;
-- raw psycopg: bare_wsgi.single_shot in a loop from this process, no HTTP.
-
-The servers get the same clients: CLIENTS processes, each a requests.Session posting its share of the attempts
-one after another, started together after a warm-up, in ROUNDS rounds with the servers in a rotating order, so that
-a drift in what else the machine runs weighs on all alike; each rate is its rounds' median. The servers run with
-DEBUG=0 (no query log) against the benchmark's throwaway database; the benchmark starts them on free ports, waits
-for them and stops them.
-
-Statements per attempt are counted on one request served in-process by the whole Django stack with an
-execute_wrapper (the connection health check Django runs once per request, a `SELECT 1` on the raw connection,
-is not seen by it and comes on top). The bare baseline's statements are compared with the product's one by one
-(kind and table, in order): the benchmark refuses to report a ratio against a baseline that does other work.
+"""The `ingest` benchmark: single-shot attempts over HTTP on PostgreSQL (the product, its ORM twin, its pooled
+twin) against a bare WSGI baseline making the same statements, in interleaved rounds. docs/benchmarks.md ("The ingest
+benchmark") describes the series and the checks; the target is docs/design/quality-targets.md's.
 """
 
 from __future__ import annotations
@@ -497,52 +474,12 @@ def bench_ingest(count: int = 1000) -> dict:
             "run with DATABASE_URL=postgres://user@host:5432/dbname",
         }
     fixture = Fixture.create()
-    warm = CLIENTS * WARM_UP
     dsn = connection_url()
-
-    # What one attempt costs in statements, and proof that the baseline does the same work. Probes of one tool
-    # (bulk calls cycle through the tools), so all but the first find that tool's breaker bucket already there.
-    per_tool = len(fixture.tools)
-    service_probes = [fixture.service_call(f"probe-{n}") for n in range(3)]
-    product = _steady(lambda c: product_statements(fixture.token, c), fixture.bulk_calls(3 * per_tool, "p")[::per_tool])
-    from_services = _steady(lambda c: product_statements(fixture.token, c), service_probes)
-    bare = _steady(lambda c: bare_statements(dsn, fixture.token, c), fixture.bulk_calls(3 * per_tool, "b")[::per_tool])
-    product_sig, bare_sig = [signature(s) for s in product], [signature(s) for s in bare]
-    if (service_sig := [signature(s) for s in from_services]) != product_sig:
-        raise AssertionError(
-            f"a bulk-created call does not take the same path as one made through call_add:\n{product_sig}\n"
-            f"{service_sig}"
-        )
-    if len(bare) != len(product) or bare_sig != product_sig:
-        diff = [(n, p, b) for n, (p, b) in enumerate(zip(product_sig, bare_sig, strict=False)) if p != b]
-        raise AssertionError(
-            f"the bare baseline makes {len(bare)} statements, the product {len(product)}; first differences: "
-            f"{diff[:5]}\nproduct: {product_sig}\nbare: {bare_sig}"
-        )
-
-    orm = _steady(
-        lambda c: product_statements(fixture.token, c, sql=False), fixture.bulk_calls(3 * per_tool, "o")[::per_tool]
-    )
-
-    # The product, its ORM twin (RECOVERY_HOT_PATH_SQL off, docs/architecture.md: the raw statement stays only while the
-    # ORM misses a target) and the bare baseline, in interleaved rounds.
+    product, orm = _statements_checked(fixture, dsn)
     per_round = max(count // ROUNDS, 50)
-    with (
-        serve(PRODUCT_APP, dsn) as product_server,
-        serve(PRODUCT_APP, dsn, RECOVERY_HOT_PATH_SQL="0") as orm_server,
-        serve(PRODUCT_APP, dsn, DATABASE_POOL="1") as pool_server,
-        serve(BARE_APP, dsn) as bare_server,
-    ):
-        servers = {"product": product_server, "orm": orm_server, "pool": pool_server, "bare": bare_server}
-        runs, all_calls = interleaved_rounds(fixture, servers, per_round)
-    raw_calls = fixture.bulk_calls(warm + count, "raw")
-    raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
-    all_calls["raw"] = raw_calls
-    check_committed(all_calls)
-    wait_disconnected(connection.settings_dict["NAME"])
+    runs, raw_rate = _series(fixture, dsn, count, per_round)
     rate = rates(runs)
-
-    kinds = Counter(sig.split()[0] for sig in product_sig)
+    kinds = Counter(signature(sql).split()[0] for sql in product)
     return {
         "benchmark": "ingest",
         "database": connection.vendor,
@@ -572,6 +509,55 @@ def bench_ingest(count: int = 1000) -> dict:
         "latency_median_ms": {label: _median(rounds, "latency_median_ms") for label, rounds in runs.items()},
         "latency_p99_ms": {label: _median(rounds, "latency_p99_ms") for label, rounds in runs.items()},
     }
+
+
+def _statements_checked(fixture: Fixture, dsn: str) -> tuple[list[str], list[str]]:
+    """What one attempt costs in statements (the product's, its ORM twin's), with proof that the baseline does the
+    same work: AssertionError when its statements differ from the product's."""
+    # Probes of one tool (bulk calls cycle through the tools), so all but the first find that tool's breaker bucket
+    # already there.
+    per_tool = len(fixture.tools)
+    service_probes = [fixture.service_call(f"probe-{n}") for n in range(3)]
+    product = _steady(lambda c: product_statements(fixture.token, c), fixture.bulk_calls(3 * per_tool, "p")[::per_tool])
+    from_services = _steady(lambda c: product_statements(fixture.token, c), service_probes)
+    bare = _steady(lambda c: bare_statements(dsn, fixture.token, c), fixture.bulk_calls(3 * per_tool, "b")[::per_tool])
+    product_sig, bare_sig = [signature(s) for s in product], [signature(s) for s in bare]
+    if (service_sig := [signature(s) for s in from_services]) != product_sig:
+        raise AssertionError(
+            f"a bulk-created call does not take the same path as one made through call_add:\n{product_sig}\n"
+            f"{service_sig}"
+        )
+    if len(bare) != len(product) or bare_sig != product_sig:
+        diff = [(n, p, b) for n, (p, b) in enumerate(zip(product_sig, bare_sig, strict=False)) if p != b]
+        raise AssertionError(
+            f"the bare baseline makes {len(bare)} statements, the product {len(product)}; first differences: "
+            f"{diff[:5]}\nproduct: {product_sig}\nbare: {bare_sig}"
+        )
+    orm = _steady(
+        lambda c: product_statements(fixture.token, c, sql=False), fixture.bulk_calls(3 * per_tool, "o")[::per_tool]
+    )
+    return product, orm
+
+
+def _series(fixture: Fixture, dsn: str, count: int, per_round: int) -> tuple[dict[str, list[dict]], float]:
+    """The product, its ORM twin (RECOVERY_HOT_PATH_SQL off, docs/architecture.md: the raw statement stays only while
+    the ORM misses a target), the product with the pool and the bare baseline in interleaved rounds, then the raw
+    psycopg loop; every call checked COMMITTED. Each series' rounds, and the raw rate."""
+    warm = CLIENTS * WARM_UP
+    with (
+        serve(PRODUCT_APP, dsn) as product_server,
+        serve(PRODUCT_APP, dsn, RECOVERY_HOT_PATH_SQL="0") as orm_server,
+        serve(PRODUCT_APP, dsn, DATABASE_POOL="1") as pool_server,
+        serve(BARE_APP, dsn) as bare_server,
+    ):
+        servers = {"product": product_server, "orm": orm_server, "pool": pool_server, "bare": bare_server}
+        runs, all_calls = interleaved_rounds(fixture, servers, per_round)
+    raw_calls = fixture.bulk_calls(warm + count, "raw")
+    raw_rate = raw_psycopg(dsn, fixture.token, raw_calls[:warm], raw_calls[warm:])
+    all_calls["raw"] = raw_calls
+    check_committed(all_calls)
+    wait_disconnected(connection.settings_dict["NAME"])
+    return runs, raw_rate
 
 
 def _median(rounds: list[dict], key: str) -> float:

@@ -1,34 +1,7 @@
-"""The `metrics` benchmark (docs/design/quality-targets.md): the metrics' reads at 1,000,000 calls against the same
-reads at 10,000, and what keeping the rollups costs ingest.
-
-1. Load (PostgreSQL only; recovery.devtools.benchmarks.queue_load with `extra=audit_load.AUDIT_HISTORY`): SMALL calls
-   with their attempts and the audit events their rows imply (about 6 per call: each attempt's admission and outcome,
-   sweeps, receipts, checks, compensations, submitted tasks; see audit_load._History), over the loader's 90 days. The
-   events' `seq` continues the global head's and rises with their time; their chains, heads and hashes are filled as
-   recovery.audit.chain fills them but not with its canonical hash, so verifying the chains is not part of this
-   benchmark.
-2. Fold them with the product's own `metrics_fold()` (timed: events folded per second), then check the rollups against
-   counts made independently with SQL from the loaded rows (calls with an attempt, write calls, attempts with an
-   outcome, write calls that entered UNKNOWN, calls that committed; each call's version against its transitions; the
-   hourly rollups and the per-tenant totals against the all-tenant totals). A mismatch stops the benchmark.
-3. Time each read, `count` requests each after WARM_UP, the reads taken in turn, the order reversed every other round,
-   served in-process by the whole Django stack through `django.test.Client` as bench queue serves its pages (wall time
-   of `Client.get`; median and p95), and count each one's SQL statements: `/metrics` as a signed-in viewer (every
-   tenant) and with a metrics token of every tenant (the scraper's way: the counts of its tenants summed), the metrics
-   page `/overview/metrics/` over 24 hours and over 30 days, the overview `/overview/`, and the JSON `GET
-   /api/v1/metrics` with the same token.
-4. Grow the same database to `calls` (another load after the first: ids, seq and chains after the ones there; the grown
-   calls' times interleave with the first ones', their seq all after them), none of the grown calls left in a reviewer's
-   queue: the history grows a hundredfold and the backlog stays the small load's. The overview and the queue sizes count
-   the open items exactly (an index-only scan of call_backlog_idx, about 0.5 µs per open item): a cost of the backlog
-   the queues hold, which the history's growth does not imply. Check first that the disk holds it (an estimate from what
-   the small load took), fold, check and time the same reads again: each read's `ratio_1m_over_10k` (medians; target <=
-   1.5) and its statements at both sizes (target: equal).
-5. Ingest with the fold running: bench ingest's single shots (recovery/devtools/benchmarks/ingest.py: gunicorn, 8
-   clients) against the same server in interleaved rounds, without a fold and with a fold process calling the product's
-   periodic job (recovery.jobs.tasks.metrics_fold) every `fold_every` seconds (RECOVERY_METRICS_FOLD_EVERY_S, 10 in
-   production) as the scheduler does; each round with the fold starts caught up (the events of the rounds before are
-   folded first, untimed). `ingest_with_fold_ratio`: attempts per second with the fold over without (target >= 0.9).
+"""The `metrics` benchmark: the metrics' reads at 1,000,000 calls against the same reads at 10,000 (loaded with their
+audit history, folded by the product's fold and checked against the rows), and ingest with and without the periodic
+fold running. The steps, checks and figures: docs/benchmarks.md ("The metrics benchmark"); the targets:
+docs/design/quality-targets.md.
 """
 
 from __future__ import annotations
@@ -382,7 +355,7 @@ def bench_metrics(
     fold_every: float | None = None,
     progress: Progress = _stderr,
 ) -> dict:
-    """See the module's docstring: `count` requests per read, at `small` and at `calls` calls."""
+    """docs/benchmarks.md ("The metrics benchmark"): `count` requests per read, at `small` and at `calls` calls."""
     if connection.vendor != "postgresql":
         return {
             "benchmark": "metrics",

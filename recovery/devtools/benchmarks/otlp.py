@@ -1,18 +1,6 @@
-"""The `otlp` benchmark: OpenTelemetry spans ingested per second, beside single-shot attempts per second, one run.
-
-The series record the same intents — a committed write with its provider reference, one per task — in-process
-through the product's services (no server), one after another:
-
-- single_shot: the single shot a runtime that asks for admission sends for one tool call (attempt_admit with its
-  outcome, the call read as the API reads it), on fresh READY calls made beforehand, as the ingest benchmark does;
-- spans: what a runtime that only exports traces sends: `execute_tool` spans in OTLP protobuf, BATCH per request,
-  read (recovery.api.otlp_decode) and recorded (recovery.services.observed: the trace's task, the span's row, its
-  observed call, the single shot through the same admission service, the runtime's tool tally), per span;
-- spans_http: the same batches through the whole Django stack (`POST /api/v1/otlp/v1/traces` with the test
-  client, protobuf, gzip), per span.
-
-It reports rates, the ratio of span ingest to single shots (a span does more: the task of its trace and the call are
-made with it, and its own row and its runtime's tally are written), and SQL statements per span and per single shot.
+"""The `otlp` benchmark: OpenTelemetry `execute_tool` spans ingested per second (in-process, and through the whole
+stack) beside single-shot attempts per second for the same intents, in one run. The series: docs/benchmarks.md; the
+figures: docs/otlp-ingest.md ("Cost").
 """
 
 from __future__ import annotations

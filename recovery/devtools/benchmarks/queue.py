@@ -1,35 +1,6 @@
-"""The `queue` benchmark (docs/design/quality-targets.md): the UNKNOWN queue page at a million calls, against a bare
-page and the admin.
-
-The data is loaded by recovery.devtools.benchmarks.queue_load (see there).
-
-Pages, each a GET served in-process by the whole Django stack through `django.test.Client` (no network, no server:
-WSGI request built, middleware, view, template, response), signed in, over the one persistent connection of this
-process, with the test environment not set up (no template instrumentation), DEBUG off:
-
-- product: the console's `/queues/unknown/` as a viewer sees it — the full page (layout, navigation counts, filter
-  form, 50 rows); deep: the page after DEPTH rows, reached by following the page's own "Next page" links from the
-  first page (its `after=<timestamp>~<id>` cursor);
-- bare: a plain function view making one raw SQL query for the same 50 rows and rendering the same columns with a
-  minimal template; the same cursor for the deep page. The query is the one a developer writes by hand for the
-  existing `call_queue_idx` (state, state_changed_at, id): per state of the queue, its first 50 rows after the cursor
-  in index order, merged (UNION ALL, ORDER BY, LIMIT 50), then joined to task, step, tool, tenant and user for those
-  50 rows only. It runs behind the same middleware, which makes no SQL for it (it reads neither session nor user);
-- admin: the changelist of Call on a separate AdminSite mounted only for the benchmark, list_display = the queue's
-  columns, list_filter = its filters (tool, tenant, state, risk, age as state_changed_at), every other option
-  default — as docs/design/quality-targets.md defines it, so 100 rows a page (list_per_page's default) — signed in as an
-  admin-role user, filtered by its own `state__exact=UNKNOWN` (all the queue's rows are UNKNOWN); deep: the page at
-  offset DEPTH (`p` = DEPTH / 100 + 1; `p` counts from 1). The target is measured against it;
-- admin50: the same changelist with list_per_page = 50, the queue's page size, reported beside it (not a target):
-  the admin drawing as many rows as the queue, the stricter comparison.
-
-The benchmark checks that the product and the bare page show the same call ids, first and deep, that the deep cursor
-is the one after DEPTH rows, and that the admin's deep page shows the rows at offset DEPTH of its own order (-pk),
-and refuses to report otherwise. Server time: wall time of `Client.get` (median and p95 over `count` requests per
-page after WARM_UP each, the pages taken in turn each round, the order reversed every other round, so drift
-weighs on all alike). Statements: SQL statements per page, counted with an execute_wrapper on one request each.
-Targets: product / bare <= 2 and admin / product >= 10 (medians), first and deep page; product statements equal
-first and deep.
+"""The `queue` benchmark: the UNKNOWN queue page at a million calls (loaded by queue_load), first and deep, against
+a bare page making one raw SQL query and the Django admin's changelist of the same columns and filters. The pages,
+the checks and the figures: docs/benchmarks.md ("The queue benchmark"); the targets: docs/design/quality-targets.md.
 """
 
 from __future__ import annotations
@@ -196,20 +167,7 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
     product.force_login(User.objects.get(username=VIEWER))
     admin_client.force_login(User.objects.get(username=ADMIN))
     first = reverse("console:queue", kwargs={"slug": _QUEUE.slug})
-    deep = first
-    for _ in range(depth // PAGE_SIZE):  # the page's own "Next page" links
-        match = re.search(r'<a href="([^"]+)" rel="next">', _get(product, deep))
-        if match is None:
-            raise AssertionError(f"no next page after {deep}")
-        deep = html.unescape(match[1])
-    cursor = parse_qs(urlsplit(deep).query)["after"][0]
-    expected = (
-        Call.objects.filter(state__in=_QUEUE.states)
-        .order_by("state_changed_at", "id")
-        .values_list("state_changed_at", "id")[depth - 1]
-    )
-    if cursor != f"{expected[0].isoformat()}~{expected[1]}":
-        raise AssertionError(f"the deep page's cursor {cursor} is not the one after {depth} rows: {expected}")
+    deep, cursor = _deep_page(product, first, depth)
     bare = reverse("bench-queue-bare")
     changelists = {
         name: (reverse(f"{site.name}:recovery_call_changelist") + f"?state__exact={UNKNOWN}", per_page)
@@ -228,15 +186,47 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
     for name, (changelist, per_page) in changelists.items():
         pages[f"{name}_first"] = (admin_client, changelist)
         pages[f"{name}_deep"] = (admin_client, f"{changelist}&p={depth // per_page + 1}")
-    # The call page (docs/design/quality-targets.md: statements constant in its attempts): the queue's call with the
-    # fewest attempts and the one with the most, among the first thousand by id; timed beside the queue pages, no
-    # baseline of its own.
+    pages.update(_call_pages(product))
+    _check_rows(pages, changelists, depth)
+    return pages
+
+
+def _deep_page(product: Client, first: str, depth: int) -> tuple[str, str]:
+    """The queue page after `depth` rows, reached through the page's own "Next page" links, and its cursor (checked
+    to be the one after `depth` rows)."""
+    deep = first
+    for _ in range(depth // PAGE_SIZE):
+        match = re.search(r'<a href="([^"]+)" rel="next">', _get(product, deep))
+        if match is None:
+            raise AssertionError(f"no next page after {deep}")
+        deep = html.unescape(match[1])
+    cursor = parse_qs(urlsplit(deep).query)["after"][0]
+    expected = (
+        Call.objects.filter(state__in=_QUEUE.states)
+        .order_by("state_changed_at", "id")
+        .values_list("state_changed_at", "id")[depth - 1]
+    )
+    if cursor != f"{expected[0].isoformat()}~{expected[1]}":
+        raise AssertionError(f"the deep page's cursor {cursor} is not the one after {depth} rows: {expected}")
+    return deep, cursor
+
+
+def _call_pages(product: Client) -> dict[str, tuple[Client, str]]:
+    """The call page (docs/design/quality-targets.md: statements constant in its attempts): the queue's call with the
+    fewest attempts and the one with the most, among the first thousand by id; timed beside the queue pages, no
+    baseline of its own."""
     sample = Call.objects.filter(state=UNKNOWN, pk__in=Call.objects.filter(state=UNKNOWN).order_by("pk")[:1000])
     counted = list(sample.annotate(n=Count("attempts")).order_by("n", "pk").values_list("pk", "n"))
     (few, few_n), (many, many_n) = counted[0], counted[-1]
-    pages["call_few"] = (product, reverse("console:call", kwargs={"call_id": few}))
-    pages["call_many"] = (product, reverse("console:call", kwargs={"call_id": many}))
     _CALL_ATTEMPTS.update(few=few_n, many=many_n)
+    return {
+        "call_few": (product, reverse("console:call", kwargs={"call_id": few})),
+        "call_many": (product, reverse("console:call", kwargs={"call_id": many})),
+    }
+
+
+def _check_rows(pages: dict[str, tuple[Client, str]], changelists: dict[str, tuple[str, int]], depth: int) -> None:
+    """The bare pages show the product's rows, first and deep; each admin page its rows at its offset."""
     for which in ("first", "deep"):
         shown = _ids(PRODUCT_IDS, _get(*pages[f"product_{which}"]))
         if len(shown) != PAGE_SIZE or _ids(BARE_IDS, _get(*pages[f"bare_{which}"])) != shown:
@@ -250,7 +240,6 @@ def _pages(depth: int) -> dict[str, tuple[Client, str]]:
             )
             if _ids(ADMIN_IDS, _get(*pages[f"{name}_{which}"])) != admin_rows:
                 raise AssertionError(f"the {name} {which} page does not show its rows at offset {offset}")
-    return pages
 
 
 _CALL_ATTEMPTS: dict[str, int] = {}  # the attempts of the two call pages measured
@@ -302,7 +291,7 @@ def measure(count: int, *, depth: int = DEPTH) -> dict:
 
 
 def bench_queue(count: int = 30, *, calls: int = CALLS, unknown: int | None = None, depth: int | None = None) -> dict:
-    """Load, then measure `count` requests per page (see the module's docstring). The deep page is the one after
+    """Load, then measure `count` requests per page (docs/benchmarks.md). The deep page is the one after
     `depth` rows: DEPTH, or with fewer UNKNOWN calls than DEPTH + 50, the last full page's."""
     if connection.vendor != "postgresql":
         return {

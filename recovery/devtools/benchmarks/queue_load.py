@@ -1,19 +1,6 @@
-"""The `queue` benchmark's data (docs/design/quality-targets.md): a million calls, loaded as fast as PostgreSQL takes
-them.
-
-Load (PostgreSQL only; timed, reported as load_s, not part of any page figure). The registry (providers, 40 tools,
-20 tenants) goes through `load_registry` and the users through `user_save_with_roles`, as in production; then
-tasks, steps, calls and attempts are streamed with COPY through the connection's psycopg cursor, in one
-transaction, with the four tables' foreign keys dropped for the COPY and added back (and so checked in one pass
-each) before it commits, as pg_restore does. Default: 1,000,000 calls (4 per task over 2 steps: 250,000 tasks,
-500,000 steps), 3,000,000 attempts (1 to 5 per call), 10,000 calls in UNKNOWN (write tools only, their
-state_changed_at spread over 90 days; some with status checks and a last receipt, one in ten claimed by a reviewer,
-half of those claims expired) and the rest COMMITTED, FAILED_PERMANENT, HUMAN_REVIEW, NOT_COMMITTED, READY,
-RETRYABLE, SENT, ACCEPTED or COMPENSATED; tenants skewed (the first has ~4.5x the last one's tasks); ids in time
-order. Then VACUUM ANALYZE (plain ANALYZE inside a transaction, as in the test) and, if allowed, a CHECKPOINT.
-Not loaded: decisions, gate decisions, receipts, which no benchmark reads; audit events only with
-`extra=audit_load.AUDIT_HISTORY` (the metrics benchmark's: the history each call's row implies, about 6 events
-per call), not by default, which the queue page does not read.
+"""The `queue` and `metrics` benchmarks' data: a million calls (`CALLS`) with their tasks, steps and attempts,
+loaded with COPY in one transaction as fast as PostgreSQL takes them. What is loaded and how: docs/benchmarks.md
+("The queue benchmark").
 """
 
 from __future__ import annotations
@@ -28,6 +15,7 @@ import time
 from array import array
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -279,7 +267,7 @@ class _Calls:
         self.now = time.time()
 
     def lines(self, rng: random.Random) -> Iterator[str]:
-        layout, ids, now = self.layout, self.ids, self.now
+        layout, ids = self.layout, self.ids
         per_step = CALLS_PER_STEP
         for i in range(layout.calls):
             k, j = divmod(i, CALLS_PER_TASK)
@@ -291,51 +279,84 @@ class _Calls:
             self.arguments[i], self.fingerprint[i] = arguments, fingerprint
             sent = created + 0.05 if attempts else 0.0
             self.sent_at[i] = sent
-            last_sent = sent + 4 * (attempts - 1) if attempts else created
-            changed, version = last_sent + rng.uniform(0.1, 3), 2 * attempts
-            outcome, provider_ref, checks, receipt_at, receipt_status = "", "", 0, N, ""
-            next_check, claimed_by, claim_until, effects = N, N, N, N
-            if state == UNKNOWN:
-                changed = last_sent + 30  # no outcome within the tool's outcome timeout
-                checks = rng.randrange(7)
-                if checks:
-                    receipt_at = _ts(min(changed + 5 * 2**checks, now - 1))
-                    receipt_status = rng.choice(("failed", "ambiguous", "pending", "unreachable"))
-                next_check = _ts(now + rng.uniform(5, 900))
-                if rng.random() < 0.1:
-                    claimed_by = rng.choice(self.reviewers)
-                    claim_until = _ts(now + rng.uniform(60, 900) if rng.random() < 0.5 else now - 3600)
-            elif state == "READY":
-                changed, version = created, 0
-            elif state == "SENT":
-                changed, version = last_sent, 2 * attempts - 1
-            elif state == "NOT_COMMITTED":
-                version, checks, receipt_status = 2 * attempts + 1, 1, "not_committed"
-                receipt_at = _ts(changed)
-            elif state == "FAILED_PERMANENT":
-                outcome = "retry_exhausted" if attempts == 5 else ""
-            elif state == "HUMAN_REVIEW":
-                outcome = "human_review_required"
-            elif state == "COMPENSATED":
-                version = 2 * attempts + 2
-            if state in _DONE:
-                provider_ref = f"pr_{call_id:x}"
-                if state == "COMMITTED" and call_id % 20 == 0:  # settled by a status check
-                    version, checks, receipt_status, effects = 2 * attempts + 1, 1, "committed", 1
-                    receipt_at = _ts(changed)
-            self.changed[i], self.version[i], self.checks[i] = changed, version, checks
-            if receipt_status:
-                self.receipts[i] = receipt_status
-            if outcome:
-                self.outcomes[i] = outcome
-            updated = _ts(changed)
+            row = self._row(state, call_id, attempts, created, sent, rng)
+            self.changed[i], self.version[i], self.checks[i] = row.changed, row.version, row.checks
+            if row.receipt_status:
+                self.receipts[i] = row.receipt_status
+            if row.outcome:
+                self.outcomes[i] = row.outcome
+            updated = _ts(row.changed)
             yield (
                 f"{call_id}\t{self.tenant_ids[layout.tenant[k]]}\t{task_id}\t{step_id}\t{tool.pk}\t"
                 f"run-{task_id}:{j // per_step + 1}:{j % per_step}\t{arguments}\t{fingerprint}\t{tool.side_effect}\t"
-                f"{tool.risk}\t{state}\t{version}\t{updated}\t{outcome}\t5\t{attempts}\t"
-                f"{_ts(sent) if attempts else N}\t30\t{provider_ref}\t{checks}\t{receipt_at}\t{receipt_status}\t"
-                f"{next_check}\t\t{N}\t{claimed_by}\t{claim_until}\t{effects}\tf\t{_ts(created)}\t{updated}\tf\n"
+                f"{tool.risk}\t{state}\t{row.version}\t{updated}\t{row.outcome}\t5\t{attempts}\t"
+                f"{_ts(sent) if attempts else N}\t30\t{row.provider_ref}\t{row.checks}\t{row.receipt_at}\t"
+                f"{row.receipt_status}\t{row.next_check}\t\t{N}\t{row.claimed_by}\t{row.claim_until}\t{row.effects}\t"
+                f"f\t{_ts(created)}\t{updated}\tf\n"
             )
+
+    def _row(self, state: str, call_id: int, attempts: int, created: float, sent: float, rng: random.Random) -> _Row:
+        """The columns a call's state decides, drawn from `rng` (in the same order for every load of a seed)."""
+        last_sent = sent + 4 * (attempts - 1) if attempts else created
+        row = _Row(changed=last_sent + rng.uniform(0.1, 3), version=2 * attempts)
+        if state == UNKNOWN:
+            self._unknown(row, last_sent, rng)
+        else:
+            _settled(row, state, attempts, created, last_sent)
+        if state in _DONE:
+            row.provider_ref = f"pr_{call_id:x}"
+            if state == "COMMITTED" and call_id % 20 == 0:  # settled by a status check
+                row.version, row.checks, row.receipt_status, row.effects = 2 * attempts + 1, 1, "committed", 1
+                row.receipt_at = _ts(row.changed)
+        return row
+
+    def _unknown(self, row: _Row, last_sent: float, rng: random.Random) -> None:
+        """An UNKNOWN call: no outcome within the tool's outcome timeout; some status checks, its next one due, one
+        in ten claimed by a reviewer (half of those claims expired)."""
+        now = self.now
+        row.changed = last_sent + 30
+        row.checks = rng.randrange(7)
+        if row.checks:
+            row.receipt_at = _ts(min(row.changed + 5 * 2**row.checks, now - 1))
+            row.receipt_status = rng.choice(("failed", "ambiguous", "pending", "unreachable"))
+        row.next_check = _ts(now + rng.uniform(5, 900))
+        if rng.random() < 0.1:
+            row.claimed_by = rng.choice(self.reviewers)
+            row.claim_until = _ts(now + rng.uniform(60, 900) if rng.random() < 0.5 else now - 3600)
+
+
+@dataclass(slots=True)
+class _Row:
+    """The columns of a call's row that its state decides (N: NULL)."""
+
+    changed: float
+    version: int
+    outcome: str = ""
+    provider_ref: str = ""
+    checks: int = 0
+    receipt_at: str = N
+    receipt_status: str = ""
+    next_check: str = N
+    claimed_by: int | str = N
+    claim_until: str = N
+    effects: int | str = N
+
+
+def _settled(row: _Row, state: str, attempts: int, created: float, last_sent: float) -> None:
+    """The columns of a call in a state other than UNKNOWN."""
+    if state == "READY":
+        row.changed, row.version = created, 0
+    elif state == "SENT":
+        row.changed, row.version = last_sent, 2 * attempts - 1
+    elif state == "NOT_COMMITTED":
+        row.version, row.checks, row.receipt_status = 2 * attempts + 1, 1, "not_committed"
+        row.receipt_at = _ts(row.changed)
+    elif state == "FAILED_PERMANENT":
+        row.outcome = "retry_exhausted" if attempts == 5 else ""
+    elif state == "HUMAN_REVIEW":
+        row.outcome = "human_review_required"
+    elif state == "COMPENSATED":
+        row.version = 2 * attempts + 2
 
 
 CALL_COLUMNS = (
@@ -445,12 +466,10 @@ def load(
     extra: Extra | None = None,
     queued: bool = True,
 ) -> dict:
-    """Load the registry, users and `calls` calls (see the module's docstring); return what was loaded and how long
-    it took. PostgreSQL only. `extra`: more rows, as recovery.devtools.benchmarks.audit_load.AUDIT_HISTORY the audit
-    events the loaded rows imply and their chains' heads.
-    Loading again adds as many calls more, with ids, audit seq and chains after the ones there. `queued` False: none
-    of the calls is left in a reviewer's queue (UNKNOWN, HUMAN_REVIEW; `unknown` must be 0): history that grows
-    while the backlog stays what it was, the calls a queued draw would have made COMMITTED instead."""
+    """Load the registry, users and `calls` calls (docs/benchmarks.md), PostgreSQL only: what was loaded and how long it
+    took. Loading again adds as many calls more, after the ones there. `extra`: more rows (audit_load.AUDIT_HISTORY).
+    `queued` False: no call left in a reviewer's queue (`unknown` must be 0; the calls a queued draw would have left
+    there made COMMITTED instead): history that grows while the backlog stays what it was."""
     unknown = calls // UNKNOWN_PER_CALLS if unknown is None else unknown
     if unknown and not queued:
         raise ValueError("calls left in UNKNOWN are queued: unknown must be 0 when queued is False")
@@ -471,32 +490,13 @@ def load(
     layout = _Layout(calls, unknown, tools, tenant_ids, rng, queued)
     loaded = (*_LOADED, *extra.models) if extra is not None else _LOADED
     tables = [model._meta.db_table for model in loaded]
-    rows = {}
     with transaction.atomic(), connection.cursor() as wrapper:
         cursor = wrapper.cursor  # psycopg's own cursor, for COPY
         ids = {model._meta.model_name: _next_id(cursor, model._meta.db_table) for model in loaded}
         call_rows = _Calls(layout, ids, tools, tenant_ids, reviewers)
-        with _foreign_keys_dropped(cursor, tables):
-            rows["tasks"] = _copy(cursor, tables[0], TASK_COLUMNS, _task_lines(layout, ids["task"], tenant_ids, rng))
-            rows["steps"] = _copy(cursor, tables[1], STEP_COLUMNS, _step_lines(layout, ids["step"], ids["task"]))
-            rows["calls"] = _copy(cursor, tables[2], CALL_COLUMNS, call_rows.lines(rng))
-            rows["attempts"] = _copy(cursor, tables[3], ATTEMPT_COLUMNS, _attempt_lines(call_rows, ids["attempt"]))
-            if extra is not None:
-                rows.update(extra.copy(cursor, call_rows, ids))
-        for table in tables:
-            cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT MAX(id) FROM {table}))")
+        rows = _copy_rows(cursor, tables, call_rows, rng, extra)
     copied = time.perf_counter()
-    analyzed = [*tables, Tenant._meta.db_table, Tool._meta.db_table, get_user_model()._meta.db_table]
-    with connection.cursor() as cursor:
-        # VACUUM sets the visibility map (index-only scans) and hint bits, as autovacuum would on a live database;
-        # it cannot run inside a transaction (the test's), where ANALYZE alone does.
-        vacuum = "ANALYZE" if connection.in_atomic_block else "VACUUM (ANALYZE)"
-        cursor.execute(f"{vacuum} {', '.join(analyzed)}")
-        if not connection.in_atomic_block:
-            # Write the loaded gigabytes out now rather than while pages are timed (superuser or pg_checkpoint only;
-            # without the right, the background checkpoint does it, and the first figures are noisier).
-            with suppress(DatabaseError):
-                cursor.execute("CHECKPOINT")
+    _analyze([*tables, Tenant._meta.db_table, Tool._meta.db_table, get_user_model()._meta.db_table])
     return {
         **rows,
         "unknown": unknown,
@@ -508,6 +508,37 @@ def load(
         **disk,
         "database_bytes_added": _database_bytes() - size_before,
     }
+
+
+def _copy_rows(cursor, tables: list[str], calls: _Calls, rng: random.Random, extra: Extra | None) -> dict[str, int]:
+    """COPY the tasks, steps, calls, attempts and `extra`'s rows with the tables' foreign keys dropped and added back,
+    then move the tables' id sequences past them: the rows written per table."""
+    layout, ids, tenant_ids = calls.layout, calls.ids, calls.tenant_ids
+    rows = {}
+    with _foreign_keys_dropped(cursor, tables):
+        rows["tasks"] = _copy(cursor, tables[0], TASK_COLUMNS, _task_lines(layout, ids["task"], tenant_ids, rng))
+        rows["steps"] = _copy(cursor, tables[1], STEP_COLUMNS, _step_lines(layout, ids["step"], ids["task"]))
+        rows["calls"] = _copy(cursor, tables[2], CALL_COLUMNS, calls.lines(rng))
+        rows["attempts"] = _copy(cursor, tables[3], ATTEMPT_COLUMNS, _attempt_lines(calls, ids["attempt"]))
+        if extra is not None:
+            rows.update(extra.copy(cursor, calls, ids))
+    for table in tables:
+        cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT MAX(id) FROM {table}))")
+    return rows
+
+
+def _analyze(tables: list[str]) -> None:
+    """Statistics for the loaded tables; outside a transaction also the visibility map and a checkpoint."""
+    with connection.cursor() as cursor:
+        # VACUUM sets the visibility map (index-only scans) and hint bits, as autovacuum would on a live database;
+        # it cannot run inside a transaction (the test's), where ANALYZE alone does.
+        vacuum = "ANALYZE" if connection.in_atomic_block else "VACUUM (ANALYZE)"
+        cursor.execute(f"{vacuum} {', '.join(tables)}")
+        if not connection.in_atomic_block:
+            # Write the loaded gigabytes out now rather than while pages are timed (superuser or pg_checkpoint only;
+            # without the right, the background checkpoint does it, and the first figures are noisier).
+            with suppress(DatabaseError):
+                cursor.execute("CHECKPOINT")
 
 
 def _database_bytes() -> int:

@@ -1,46 +1,7 @@
-"""The `replay` benchmark: refunds whose reply is lost, settled through the demo runtime, against a bare client.
-
-The measurement of replay reconciliation (docs/replay.md) from the agent's side: `count` refunds (default 50) in each of
-two cases, through the demo runtime (recovery.client.runtime.Agent: admit, send, report, then wait for reconciliation
-the way it waits for any UNKNOWN call) on a tool a duplicate probe proved safe, with
-
-- reply_lost: the sandbox commits each refund and drops its reply (`commit_then_drop`): the status query settles it;
-- status_down: the same, and the status route answers 503 for the key (`status_down`): reconciliation's one
-  same-key replay settles it (receipt source `idempotent_replay`);
-
-and in both the provider's webhook held back (`delayed_callbacks`, the sandbox's maximum of 600 s), so it is not
-what settles them. Target: 0 duplicates (ledger effects per key above 1, read from the sandbox's own ledger), 0
-people (calls that went to HUMAN_REVIEW), and wall time per intent within 1.5x of the baseline.
-
-The baseline, in the same run against the same sandbox with the same faults: a bare client (a `requests` session)
-that POSTs the refund with an Idempotency-Key and, when the connection drops without a reply, sends it once more with
-the same key. Bare and product intents alternate (the order swapped every other one), so a drift of the machine
-weighs on both alike. The ratios are reported, never asserted.
-
-The stage, all real: the console served by gunicorn (2 workers x 8 threads) on the benchmark's throwaway database
-(from threads of this process when that database is SQLite's in-memory one, which no other process can open), a
-sandbox provider process (`manage.py runsandbox`) sending its signed callbacks to the console, the shipped registry
-(recovery/fixtures/registry.example.json, loaded as it is) with its provider pointed at the sandbox, its sandbox
-tenant `demo`, and background jobs (in-process without REDIS_URL: the API process runs the immediate status check
-it enqueues when a write turns UNKNOWN, this process the periodic schedule; RQ `runjobs` workers with REDIS_URL).
-
-Before the cases, the tool is proved: one refund committed normally, its key left to age PROBE_KEY_AGE_S (a probe
-covers keys as old as its own, and the gate replays younger ones only), then `probe_call` on it. Each intent runs in
-a task of its own, created before its clock starts (one refund = one unknown, the task's `unknown_budget`). An intent
-is `Agent.run_call` from the call's registration to its end (COMMITTED); the breakdown says where its time went: the
-console's API round trips, the provider's request, the runtime's waiting (its sleeps), and, on the console's side,
-how long the call was UNKNOWN (the attempt's report to the receipt that settled it).
-
-Every lost reply counts as a failure on refund.create's breaker (shipped: opens at 10 calls in 60 s with half of
-them failed), and every intent of this benchmark loses one: the breaker would open after ten intents and the rest
-would degrade, as the product should in such an outage. The benchmark measures recovery per intent, not the breaker:
-it clears the tool's breaker counts before each product intent (`tool_breaker_cleared`). The provider's
-status-endpoint breaker is left alone: when status_down's 503s outweigh the answered queries in its window (the
-first case's stay in it for 60 s) it opens, and later checks are skipped as unreachable (counted in `status_checks`),
-which replay reconciliation takes as "cannot answer" too.
-
-With REDIS_URL, background_jobs (recovery.devtools.drills.stage) starts `runjobs` workers with the drills' 1 s periodic
-intervals; the immediate check enqueued at UNKNOWN does not depend on them.
+"""The `replay` benchmark: refunds whose reply is lost (reply_lost; status_down: its status API down too), settled
+through the demo runtime on a tool a duplicate probe proved safe, against a bare client retrying once with the same
+key at the same sandbox: wall time per intent, duplicates, people, how each settled. The stage, the cases, the
+breaker handling and the figures: docs/benchmarks.md ("The replay benchmark"); replay itself: docs/replay.md.
 """
 
 from __future__ import annotations
@@ -238,7 +199,7 @@ def _faults(sandbox: SandboxProcess, key: str, kinds: tuple[str, ...], latency_m
 
 
 def _clear_tool_breaker(tool: Tool) -> bool:
-    """Forget refund.create's breaker counts (see the module's text); whether it had opened meanwhile."""
+    """Forget refund.create's breaker counts (every intent loses a reply: docs/benchmarks.md); whether it had opened."""
     opened = Breaker.objects.filter(tool=tool).exclude(state="closed").exists()
     BreakerBucket.objects.filter(tool=tool).delete()
     Breaker.objects.filter(tool=tool).delete()
@@ -291,53 +252,22 @@ def _case(
 
 
 def _report(name: str, product: list[dict], baseline: list[dict], *, sandbox, run: str, breaker_opened: int) -> dict:
-    ids = [intent["call_id"] for intent in product]
-    calls = {call.pk: call for call in Call.objects.filter(pk__in=ids)}
-    receipts = list(Receipt.objects.filter(call_id__in=ids).order_by("pk"))
-    settled_by = Counter(r.source for r in receipts if r.applied and r.local_state_after == "COMMITTED")
-    checks = Counter(r.observed for r in receipts if r.source == "poll")
-    first_reported = dict(
-        Attempt.objects.filter(call_id__in=ids, number=1).values_list("call_id", "reported_at").order_by()
-    )
-    settled_at = {r.call_id: r.created_at for r in receipts if r.applied and r.local_state_after == "COMMITTED"}
-    unknown_s = [
-        (settled_at[pk] - first_reported[pk]).total_seconds()
-        for pk in ids
-        if pk in settled_at and first_reported.get(pk) is not None
-    ]
-    to_people = AuditEvent.objects.filter(call_id__in=ids, to_state="HUMAN_REVIEW").order_by("seq")
-    why_people = {event.call_id: event.reason for event in to_people}
+    console = _console_side([intent["call_id"] for intent in product])
     ledger = sandbox.ledger()["by_key"]
     keys = {f"bench-replay-{name}-{run}-{n}" for n in range(len(product))}
     bare_keys = {f"bench-bare-{name}-{run}-{n}" for n in range(len(baseline))}
-    seen_by_key: dict[str, list[tuple[str, datetime]]] = {}
-    for request in sandbox.requests(path_prefix="/refunds"):
-        if request["key"] in keys | bare_keys:
-            seen_by_key.setdefault(request["key"], []).append((request["method"], _at(request["at"])))
+    seen_by_key = _requests_by_key(sandbox, keys | bare_keys)
     writes = Counter({key: sum(method == "POST" for method, _ in seen) for key, seen in seen_by_key.items()})
-    # The console's side of each UNKNOWN: from the lost reply's report to reconciliation's first request to the
-    # provider (a status query, or the replay when the status breaker skipped it), and from its last one to the
-    # receipt that settled the call.
-    pickup, applying = [], []
-    for intent in product:
-        pk, seen = intent["call_id"], seen_by_key.get(intent["key"], [])[1:]
-        if pk in settled_at and first_reported.get(pk) is not None and seen:
-            pickup.append((seen[0][1] - first_reported[pk]).total_seconds())
-            applying.append((settled_at[pk] - seen[-1][1]).total_seconds())
     seconds = [intent["seconds"] for intent in product]
     bare_seconds = [intent["seconds"] for intent in baseline]
+    round_trips, console_ms = _round_trips(product)
 
     def median(field: str) -> float:
         return _ms(statistics.median(intent[field] for intent in product))
 
-    round_trips, console = Counter(), {}
-    for intent in product:
-        round_trips.update(intent["round_trips"])
-        for what, spent in intent["console"].items():
-            console.setdefault(what, []).append(spent / intent["round_trips"][what])
     return {
         "intents": len(product),
-        "committed": sum(call.state == "COMMITTED" for call in calls.values()),
+        "committed": console["committed"],
         "outcomes": dict(Counter(intent["outcome"] for intent in product)),
         "product_median_ms": _ms(statistics.median(seconds)),
         "product_p95_ms": _ms(_percentile(seconds, 0.95)),
@@ -350,24 +280,82 @@ def _report(name: str, product: list[dict], baseline: list[dict], *, sandbox, ru
         "bare_duplicates": sum(ledger.get(key, 0) > 1 for key in bare_keys),
         "bare_effects": sum(ledger.get(key, 0) for key in bare_keys),
         "bare_settled": sum(intent["status"] == 200 for intent in baseline),
-        "people": len(why_people),
-        "people_why": sorted(set(why_people.values()))[:5],
-        "settled_by": dict(settled_by),
-        "status_checks": dict(checks),
+        "people": len(console["why_people"]),
+        "people_why": sorted(set(console["why_people"].values()))[:5],
+        "settled_by": dict(console["settled_by"]),
+        "status_checks": dict(console["checks"]),
         "write_requests_per_intent": round(sum(writes[key] for key in keys) / len(keys), 2),
         "bare_write_requests_per_intent": round(sum(writes[key] for key in bare_keys) / len(bare_keys), 2),
         "round_trips_per_intent": {what: round(n / len(product), 2) for what, n in sorted(round_trips.items())},
-        "round_trip_median_ms": {what: _ms(statistics.median(spent)) for what, spent in sorted(console.items())},
+        "round_trip_median_ms": {what: _ms(statistics.median(spent)) for what, spent in sorted(console_ms.items())},
         "breakdown_median_ms": {
             "console_api": median("console_s"),
             "provider": median("provider_s"),
             "waiting": median("waiting_s"),
-            "unknown_at_console": _ms(statistics.median(unknown_s)) if unknown_s else None,
-            "report_to_first_provider_request": _ms(statistics.median(pickup)) if pickup else None,
-            "last_provider_request_to_settled": _ms(statistics.median(applying)) if applying else None,
+            **_unknown_at_console(product, console, seen_by_key),
         },
         "tool_breaker_cleared": True,
         "tool_breaker_found_open": breaker_opened,
+    }
+
+
+def _console_side(ids: list[int]) -> dict:
+    """What the console holds of the intents' calls: how many committed, the settling receipts' sources and times,
+    the status checks' answers, each call's first report, and why any went to a person."""
+    calls = Call.objects.filter(pk__in=ids)
+    receipts = list(Receipt.objects.filter(call_id__in=ids).order_by("pk"))
+    settling = [r for r in receipts if r.applied and r.local_state_after == "COMMITTED"]
+    first_reported = Attempt.objects.filter(call_id__in=ids, number=1).values_list("call_id", "reported_at")
+    to_people = AuditEvent.objects.filter(call_id__in=ids, to_state="HUMAN_REVIEW").order_by("seq")
+    return {
+        "committed": sum(call.state == "COMMITTED" for call in calls),
+        "settled_by": Counter(r.source for r in settling),
+        "checks": Counter(r.observed for r in receipts if r.source == "poll"),
+        "first_reported": dict(first_reported.order_by()),
+        "settled_at": {r.call_id: r.created_at for r in settling},
+        "why_people": {event.call_id: event.reason for event in to_people},
+    }
+
+
+def _requests_by_key(sandbox, keys: set[str]) -> dict[str, list[tuple[str, datetime]]]:
+    """The sandbox's refund requests under `keys`: method and time, per key, in the log's order."""
+    seen_by_key: dict[str, list[tuple[str, datetime]]] = {}
+    for request in sandbox.requests(path_prefix="/refunds"):
+        if request["key"] in keys:
+            seen_by_key.setdefault(request["key"], []).append((request["method"], _at(request["at"])))
+    return seen_by_key
+
+
+def _round_trips(product: list[dict]) -> tuple[Counter, dict[str, list[float]]]:
+    """The intents' API round trips by what they were, and each one's time."""
+    round_trips, console = Counter(), {}
+    for intent in product:
+        round_trips.update(intent["round_trips"])
+        for what, spent in intent["console"].items():
+            console.setdefault(what, []).append(spent / intent["round_trips"][what])
+    return round_trips, console
+
+
+def _unknown_at_console(product: list[dict], console: dict, seen_by_key: dict) -> dict[str, float | None]:
+    """The console's side of each UNKNOWN (medians, ms): from the lost reply's report to the settling receipt; to
+    reconciliation's first request to the provider (a status query, or the replay when the status breaker skipped
+    it); and from its last one to the receipt."""
+    first_reported, settled_at = console["first_reported"], console["settled_at"]
+    unknown_s = [
+        (settled_at[pk] - first_reported[pk]).total_seconds()
+        for pk in (intent["call_id"] for intent in product)
+        if pk in settled_at and first_reported.get(pk) is not None
+    ]
+    pickup, applying = [], []
+    for intent in product:
+        pk, seen = intent["call_id"], seen_by_key.get(intent["key"], [])[1:]
+        if pk in settled_at and first_reported.get(pk) is not None and seen:
+            pickup.append((seen[0][1] - first_reported[pk]).total_seconds())
+            applying.append((settled_at[pk] - seen[-1][1]).total_seconds())
+    return {
+        "unknown_at_console": _ms(statistics.median(unknown_s)) if unknown_s else None,
+        "report_to_first_provider_request": _ms(statistics.median(pickup)) if pickup else None,
+        "last_provider_request_to_settled": _ms(statistics.median(applying)) if applying else None,
     }
 
 
@@ -430,14 +418,7 @@ def bench_replay(count: int = INTENTS, *, probe_key_age_s: float = PROBE_KEY_AGE
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-replay-")))
         api_url, served = _api(stack, tmp)
-        callbacks = f"{api_url}/api/v1/providers/{PROVIDER}/callbacks"
-        sandbox = SandboxProcess(
-            tmp / "sandbox.sqlite3",
-            api_key=os.environ["SANDBOX_API_KEY"],
-            callback_secret=os.environ["SANDBOX_CALLBACK_SECRET"],
-            extra_args=("--callback-url", callbacks),
-        ).start()
-        stack.callback(sandbox.stop)
+        sandbox = _sandbox(stack, tmp, api_url)
         registry = shipped_registry()
         registry["providers"][0]["base_url"] = sandbox.url
         load_registry(registry, actor=ACTOR, source="bench replay: the shipped registry")
@@ -452,30 +433,7 @@ def bench_replay(count: int = INTENTS, *, probe_key_age_s: float = PROBE_KEY_AGE
         probe = _prove(runtime, tool, run, probe_key_age_s)
         if probe["retry_path"] != "safe":
             raise AssertionError(f"the probe did not prove {TOOL} safe: {probe}")
-        try:
-            cases = {
-                _label(name, latency): _case(
-                    _label(name, latency),
-                    count,
-                    runtime=runtime,
-                    bare=bare,
-                    sandbox=sandbox,
-                    tool=tool,
-                    run=run,
-                    latency_ms=latency,
-                )
-                for name in CASES  # reply_lost first at both latencies: status_down's 503s may open the status breaker
-                for latency in PROVIDER_LATENCY_MS
-            }
-        except requests.ConnectionError as exc:
-            if sandbox.process is not None and (code := sandbox.process.poll()) is not None:
-                raise RuntimeError(f"the sandbox exited ({code}) mid-run:\n{sandbox.stderr()[-3000:]}") from exc
-            raise
-
-    def meets(case: dict) -> bool:
-        settled = case["duplicates"] == 0 and case["people"] == 0 and case["committed"] == case["intents"]
-        return settled and case["ratio_median"] <= TARGET_RATIO
-
+        cases = _cases(count, runtime=runtime, bare=bare, sandbox=sandbox, tool=tool, run=run)
     return {
         "benchmark": "replay",
         "database": connection.vendor,
@@ -489,5 +447,37 @@ def bench_replay(count: int = INTENTS, *, probe_key_age_s: float = PROBE_KEY_AGE
         **cases,
         "target_ratio": TARGET_RATIO,
         # Per case: no duplicate, no person, every intent committed, and the median within TARGET_RATIO.
-        "meets_target": {label: meets(case) for label, case in cases.items()},
+        "meets_target": {label: _meets(case) for label, case in cases.items()},
     }
+
+
+def _sandbox(stack: ExitStack, tmp: Path, api_url: str) -> SandboxProcess:
+    """A sandbox provider process sending its signed callbacks to the console at `api_url`, stopped with `stack`."""
+    sandbox = SandboxProcess(
+        tmp / "sandbox.sqlite3",
+        api_key=os.environ["SANDBOX_API_KEY"],
+        callback_secret=os.environ["SANDBOX_CALLBACK_SECRET"],
+        extra_args=("--callback-url", f"{api_url}/api/v1/providers/{PROVIDER}/callbacks"),
+    ).start()
+    stack.callback(sandbox.stop)
+    return sandbox
+
+
+def _cases(count: int, **stage: Any) -> dict:
+    """Every case at every provider latency, `count` intents each; a sandbox that died mid-run says so."""
+    sandbox = stage["sandbox"]
+    try:
+        return {
+            _label(name, latency): _case(_label(name, latency), count, latency_ms=latency, **stage)
+            for name in CASES  # reply_lost first at both latencies: status_down's 503s may open the status breaker
+            for latency in PROVIDER_LATENCY_MS
+        }
+    except requests.ConnectionError as exc:
+        if sandbox.process is not None and (code := sandbox.process.poll()) is not None:
+            raise RuntimeError(f"the sandbox exited ({code}) mid-run:\n{sandbox.stderr()[-3000:]}") from exc
+        raise
+
+
+def _meets(case: dict) -> bool:
+    settled = case["duplicates"] == 0 and case["people"] == 0 and case["committed"] == case["intents"]
+    return settled and case["ratio_median"] <= TARGET_RATIO

@@ -1,12 +1,8 @@
-"""A drill's checks, written once: the expected value and the observed value; the verdict and both texts follow.
-
-    check("no second request", expected={"refund requests": 1}, observed={"refund requests": len(posts)})
-    check("waited", expected={"seconds": at_least(2.0)}, observed={"seconds": 2.31})
-
-Values are plain data: strings, numbers, booleans, None, datetimes, lists, tuples and dicts (a dict's keys are the
-labels the texts show). A dict matches a dict with the same keys whose values match, a list or tuple one of the
-same length whose items match, anything else an equal value. Where equality does not fit, part of the expected
-value is a comparison, which writes its own text: at_least, at_most, one_of, including, in_order, each.
+"""A drill's checks, written once: the expected value and the observed value; the verdict and both texts follow, e.g.
+`check("waited", expected={"seconds": at_least(2.0)}, observed={"seconds": 2.31})`. Values are plain data (a dict's
+keys are the labels the texts show); dicts, lists and tuples match item by item, anything else by equality, and where
+equality does not fit part of the expected value is a comparison that writes its own text: at_least, at_most, one_of,
+including, in_order, each.
 """
 
 from __future__ import annotations

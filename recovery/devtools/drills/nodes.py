@@ -1,36 +1,7 @@
-"""Several nodes on one machine (docs/deploy.md, docs/deploy.md): the production topology as separate processes, a
-refund backlog whose replies are all lost, and one web process, one worker and the scheduler's holder killed with
-SIGKILL while the runtimes are still sending. `python manage.py nodes` runs it (PostgreSQL and REDIS_URL needed, and
-Debian's nginx and pgbouncer); `tests/test_several_nodes.py` runs it in CI.
-
-The processes, each started as an operator would (docs/deploy.md), each in a session of its own:
-
-- PgBouncer in transaction mode in front of this process's PostgreSQL database; every child connects through it
-  (`DATABASE_TRANSACTION_POOLING=1`);
-- WEB web processes (gunicorn with deploy/gunicorn.conf.py, production settings) behind nginx (deploy/nginx.conf,
-  TLS with a certificate made for the run): runtimes and the sandbox's callbacks reach the API only through nginx;
-- WORKERS `runjobs --role worker` and SCHEDULERS `runjobs --role scheduler` candidates on one Redis;
-- the sandbox provider (the drills' registry: quick reconcile schedules, a 600 s deadline).
-
-The scenario: THREADS runtime threads make `refunds` refunds through nginx; the sandbox commits each and drops its
-reply, so each call is UNKNOWN until a worker's status query settles it by a receipt. When a quarter of the refunds
-are made, kill -9 one web process (nginx passes new requests to the other; a request the dead one held is answered
-502 and the client sends it again: every API call is idempotent); at half, kill -9 a worker while its work horse
-holds check leases (those calls wait out RECOVERY_CHECK_LEASE_S, then another worker checks them); at three
-quarters, kill -9 the scheduler candidate holding the lock (the standby takes it when the lease lapses).
-
-Checks, each from evidence outside the product's own answers where there is one:
-
-- every refund COMMITTED, each before its tool's reconcile deadline (send → COMMITTED, from the audit trail);
-- one effect per key (the sandbox's ledger);
-- no call checked twice at once (the sandbox's request log: two status queries of one key less than the provider's
-  read timeout apart would be two checks in flight together);
-- no acknowledged attempt lost (every attempt report the API answered is stored, with the state it answered);
-- no runtime saw an error it could not get past (the killed web process included);
-- the standby scheduler held the lock within one lease of the holder's death (and the tick at which a candidate asks).
-
-Times reported: refunds made (and their rate), each kill, the standby's takeover, the calls the killed worker held
-settled after the kill, the drain after the last refund, send → COMMITTED (median and slowest), 502s at nginx.
+"""Several nodes on one machine: the production topology as separate processes (PgBouncer, web processes behind
+nginx, workers, scheduler candidates, the sandbox), a refund backlog whose replies are all lost, and one web process,
+one worker and the scheduler's holder killed with SIGKILL meanwhile; then the checks. `manage.py nodes` runs it,
+`tests/test_several_nodes.py` in CI; docs/deploy.md ("Several nodes on one machine") has the scenario and checks.
 """
 
 from __future__ import annotations
@@ -424,67 +395,15 @@ def _judge(
     killer: _Killer,
     deadline_s: float,
 ) -> None:
-    ids = [call.call_id for _, call in made]
     keys = [key for key, _ in made]
-    states: dict[int, str] = {}
-    sent: dict[int, datetime] = {}
-    committed: dict[int, datetime] = {}
-    for chunk in chunks(ids):
-        for pk, state, sent_at in Call.objects.filter(pk__in=chunk).values_list("pk", "state", "sent_at"):
-            states[pk], sent[pk] = state, sent_at
-        committed.update(
-            AuditEvent.objects.filter(call_id__in=chunk, to_state=S.COMMITTED).values_list("call_id", "created_at")
-        )
-    waits = sorted((committed[i] - sent[i]).total_seconds() for i in ids if i in committed and sent.get(i))
-    not_committed = [i for i in ids if states.get(i) != S.COMMITTED]
-    result.check(
-        "every refund COMMITTED before its deadline",
-        len(made) == result.refunds and not not_committed and (waits[-1] if waits else 0) <= deadline_s,
-        f"{len(ids) - len(not_committed):,} of {result.refunds:,} COMMITTED"
-        + (f" (not: {_some(f'{i} {states.get(i)}' for i in not_committed)})" if not_committed else "")
-        + (f"; send → COMMITTED median {statistics.median(waits):.1f} s, slowest {waits[-1]:.1f} s" if waits else "")
-        + f" (deadline {deadline_s:.0f} s)",
-    )
-    if waits:
-        result.times["send → COMMITTED, median"] = statistics.median(waits)
-        result.times["send → COMMITTED, slowest"] = waits[-1]
-
+    _check_committed(result, [call.call_id for _, call in made], deadline_s)
     effects = stage.sandbox.ledger()["by_key"]
     wrong = {key: effects.get(key, 0) for key in keys if effects.get(key, 0) != 1}
     result.check("one effect per key", not wrong, f"{len(keys) - len(wrong):,} keys with 1 effect" + (
         f"; otherwise: {_some(f'{k}: {n}' for k, n in wrong.items())}" if wrong else ""
     ))  # fmt: skip
-
-    timeout_s = float(tool.provider.read_timeout_s)
-    queries: dict[str, list[datetime]] = defaultdict(list)
-    for entry in stage.sandbox.requests(path_prefix="/refunds/by-key/"):
-        if entry.get("key") in effects:
-            queries[entry["key"]].append(datetime.fromisoformat(entry["at"]))
-    at_once = []
-    for key, times in queries.items():
-        times.sort()
-        at_once += [key for a, b in itertools.pairwise(times) if (b - a).total_seconds() < timeout_s]
-    again = sum(1 for key in keys if len(queries.get(key, [])) > 1)
-    result.check(
-        "no call checked twice at once",
-        not at_once,
-        f"{sum(map(len, queries.values())):,} status queries for {len(keys):,} keys; {again} key(s) checked again "
-        f"after an earlier check (the killed worker's leased calls: {len(killer.leased)}); none within "
-        f"{timeout_s:.0f} s (the provider's read timeout) of another for its key"
-        + (f" — but: {_some(at_once)}" if at_once else ""),
-    )
-
-    acknowledged = [(call.call_id, a.attempt_id) for _, call in made for a in call.attempts if a.call_state]
-    stored = set()
-    for chunk in chunks(ids):
-        stored.update(Attempt.objects.filter(call_id__in=chunk).values_list("call_id", "attempt_id"))
-    lost = [pair for pair in acknowledged if pair not in stored]
-    result.check(
-        "no acknowledged attempt lost",
-        acknowledged and not lost,
-        f"{len(acknowledged) - len(lost):,} of {len(acknowledged):,} attempts the API answered are stored"
-        + (f"; lost: {_some(map(str, lost))}" if lost else ""),
-    )
+    _check_checked_once(result, stage, tool, keys, effects, killer)
+    _check_attempts_stored(result, made)
     result.check(
         "every runtime got past the kills",
         not errors,
@@ -504,6 +423,71 @@ def _judge(
     result.counts["requests through nginx"] = len(lines)
     result.counts["of which 502 (in flight at the killed web process; sent again)"] = sum(
         1 for line in lines if '" 502 ' in line
+    )
+
+
+def _check_committed(result: NodesResult, ids: list[int], deadline_s: float) -> None:
+    """Every refund COMMITTED, each before its deadline (send → COMMITTED from the audit trail)."""
+    states: dict[int, str] = {}
+    sent: dict[int, datetime] = {}
+    committed: dict[int, datetime] = {}
+    for chunk in chunks(ids):
+        for pk, state, sent_at in Call.objects.filter(pk__in=chunk).values_list("pk", "state", "sent_at"):
+            states[pk], sent[pk] = state, sent_at
+        committed.update(
+            AuditEvent.objects.filter(call_id__in=chunk, to_state=S.COMMITTED).values_list("call_id", "created_at")
+        )
+    waits = sorted((committed[i] - sent[i]).total_seconds() for i in ids if i in committed and sent.get(i))
+    not_committed = [i for i in ids if states.get(i) != S.COMMITTED]
+    result.check(
+        "every refund COMMITTED before its deadline",
+        len(ids) == result.refunds and not not_committed and (waits[-1] if waits else 0) <= deadline_s,
+        f"{len(ids) - len(not_committed):,} of {result.refunds:,} COMMITTED"
+        + (f" (not: {_some(f'{i} {states.get(i)}' for i in not_committed)})" if not_committed else "")
+        + (f"; send → COMMITTED median {statistics.median(waits):.1f} s, slowest {waits[-1]:.1f} s" if waits else "")
+        + f" (deadline {deadline_s:.0f} s)",
+    )
+    if waits:
+        result.times["send → COMMITTED, median"] = statistics.median(waits)
+        result.times["send → COMMITTED, slowest"] = waits[-1]
+
+
+def _check_checked_once(
+    result: NodesResult, stage: Stage, tool: Tool, keys: list[str], effects: dict[str, int], killer: _Killer
+) -> None:
+    """No call checked twice at once: no two status queries of a key within the provider's read timeout."""
+    timeout_s = float(tool.provider.read_timeout_s)
+    queries: dict[str, list[datetime]] = defaultdict(list)
+    for entry in stage.sandbox.requests(path_prefix="/refunds/by-key/"):
+        if entry.get("key") in effects:
+            queries[entry["key"]].append(datetime.fromisoformat(entry["at"]))
+    at_once = []
+    for key, times in queries.items():
+        times.sort()
+        at_once += [key for a, b in itertools.pairwise(times) if (b - a).total_seconds() < timeout_s]
+    again = sum(1 for key in keys if len(queries.get(key, [])) > 1)
+    result.check(
+        "no call checked twice at once",
+        not at_once,
+        f"{sum(map(len, queries.values())):,} status queries for {len(keys):,} keys; {again} key(s) checked again "
+        f"after an earlier check (the killed worker's leased calls: {len(killer.leased)}); none within "
+        f"{timeout_s:.0f} s (the provider's read timeout) of another for its key"
+        + (f" — but: {_some(at_once)}" if at_once else ""),
+    )
+
+
+def _check_attempts_stored(result: NodesResult, made: list[tuple[str, CallResult]]) -> None:
+    """Every attempt report the API answered is stored."""
+    acknowledged = [(call.call_id, a.attempt_id) for _, call in made for a in call.attempts if a.call_state]
+    stored = set()
+    for chunk in chunks([call.call_id for _, call in made]):
+        stored.update(Attempt.objects.filter(call_id__in=chunk).values_list("call_id", "attempt_id"))
+    lost = [pair for pair in acknowledged if pair not in stored]
+    result.check(
+        "no acknowledged attempt lost",
+        acknowledged and not lost,
+        f"{len(acknowledged) - len(lost):,} of {len(acknowledged):,} attempts the API answered are stored"
+        + (f"; lost: {_some(map(str, lost))}" if lost else ""),
     )
 
 

@@ -1,25 +1,12 @@
-"""Running the fault drills of docs/drills.md on a stage, each judged against the pinned table (drills/table.py).
-
-    with drill_stage() as stage:
-        result = run_drill(stage, "timeout-after-send", log=print)
-        result.passed, result.keys, result.checks
-
-Each drill (one module of drills/cases/) drives the demo agent (recovery/client/runtime.py) through the real API,
-background jobs and sandbox process; drills/judge.py then reads back what happened from two places that share
-nothing: the sandbox's ledger and request log (the provider's evidence) and the database's audit trail, attempts and
-receipts (the console's). A drill passes only when every key's row and every check the table names holds.
-
-Drills run one after another on one stage and do not lean on each other: each starts and ends with the sandbox's
-faults cleared and its callbacks off (only the duplicate-callbacks drill turns them on), and uses keys, tasks and
-order ids unique to the run. `expect=` runs a drill against another expectation than the table's (the tests use it
-to prove that a mismatch fails).
+"""Running one fault drill of docs/drills.md on a stage and judging it against the pinned table (drills/table.py).
+Each drill starts and ends with the sandbox's faults cleared and its callbacks off, so drills never lean on each
+other; `expect=` judges a drill against another expectation than the table's (the tests prove a mismatch fails).
 """
 
 from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Iterable
 
 from recovery.devtools.drills.cases import CASES
 from recovery.devtools.drills.framework import Log, Run, missing_service
@@ -29,19 +16,6 @@ from recovery.devtools.drills.results import DrillResult
 from recovery.devtools.drills.stage import Stage
 from recovery.devtools.drills.table import BACKLOG_DEFAULT, DRILLS, ROUNDS_DEFAULT, Drill
 from recovery.devtools.sandbox.process import SandboxProcess
-
-
-def run_drills(
-    stage: Stage,
-    slugs: Iterable[str] | None = None,
-    *,
-    log: Log = print,
-    backlog: int = BACKLOG_DEFAULT,
-    rounds: int = ROUNDS_DEFAULT,
-) -> list[DrillResult]:
-    """The named drills (all by default), in the table's order, one after another on `stage`."""
-    wanted = set(slugs) if slugs is not None else set(DRILLS)
-    return [run_drill(stage, slug, log=log, backlog=backlog, rounds=rounds) for slug in DRILLS if slug in wanted]
 
 
 def run_drill(

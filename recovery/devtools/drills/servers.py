@@ -1,10 +1,6 @@
-"""Real servers in their own processes, on free ports of 127.0.0.1: Debian's nginx with the shipped
-deploy/nginx.conf, Debian's PgBouncer in transaction mode, the console under gunicorn. The several-nodes scenario
-(recovery.devtools.drills.nodes) stands the production topology up with them; the test suite's edge tests use them too.
-
-    with PgBouncer("127.0.0.1", 5432, user="postgres", workdir=tmp / "pgbouncer") as bouncer: ...
-    with WebServer(env, log_path=tmp / "web.log", shipped=True) as web: ...
-    with Nginx([f"127.0.0.1:{web.port}"], static_root=static, workdir=tmp / "nginx") as front: ...
+"""Real servers in their own processes on free ports of 127.0.0.1, each a context manager: Debian's nginx with the
+shipped deploy/nginx.conf (`Nginx`), Debian's PgBouncer in transaction mode (`PgBouncer`), the console under gunicorn
+(`WebServer`). The several-nodes scenario (drills/nodes.py) and the test suite's edge tests use them.
 """
 
 from __future__ import annotations

@@ -1,20 +1,7 @@
-"""The stage a drill or the demo plays on: the API over HTTP, a sandbox provider, background jobs, a tenant and token.
-
-    with drill_stage(log=print) as stage:           # starts a sandbox on a free port, the API, a worker
-        agent = stage.agent(log=print)
-        task = agent.start_task(stage.key("t"), goal="refund")
-        agent.run_call(task.id, step=1, tool=stage.tool("refund.create"), key=stage.key("r"), arguments={...})
-        stage.sandbox.ledger(stage.key("r"))
-
-Drills get a registry of their own — the shipped sandbox registry with every tool renamed `drill.<name>`, provider
-`drill-sandbox` pointing at the drill's sandbox process, tenant `drills` (a sandbox tenant: duplicate probes are
-allowed) — with quick reconcile schedules, so they never disturb the demo tenant and finish in seconds; and two refund
-tools of the drills' own whose retry path the probe drills decide (REPLAYED_REFUND, KEYLESS_REFUND). The demo
-(`demo_stage`) plays on the shipped registry itself, against the console and sandbox `make run` started.
-
-The drills that need an approved operator action act as drill users of their own (`drill_people`: a reviewer and
-two approvers, created on first use with a random password nobody is told). With REDIS_URL the stage's jobs run in
-`runjobs` processes it can kill and replace (`JobWorkers`), for the drill that kills one mid-replay.
+"""The stage a drill or the demo plays on: the API over HTTP, a sandbox provider, background jobs, a tenant and token
+(`drill_stage()`, `demo_stage()`). Drills get a registry of their own (the shipped one renamed `drill.<name>`, quick
+schedules, tenant `drills`, two refund tools for the probe drills), drill users for operator actions (`drill_people`)
+and, with REDIS_URL, `runjobs` processes they can kill (`JobWorkers`); docs/drills.md describes them.
 """
 
 from __future__ import annotations

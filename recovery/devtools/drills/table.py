@@ -1,23 +1,7 @@
-"""The pinned expectations of the fault drills (docs/drills.md), as data.
-
-Each drill names what is injected, how every call it makes must end — the exact states it passes through after
-READY, as the audit trail records them — how many business effects the sandbox's ledger must hold for each key,
-and the extra checks its module in recovery/devtools/drills/cases/ must report. A drill passes only when every key's
-observed effects and every call's end equal these, and every check named here was made and held
-(recovery/devtools/drills/judge.py compares). The drills read their numbers from here: what they inject (below) and what
-each call's path implies (how many times it is sent, its last step).
-
-The drills of docs/drills.md that need an approved operator action play it through the action services (preview,
-request, approve, the execution job) with drill users of their own; the worker-killed drill needs RQ worker processes to
-kill (`needs`), and is skipped with the reason without REDIS_URL. The two compensation drills also pin how each
-call's compensation ledger entry ends (`compensation`: the entry's states after pending, and the effects under its
-own key), judged like a call's row. The two saga drills pin each step's end of their own (`steps`: a step's path,
-its key's effects and its entry's end), since an aborted saga's order, payment and refused shipment end differently.
-The two drills of the duplicate probe (docs/replay.md) play it as an approved `probe_duplicate` too, on refund tools of
-the drill registry's own (recovery/devtools/drills/stage.py: REPLAYED_REFUND, KEYLESS_REFUND), so that the retry path a
-probe decides never touches refund.create: "status API down" proves one safe and lets reconciliation replay it
-(docs/replay.md), "provider ignores keys" finds the other unsafe in the sandbox's broken mode. Both pin each call by its
-role (`steps`), since their refunds end differently.
+"""The pinned expectations of the fault drills (docs/drills.md), as data: per drill what is injected, how every call
+ends (its states after READY in the audit trail), the business effects per key, the checks its case must report and,
+where it applies, its compensation entry's end (`compensation`), each step's own end (`steps`) and the service it
+needs (`needs`). drills/judge.py compares a run with them; the drills read their numbers from here.
 """
 
 from __future__ import annotations

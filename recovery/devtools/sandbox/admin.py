@@ -1,7 +1,5 @@
 """The `/_sandbox/*` admin routes: health, reset, config, faults, and the evidence (ledger, request and callback logs).
-
-They need no authentication, on purpose: the sandbox is a local test double, and drills must be able to read the
-ledger and inject faults without holding the business API key. Never expose the sandbox beyond localhost.
+No authentication, on purpose: never expose the sandbox beyond localhost (docs/sandbox.md).
 """
 
 from __future__ import annotations

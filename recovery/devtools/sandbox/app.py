@@ -1,9 +1,5 @@
-"""Routing and the business routes: order reads, the writes, and their status by idempotency key or reference.
-
-Every business request passes the same gates in order — route, auth, the Idempotency-Key header of a write, then
-the faults that act before anything executes — and is written to the request log with the time it was received.
-Latency (global, status-only, or a `latency` fault) is slept without holding any lock; for a write it is slept
-after the key is claimed, so a concurrent request with the same key meets the claim (409), as at Stripe.
+"""Routing and the business routes: order reads, the writes, and their status by idempotency key or reference. The
+gates every request passes, in order, and where latency is slept: docs/sandbox.md ("How it is built").
 """
 
 from __future__ import annotations

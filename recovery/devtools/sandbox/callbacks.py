@@ -1,9 +1,5 @@
 """Signed callbacks (docs/reconciliation.md), delivered from background threads so a request never waits on the
-receiver.
-
-One attempt per delivery with a 5 s timeout: retrying is the receiver's reconciliation job, not the sandbox's. The
-`Recovery-Signature` header is `t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<raw body>">`; duplicate copies (the
-`duplicate_callbacks` fault) reuse the same body and header, exactly like a provider retrying a delivery.
+receiver: one attempt each, signed with `Recovery-Signature` (docs/sandbox.md, "How it is built").
 """
 
 from __future__ import annotations

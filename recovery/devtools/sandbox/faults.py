@@ -1,8 +1,5 @@
-"""Fault injection: what the sandbox should do wrong, for which requests, and how many times.
-
-Faults live in memory (a restart or `POST /_sandbox/reset` clears them): they are a drill's setup, not evidence.
-Each kind is taken at the point where it acts — a `pending` fault is only consumed by a write that executes, a
-`status_down` fault only by a status query — so `times` counts the requests it really changed.
+"""Fault injection: what the sandbox should do wrong, for which requests, and how many times. Faults live in memory
+and each kind is taken where it acts, so `times` counts the requests it really changed (docs/sandbox.md).
 """
 
 from __future__ import annotations
@@ -154,6 +151,19 @@ def _parse(spec: dict[str, Any]) -> Fault:
     kind = spec.get("kind")
     if kind not in PARAMS:
         raise FaultSpecError("kind", f"kind must be one of {', '.join(PARAMS)}.")
+    route, key, method, times = _target(spec)
+    known = {"kind", "route", "key", "method", "times", *PARAMS[kind]}
+    unknown = sorted(set(spec) - known)
+    if unknown:
+        raise FaultSpecError(unknown[0], f"{unknown[0]} is not a parameter of a {kind} fault.")
+    params = _params(kind, spec)
+    return Fault(
+        id=0, kind=kind, route=route, key=key, method=method.upper() if method else None, times=times, params=params
+    )
+
+
+def _target(spec: dict[str, Any]) -> tuple[str, str | None, str | None, int | None]:
+    """The spec's route, key, method and times, each checked."""
     route = spec.get("route")
     if not isinstance(route, str) or not route.startswith("/"):
         raise FaultSpecError("route", "route must be a path or path prefix starting with '/', e.g. /refunds.")
@@ -166,10 +176,11 @@ def _parse(spec: dict[str, Any]) -> Fault:
     times = spec.get("times")
     if times is not None and not _int_between(1, 10**9)(times):
         raise FaultSpecError("times", "times must be a positive integer (omit it for every matching request).")
-    known = {"kind", "route", "key", "method", "times", *PARAMS[kind]}
-    unknown = sorted(set(spec) - known)
-    if unknown:
-        raise FaultSpecError(unknown[0], f"{unknown[0]} is not a parameter of a {kind} fault.")
+    return route, key, method, times
+
+
+def _params(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """The kind's parameters from the spec, defaults filled in, each checked."""
     params = {}
     for name, (default, valid) in PARAMS[kind].items():
         value = spec.get(name, default)
@@ -180,6 +191,4 @@ def _parse(spec: dict[str, Any]) -> Fault:
         params[name] = value
     if kind == "bad_result" and not (params["drop"] or params["set"]):
         raise FaultSpecError("drop", "A bad_result fault needs drop (field names to remove) or set (fields to change).")
-    return Fault(
-        id=0, kind=kind, route=route, key=key, method=method.upper() if method else None, times=times, params=params
-    )
+    return params

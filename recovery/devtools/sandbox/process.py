@@ -1,11 +1,7 @@
-"""The sandbox provider as a subprocess (`manage.py runsandbox`), and a client for its business and admin routes.
-
-    sandbox = SandboxProcess(path / "sandbox.sqlite3", api_key="k").start()   # a free port unless port= is given
-    sandbox.fault(route="/refunds", kind="commit_then_drop", times=1)
-    sandbox.ledger("refund-1")["effects"]
-    sandbox.stop()
-
-Drills and the test suite use it; it needs only the standard library and `requests`, like the rest of the package.
+"""The sandbox provider as a subprocess (`manage.py runsandbox`), and a client for its business and admin routes, e.g.
+`SandboxProcess(path / "sandbox.sqlite3", api_key="k").start()` (a free port unless port= is given), then
+`sandbox.fault(route="/refunds", kind="commit_then_drop", times=1)`, `sandbox.ledger(key)`, `sandbox.stop()`.
+Standard library and `requests` only, like the rest of the package (docs/sandbox.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The sandbox's own store: SQLite in WAL mode, one connection per thread, one lock around write transactions.
-
-Reads run lock-free on the thread's connection (WAL lets them proceed beside a writer), so slow status queries
-never queue behind each other. Writes take a process-wide lock and `BEGIN IMMEDIATE`, which makes the check-then-
-claim of an idempotency key atomic without leaning on SQLite's busy timeout. A write's business effect, its object
-and its idempotency record commit in one transaction, so a crash leaves either all of them or none.
+"""The sandbox's own store: SQLite in WAL mode, one connection per thread, lock-free reads, one lock around write
+transactions (`BEGIN IMMEDIATE`), a write's effect, object and idempotency record in one transaction
+(docs/sandbox.md, "How it is built").
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """A scenario's checks: what it expected, what it observed, and whether the two agree, decided here and only here.
-
-    Check(name="call state", expected="COMMITTED", observed=call["state"])  # holds when they are equal
-    Check(name="seconds between attempts", expected=each(at_least(2, "Retry-After")), observed=[2.004, 2.011])
-
-An expected value holds when the observed one equals it. Where equality does not fit, the expectation is one of the
-comparisons made below (at_least, after, one_of, only, contains, each), and holds as it says. Either way the
-check's line is made from the two values, so what it says it expected is what it compared against:
-
-    ok   seconds between attempts: expected each >= 2 (Retry-After), observed [2.004, 2.011]
-
-Pure Python: no Django, no I/O.
+An expected value holds when the observed one equals it, or is a comparison made below (at_least, after, one_of,
+only, contains, each) that holds as it says; the check's line is made from the two values, e.g.
+`ok   seconds between attempts: expected each >= 2 (Retry-After), observed [2.004, 2.011]`. Pure Python.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Saga aborted (docs/compensation.md, docs/design/tasks.md): order → payment → shipment, each step depending on the one
-before, made by the demo agent for real; the shipment is refused for good and the runtime aborts the saga (`POST
-/tasks/{id}/compensate`, console mode). The console's worker undoes what stands one step at a time in reverse dependency
-order — the payment (refund.create), then the order (order.cancel) — each undo under its entry's own key. The sandbox's
-request times prove the order (the refund's POST before the cancel's), its ledger one effect and one undo per step, and
-the task's record says "created, then cancelled".
-
-The variant (`saga-aborted-unknown-step`): the payment commits and its reply is lost, so it is UNKNOWN when the
-runtime aborts (the shipment refused at admission meanwhile): nothing is undone until a receipt settles it
-COMMITTED, and only then is it refunded, then the order cancelled.
+"""Saga aborted (docs/drills.md, docs/compensation.md): order → payment → shipment made for real, the shipment refused
+for good, the runtime aborts the saga and the worker undoes the payment, then the order, each under its entry's own
+key. The variant (`saga-aborted-unknown-step`): the payment's reply is lost, so it is UNKNOWN at the abort and nothing
+is undone until a receipt settles it COMMITTED.
 """
 
 from __future__ import annotations

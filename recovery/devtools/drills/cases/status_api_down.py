@@ -1,15 +1,6 @@
-"""Status API down, on two refund tools.
-
-refund.create (never probed, replay reconciliation off): the refund commits, its reply is dropped, and the status
-endpoint answers 503. Every check fails and counts, and the poll budget sends the call to a person.
-
-refund.replayed (replay-safe, `reconcile.replay_when_status_down`, an explicit `key_retention_s`): first a refund
-that commits, probed — once its key is PROBE_KEY_AGE_S old — by a duplicate probe through the console's action flow
-(the drill reviewer requests `probe_duplicate`, a drill approver approves it, a worker executes it): the provider
-answers the replay from its idempotency record and its ledger holds one effect, so the retry path is safe for keys
-that old. Then a refund with the same faults as the first: its first check fails (STILL_UNKNOWN), and reconciliation
-settles it by its one same-key replay (docs/replay.md) — COMMITTED by an `idempotent_replay` receipt, one effect, two
-write requests under its key in all, no person.
+"""Status API down (docs/drills.md), on two refund tools: refund.create (never probed) goes to a person at the poll
+budget; refund.replayed, once a duplicate probe run through the console's action flow has proved its retry path safe
+for keys PROBE_KEY_AGE_S old, is settled by reconciliation's one same-key replay (docs/replay.md), no person.
 """
 
 from __future__ import annotations

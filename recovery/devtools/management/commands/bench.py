@@ -1,33 +1,6 @@
-"""`make bench`: performance figures as ratios against a baseline measured in the same run.
-
-Runs in a throwaway database created like the test database (test_<NAME> on PostgreSQL), so it never touches the
-console's data. Benchmarks:
-
-- engine: classify + decide for a mix of outcomes, and admit for a retry, in-process (no database), against
-  the canonical JSON of the same input as the baseline. Reports median and p99 per operation.
-- transitions: `transition_call` (conditional UPDATE + hash-chained audit row, one transaction) against the bare
-  conditional UPDATE it is built on, one transaction per transition each, along the common path of an unknown
-  write READY -> SENT -> UNKNOWN -> COMMITTED. Reports per-transition latency (median, p99), the ratio, and SQL
-  statements per transition (the first event of a task's chain also creates its chain head: one more INSERT).
-- ingest: single-shot attempts through the whole API served by gunicorn, 8 concurrent clients, against a bare WSGI
-  endpoint making the same statements with psycopg (PostgreSQL only; see recovery/devtools/benchmarks/ingest.py).
-- reconcile: UNKNOWN calls settled per second by reconciliation with the sandbox's status API answering in 50 ms
-  and 8 checks in flight, against 8 / 0.05 (see recovery/devtools/benchmarks/reconcile.py).
-- queue: the UNKNOWN queue page (first, and after 9,000 rows) with 1,000,000 calls and 3,000,000 attempts loaded by
-  COPY (PostgreSQL only; `--calls` scales it, loading takes minutes at full size), against a bare page making one raw
-  SQL query and the Django admin's changelist of the same columns and filters (see
-  recovery/devtools/benchmarks/queue.py).
-- replay: refunds whose reply is lost after commit (and, in a second case, whose status API is down too; each case at
-  the sandbox's own speed and with its writes held 400 ms), run through the demo runtime until COMMITTED on a tool a
-  duplicate probe proved safe, against a bare client retrying once with the same key at the same sandbox: wall time
-  per intent, duplicates, people, how each settled (see recovery/devtools/benchmarks/replay.py).
-- metrics: the `/metrics` scrape, the metrics page (24 hours, 30 days), the overview and `GET /api/v1/metrics` at
-  1,000,000 calls (`--calls`) against the same reads at 10,000, in one database grown between them by COPY with the
-  calls' audit history, folded by the product's fold and checked against the rows; then ingest with and without the
-  periodic fold running (PostgreSQL only; loading and folding take the better part of an hour at full size; see
-  recovery/devtools/benchmarks/metrics.py).
-- otlp: OpenTelemetry `execute_tool` spans ingested per second (in-process, and through the whole stack with the test
-  client) beside single-shot attempts per second, in the same run (see recovery/devtools/benchmarks/otlp.py).
+"""`make bench`: the benchmarks (transitions, engine, ingest, reconcile, queue, replay, metrics, otlp), each a ratio
+against a baseline measured in the same run, in a throwaway database created like the test database (test_<NAME> on
+PostgreSQL), so it never touches the console's data. What each measures and the figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -183,25 +156,63 @@ def _engine_fixture():
 
 def bench_engine(count: int = 2000) -> dict:
     """classify + decide per outcome and admit per candidate, in-process; baseline: canonical JSON of the input."""
+    series = {name: _samples(op, count) for name, op in _engine_operations().items()}
+    base = statistics.median(series["baseline"])
+    result = {"benchmark": "engine", "count": count}
+    for name, samples in series.items():
+        result[f"{name}_median_us"] = round(statistics.median(samples) * 1e6, 1)
+        result[f"{name}_p99_us"] = round(_percentile(samples, 0.99) * 1e6, 1)
+        if name != "baseline":
+            result[f"{name}_ratio_median"] = round(statistics.median(samples) / base, 2)
+    return result
+
+
+def _samples(op: Callable[[int], None], count: int) -> list[float]:
+    """`op`'s time on `count` inputs, after 200 of warm-up."""
+    for i in range(200):
+        op(i)
+    samples = []
+    for i in range(count):
+        start = time.perf_counter()
+        op(i)
+        samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _engine_operations() -> dict[str, Callable[[int], None]]:
+    """The engine's series, in the order they are timed: the baseline, a decision, an admission."""
     import dataclasses
     import random
 
     from recovery.engine.classify import classify
     from recovery.engine.decide import decide
     from recovery.engine.gate import admit
-    from recovery.engine.types import (
-        BreakerView,
-        CallView,
-        Candidate,
-        ClassifyContext,
-        GateContext,
-        PreviousAttempt,
-        TaskView,
-    )
+    from recovery.engine.types import BreakerView, Candidate, ClassifyContext, TaskView
 
     tool, facts = _engine_fixture()
     args = {"order_id": "O-1842", "amount_cents": 80000}
     ctx = ClassifyContext(call_id="1", attempt_id="a", idempotency_key="k", arguments=args)
+    call, gate_context = _engine_call(tool)
+    candidate = Candidate(attempt_id="a2", tool=tool.name, arguments=args, evidence=("time_elapsed",))
+    rng, breaker, task = random.Random(1), BreakerView(), TaskView(rounds_used=1)
+
+    def decision(i: int) -> None:
+        outcome = classify(facts[i % len(facts)], tool, ctx)
+        decide(outcome, call=call, task=task, tool=tool, breaker=breaker, now=gate_context.now, rng=rng)
+
+    def admission(i: int) -> None:
+        assert admit(call, candidate, gate_context).allowed
+
+    def baseline(i: int) -> None:
+        canonical_json(dataclasses.asdict(facts[i % len(facts)]) | {"args": args})
+
+    return {"baseline": baseline, "decision": decision, "admission": admission}
+
+
+def _engine_call(tool):
+    """A write call retried once after a transient failure 5 s ago, and the gate's context for its next attempt."""
+    from recovery.engine.types import CallView, GateContext, PreviousAttempt, TaskView
+
     call = CallView(
         call_id="1",
         tool=tool.name,
@@ -223,38 +234,7 @@ def bench_engine(count: int = 2000) -> dict:
         finished_at=now - timedelta(seconds=5),
         wait_ms=1000,
     )
-    gate_context = GateContext(now=now, tool=tool, previous=previous, task=TaskView(rounds_used=1))
-    candidate = Candidate(attempt_id="a2", tool=tool.name, arguments=args, evidence=("time_elapsed",))
-    rng, breaker, task = random.Random(1), BreakerView(), TaskView(rounds_used=1)
-
-    def decision(i: int) -> None:
-        outcome = classify(facts[i % len(facts)], tool, ctx)
-        decide(outcome, call=call, task=task, tool=tool, breaker=breaker, now=now, rng=rng)
-
-    def admission(i: int) -> None:
-        assert admit(call, candidate, gate_context).allowed
-
-    def baseline(i: int) -> None:
-        canonical_json(dataclasses.asdict(facts[i % len(facts)]) | {"args": args})
-
-    series = {}
-    for name, op in (("baseline", baseline), ("decision", decision), ("admission", admission)):
-        for i in range(200):  # warm-up
-            op(i)
-        samples = []
-        for i in range(count):
-            start = time.perf_counter()
-            op(i)
-            samples.append(time.perf_counter() - start)
-        series[name] = samples
-    base = statistics.median(series["baseline"])
-    result = {"benchmark": "engine", "count": count}
-    for name, samples in series.items():
-        result[f"{name}_median_us"] = round(statistics.median(samples) * 1e6, 1)
-        result[f"{name}_p99_us"] = round(_percentile(samples, 0.99) * 1e6, 1)
-        if name != "baseline":
-            result[f"{name}_ratio_median"] = round(statistics.median(samples) / base, 2)
-    return result
+    return call, GateContext(now=now, tool=tool, previous=previous, task=TaskView(rounds_used=1))
 
 
 PLAIN_STATIC = "django.contrib.staticfiles.storage.StaticFilesStorage"

@@ -1,12 +1,6 @@
-"""`manage.py demo_agent`: the demo agent plays its scenarios against the console and sandbox `make run` started.
-
-    python manage.py demo_agent                       # every scenario (under a minute)
-    python manage.py demo_agent --scenario 5xx-storm  # one (repeat --scenario for several)
-    python manage.py demo_agent --list                # what there is, and the end each one is pinned to
-
-Without --token it issues a token for the demo tenant (a name unique to the run) and revokes it at the end. Each
-log line is prefixed with its scenario's name; a table of scenarios, checks passed and ends follows, and the command
-exits non-zero when any scenario did not end as pinned.
+"""`manage.py demo_agent [--scenario NAME ...] [--list]`: the demo agent plays its scenarios against the console and
+sandbox `make run` started, with a token for the demo tenant issued for the run (and revoked) unless --token is given;
+exits non-zero when any scenario did not end as pinned (docs/demo-agent.md).
 """
 
 from __future__ import annotations

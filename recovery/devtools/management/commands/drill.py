@@ -1,21 +1,6 @@
-"""`manage.py drill [NAME ...]`: run the fault drills of docs/drills.md and store the run for the console.
-
-    python manage.py drill                                  # every drill; the backlog makes 1,000 refunds
-    python manage.py drill timeout-after-send "rate limit"  # by slug or by the drill's name
-    python manage.py drill queue-backlog --backlog 200 --workers 2
-    python manage.py drill two-approvers --rounds 10
-    python manage.py drill --list
-
-It starts what the drills need and stops it afterwards: the API on a free port (served from this process, on this
-database: `--api-workers` gunicorn processes, or threads of this process with 0), a sandbox provider process on
-another free port, and background jobs (`--workers` RQ worker processes with REDIS_URL, the in-process runner
-without). The drills run one after another through the demo agent; each
-prints its log, then a result table is printed, the run is stored as a DrillRun (read-only in /admin/), and the
-command exits non-zero when any drill did not end exactly as the table in recovery/devtools/drills/table.py pins.
-
-A drill that needs a service this run does not have (the worker-killed drill kills RQ worker processes: REDIS_URL)
-is skipped with the reason, in the table and in the stored run ("not run" on its console page); with
-REQUIRE_SERVICES=1 a skip fails the run, as it fails the test suite.
+"""`manage.py drill [NAME ...]`: start a stage (the API, a sandbox process, background jobs), run the fault drills
+one after another, print each drill's log and a result table, store the run as a DrillRun, and exit non-zero when
+any drill did not end as recovery/devtools/drills/table.py pins. Usage, options and skips: docs/drills.md.
 """
 
 from __future__ import annotations
@@ -28,6 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connection
 from django.utils import timezone
 
+from recovery.devtools.drills.framework import Log
 from recovery.devtools.drills.report import result_table
 from recovery.devtools.drills.results import DrillResult
 from recovery.devtools.drills.runner import run_drill
@@ -77,20 +63,8 @@ class Command(BaseCommand):
         if list_only:
             self._list()
             return
-        try:
-            wanted = {find(name).slug for name in names} or set(DRILLS)
-        except KeyError as exc:
-            raise CommandError(exc.args[0]) from None
-        if backlog < 1:
-            raise CommandError("--backlog must be at least 1")
-        if rounds < 1:
-            raise CommandError("--rounds must be at least 1")
-        if workers is not None and workers < 1:
-            raise CommandError("--workers must be at least 1")
-        if api_workers < 0:
-            raise CommandError("--api-workers must be 0 or more")
-        workers = workers or (2 if settings.REDIS_URL else 1)
-        slugs = [slug for slug in DRILLS if slug in wanted]  # always in the table's order
+        slugs = _slugs(names)
+        workers = _checked_options(backlog, rounds, workers, api_workers)
         lines: list[str] = []
 
         def log(line: str) -> None:
@@ -124,26 +98,18 @@ class Command(BaseCommand):
         except Exception as exc:  # the stage could not start (or stop): stored with the run, then reported
             failure = f"{type(exc).__name__}: {exc}"
         finally:
-            if failure:
-                log(f"the run stopped: {failure}")
-            log("")
-            log(result_table(results))
-            skipped = {result.name: result.skipped for result in results if result.skipped}
-            if skipped and REQUIRE_SERVICES:
-                failure = failure or f"REQUIRE_SERVICES=1 but {'; '.join(skipped.values())}"
-            ran = [result for result in results if not result.skipped]
-            passed = not failure and len(results) == len(slugs) and all(result.passed for result in ran)
-            run.finished_at = timezone.now()
-            run.passed = passed
-            # A skipped drill is not a result: the console shows it as not run; why is in the options and the log.
-            run.results = [result.as_json() for result in ran]
-            if skipped:
-                run.options = {**run.options, "skipped": skipped}
-            run.log = DrillRun.cut_log("\n".join(lines))
-            run.save(update_fields=["finished_at", "passed", "results", "log", "options"])
+            passed, failure = _store(run, slugs, results, failure, log, lines)
+        self._summary(run, slugs, results, passed, failure, time.monotonic() - began)
+
+    def _summary(
+        self, run: DrillRun, slugs: list[str], results: list[DrillResult], passed: bool, failure: str, seconds: float
+    ) -> None:
+        """The closing line; CommandError naming what failed when the run did not pass."""
+        skipped = {result.name: result.skipped for result in results if result.skipped}
+        ran = [result for result in results if not result.skipped]
         good = sum(result.passed for result in results)
         summary = (
-            f"{good} of {len(slugs)} drills passed in {time.monotonic() - began:.0f} s"
+            f"{good} of {len(slugs)} drills passed in {seconds:.0f} s"
             + (f", {len(skipped)} skipped ({'; '.join(skipped)})" if skipped else "")
             + f"; stored as drill run {run.pk} (/operations/drills/{run.pk}/ in the console)"
         )
@@ -169,3 +135,49 @@ class Command(BaseCommand):
                 self.stdout.write(f"{'':<20} needs: {drill.needs.upper()}_URL (skipped with the reason without it)")
         for name, why in NOT_HERE.items():
             self.stdout.write(f"{'(not run here)':<20} {name}: {why}")
+
+
+def _slugs(names: list[str]) -> list[str]:
+    """The drills asked for by slug or name (all without names), always in the table's order."""
+    try:
+        wanted = {find(name).slug for name in names} or set(DRILLS)
+    except KeyError as exc:
+        raise CommandError(exc.args[0]) from None
+    return [slug for slug in DRILLS if slug in wanted]
+
+
+def _checked_options(backlog: int, rounds: int, workers: int | None, api_workers: int) -> int:
+    """CommandError for an option out of range; the RQ workers to start (2 with REDIS_URL, else 1, unless given)."""
+    if backlog < 1:
+        raise CommandError("--backlog must be at least 1")
+    if rounds < 1:
+        raise CommandError("--rounds must be at least 1")
+    if workers is not None and workers < 1:
+        raise CommandError("--workers must be at least 1")
+    if api_workers < 0:
+        raise CommandError("--api-workers must be 0 or more")
+    return workers or (2 if settings.REDIS_URL else 1)
+
+
+def _store(
+    run: DrillRun, slugs: list[str], results: list[DrillResult], failure: str, log: Log, lines: list[str]
+) -> tuple[bool, str]:
+    """Log the table and complete the stored run (whatever stopped it): whether it passed, and its failure if any."""
+    if failure:
+        log(f"the run stopped: {failure}")
+    log("")
+    log(result_table(results))
+    skipped = {result.name: result.skipped for result in results if result.skipped}
+    if skipped and REQUIRE_SERVICES:
+        failure = failure or f"REQUIRE_SERVICES=1 but {'; '.join(skipped.values())}"
+    ran = [result for result in results if not result.skipped]
+    passed = not failure and len(results) == len(slugs) and all(result.passed for result in ran)
+    run.finished_at = timezone.now()
+    run.passed = passed
+    # A skipped drill is not a result: the console shows it as not run; why is in the options and the log.
+    run.results = [result.as_json() for result in ran]
+    if skipped:
+        run.options = {**run.options, "skipped": skipped}
+    run.log = DrillRun.cut_log("\n".join(lines))
+    run.save(update_fields=["finished_at", "passed", "results", "log", "options"])
+    return passed, failure

@@ -1,13 +1,7 @@
-"""`manage.py nodes`: the several-nodes scenario on this machine (recovery/devtools/drills/nodes.py, docs/deploy.md).
-
-    DATABASE_URL=postgres://... REDIS_URL=redis://... python manage.py nodes [--refunds 2000] [--keep DIR]
-
-Stands up PgBouncer (transaction mode) in front of this database, two web processes (gunicorn, deploy/gunicorn.conf.py)
-behind nginx (deploy/nginx.conf, TLS), four `runjobs --role worker`, two `runjobs --role scheduler`, the sandbox
-provider; makes the refunds through nginx with every reply lost while killing a web process, a worker mid-check and
-the scheduler's holder with SIGKILL; prints what each check found and the times; exits non-zero when a check fails.
-Needs Debian's nginx and pgbouncer (`apt-get install nginx-light pgbouncer`), ALLOWED_HOSTS with 127.0.0.1, and the
-production settings the web processes start with (SECRET_KEY...), read from this environment.
+"""`manage.py nodes [--refunds 2000] [--keep DIR]`: the several-nodes scenario on this machine
+(recovery/devtools/drills/nodes.py); needs PostgreSQL, REDIS_URL, Debian's nginx and pgbouncer and the production
+settings the web processes start with. What it stands up, breaks and checks: docs/deploy.md ("Several nodes on one
+machine").
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
-"""`make run`: migrate, make sure the demo users exist, and serve the console with everything it needs.
-
-Next to runserver, for the server's lifetime: the background jobs (the in-process runner in this process without
-REDIS_URL; a `manage.py runjobs` subprocess with it) and the sandbox provider (`manage.py runsandbox` at
-RECOVERY_SANDBOX_ADDR, 127.0.0.1:8001 unless set, its own process and store; the shipped registry's provider follows
-that address). The subprocesses are stopped when the server stops, Ctrl-C included. On a first run
-(no demo task yet) the demo agent plays its scenarios against the console and the sandbox once both answer.
+"""`make run`: migrate, make sure the demo users exist, and serve the console with what it needs beside runserver for
+its lifetime — the background jobs (in-process without REDIS_URL, a `runjobs` subprocess with it) and the sandbox
+provider at RECOVERY_SANDBOX_ADDR — stopping them with it; on a first run the demo agent plays its scenarios once
+both answer (docs/development.md, docs/demo-agent.md).
 """
 
 from __future__ import annotations
