@@ -229,7 +229,7 @@ def _play(stage: Stage, topology: Topology, refunds: int, log: Log) -> NodesResu
     began = time.monotonic()
 
     def one(n: int) -> None:
-        if not hasattr(local, "agent"):
+        if getattr(local, "agent", None) is None:  # one agent (one HTTP session) per thread
             local.agent = stage.agent(patience_s=0)
         key = stage.key(f"nodes-refund-{n:05d}")
         arguments = {"order_id": f"O-{int(stage.run_id, 16) % 10**8:08d}{n:05d}", "amount_cents": 1000 + n}

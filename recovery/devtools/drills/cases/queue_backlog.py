@@ -77,9 +77,9 @@ def _make_refunds(run: Run, tool: Tool) -> list[tuple[str, CallResult]]:
     began = time.monotonic()
 
     def one(n: int) -> None:
-        if not hasattr(local, "agent"):
-            local.agent = run.agent(log=lambda line: None, patience_s=0)
-        agent = local.agent
+        agent = getattr(local, "agent", None)  # one agent (one HTTP session) per thread
+        if agent is None:
+            agent = local.agent = run.agent(log=lambda line: None, patience_s=0)
         key, arguments = run.refund_args(f"backlog-{n:04d}", n)
         run.sandbox.fault(route="/refunds", key=key, kind="commit_then_drop", times=1)
         task = agent.start_task(run.key(f"drill-backlog-{n:04d}"), goal=f"refund {arguments['order_id']}")
