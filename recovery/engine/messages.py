@@ -84,6 +84,25 @@ def _invalid_arguments(tool: ToolPolicy, field_errors: Iterable[FieldError]) -> 
 # --- per class -----------------------------------------------------------------------------------------------------
 
 
+# A class's message that depends on the tool alone: (for a write, for a read); {the} is "The refund", {noun} "refund".
+_BY_CLASS = {
+    OUTCOME_UNKNOWN: (
+        f"{{the}} may have been executed. {_DO_NOT_REPEAT}",
+        f"The outcome of the {{noun}} call is unknown. {_DO_NOT_REPEAT}",
+    ),
+    AUTHENTICATION: ("The tool's credentials were rejected; refresh them, then retry.",) * 2,
+    CAPABILITY_MISSING: ("This tool is not available here; replan with one of the authorized capabilities.",) * 2,
+    INVALID_RESULT: (
+        f"{{the}} may have been executed, but its result failed validation. {_DO_NOT_REPEAT}",
+        "The result failed validation and was not used.",
+    ),
+    UNRECOVERABLE: (
+        "{the} was not executed and cannot succeed as sent; do not retry it.",
+        "The call cannot succeed as sent; do not retry it.",
+    ),
+}
+
+
 def public_message(
     failure_class: str,
     *,
@@ -99,27 +118,14 @@ def public_message(
         if retry_after_ms is not None:
             return f"The tool is temporarily unavailable; retry after {max(0, int(retry_after_ms))} ms."
         return "The tool is temporarily unavailable; retry later, within the attempt budget."
-    if failure_class == OUTCOME_UNKNOWN:
-        if tool.is_write:
-            return f"{_the(tool)} may have been executed. {_DO_NOT_REPEAT}"
-        return f"The outcome of the {effect_noun(tool.name)} call is unknown. {_DO_NOT_REPEAT}"
-    if failure_class == AUTHENTICATION:
-        return "The tool's credentials were rejected; refresh them, then retry."
     if failure_class == AUTHORIZATION:
         if approvable:
             return f"{_the(tool)} needs approval; wait for a person to approve it before retrying."
         return f"{_the(tool)} is not permitted with these credentials; do not retry it."
-    if failure_class == CAPABILITY_MISSING:
-        return "This tool is not available here; replan with one of the authorized capabilities."
-    if failure_class == INVALID_RESULT:
-        if tool.is_write:
-            return f"{_the(tool)} may have been executed, but its result failed validation. {_DO_NOT_REPEAT}"
-        return "The result failed validation and was not used."
-    if failure_class == UNRECOVERABLE:
-        if tool.is_write:
-            return f"{_the(tool)} was not executed and cannot succeed as sent; do not retry it."
-        return "The call cannot succeed as sent; do not retry it."
-    raise ValueError(f"unknown failure class {failure_class!r}")
+    if failure_class not in _BY_CLASS:
+        raise ValueError(f"unknown failure class {failure_class!r}")
+    write, read = _BY_CLASS[failure_class]
+    return (write if tool.is_write else read).format(the=_the(tool), noun=effect_noun(tool.name))
 
 
 # --- what decide() says besides a failure --------------------------------------------------------------------------
