@@ -162,35 +162,42 @@ def _check_shape(data: dict) -> None:
     """Objects where the API's document says objects go, arrays where arrays go, ids as text: checked here, because
     protobuf's JSON parser reads a `null` anywhere as "not set" and would take `"spanId": null` for a span without an
     id, or `"resourceSpans": null` for an empty request, where the sender sent something else."""
+    for r, resource in _each(_expect(data, ("resourceSpans", "resource_spans"), list, ""), "resourceSpans"):
+        _expect(resource, ("resource",), dict, r)
+        for s, scope in _each(_expect(resource, ("scopeSpans", "scope_spans"), list, r), f"{r}scopeSpans"):
+            _expect(scope, ("scope",), dict, s)
+            for n, span in _each(_expect(scope, ("spans",), list, s), f"{s}spans"):
+                _check_ids(span, n)
 
-    def expect(parent: dict, names: tuple[str, ...], kind: type, where: str) -> list:
-        for name in names:
-            if name in parent:
-                value = parent[name]
-                if not isinstance(value, kind):
-                    what = "an object" if kind is dict else "an array"
-                    raise OtlpError(f"{where}{name} must be {what}", field=f"{where}{name}")
-                return value if kind is list else [value]
-        return []
 
-    def each(items: list, where: str) -> list[tuple[str, dict]]:
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise OtlpError(f"{where}[{i}] must be an object", field=f"{where}[{i}]")
-        return [(f"{where}[{i}].", item) for i, item in enumerate(items)]
+def _expect(parent: dict, names: tuple[str, ...], kind: type, where: str) -> list:
+    """The first of `names` present in `parent`, which must be a `kind`: as a list of items (none when absent)."""
+    for name in names:
+        if name in parent:
+            value = parent[name]
+            if not isinstance(value, kind):
+                what = "an object" if kind is dict else "an array"
+                raise OtlpError(f"{where}{name} must be {what}", field=f"{where}{name}")
+            return value if kind is list else [value]
+    return []
 
-    for r, resource in each(expect(data, ("resourceSpans", "resource_spans"), list, ""), "resourceSpans"):
-        expect(resource, ("resource",), dict, r)
-        for s, scope in each(expect(resource, ("scopeSpans", "scope_spans"), list, r), f"{r}scopeSpans"):
-            expect(scope, ("scope",), dict, s)
-            for n, span in each(expect(scope, ("spans",), list, s), f"{s}spans"):
-                for name, size in _ID_FIELDS.items():
-                    if name in span and not isinstance(span[name], str):
-                        raise OtlpError(
-                            f"{name} must be {size * 2} hexadecimal digits (OTLP/JSON ids are hex), not "
-                            f"{type(span[name]).__name__ if span[name] is not None else 'null'}",
-                            field=f"{n}{name}",
-                        )
+
+def _each(items: list, where: str) -> list[tuple[str, dict]]:
+    """The items, each an object, with its path as the prefix of its own fields' paths."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise OtlpError(f"{where}[{i}] must be an object", field=f"{where}[{i}]")
+    return [(f"{where}[{i}].", item) for i, item in enumerate(items)]
+
+
+def _check_ids(span: dict, where: str) -> None:
+    for name, size in _ID_FIELDS.items():
+        if name in span and not isinstance(span[name], str):
+            raise OtlpError(
+                f"{name} must be {size * 2} hexadecimal digits (OTLP/JSON ids are hex), not "
+                f"{type(span[name]).__name__ if span[name] is not None else 'null'}",
+                field=f"{where}{name}",
+            )
 
 
 _ID_FIELDS = {"traceId": 16, "spanId": 8, "parentSpanId": 8, "trace_id": 16, "span_id": 8, "parent_span_id": 8}
@@ -281,11 +288,6 @@ class ToolSpan:
     @property
     def key(self) -> str:
         return self.idempotency_key or self.template_key or self.derived_key
-
-    @property
-    def intent_known(self) -> bool:
-        """Whether another span can be the same intent: it names its key or its arguments."""
-        return self.idempotency_key is not None or self.arguments is not None
 
 
 @dataclass(frozen=True, kw_only=True)
