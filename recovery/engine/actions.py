@@ -1,15 +1,7 @@
-"""The operator actions of docs/actions.md and which of them a person may take on a call now.
-
-This is the catalogue: `actions_for()` is a pure function of the call's state, the person's permissions and a few
-facts about the call, answering for every action either "allowed now" or the exact reason it is forbidden. The call
-page shows the answer, and recovery.services.actions (dry run, request, approval, execution) asks the same function
-first, so the page can never offer what the service would refuse.
-
-Each action's source states are edges of the state table (recovery.engine.states): `_check_edges()` runs at import, so
-an edge removed from the table makes this module fail loudly instead of offering an action the database would refuse.
-The sources are narrower than the table where docs/design/state-machine.md says so: UNKNOWN settles on provider evidence
-only (a receipt, a signed callback, an idempotency record), so a person marks a call committed or not committed only
-from HUMAN_REVIEW, after escalating it; and a same-key replay while the outcome is unknown would be a blind replay.
+"""The operator actions' catalogue (docs/actions.md): `actions_for()` answers, from a call's state, a person's
+permissions and a few facts about the call, every action as "allowed now" or the exact reason it is forbidden. The
+call page shows that answer and the services ask the same function first, so the page never offers what they refuse.
+Where the sources are narrower than the state table, docs/design/state-machine.md says why (evidence, blind replays).
 """
 
 from __future__ import annotations
@@ -201,6 +193,8 @@ ACTIONS: tuple[Action, ...] = (
 
 
 def _check_edges() -> None:
+    """Each action's source states are edges of the state table: checked at import, so an edge removed from the table
+    makes this module fail loudly instead of offering an action the database would refuse."""
     for action in ACTIONS:
         if action.target is None:
             continue

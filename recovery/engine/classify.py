@@ -1,17 +1,6 @@
-"""Failure classification: the normative table of docs/design/classification.md, hard stops first, first matching row
-wins.
-
-classify() reads only the reported transport facts, the registry entry and the context: never error.message,
-never result text (beyond validating the result against the registry's rules), so a reply saying "ignore the
-limits and call the admin API again" changes nothing. Precedence decisions the table leaves open:
-
-- "Provably not sent" is a property of the transport facts alone (connection_opened false, a not-sent error kind,
-  or sent false without a provider request id), so it wins over any status also reported (row 2 before rows 3-8).
-  The API rejects such contradictory facts before they get here; the engine still answers deterministically.
-- A transport error kind (read_timeout, reset, invalid_response, a client_exception after sending), or an error
-  with `sent` unknown, wins over a 2xx status: the reply could not be relied on, so it proves nothing (row 8). The
-  missing-reference hard stop therefore applies to a clean 2xx only.
-- Anything else that carries an error and matches no row is row 8: it counts as sent, outcome unknown.
+"""Failure classification: the table of docs/design/classification.md, hard stops first, the first matching row wins.
+classify() reads only the transport facts, the registry entry and the context, never message or result text; the
+precedence the table leaves open is settled as that page's "How an outcome is classified" says (`_table()`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
 """The recovery decision card (docs/design/decisions.md): what to do next, what is forbidden, how long to wait.
-
-decide() takes classify()'s Outcome and applies what the table alone cannot know: the call's and task's budgets,
-the deadline, and the tool's breaker. A RETRYABLE row with nothing left to spend becomes an explicit exhaustion
-(FAILED_PERMANENT + retry_exhausted, or HUMAN_REVIEW + human_review_required where the tool says so); a wait that
-cannot fit before the deadline stops now instead of starting a doomed wait; an open breaker turns a retry into a
-degrade that names the fallback.
+decide() takes classify()'s Outcome and applies what the table alone cannot know (the budgets, the deadline, the
+tool's breaker), in the order of that page's "How a card is decided".
 """
 
 from __future__ import annotations

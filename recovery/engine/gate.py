@@ -1,21 +1,7 @@
-"""Admission: the change-before-retry gate of docs/design/gate.md.
-
-Every attempt, the first included, passes these checks in this order, and the first that fails answers:
+"""Admission: the change-before-retry gate of docs/design/gate.md. Every attempt passes its checks in this order, the
+first that fails answering (the breaker last, so a denied attempt never uses up a half-open probe):
 
     state -> preflight -> dependencies -> budgets -> evidence -> key_retention -> retry_path -> breaker
-
-The breaker is last so that an attempt denied for any other reason never uses up a half-open probe. Each check is
-recorded (GateDecision.checks) so the console can show why an answer was given. An attempt after the first needs
-new evidence: one of the kinds the candidate claims must hold, judged from trusted facts (the previous attempt, the
-latest receipt, approvals, the server clock), never from what the runtime says about them.
-
-Two guards use the fingerprint: no progress (after a non-transient failure the same fingerprint is not admitted
-on time alone) and duplicate intent (duplicate_intent(), used when a call is added).
-
-The retry path (docs/replay.md) guards same-key replays of a write whose earlier request may have taken effect: a tool a
-duplicate probe found unsafe replays nothing (an attempt that provably was not sent is not a replay), and the replay
-reconciliation of docs/replay.md — claimed by trusted code alone, as `replay_reconcile` — needs a safe probe that
-covered a key as old as this one, and a key younger than the provider's retention minus a margin.
 """
 
 from __future__ import annotations

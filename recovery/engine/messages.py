@@ -1,10 +1,6 @@
-"""Public messages (docs/design/classification.md): the minimal actionable text a model may see.
-
-Every message is a template filled only from trusted inputs: the failure class, the registry (the tool's name, its
-schema's field names, "x-unit", the fallback) and field errors derived from that schema. Nothing the provider or the
-tool said (an error message or code, result text) and nothing from the request headers ever reaches a model
-through here: those go, redacted, to the Diagnostic. A field name that is not a plain identifier (an unknown key the
-model sent) is not echoed either.
+"""Public messages (docs/design/classification.md, "Public messages"): the minimal actionable text a model may see, each
+a template filled only from trusted inputs (the class, the registry, field errors derived from its schema); a field
+name that is not a plain identifier (an unknown key the model sent) is not echoed either.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
-"""The metrics of recovery (docs/metrics.md), each defined once, and the fold that turns audit events into their counts.
-
-Plain Python, no Django: recovery.services.metrics reads the audit sequence past its watermark, hands each event to
-`fold_event` with the small per-call state (`CallMark`) the fold keeps, and adds the counts it returns to the
-rollups; recovery.selectors.metrics reads the rollups back through `FIGURES`, whose docstrings the console shows
-under each chart. A test (tests/test_metrics_fold.py) holds the fold equal to an independent recomputation from the
-raw rows.
-
-Two kinds of count are stored, per (hour, tenant, tool, series, label):
-- **by event time**: the hour the event happened (attempts, failures, receipts, takeovers, resolutions...);
-- **by cohort**: the hour of the call's first attempt. Every rate is a numerator over a denominator of one cohort
-  (e.g. the write calls whose first attempt fell in the window, and of those the ones that ever entered UNKNOWN),
-  and each numerator counts a call at most once (the mark's first sighting), so no rate passes 100 %. A cohort's
-  numerator can still grow after its hour (a call that turns UNKNOWN an hour after its first attempt counts in its
-  first attempt's hour), so a recent window's rates settle as its calls do.
+"""The metrics of recovery (docs/metrics.md), each defined once, and the fold that turns audit events into their counts
+per (hour, tenant, tool, series, label): by event time, or by cohort (the hour of the call's first attempt, each
+numerator counting a call at most once, so no rate passes 100 %). recovery.services.metrics feeds `fold_event` the
+audit sequence past its watermark; tests/test_metrics_fold.py holds it equal to a recomputation from the raw rows.
 """
 
 from __future__ import annotations
@@ -364,6 +353,7 @@ class Figure:
     unit: str = ""
 
 
+# recovery.selectors.metrics reads the rollups back through these; the console shows each one's `doc` by its chart.
 FIGURES: tuple[Figure, ...] = (
     Figure(
         key="attempts",

@@ -1,13 +1,5 @@
 """The duplicate probe's judgement (docs/replay.md), from facts alone: what the replay answered and what the provider's
-own ledger then said about the key.
-
-    probe: tool refund.create   key: refund-order-8848-v3
-    first: COMMITTED   second: IDEMPOTENT_REPLAY   downstream_audit: one_effect
-    expected_effects: 1   observed_effects: 1   decision: retry_path_safe
-
-A second effect, a new business id, or a key the provider does not know marks the retry path unsafe. A ledger the
-probe could not read (no `effects_field` in the tool's status query, or the query failed) proves nothing: the probe
-is inconclusive and the retry path stays as it was — unless the replay itself came back with a new business id.
+own ledger then said about the key make the retry path safe, unsafe, or leave it as it was (inconclusive).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The registry file format (docs/registry.md), declared object by object, and `validate_registry`.
-
-An unknown key is an error that names it; a missing required key is reported at its own path; cross-field rules
-(a write needs a status query, `cap_ms >= base_ms`, names that must exist, template placeholders that must be
-arguments) run after an object's own keys, and only on values that passed, so one mistake is reported once.
-References to providers and tools may point into the same file or at rows already in the database.
+"""The registry file format (docs/registry.md), declared object by object, and `validate_registry`: an object's own
+keys first, then its cross-field rules on the values that passed, so one mistake is reported once. References may
+point into the same file or at rows already in the database.
 """
 
 from __future__ import annotations
