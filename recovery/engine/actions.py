@@ -281,17 +281,17 @@ def _state_reason(action: Action, state: CallState) -> str:
 
 @dataclass(frozen=True, kw_only=True)
 class _Facts:
-    """What _policy_reason reads of a call besides its state (actions_for() documents each)."""
+    """What _policy_reason reads of a call besides its state."""
 
-    side_effect: str
-    has_status_api: bool
-    key_expired: bool
-    retry_path_safe: bool
-    duplicate_effect: bool
-    has_compensation: bool
-    compensation_in_review: bool
-    sandbox_tenant: bool
-    retry_path: str
+    side_effect: str  # read / write
+    has_status_api: bool  # its tool can be asked
+    key_expired: bool  # the provider's key retention has passed
+    retry_path_safe: bool  # no duplicate probe saw a second effect
+    duplicate_effect: bool  # a receipt saw more effects than allowed
+    has_compensation: bool  # its tool declares one
+    compensation_in_review: bool  # its open compensation entry waits for a person
+    sandbox_tenant: bool  # its tenant is a test tenant: duplicate probes allowed
+    retry_path: str  # its tool's: unprobed, safe, unsafe
 
     @property
     def write(self) -> bool:
@@ -384,16 +384,9 @@ def actions_for(
     retry_path: str = "unprobed",
     held_by: str = "",
 ) -> list[ActionOption]:
-    """Every action for a call in `state`, as `perms` (the person's permissions) may take it now.
-
-    The call's facts: `side_effect` (read/write), `has_status_api` (its tool can be asked), `key_expired` (the
-    provider's key retention has passed), `retry_path_safe` (no duplicate probe saw a second effect),
-    `duplicate_effect` (a receipt saw more effects than allowed), `has_compensation` (its tool declares one),
-    `compensation_in_review` (its open compensation entry waits for a person), `sandbox_tenant` (its tenant is a
-    test tenant: duplicate probes allowed), `retry_path` (its tool's: unprobed, safe, unsafe), `held_by` (another
-    person's live claim on it).
-    The first reason that applies is given: the state table, then the call's facts, then the claim, then the role.
-    """
+    """Every action for a call in `state`, as `perms` (the person's permissions) may take it now, given the call's
+    facts (as _Facts names them) and `held_by` (another person's live claim on it). The first reason that applies is
+    given: the state table, then the call's facts, then the claim, then the role."""
     current = CallState(state)
     facts = _Facts(
         side_effect=side_effect,
