@@ -499,7 +499,6 @@ FIGURES: tuple[Figure, ...] = (
         "unsafe (a second effect, a new business id or a forgotten key).",
     ),
 )
-FIGURE_BY_KEY = {figure.key: figure for figure in FIGURES}
 
 
 def quantile(q: float, buckets: list[tuple[float, int]]) -> float | None:

@@ -97,8 +97,6 @@ ALLOWED_PAIRS: tuple[tuple[str, str], ...] = tuple(
 RECONCILABLE = frozenset({S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED})
 # The UNKNOWN review queue: outcomes that are not settled yet (ACCEPTED is "in progress", not unknown).
 UNSETTLED = frozenset({S.UNKNOWN, S.STILL_UNKNOWN})
-# States from which a new attempt may be admitted (the gate decides whether it is).
-ADMITTABLE = frozenset({S.READY, S.RETRYABLE, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW})
 # States no automatic process moves a call out of.
 FINAL = frozenset({S.FAILED_PERMANENT, S.COMPENSATED})
 
