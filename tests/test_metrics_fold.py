@@ -285,87 +285,100 @@ def recompute() -> Counter:
     rows = AuditEvent.objects.filter(call_id__isnull=False).order_by("seq")
     for e in rows.values("seq", "call_id", "action", "from_state", "to_state", "actor_kind", "evidence", "created_at"):
         stories[e["call_id"]].append(e)
-    unknown, queues = {S.UNKNOWN, S.STILL_UNKNOWN}, m.QUEUES
     out: Counter = Counter()
     for call_id, story in stories.items():
         c = calls[call_id]
-        write = c["side_effect"] == "write"
 
         def put(series, label="", n=1, at=None, c=c):
             out[(at, c["tenant_id"], c["tool_id"], series, label)] += n
 
-        transitions = [e for e in story if e["action"] == "call.transition"]
-        entries = [i for i, e in enumerate(transitions) if e["to_state"] in unknown and e["from_state"] not in unknown]
-        duplicate = next((e for e in transitions if _evidence(e).get("outcome") == "duplicate_effect"), None)
-        committed = next((i for i, e in enumerate(story) if e["to_state"] == S.COMMITTED), None)
-        settles = _first_settlement(transitions, entries) if write else None
-        # The cohort: the hour of the first attempt — or of the first fact a cohort counts, if that came first.
-        opening = [
-            e
-            for e in story
-            if e["action"] == "call.replayed"
-            or (e["action"] == "call.transition" and (e["to_state"] == S.SENT or _is_attempt_outcome(e)))
-        ]
-        if write and entries:
-            opening.append(transitions[entries[0]])
-        if write and duplicate:
-            opening.append(duplicate)
-        if committed is not None:
-            opening.append(story[committed])
-        if settles is not None:
-            opening.append(settles)
-        if opening:
-            cohort = m.hour_of(min(opening, key=lambda e: e["seq"])["created_at"])
-            put(m.CALLS, at=cohort)
-            if write:
-                put(m.WRITE_CALLS, at=cohort)
-        if write and entries:
-            put(m.UNKNOWN_CALLS, at=cohort)
-        if settles is not None:
-            put(m.UNKNOWN_SETTLED, at=cohort)
-        if write and duplicate:
-            put(m.DUPLICATE_CALLS, at=cohort)
-        if committed is not None:
-            before = [e for e in story[: committed + 1] if e["action"] == "call.replayed" or _is_attempt_outcome(e)]
-            put(m.COMMITTED_CALLS, at=cohort)
-            put(m.COMMITTED_RETRIES, n=max(len(before) - 1, 0), at=cohort)
+        _recount_cohort(story, c["side_effect"] == "write", put)
         queue_since = {}
         for e in story:
-            hour, ev = m.hour_of(e["created_at"]), (e["evidence"] if isinstance(e["evidence"], dict) else {})
-            if e["action"] == "call.replayed":
-                put(m.ATTEMPTS, "reconcile_replay", at=hour)
-            if e["action"] == "call.checked" and ev.get("source") in m.CHECK_SOURCES:
-                put(m.RECONCILE_CHECKS, ev["observed"], at=hour)
-            if e["action"] != "call.transition":
-                continue
-            if _is_attempt_outcome(e):
-                swept = "outcome_timeout_s" in ev
-                put(m.ATTEMPTS, "no_outcome" if swept else e["to_state"].lower(), at=hour)
-                if ev.get("class"):
-                    put(m.FAILURES, ev["class"], at=hour)
-                if ev.get("route") and not swept:
-                    put(m.DECISIONS, ev["route"], at=hour)
-            if ev.get("source") in m.CHECK_SOURCES:
-                put(m.RECONCILE_CHECKS, ev["observed"], at=hour)
-            if ev.get("outcome") in m.BUDGET_OUTCOMES:
-                put(m.BUDGET_EXHAUSTED, ev["outcome"], at=hour)
-            if e["to_state"] == S.HUMAN_REVIEW:
-                person = e["actor_kind"] == "user" or "action_request" in ev
-                why = ev.get("outcome") or ("escalated" if person else ev.get("class") or "other")
-                put(m.HUMAN_TAKEOVERS, why, at=hour)
-            was = next((q for q, states in queues.items() if e["from_state"] in states), "")
-            now = next((q for q, states in queues.items() if e["to_state"] in states), "")
-            if was != now:
-                if was and was in queue_since:
-                    waited = (e["created_at"] - queue_since.pop(was)).total_seconds()
-                    bound = next(b for b in m.RESOLUTION_BUCKETS_S if max(waited, 0) <= b)
-                    put(m.RESOLUTIONS, m.bucket_label(was, bound), at=hour)
-                    put(m.RESOLUTION_MS, was, n=round(max(waited, 0) * 1000), at=hour)
-                queue_since.clear()
-                if now:
-                    queue_since[now] = e["created_at"]
-                    put(m.QUEUE_ENTRIES, now, at=hour)
+            _recount_event(e, put)
+            if e["action"] == "call.transition":
+                _recount_queues(e, queue_since, put)
     return +out
+
+
+def _recount_cohort(story: list[dict], write: bool, put) -> None:
+    """The series counted once per call, in its cohort: the hour of the first attempt — or of the first fact a cohort
+    counts, if that came first."""
+    unknown = {S.UNKNOWN, S.STILL_UNKNOWN}
+    transitions = [e for e in story if e["action"] == "call.transition"]
+    entries = [i for i, e in enumerate(transitions) if e["to_state"] in unknown and e["from_state"] not in unknown]
+    duplicate = next((e for e in transitions if _evidence(e).get("outcome") == "duplicate_effect"), None)
+    committed = next((i for i, e in enumerate(story) if e["to_state"] == S.COMMITTED), None)
+    settles = _first_settlement(transitions, entries) if write else None
+    counted = {
+        m.UNKNOWN_CALLS: transitions[entries[0]] if write and entries else None,
+        m.UNKNOWN_SETTLED: settles,
+        m.DUPLICATE_CALLS: duplicate if write else None,
+        m.COMMITTED_CALLS: story[committed] if committed is not None else None,
+    }
+    opening = [e for e in story if e["action"] == "call.replayed" or _is_attempt_event(e)]
+    opening += [e for e in counted.values() if e is not None]
+    if not opening:
+        return
+    cohort = m.hour_of(min(opening, key=lambda e: e["seq"])["created_at"])
+    put(m.CALLS, at=cohort)
+    if write:
+        put(m.WRITE_CALLS, at=cohort)
+    for series, e in counted.items():
+        if e is not None:
+            put(series, at=cohort)
+    if committed is not None:
+        before = [e for e in story[: committed + 1] if e["action"] == "call.replayed" or _is_attempt_outcome(e)]
+        put(m.COMMITTED_RETRIES, n=max(len(before) - 1, 0), at=cohort)
+
+
+def _is_attempt_event(e: dict) -> bool:
+    """A transition that admits an attempt (into SENT) or reports its outcome."""
+    return e["action"] == "call.transition" and (e["to_state"] == S.SENT or _is_attempt_outcome(e))
+
+
+def _recount_event(e: dict, put) -> None:
+    """The series counted by event time, in the hour of the event."""
+    hour, ev = m.hour_of(e["created_at"]), _evidence(e)
+    if e["action"] == "call.replayed":
+        put(m.ATTEMPTS, "reconcile_replay", at=hour)
+    if e["action"] == "call.checked" and ev.get("source") in m.CHECK_SOURCES:
+        put(m.RECONCILE_CHECKS, ev["observed"], at=hour)
+    if e["action"] != "call.transition":
+        return
+    if _is_attempt_outcome(e):
+        swept = "outcome_timeout_s" in ev
+        put(m.ATTEMPTS, "no_outcome" if swept else e["to_state"].lower(), at=hour)
+        if ev.get("class"):
+            put(m.FAILURES, ev["class"], at=hour)
+        if ev.get("route") and not swept:
+            put(m.DECISIONS, ev["route"], at=hour)
+    if ev.get("source") in m.CHECK_SOURCES:
+        put(m.RECONCILE_CHECKS, ev["observed"], at=hour)
+    if ev.get("outcome") in m.BUDGET_OUTCOMES:
+        put(m.BUDGET_EXHAUSTED, ev["outcome"], at=hour)
+    if e["to_state"] == S.HUMAN_REVIEW:
+        person = e["actor_kind"] == "user" or "action_request" in ev
+        why = ev.get("outcome") or ("escalated" if person else ev.get("class") or "other")
+        put(m.HUMAN_TAKEOVERS, why, at=hour)
+
+
+def _recount_queues(e: dict, queue_since: dict, put) -> None:
+    """A transition between queues: an entry, and the resolution of the queue left with the time it waited."""
+    hour = m.hour_of(e["created_at"])
+    was = next((q for q, states in m.QUEUES.items() if e["from_state"] in states), "")
+    now = next((q for q, states in m.QUEUES.items() if e["to_state"] in states), "")
+    if was == now:
+        return
+    if was and was in queue_since:
+        waited = (e["created_at"] - queue_since.pop(was)).total_seconds()
+        bound = next(b for b in m.RESOLUTION_BUCKETS_S if max(waited, 0) <= b)
+        put(m.RESOLUTIONS, m.bucket_label(was, bound), at=hour)
+        put(m.RESOLUTION_MS, was, n=round(max(waited, 0) * 1000), at=hour)
+    queue_since.clear()
+    if now:
+        queue_since[now] = e["created_at"]
+        put(m.QUEUE_ENTRIES, now, at=hour)
 
 
 def _stored() -> Counter:

@@ -24,6 +24,7 @@ from recovery.registry import (
     registry_sha256,
     tool_policy,
     validate_registry,
+    with_alternates,
 )
 from recovery.services.users import user_save_with_roles
 
@@ -480,6 +481,24 @@ def test_tool_policy_takes_the_engines_defaults_for_absent_settings(loaded, acto
     assert (policy.invariants, policy.alternates, policy.reconcile.first_check_s) == ((), frozenset(), 5)
     assert (policy.risk, policy.replay_safe, policy.exhausted_to_review) == ("low", False, False)
     assert policy.idempotency_conflict_codes == frozenset({"idempotency_key_reused"})
+
+
+def test_with_alternates_reads_them_once_for_the_instance_or_not_at_all_when_there_are_none(
+    loaded, django_assert_num_queries
+):
+    lookup = Tool.objects.select_related("provider").get(name="order.lookup")
+    with django_assert_num_queries(1):
+        with_alternates(lookup)
+    with django_assert_num_queries(0):  # every policy of this instance: no more reads
+        assert tool_policy(lookup).alternates == tool_policy(lookup).alternates == frozenset({"order.lookup_replica"})
+
+    refund = Tool.objects.select_related("provider").get(name="refund.create")
+    with django_assert_num_queries(0):  # the caller's own read said it has none
+        assert tool_policy(with_alternates(refund, none=True)).alternates == frozenset()
+
+    lookup.alternates.clear()  # changed through the instance: its next policy reads them again
+    with django_assert_num_queries(1):
+        assert tool_policy(lookup).alternates == frozenset()
 
 
 # --- manage.py load_tools -------------------------------------------------------------------------------------------

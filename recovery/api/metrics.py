@@ -14,7 +14,7 @@ SCOPES = (TokenScope.RUNTIME, TokenScope.METRICS)
 
 def metrics_scope(token: ApiToken, *, tenant: str | None, tool: str | None) -> tuple[tuple[int, ...], int | None]:
     """The tenant ids and the tool id (None: every tool) the request reads; one statement for a tool, none else."""
-    tenants = list(token.tenants.all())  # read with the token
+    tenants = list(token.tenant_list)  # read with the token
     if tenant is not None:
         tenants = [owner for owner in tenants if owner.name == tenant]
         if not tenants:

@@ -1,14 +1,7 @@
-"""`POST /api/v1/otlp/v1/traces`: OpenTelemetry trace ingest (docs/otlp-ingest.md; docs/otlp-ingest.md).
-
-What the OTLP/HTTP exporters send — protobuf or OTLP/JSON, gzip or not — authenticated with a runtime token like the
-rest of the API: point an exporter's traces endpoint here and give it `Authorization: Bearer <token>`. The answer is
-OTLP's own `ExportTraceServiceResponse` in the request's encoding, with `partial_success` when spans were rejected
-(each with its reason) or something is worth a warning (spans without GenAI attributes, tools not in the registry,
-repeated writes sent to human review, a resent batch). A body that cannot be read is refused whole with the API's
-error envelope (400; 413 over the size limit once decompressed; 415 for another media type or encoding), as every
-other refusal of the API: an exporter logs it, and nothing was stored.
-
-Reading the body is recovery.api.otlp_decode; recording the spans, recovery.services.observed.
+"""`POST /api/v1/otlp/v1/traces`: OpenTelemetry trace ingest (docs/otlp-ingest.md). What OTLP/HTTP exporters send,
+authenticated with a runtime token like the rest of the API, answered with OTLP's own `ExportTraceServiceResponse`
+(`partial_success` naming what was rejected or is worth a warning); a body that cannot be read is refused whole with
+the API's error envelope. Reading the body is recovery.api.otlp_decode; recording the spans, recovery.services.observed.
 """
 
 from __future__ import annotations
@@ -142,8 +135,6 @@ def export_traces(request: HttpRequest):
     media = _media(request)
     export = _body(request, media)
     token = request.api_token
-    report = spans_ingest(
-        batch=otlp.read_spans(export), tenants=list(token.tenants.all()), actor=Actor.for_token(token)
-    )
+    report = spans_ingest(batch=otlp.read_spans(export), tenants=list(token.tenant_list), actor=Actor.for_token(token))
     body = otlp.answer(rejected=len(report.rejected), message=report.message(), media=media)
     return HttpResponse(body, content_type=media, status=200)

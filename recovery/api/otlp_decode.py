@@ -1,46 +1,7 @@
 """OTLP/HTTP trace export requests (docs/otlp-ingest.md), read into the spans the ingest records
-(recovery.services.observed).
-
-`POST /api/v1/otlp/v1/traces` takes what OpenTelemetry exporters send: an `ExportTraceServiceRequest` as protobuf
-(`application/x-protobuf`) or as OTLP/JSON (`application/json`: trace and span ids in hex, enums as numbers or
-names), optionally gzip-compressed; parsed by the generated code of the `opentelemetry-proto` package. The body's
-size limit applies after decompression, which stops one byte past it (a gzip bomb costs the limit, not its size).
-
-A span is a tool call when `gen_ai.operation.name` is `execute_tool`; every other span is counted and ignored. Each
-tool span maps onto the product's words (docs/otlp-ingest.md has the same table):
-
-| OpenTelemetry | becomes |
-|---|---|
-| trace id | the task: external id = the trace id in hex, of the tenant below |
-| `recovery.tenant` (span, else resource attribute) | the task's tenant; absent: the token's only tenant |
-| `gen_ai.agent.name` (span, else resource), else `service.name` | the task's agent (the runtime) |
-| `gen_ai.tool.name` | the call's tool (a registered one of the tenant; any other name is recorded as unknown) |
-| span id | the attempt: attempt id `otlp-<trace id>-<span id>`, one per span |
-| `recovery.idempotency_key` | the call's idempotency key |
-| `gen_ai.tool.call.id` (no key attribute, arguments present) | key `otlp-<trace id>-<tool call id>` |
-| neither (or no arguments) | key `otlp-<trace id>-<span id>`: never the same intent as another span |
-| `gen_ai.tool.call.arguments` (JSON text or a map) | the call's arguments; absent: `{}`, not checked by the schema |
-| `gen_ai.tool.call.result` (JSON text or a value) | the outcome's `result`, checked as any
-(docs/design/classification.md rows 10, 11) |
-| `http.response.status_code` | the outcome's `http_status` (`sent` true): the table of docs/design/classification.md |
-| `error.type` without an HTTP status | the outcome's `error`: `code` = the type, `kind` read from its words (below) |
-| span status ERROR, neither of the two | an error of unknown kind: sent unknown (docs/design/classification.md row 8) |
-| no error, no HTTP status | `http_status` 200: the tool returned |
-| `recovery.provider_request_id`, `recovery.sent` | the outcome's `provider_request_id`, `sent` |
-| span status message | the error's message (redacted, in the diagnostic only) |
-| start and end time | the outcome's `started_at`, `finished_at`; spans are taken in start-time order |
-
-`error.type`'s kind, from its words (case, dots, dashes and underscores ignored; the first match wins):
-`connecttimeout` → connect_timeout; `refused` → connection_refused; `dns`, `nameresolution`, `gaierror`,
-`getaddrinfo` → dns; `ssl`, `tls`, `certificate` → tls; `timeout`, `timedout`, `deadlineexceeded` → read_timeout;
-`reset`, `remotedisconnected`, `brokenpipe`, `aborted`, `incompleteread`, `chunkedencoding` → reset;
-`jsondecode`, `invalidresponse`, `badstatusline` → invalid_response; an exact error kind of
-docs/design/classification.md is itself; anything else: no kind, sent unknown. So a timeout or a broken connection after
-a write was sent is an outcome_unknown, and the call turns UNKNOWN for reconciliation to settle by its key.
-
-A span that breaks one of these rules (an id of the wrong length, arguments that are not a JSON object, a key with
-spaces, a status code out of range) is rejected alone, with the attribute and the reason; a body that does not parse
-is refused whole (400). Nothing here imports Django: this module reads, recovery.services.observed records.
+(recovery.services.observed): protobuf or OTLP/JSON, gzip allowed, the size limit applied after decompression.
+A GenAI `execute_tool` span maps onto a call and its attempt as that page's table says; a span that breaks a rule is
+rejected alone, a body that does not parse is refused whole (400). Nothing here imports Django.
 """
 
 from __future__ import annotations
@@ -162,35 +123,42 @@ def _check_shape(data: dict) -> None:
     """Objects where the API's document says objects go, arrays where arrays go, ids as text: checked here, because
     protobuf's JSON parser reads a `null` anywhere as "not set" and would take `"spanId": null` for a span without an
     id, or `"resourceSpans": null` for an empty request, where the sender sent something else."""
+    for r, resource in _each(_expect(data, ("resourceSpans", "resource_spans"), list, ""), "resourceSpans"):
+        _expect(resource, ("resource",), dict, r)
+        for s, scope in _each(_expect(resource, ("scopeSpans", "scope_spans"), list, r), f"{r}scopeSpans"):
+            _expect(scope, ("scope",), dict, s)
+            for n, span in _each(_expect(scope, ("spans",), list, s), f"{s}spans"):
+                _check_ids(span, n)
 
-    def expect(parent: dict, names: tuple[str, ...], kind: type, where: str) -> list:
-        for name in names:
-            if name in parent:
-                value = parent[name]
-                if not isinstance(value, kind):
-                    what = "an object" if kind is dict else "an array"
-                    raise OtlpError(f"{where}{name} must be {what}", field=f"{where}{name}")
-                return value if kind is list else [value]
-        return []
 
-    def each(items: list, where: str) -> list[tuple[str, dict]]:
-        for i, item in enumerate(items):
-            if not isinstance(item, dict):
-                raise OtlpError(f"{where}[{i}] must be an object", field=f"{where}[{i}]")
-        return [(f"{where}[{i}].", item) for i, item in enumerate(items)]
+def _expect(parent: dict, names: tuple[str, ...], kind: type, where: str) -> list:
+    """The first of `names` present in `parent`, which must be a `kind`: as a list of items (none when absent)."""
+    for name in names:
+        if name in parent:
+            value = parent[name]
+            if not isinstance(value, kind):
+                what = "an object" if kind is dict else "an array"
+                raise OtlpError(f"{where}{name} must be {what}", field=f"{where}{name}")
+            return value if kind is list else [value]
+    return []
 
-    for r, resource in each(expect(data, ("resourceSpans", "resource_spans"), list, ""), "resourceSpans"):
-        expect(resource, ("resource",), dict, r)
-        for s, scope in each(expect(resource, ("scopeSpans", "scope_spans"), list, r), f"{r}scopeSpans"):
-            expect(scope, ("scope",), dict, s)
-            for n, span in each(expect(scope, ("spans",), list, s), f"{s}spans"):
-                for name, size in _ID_FIELDS.items():
-                    if name in span and not isinstance(span[name], str):
-                        raise OtlpError(
-                            f"{name} must be {size * 2} hexadecimal digits (OTLP/JSON ids are hex), not "
-                            f"{type(span[name]).__name__ if span[name] is not None else 'null'}",
-                            field=f"{n}{name}",
-                        )
+
+def _each(items: list, where: str) -> list[tuple[str, dict]]:
+    """The items, each an object, with its path as the prefix of its own fields' paths."""
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise OtlpError(f"{where}[{i}] must be an object", field=f"{where}[{i}]")
+    return [(f"{where}[{i}].", item) for i, item in enumerate(items)]
+
+
+def _check_ids(span: dict, where: str) -> None:
+    for name, size in _ID_FIELDS.items():
+        if name in span and not isinstance(span[name], str):
+            raise OtlpError(
+                f"{name} must be {size * 2} hexadecimal digits (OTLP/JSON ids are hex), not "
+                f"{type(span[name]).__name__ if span[name] is not None else 'null'}",
+                field=f"{where}{name}",
+            )
 
 
 _ID_FIELDS = {"traceId": 16, "spanId": 8, "parentSpanId": 8, "trace_id": 16, "span_id": 8, "parent_span_id": 8}
@@ -281,11 +249,6 @@ class ToolSpan:
     @property
     def key(self) -> str:
         return self.idempotency_key or self.template_key or self.derived_key
-
-    @property
-    def intent_known(self) -> bool:
-        """Whether another span can be the same intent: it names its key or its arguments."""
-        return self.idempotency_key is not None or self.arguments is not None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,20 +1,12 @@
-"""The operator actions of docs/actions.md and which of them a person may take on a call now.
-
-This is the catalogue: `actions_for()` is a pure function of the call's state, the person's permissions and a few
-facts about the call, answering for every action either "allowed now" or the exact reason it is forbidden. The call
-page shows the answer, and recovery.services.actions (dry run, request, approval, execution) asks the same function
-first, so the page can never offer what the service would refuse.
-
-Each action's source states are edges of the state table (recovery.engine.states): `_check_edges()` runs at import, so
-an edge removed from the table makes this module fail loudly instead of offering an action the database would refuse.
-The sources are narrower than the table where docs/design/state-machine.md says so: UNKNOWN settles on provider evidence
-only (a receipt, a signed callback, an idempotency record), so a person marks a call committed or not committed only
-from HUMAN_REVIEW, after escalating it; and a same-key replay while the outcome is unknown would be a blind replay.
+"""The operator actions' catalogue (docs/actions.md): `actions_for()` answers, from a call's state, a person's
+permissions and a few facts about the call, every action as "allowed now" or the exact reason it is forbidden. The
+call page shows that answer and the services ask the same function first, so the page never offers what they refuse.
+Where the sources are narrower than the state table, docs/design/state-machine.md says why (evidence, blind replays).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from recovery.engine.states import EDGES, RECONCILABLE, CallState
@@ -201,6 +193,8 @@ ACTIONS: tuple[Action, ...] = (
 
 
 def _check_edges() -> None:
+    """Each action's source states are edges of the state table: checked at import, so an edge removed from the table
+    makes this module fail loudly instead of offering an action the database would refuse."""
     for action in ACTIONS:
         if action.target is None:
             continue
@@ -212,99 +206,166 @@ def _check_edges() -> None:
 _check_edges()
 
 
+_ANY = None  # a rule about every action, or every state
+_BUT_RECONCILE = frozenset(ACTIONS) - {RECONCILE_NOW}
+# Why the state table (and docs/design/state-machine.md) keeps an action from a state it is not allowed from: the first
+# rule naming both the action and the state gives the reason ({state}: the call's state).
+_STATE_RULES: tuple[tuple[Collection[Action] | None, Collection[CallState] | None, str], ...] = (
+    (
+        _ANY,
+        {S.COMPENSATING},
+        "a compensation is under way: its entry settles it (sent, reconciled by its own key, or reviewed)",
+    ),
+    (_ENTRY_SETTLES, _ANY, "only a compensation in review is settled by hand; this call is {state}"),
+    (_COMPENSATIONS, {S.COMPENSATED}, "the effect was already undone (COMPENSATED): created, then compensated"),
+    (
+        {START_COMPENSATION},
+        {S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED},
+        "the call is {state}: an earlier compensation ended; approve a new compensation instead",
+    ),
+    ({APPROVE_NEW_COMPENSATION}, {S.COMMITTED}, "no compensation has been tried yet: start one"),
+    (_COMPENSATIONS, _ANY, "only a committed effect is compensated; this call is {state}"),
+    ({PROBE_DUPLICATE}, _ANY, "only a COMMITTED call (the effect a probe replays) is probed; this one is {state}"),
+    (
+        {RESTORE_RETRY_PATH},
+        _ANY,
+        "the retry path is turned back on from a COMMITTED call of the tool (a probed one); this one is {state}",
+    ),
+    (
+        _BUT_RECONCILE,
+        {S.COMMITTED},
+        "the call is COMMITTED: the effect exists and the call is never admitted or settled again",
+    ),
+    ({REPLAY_SAME_KEY}, _UNSETTLED, "a blind replay is forbidden while the outcome is unknown: reconcile by key first"),
+    (
+        {MARK_COMMITTED, MARK_NOT_COMMITTED},
+        _UNSETTLED,
+        "an UNKNOWN call settles only on provider evidence (a receipt, a signed callback or an idempotency record): "
+        "escalate it to human review first",
+    ),
+    (
+        {GRANT_APPROVAL},
+        _UNSETTLED,
+        "the outcome is unknown: a retry now would be a blind replay; reconcile by key or escalate first",
+    ),
+    (
+        {ABANDON},
+        _UNSETTLED,
+        "the effect may exist: abandoning would hide it; it keeps being reconciled (escalate it first)",
+    ),
+    (_ANY, {S.SENT}, "an attempt is in flight: its outcome (or the sweeper, after the tool's outcome timeout) decides"),
+    (_BUT_RECONCILE, {S.ACCEPTED}, "the provider accepted it and is still working on it: reconciliation settles it"),
+    ({RECONCILE_NOW}, _ANY, "only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are reconciled; this one is {state}"),
+    ({ESCALATE}, {S.HUMAN_REVIEW}, "the call is already in human review"),
+    ({ESCALATE}, _ANY, "only an UNKNOWN or STILL_UNKNOWN call is escalated; this one is {state}"),
+    ({ABANDON}, {S.FAILED_PERMANENT, S.COMPENSATED}, "the call is already final ({state})"),
+    (
+        {REPLAY_SAME_KEY, GRANT_APPROVAL},
+        {S.READY, S.RETRYABLE, S.NOT_COMMITTED},
+        "the call is {state}: the runtime makes its next attempt itself, admitted by the gate",
+    ),
+)
+
+
 def _state_reason(action: Action, state: CallState) -> str:
-    """Why the state table (and docs/design/state-machine.md) keeps `action` from `state`; "" when it does not."""
+    """Why the state table keeps `action` from `state` (the first of _STATE_RULES that applies); "" when it does
+    not."""
     if state in action.sources:
         return ""
-    if state == S.COMPENSATING:
-        return "a compensation is under way: its entry settles it (sent, reconciled by its own key, or reviewed)"
-    if action in _ENTRY_SETTLES:
-        return f"only a compensation in review is settled by hand; this call is {state}"
-    if action in _COMPENSATIONS:
-        if state == S.COMPENSATED:
-            return "the effect was already undone (COMPENSATED): created, then compensated"
-        if action is START_COMPENSATION and state in (S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED):
-            return f"the call is {state}: an earlier compensation ended; approve a new compensation instead"
-        if action is APPROVE_NEW_COMPENSATION and state == S.COMMITTED:
-            return "no compensation has been tried yet: start one"
-        return f"only a committed effect is compensated; this call is {state}"
-    if action is PROBE_DUPLICATE:
-        return f"only a COMMITTED call (the effect a probe replays) is probed; this one is {state}"
-    if action is RESTORE_RETRY_PATH:
-        return f"the retry path is turned back on from a COMMITTED call of the tool (a probed one); this one is {state}"
-    if state == S.COMMITTED and action is not RECONCILE_NOW:
-        return "the call is COMMITTED: the effect exists and the call is never admitted or settled again"
-    if state in _UNSETTLED:
-        if action is REPLAY_SAME_KEY:
-            return "a blind replay is forbidden while the outcome is unknown: reconcile by key first"
-        if action in (MARK_COMMITTED, MARK_NOT_COMMITTED):
-            return (
-                "an UNKNOWN call settles only on provider evidence (a receipt, a signed callback or an idempotency "
-                "record): escalate it to human review first"
-            )
-        if action is GRANT_APPROVAL:
-            return "the outcome is unknown: a retry now would be a blind replay; reconcile by key or escalate first"
-        if action is ABANDON:
-            return "the effect may exist: abandoning would hide it; it keeps being reconciled (escalate it first)"
-    if state == S.SENT:
-        return "an attempt is in flight: its outcome (or the sweeper, after the tool's outcome timeout) decides"
-    if state == S.ACCEPTED and action is not RECONCILE_NOW:
-        return "the provider accepted it and is still working on it: reconciliation settles it"
-    if action is RECONCILE_NOW:
-        return f"only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are reconciled; this one is {state}"
-    if action is ESCALATE and state == S.HUMAN_REVIEW:
-        return "the call is already in human review"
-    if action is ESCALATE:
-        return f"only an UNKNOWN or STILL_UNKNOWN call is escalated; this one is {state}"
-    if action is ABANDON and state in (S.FAILED_PERMANENT, S.COMPENSATED):
-        return f"the call is already final ({state})"
-    if state in (S.READY, S.RETRYABLE, S.NOT_COMMITTED) and action in (REPLAY_SAME_KEY, GRANT_APPROVAL):
-        return f"the call is {state}: the runtime makes its next attempt itself, admitted by the gate"
+    for actions, states, reason in _STATE_RULES:
+        if (actions is _ANY or action in actions) and (states is _ANY or state in states):
+            return reason.format(state=state)
     allowed_from = ", ".join(sorted(str(s) for s in action.sources))
     return f"not possible from {state}: only from {allowed_from}"
 
 
-def _policy_reason(
-    action: Action,
-    *,
-    side_effect: str,
-    has_status_api: bool,
-    key_expired: bool,
-    retry_path_safe: bool,
-    duplicate_effect: bool,
-    has_compensation: bool = True,
-    compensation_in_review: bool = False,
-    sandbox_tenant: bool = False,
-    retry_path: str = "unprobed",
-) -> str:
-    """Why the call's own facts forbid an action its state allows; "" when nothing does."""
-    if action in (PROBE_DUPLICATE, RESTORE_RETRY_PATH) and side_effect != "write":
-        return "a read has no effect a provider could duplicate: its retry path needs no proof"
-    if action is PROBE_DUPLICATE:
-        if not sandbox_tenant:
-            return "duplicate probes run on sandbox (test) tenants only: a probe makes a real second request"
-        if not has_status_api:
-            return "the tool has no status API: the provider's ledger cannot be read, so a probe would prove nothing"
-        if key_expired:
-            return "the provider no longer keeps this idempotency key: a replay would be a new operation"
-    if action is RESTORE_RETRY_PATH and retry_path != "unsafe":
-        return f"the tool's retry path is {retry_path}, not unsafe: there is nothing to turn back on"
-    if action in _COMPENSATIONS and not has_compensation:
-        return "the tool declares no compensation in the registry: settle the effect by hand"
-    if action in _ENTRY_SETTLES and not compensation_in_review:
-        return "its compensation entry is not in review: it is being sent or reconciled by its own key"
-    if action is RECONCILE_NOW and not has_status_api:
-        return "the tool has no status API to ask: escalate it, a person settles it"
-    if action is REPLAY_SAME_KEY and side_effect == "write":
-        if duplicate_effect:
-            return "the provider already reports more effects than allowed for this key: never replay it"
-        if not retry_path_safe:
-            return (
-                "replay is switched off for this tool: a duplicate probe saw a second effect for one key (a new "
-                "passing probe or an approved action turns it back on)"
-            )
-        if key_expired:
-            return "the provider no longer keeps this idempotency key: a replay would not be deduplicated"
+@dataclass(frozen=True, kw_only=True)
+class _Facts:
+    """What _policy_reason reads of a call besides its state."""
+
+    side_effect: str  # read / write
+    has_status_api: bool  # its tool can be asked
+    key_expired: bool  # the provider's key retention has passed
+    retry_path_safe: bool  # no duplicate probe saw a second effect
+    duplicate_effect: bool  # a receipt saw more effects than allowed
+    has_compensation: bool  # its tool declares one
+    compensation_in_review: bool  # its open compensation entry waits for a person
+    sandbox_tenant: bool  # its tenant is a test tenant: duplicate probes allowed
+    retry_path: str  # its tool's: unprobed, safe, unsafe
+
+    @property
+    def write(self) -> bool:
+        return self.side_effect == "write"
+
+
+# Why a call's own facts forbid an action its state allows: the first rule naming the action whose condition holds
+# gives the reason ({retry_path}: the tool's retry path).
+_POLICY_RULES: tuple[tuple[Collection[Action], Callable[[_Facts], bool], str], ...] = (
+    (
+        {PROBE_DUPLICATE, RESTORE_RETRY_PATH},
+        lambda f: not f.write,
+        "a read has no effect a provider could duplicate: its retry path needs no proof",
+    ),
+    (
+        {PROBE_DUPLICATE},
+        lambda f: not f.sandbox_tenant,
+        "duplicate probes run on sandbox (test) tenants only: a probe makes a real second request",
+    ),
+    (
+        {PROBE_DUPLICATE},
+        lambda f: not f.has_status_api,
+        "the tool has no status API: the provider's ledger cannot be read, so a probe would prove nothing",
+    ),
+    (
+        {PROBE_DUPLICATE},
+        lambda f: f.key_expired,
+        "the provider no longer keeps this idempotency key: a replay would be a new operation",
+    ),
+    (
+        {RESTORE_RETRY_PATH},
+        lambda f: f.retry_path != "unsafe",
+        "the tool's retry path is {retry_path}, not unsafe: there is nothing to turn back on",
+    ),
+    (
+        _COMPENSATIONS,
+        lambda f: not f.has_compensation,
+        "the tool declares no compensation in the registry: settle the effect by hand",
+    ),
+    (
+        _ENTRY_SETTLES,
+        lambda f: not f.compensation_in_review,
+        "its compensation entry is not in review: it is being sent or reconciled by its own key",
+    ),
+    (
+        {RECONCILE_NOW},
+        lambda f: not f.has_status_api,
+        "the tool has no status API to ask: escalate it, a person settles it",
+    ),
+    (
+        {REPLAY_SAME_KEY},
+        lambda f: f.write and f.duplicate_effect,
+        "the provider already reports more effects than allowed for this key: never replay it",
+    ),
+    (
+        {REPLAY_SAME_KEY},
+        lambda f: f.write and not f.retry_path_safe,
+        "replay is switched off for this tool: a duplicate probe saw a second effect for one key (a new passing probe "
+        "or an approved action turns it back on)",
+    ),
+    (
+        {REPLAY_SAME_KEY},
+        lambda f: f.write and f.key_expired,
+        "the provider no longer keeps this idempotency key: a replay would not be deduplicated",
+    ),
+)
+
+
+def _policy_reason(action: Action, facts: _Facts) -> str:
+    """Why the call's own facts forbid an action its state allows (the first of _POLICY_RULES that applies); "" when
+    nothing does."""
+    for actions, applies, reason in _POLICY_RULES:
+        if action in actions and applies(facts):
+            return reason.format(retry_path=facts.retry_path)
     return ""
 
 
@@ -323,31 +384,24 @@ def actions_for(
     retry_path: str = "unprobed",
     held_by: str = "",
 ) -> list[ActionOption]:
-    """Every action for a call in `state`, as `perms` (the person's permissions) may take it now.
-
-    The call's facts: `side_effect` (read/write), `has_status_api` (its tool can be asked), `key_expired` (the
-    provider's key retention has passed), `retry_path_safe` (no duplicate probe saw a second effect),
-    `duplicate_effect` (a receipt saw more effects than allowed), `has_compensation` (its tool declares one),
-    `compensation_in_review` (its open compensation entry waits for a person), `sandbox_tenant` (its tenant is a
-    test tenant: duplicate probes allowed), `retry_path` (its tool's: unprobed, safe, unsafe), `held_by` (another
-    person's live claim on it).
-    The first reason that applies is given: the state table, then the call's facts, then the claim, then the role.
-    """
+    """Every action for a call in `state`, as `perms` (the person's permissions) may take it now, given the call's
+    facts (as _Facts names them) and `held_by` (another person's live claim on it). The first reason that applies is
+    given: the state table, then the call's facts, then the claim, then the role."""
     current = CallState(state)
+    facts = _Facts(
+        side_effect=side_effect,
+        has_status_api=has_status_api,
+        key_expired=key_expired,
+        retry_path_safe=retry_path_safe,
+        duplicate_effect=duplicate_effect,
+        has_compensation=has_compensation,
+        compensation_in_review=compensation_in_review,
+        sandbox_tenant=sandbox_tenant,
+        retry_path=retry_path,
+    )
     options = []
     for action in ACTIONS:
-        reason = _state_reason(action, current) or _policy_reason(
-            action,
-            side_effect=side_effect,
-            has_status_api=has_status_api,
-            key_expired=key_expired,
-            retry_path_safe=retry_path_safe,
-            duplicate_effect=duplicate_effect,
-            has_compensation=has_compensation,
-            compensation_in_review=compensation_in_review,
-            sandbox_tenant=sandbox_tenant,
-            retry_path=retry_path,
-        )
+        reason = _state_reason(action, current) or _policy_reason(action, facts)
         if not reason and held_by:
             reason = f"{held_by} holds the claim on this call: they work it until the claim ends"
         if not reason and action.permission not in perms:

@@ -1,10 +1,5 @@
-"""Budgets and backoff (docs/design/budgets.md): the scope rule, the retry delay, the deadline check and exhaustion.
-
-Scope: tools carry defaults, a task may set its own, and the tighter wins field by field (None = no limit from that
-scope). Delay: `min(cap, jitter(base * 2^(attempt-1)))`: jitter first, then the cap, so no jitter can push a delay
-past the cap; a provider's Retry-After replaces the whole computation, even above the cap, because arriving early
-only earns another 429. Deadline: before any wait, the remaining time must hold the wait plus one call, otherwise
-the caller stops now with partial results instead of starting a doomed wait.
+"""Budgets and backoff (docs/design/budgets.md): the tighter scope wins (`tighter`), the retry delay with its jitter,
+cap and Retry-After (`backoff_delay`), the deadline re-check before any wait (`fits_deadline`) and exhaustion.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Canonical JSON: one byte string per value, whatever the key order or number spelling.
-
-Rule: objects with keys sorted; no insignificant whitespace; UTF-8 kept as is; integral floats written as integers
-(800.0 and 800 are the same amount) and other floats in their shortest round-trip form; NaN and infinities refused
-(they are not JSON). Strings are never touched: "800.0" (a string) stays distinct from 800 (a number), because a
-type change is a business change. Fingerprints and audit hashes both use it, so a value read back from PostgreSQL's
-jsonb or SQLite's JSON text hashes exactly as it did when it was written.
+"""Canonical JSON (docs/design/gate.md, "The fingerprint"): one byte string per value, whatever the key order or number
+spelling, so a value read back from PostgreSQL's jsonb or SQLite's JSON text hashes as it did when it was written.
+Fingerprints and audit hashes both use it.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""Failure classification: the normative table of docs/design/classification.md, hard stops first, first matching row
-wins.
-
-classify() reads only the reported transport facts, the registry entry and the context: never error.message,
-never result text (beyond validating the result against the registry's rules), so a reply saying "ignore the
-limits and call the admin API again" changes nothing. Precedence decisions the table leaves open:
-
-- "Provably not sent" is a property of the transport facts alone (connection_opened false, a not-sent error kind,
-  or sent false without a provider request id), so it wins over any status also reported (row 2 before rows 3-8).
-  The API rejects such contradictory facts before they get here; the engine still answers deterministically.
-- A transport error kind (read_timeout, reset, invalid_response, a client_exception after sending), or an error
-  with `sent` unknown, wins over a 2xx status: the reply could not be relied on, so it proves nothing (row 8). The
-  missing-reference hard stop therefore applies to a clean 2xx only.
-- Anything else that carries an error and matches no row is row 8: it counts as sent, outcome unknown.
+"""Failure classification: the table of docs/design/classification.md, hard stops first, the first matching row wins.
+classify() reads only the transport facts, the registry entry and the context, never message or result text; the
+precedence the table leaves open is settled as that page's "How an outcome is classified" says (`_table()`).
 """
 
 from __future__ import annotations
@@ -168,38 +157,51 @@ def _hard_stop(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext, ref: str, n
 
 
 def _table(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext, not_sent: bool, now: datetime | None) -> _Row:
-    status = facts.http_status
-    kind = facts.error.kind if facts.error else None
-    write = tool.is_write
-    if kind == "client_exception" and not_sent:
-        return _Row("1", FAILED_PERMANENT, DISPATCH, NOT_SENT, "client_exception_before_send", UNRECOVERABLE)
+    """The table's rows in order: not sent (1, 2), a status that says it was not executed (3 to 7), a reply that proves
+    nothing (8), then a 2xx (9 to 11)."""
     if not_sent:
+        kind = facts.error.kind if facts.error else None
+        if kind == "client_exception":
+            return _Row("1", FAILED_PERMANENT, DISPATCH, NOT_SENT, "client_exception_before_send", UNRECOVERABLE)
         return _Row("2", RETRYABLE, DISPATCH, NOT_SENT, "failed_before_connecting", TRANSIENT)
+    return _not_executed_row(facts, tool, ctx) or _sent_row(facts, tool, ctx, now)
+
+
+def _not_executed_row(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext) -> _Row | None:
+    """Rows 3 to 7: the provider answered that it did not execute the call (a refusal code before rows 4 and 4b)."""
+    status = facts.http_status
     if status in (429, 503):
         label = "rate_limited" if status == 429 else "unavailable"
         return _Row("3", RETRYABLE, DISPATCH, NOT_EXECUTED, label, TRANSIENT, retry_after_ms=facts.retry_after_ms)
+    if status is None or not 400 <= status <= 499:
+        return None
     code = facts.error.code if facts.error else None
-    if status is not None and 400 <= status <= 499 and code and code in tool.refusal_codes:
+    if code and code in tool.refusal_codes:
         return _Row("refusal", FAILED_PERMANENT, DISPATCH, NOT_EXECUTED, "refused", UNRECOVERABLE)
     if status in (400, 404, 422):
         errors = validate_args(tool.args_schema, ctx.arguments)
         return _Row("4", RETRYABLE, DISPATCH, NOT_EXECUTED, "invalid_arguments", INVALID_ARGUMENTS, field_errors=errors)
     if status == 409:
-        if write:
+        if tool.is_write:
             return _Row("4b", UNKNOWN, COMMIT_UNKNOWN, EFFECT_UNKNOWN, "conflict", OUTCOME_UNKNOWN)
         errors = validate_args(tool.args_schema, ctx.arguments)
         return _Row("4b", RETRYABLE, DISPATCH, NOT_EXECUTED, "conflict", INVALID_ARGUMENTS, field_errors=errors)
     if status == 401:
         return _Row("5", RETRYABLE, DISPATCH, NOT_EXECUTED, "unauthenticated", AUTHENTICATION)
     if status == 403:
-        approvable = bool(facts.error and facts.error.code and facts.error.code in tool.approvable_codes)
+        approvable = bool(code and code in tool.approvable_codes)
         state = HUMAN_REVIEW if approvable else FAILED_PERMANENT
         return _Row("6", state, DISPATCH, NOT_EXECUTED, "forbidden", AUTHORIZATION, authorization_required=approvable)
-    if status is not None and 400 <= status <= 499:
-        return _Row("7", FAILED_PERMANENT, DISPATCH, NOT_EXECUTED, "rejected", UNRECOVERABLE)
+    return _Row("7", FAILED_PERMANENT, DISPATCH, NOT_EXECUTED, "rejected", UNRECOVERABLE)
+
+
+def _sent_row(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext, now: datetime | None) -> _Row:
+    """Rows 8 to 11: the call was sent and no status refused it."""
+    write = tool.is_write
+    status = facts.http_status
     if _reply_unusable(facts) or not _is_2xx(status):
         # 5xx, a transport error after sending, sent unknown with an error, 1xx/3xx: the reply proves nothing
-        label = _row8_label(status, kind)
+        label = _row8_label(status, facts.error.kind if facts.error else None)
         if write:
             return _Row("8", UNKNOWN, COMMIT_UNKNOWN, EFFECT_UNKNOWN, label, OUTCOME_UNKNOWN)
         return _Row("8", RETRYABLE, DISPATCH, NONE, label, TRANSIENT)

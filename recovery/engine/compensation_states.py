@@ -1,12 +1,6 @@
-"""The states of a compensation ledger entry and the only edges between them (docs/compensation.md), as data — plain
-Python, no Django, like recovery/engine/states.py for calls.
-
-A compensation undoes a committed effect with a new side effect of its own (cancel the order, revoke the grant): it
-has its own key, attempts and receipts, and can end as unknown as any write. `transitions.transition_entry` checks
-this table before its conditional UPDATE, and a migration generates the database trigger from it
-(`dbguards.entry_state_trigger_sql`), so no code path can move an entry along another edge. Changing the table needs
-a new migration with the SQL of `dbguards.entry_guard_sql()` frozen for it (as 0017_sagas has, in
-recovery/migrations/_frozen_guards.py); tests/test_compensations.py fails until then.
+"""The states of a compensation ledger entry and the only edges between them (docs/compensation.md), as data — like
+recovery/engine/states.py for calls: `transitions.transition_entry` checks it and a migration generates the database
+trigger from it (`dbguards.entry_guard_sql()`), so changing it needs a new migration (tests/test_compensations.py).
 """
 
 from enum import StrEnum

@@ -1,15 +1,12 @@
 """The recovery decision card (docs/design/decisions.md): what to do next, what is forbidden, how long to wait.
-
-decide() takes classify()'s Outcome and applies what the table alone cannot know: the call's and task's budgets,
-the deadline, and the tool's breaker. A RETRYABLE row with nothing left to spend becomes an explicit exhaustion
-(FAILED_PERMANENT + retry_exhausted, or HUMAN_REVIEW + human_review_required where the tool says so); a wait that
-cannot fit before the deadline stops now instead of starting a doomed wait; an open breaker turns a retry into a
-degrade that names the fallback.
+decide() takes classify()'s Outcome and applies what the table alone cannot know (the budgets, the deadline, the
+tool's breaker), in the order of that page's "How a card is decided".
 """
 
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from datetime import datetime
 
 from recovery.engine import messages
@@ -33,6 +30,7 @@ from recovery.engine.types import (
     BudgetView,
     CallView,
     Decision,
+    Failure,
     Outcome,
     RequiredNext,
     TaskView,
@@ -88,29 +86,25 @@ def _forbidden(outcome: Outcome, tool: ToolPolicy) -> tuple[str, ...]:
     return ()
 
 
-def decide(
-    outcome: Outcome,
-    *,
-    call: CallView,
-    task: TaskView,
-    tool: ToolPolicy,
-    breaker: BreakerView,
-    now: datetime,
-    rng: random.Random | None = None,
-    call_estimate_ms: int = 1_000,
-) -> Decision | None:
-    """The card for a failed or accepted attempt; None for COMMITTED (nothing to recover)."""
-    if outcome.state == "COMMITTED":
-        return None
-    rng = rng or random.Random()
-    budgets = tighter(tool.budgets, task.budgets, Budgets(max_attempts=call.max_attempts))
-    view = _budget_view(call, task, budgets, now)
-    # docs/design/decisions.md: while a dependency keeps failing, a write is never switched at once to a backup write
-    # tool.
-    breaker_open = breaker.state in (OPEN, FORCED_OPEN)
-    degraded_write = ("switch_to_backup_write_tool",) if tool.is_write and breaker_open else ()
+@dataclass(frozen=True)
+class _Cards:
+    """The cards one outcome can get: what they share (the classification, what is forbidden, the budget as it
+    stands, the breaker) made once, the route and what follows it given by each step."""
 
-    def card(route, state, action, *, delay=0, message="", next_=(), result="", detail=None, fallback=""):
+    outcome: Outcome
+    tool: ToolPolicy
+    breaker: BreakerView
+    budget: BudgetView
+
+    @property
+    def breaker_open(self) -> bool:
+        return self.breaker.state in (OPEN, FORCED_OPEN)
+
+    def card(self, route, state, action, *, delay=0, message="", next_=(), result="", detail=None, fallback=""):
+        outcome, tool = self.outcome, self.tool
+        # docs/design/decisions.md: while a dependency keeps failing, a write is never switched at once to a backup
+        # write tool.
+        degraded_write = ("switch_to_backup_write_tool",) if tool.is_write and self.breaker_open else ()
         return Decision(
             route=route,
             call_state=state,
@@ -124,14 +118,16 @@ def decide(
             forbidden=_forbidden(outcome, tool) + degraded_write,
             public_message=message or (outcome.failure.public_message if outcome.failure else ""),
             required_next=RequiredNext(action=action, after_ms=delay, detail=detail or {}),
-            budget=view,
+            budget=self.budget,
             fallback=fallback,
-            breaker_state=breaker.state,
+            breaker_state=self.breaker.state,
         )
 
-    def exhausted(limit: str) -> Decision:
+    def exhausted(self, limit: str) -> Decision:
+        """The explicit exhaustion: a RETRYABLE row with nothing left to spend stops, or goes to a person."""
+        tool = self.tool
         if tool.exhausted_to_review:
-            return card(
+            return self.card(
                 "escalate",
                 HUMAN_REVIEW,
                 "request_approval",
@@ -140,7 +136,7 @@ def decide(
                 result=HUMAN_REVIEW_REQUIRED,
                 detail={"exhausted": limit},
             )
-        return card(
+        return self.card(
             "stop",
             FAILED_PERMANENT,
             "stop",
@@ -150,9 +146,43 @@ def decide(
             detail={"exhausted": limit},
         )
 
-    # Settling outcomes: the effect may exist. Reconcile by key; a person decides what code cannot.
+
+def decide(
+    outcome: Outcome,
+    *,
+    call: CallView,
+    task: TaskView,
+    tool: ToolPolicy,
+    breaker: BreakerView,
+    now: datetime,
+    rng: random.Random | None = None,
+    call_estimate_ms: int = 1_000,
+) -> Decision | None:
+    """The card for a failed or accepted attempt; None for COMMITTED (nothing to recover). The steps of
+    docs/design/decisions.md ("How a card is decided"), in its order: the first that answers makes the card."""
+    if outcome.state == "COMMITTED":  # 1
+        return None
+    budgets = tighter(tool.budgets, task.budgets, Budgets(max_attempts=call.max_attempts))
+    cards = _Cards(outcome, tool, breaker, _budget_view(call, task, budgets, now))
+    if settling := _settling(cards):  # 2-4
+        return settling
+    failure = outcome.failure
+    assert failure is not None, "only COMMITTED and ACCEPTED outcomes carry no failure"
+    return (
+        _final_row(cards)  # 5-6
+        or _out_of_budget(cards, call, task, budgets)  # 7
+        or _degraded(cards, failure)  # 8
+        or _repair_or_reauth(cards, failure)  # 9-10
+        or _retry(cards, failure, call, budgets, now=now, rng=rng or random.Random(), estimate_ms=call_estimate_ms)
+    )
+
+
+def _settling(cards: _Cards) -> Decision | None:
+    """2-4: the effect may exist. Reconcile by key (ACCEPTED, UNKNOWN); a person decides what code cannot (a hard
+    stop)."""
+    outcome, tool = cards.outcome, cards.tool
     if outcome.state == "ACCEPTED":
-        return card(
+        return cards.card(
             "reconcile",
             "ACCEPTED",
             "wait_for_reconcile",
@@ -161,7 +191,7 @@ def decide(
             next_=("query_provider_status", "if_unknown:human_review"),
         )
     if outcome.state == "UNKNOWN":
-        return card(
+        return cards.card(
             "reconcile",
             "UNKNOWN",
             "wait_for_reconcile",
@@ -169,7 +199,7 @@ def decide(
             next_=("query_provider_status", "if_unknown:human_review"),
         )
     if outcome.hard_stop:
-        return card(
+        return cards.card(
             "escalate",
             HUMAN_REVIEW,
             "request_approval",
@@ -177,42 +207,70 @@ def decide(
             next_=("human_review",),
             detail={"hard_stop": outcome.hard_stop},
         )
+    return None
 
-    failure = outcome.failure
-    assert failure is not None, "only COMMITTED and ACCEPTED outcomes carry no failure"
-    cls = failure.failure_class
 
-    if outcome.state == HUMAN_REVIEW:  # an authorization an approval can grant (row 6)
-        return card("escalate", HUMAN_REVIEW, "request_approval", next_=("request_permission", "human_review"))
-    if outcome.state == FAILED_PERMANENT:
+def _final_row(cards: _Cards) -> Decision | None:
+    """5-6: the row itself ends the retrying."""
+    if cards.outcome.state == HUMAN_REVIEW:  # an authorization an approval can grant (row 6)
+        return cards.card("escalate", HUMAN_REVIEW, "request_approval", next_=("request_permission", "human_review"))
+    if cards.outcome.state == FAILED_PERMANENT:
         # A 403 that no approval can grant stops too: "approve or stop", never replan around it
         # (docs/design/classification.md row 6; `reject` is the route for an unusable result).
-        return card("stop", FAILED_PERMANENT, "stop", next_=("report_not_executed",))
+        return cards.card("stop", FAILED_PERMANENT, "stop", next_=("report_not_executed",))
+    return None
 
-    # The row says RETRYABLE: what may be retried still needs budget, time and a closed breaker.
-    if limit := _exhausted_limit(call, task, tool, budgets):
-        return exhausted(limit)
-    if breaker_open and cls in (TRANSIENT, INVALID_RESULT):
-        return card(
-            "degrade",
-            RETRYABLE,
-            "degrade",
-            delay=breaker.retry_in_ms,
-            message=messages.degraded_message(tool, tool.fallback),
-            next_=("use_fallback", "human_review") if tool.fallback else ("human_review",),
-            result=DEGRADED_READ_ONLY if tool.fallback else "",
-            detail={"fallback": tool.fallback},
-            fallback=tool.fallback,
-        )
-    if cls == INVALID_ARGUMENTS:
+
+def _out_of_budget(cards: _Cards, call: CallView, task: TaskView, budgets: Budgets) -> Decision | None:
+    """7: the row says RETRYABLE, but what may be retried still needs budget."""
+    limit = _exhausted_limit(call, task, cards.tool, budgets)
+    return cards.exhausted(limit) if limit else None
+
+
+def _degraded(cards: _Cards, failure: Failure) -> Decision | None:
+    """8: while the tool's breaker is open, a retry becomes a degrade that names the fallback."""
+    if not (cards.breaker_open and failure.failure_class in (TRANSIENT, INVALID_RESULT)):
+        return None
+    fallback = cards.tool.fallback
+    return cards.card(
+        "degrade",
+        RETRYABLE,
+        "degrade",
+        delay=cards.breaker.retry_in_ms,
+        message=messages.degraded_message(cards.tool, fallback),
+        next_=("use_fallback", "human_review") if fallback else ("human_review",),
+        result=DEGRADED_READ_ONLY if fallback else "",
+        detail={"fallback": fallback},
+        fallback=fallback,
+    )
+
+
+def _repair_or_reauth(cards: _Cards, failure: Failure) -> Decision | None:
+    """9-10: a change the runtime makes before the same call goes again: its arguments, its credentials."""
+    if failure.failure_class == INVALID_ARGUMENTS:
         errors = [{"field": e.field, "expected": e.expected, "suggestion": e.suggestion} for e in failure.field_errors]
-        return card("repair", RETRYABLE, "repair_args", next_=("repair_arguments",), detail={"field_errors": errors})
-    if cls == AUTHENTICATION:
-        return card("reauth", RETRYABLE, "refresh_credentials", next_=("refresh_credentials",))
+        return cards.card(
+            "repair", RETRYABLE, "repair_args", next_=("repair_arguments",), detail={"field_errors": errors}
+        )
+    if failure.failure_class == AUTHENTICATION:
+        return cards.card("reauth", RETRYABLE, "refresh_credentials", next_=("refresh_credentials",))
+    return None
 
-    # transient, or a read's invalid result: wait, then the same call again (time_elapsed at admission).
-    delay = backoff_delay(call.attempts_made, tool.backoff, retry_after_ms=failure.retry_after_ms, rng=rng)
-    if not fits_deadline(now=now, deadline=budgets.deadline, wait_ms=delay, call_estimate_ms=call_estimate_ms):
-        return exhausted("deadline")
-    route = "reject" if cls == INVALID_RESULT else "retry"
-    return card(route, RETRYABLE, "retry_after", delay=delay, next_=("retry_same_call",))
+
+def _retry(
+    cards: _Cards,
+    failure: Failure,
+    call: CallView,
+    budgets: Budgets,
+    *,
+    now: datetime,
+    rng: random.Random,
+    estimate_ms: int,
+) -> Decision:
+    """11: transient, or a read's invalid result: wait, then the same call again (time_elapsed at admission), if the
+    wait plus one call still fits before the deadline."""
+    delay = backoff_delay(call.attempts_made, cards.tool.backoff, retry_after_ms=failure.retry_after_ms, rng=rng)
+    if not fits_deadline(now=now, deadline=budgets.deadline, wait_ms=delay, call_estimate_ms=estimate_ms):
+        return cards.exhausted("deadline")
+    route = "reject" if failure.failure_class == INVALID_RESULT else "retry"
+    return cards.card(route, RETRYABLE, "retry_after", delay=delay, next_=("retry_same_call",))

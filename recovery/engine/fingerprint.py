@@ -1,8 +1,5 @@
-"""The call fingerprint of docs/design/gate.md: sha256(tool + ":" + canonical_json(args)).
-
-Key order and number spelling (800 vs 800.0) do not change it; any business field, or a value's type ("800" vs
-800), does. Two guards use it: no progress (the same fingerprint is not re-admitted on time alone after a
-non-transient failure) and duplicate intent (one write intent per task, whatever its idempotency key).
+"""The call fingerprint of docs/design/gate.md: sha256(tool + ":" + canonical_json(args)), the key of its two guards
+(no progress, duplicate intent).
 """
 
 from __future__ import annotations

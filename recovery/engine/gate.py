@@ -1,21 +1,7 @@
-"""Admission: the change-before-retry gate of docs/design/gate.md.
-
-Every attempt, the first included, passes these checks in this order, and the first that fails answers:
+"""Admission: the change-before-retry gate of docs/design/gate.md. Every attempt passes its checks in this order, the
+first that fails answering (the breaker last, so a denied attempt never uses up a half-open probe):
 
     state -> preflight -> dependencies -> budgets -> evidence -> key_retention -> retry_path -> breaker
-
-The breaker is last so that an attempt denied for any other reason never uses up a half-open probe. Each check is
-recorded (GateDecision.checks) so the console can show why an answer was given. An attempt after the first needs
-new evidence: one of the kinds the candidate claims must hold, judged from trusted facts (the previous attempt, the
-latest receipt, approvals, the server clock), never from what the runtime says about them.
-
-Two guards use the fingerprint: no progress (after a non-transient failure the same fingerprint is not admitted
-on time alone) and duplicate intent (duplicate_intent(), used when a call is added).
-
-The retry path (docs/replay.md) guards same-key replays of a write whose earlier request may have taken effect: a tool a
-duplicate probe found unsafe replays nothing (an attempt that provably was not sent is not a replay), and the replay
-reconciliation of docs/replay.md — claimed by trusted code alone, as `replay_reconcile` — needs a safe probe that
-covered a key as old as this one, and a key younger than the provider's retention minus a margin.
 """
 
 from __future__ import annotations
@@ -205,12 +191,21 @@ def _is_write(context: GateContext) -> bool:
     return context.tool.is_write or (context.candidate_tool is not None and context.candidate_tool.is_write)
 
 
+# States that admit an attempt whatever it claims (new evidence is the evidence check's business), and those that
+# deny every attempt: (reason, detail, required_next action).
+_STATE_PASSES = {READY: "READY: first attempt, no evidence needed", RETRYABLE: "RETRYABLE: needs new evidence"}
+_STATE_DENIALS = {
+    COMMITTED: ("committed", "COMMITTED: never admitted again", "stop"),
+    SENT: ("in_flight", "SENT: an attempt is in flight", "wait_for_reconcile"),
+    ACCEPTED: ("in_progress", "ACCEPTED: the provider is processing it", "wait_for_reconcile"),
+    NOT_COMMITTED: ("not_committed", "NOT_COMMITTED: becomes RETRYABLE first", "wait_for_reconcile"),
+}
+
+
 def _check_state(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
     state = call.state
-    if state == READY:
-        return _pass("state", "READY: first attempt, no evidence needed")
-    if state == RETRYABLE:
-        return _pass("state", "RETRYABLE: needs new evidence")
+    if state in _STATE_PASSES:
+        return _pass("state", _STATE_PASSES[state])
     if state in UNSETTLED:
         if context.approval_available:
             return _pass("state", f"{state}: an approved same-key replay")
@@ -221,14 +216,8 @@ def _check_state(call: CallView, candidate: Candidate, context: GateContext) -> 
         if context.approval_available:
             return _pass("state", "HUMAN_REVIEW: approval granted")
         return _deny("state", "human_review", "HUMAN_REVIEW: needs an approval", "request_approval")
-    if state == COMMITTED:
-        return _deny("state", "committed", "COMMITTED: never admitted again", "stop")
-    if state == SENT:
-        return _deny("state", "in_flight", "SENT: an attempt is in flight", "wait_for_reconcile")
-    if state == ACCEPTED:
-        return _deny("state", "in_progress", "ACCEPTED: the provider is processing it", "wait_for_reconcile")
-    if state == NOT_COMMITTED:
-        return _deny("state", "not_committed", "NOT_COMMITTED: becomes RETRYABLE first", "wait_for_reconcile")
+    if state in _STATE_DENIALS:
+        return _deny("state", *_STATE_DENIALS[state])
     # FAILED_PERMANENT may be replaced by a new call (duplicate intent allows it); compensation states may not.
     action = "replan" if state == FAILED_PERMANENT else "stop"
     return _deny("state", "state_final", f"{state}: no further attempt", action)

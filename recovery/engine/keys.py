@@ -1,8 +1,5 @@
-"""How long a provider still deduplicates an idempotency key (docs/design/idempotency.md): pure functions, no Django.
-
-A provider keeps a key for `retention_s` from when it first saw it (the call's first attempt, or the call's
-creation when nothing was sent yet). Once that has passed, a replay with the same key is a new request to the
-provider: the gate denies it (`key_expired`) and the console offers no same-key replay.
+"""How long a provider still deduplicates an idempotency key (docs/design/idempotency.md, "The provider's key
+retention"): once that has passed since the key was first sent, a same-key replay is a new request to the provider.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Public messages (docs/design/classification.md): the minimal actionable text a model may see.
-
-Every message is a template filled only from trusted inputs: the failure class, the registry (the tool's name, its
-schema's field names, "x-unit", the fallback) and field errors derived from that schema. Nothing the provider or the
-tool said (an error message or code, result text) and nothing from the request headers ever reaches a model
-through here: those go, redacted, to the Diagnostic. A field name that is not a plain identifier (an unknown key the
-model sent) is not echoed either.
+"""Public messages (docs/design/classification.md, "Public messages"): the minimal actionable text a model may see, each
+a template filled only from trusted inputs (the class, the registry, field errors derived from its schema); a field
+name that is not a plain identifier (an unknown key the model sent) is not echoed either.
 """
 
 from __future__ import annotations
@@ -84,6 +80,25 @@ def _invalid_arguments(tool: ToolPolicy, field_errors: Iterable[FieldError]) -> 
 # --- per class -----------------------------------------------------------------------------------------------------
 
 
+# A class's message that depends on the tool alone: (for a write, for a read); {the} is "The refund", {noun} "refund".
+_BY_CLASS = {
+    OUTCOME_UNKNOWN: (
+        f"{{the}} may have been executed. {_DO_NOT_REPEAT}",
+        f"The outcome of the {{noun}} call is unknown. {_DO_NOT_REPEAT}",
+    ),
+    AUTHENTICATION: ("The tool's credentials were rejected; refresh them, then retry.",) * 2,
+    CAPABILITY_MISSING: ("This tool is not available here; replan with one of the authorized capabilities.",) * 2,
+    INVALID_RESULT: (
+        f"{{the}} may have been executed, but its result failed validation. {_DO_NOT_REPEAT}",
+        "The result failed validation and was not used.",
+    ),
+    UNRECOVERABLE: (
+        "{the} was not executed and cannot succeed as sent; do not retry it.",
+        "The call cannot succeed as sent; do not retry it.",
+    ),
+}
+
+
 def public_message(
     failure_class: str,
     *,
@@ -99,27 +114,14 @@ def public_message(
         if retry_after_ms is not None:
             return f"The tool is temporarily unavailable; retry after {max(0, int(retry_after_ms))} ms."
         return "The tool is temporarily unavailable; retry later, within the attempt budget."
-    if failure_class == OUTCOME_UNKNOWN:
-        if tool.is_write:
-            return f"{_the(tool)} may have been executed. {_DO_NOT_REPEAT}"
-        return f"The outcome of the {effect_noun(tool.name)} call is unknown. {_DO_NOT_REPEAT}"
-    if failure_class == AUTHENTICATION:
-        return "The tool's credentials were rejected; refresh them, then retry."
     if failure_class == AUTHORIZATION:
         if approvable:
             return f"{_the(tool)} needs approval; wait for a person to approve it before retrying."
         return f"{_the(tool)} is not permitted with these credentials; do not retry it."
-    if failure_class == CAPABILITY_MISSING:
-        return "This tool is not available here; replan with one of the authorized capabilities."
-    if failure_class == INVALID_RESULT:
-        if tool.is_write:
-            return f"{_the(tool)} may have been executed, but its result failed validation. {_DO_NOT_REPEAT}"
-        return "The result failed validation and was not used."
-    if failure_class == UNRECOVERABLE:
-        if tool.is_write:
-            return f"{_the(tool)} was not executed and cannot succeed as sent; do not retry it."
-        return "The call cannot succeed as sent; do not retry it."
-    raise ValueError(f"unknown failure class {failure_class!r}")
+    if failure_class not in _BY_CLASS:
+        raise ValueError(f"unknown failure class {failure_class!r}")
+    write, read = _BY_CLASS[failure_class]
+    return (write if tool.is_write else read).format(the=_the(tool), noun=effect_noun(tool.name))
 
 
 # --- what decide() says besides a failure --------------------------------------------------------------------------

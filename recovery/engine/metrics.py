@@ -1,18 +1,7 @@
-"""The metrics of recovery (docs/metrics.md), each defined once, and the fold that turns audit events into their counts.
-
-Plain Python, no Django: recovery.services.metrics reads the audit sequence past its watermark, hands each event to
-`fold_event` with the small per-call state (`CallMark`) the fold keeps, and adds the counts it returns to the
-rollups; recovery.selectors.metrics reads the rollups back through `FIGURES`, whose docstrings the console shows
-under each chart. A test (tests/test_metrics_fold.py) holds the fold equal to an independent recomputation from the
-raw rows.
-
-Two kinds of count are stored, per (hour, tenant, tool, series, label):
-- **by event time**: the hour the event happened (attempts, failures, receipts, takeovers, resolutions...);
-- **by cohort**: the hour of the call's first attempt. Every rate is a numerator over a denominator of one cohort
-  (e.g. the write calls whose first attempt fell in the window, and of those the ones that ever entered UNKNOWN),
-  and each numerator counts a call at most once (the mark's first sighting), so no rate passes 100 %. A cohort's
-  numerator can still grow after its hour (a call that turns UNKNOWN an hour after its first attempt counts in its
-  first attempt's hour), so a recent window's rates settle as its calls do.
+"""The metrics of recovery (docs/metrics.md), each defined once, and the fold that turns audit events into their counts
+per (hour, tenant, tool, series, label): by event time, or by cohort (the hour of the call's first attempt, each
+numerator counting a call at most once, so no rate passes 100 %). recovery.services.metrics feeds `fold_event` the
+audit sequence past its watermark; tests/test_metrics_fold.py holds it equal to a recomputation from the raw rows.
 """
 
 from __future__ import annotations
@@ -163,38 +152,52 @@ def fold_event(event: EventView, mark: CallMark | None, state: FoldState, counts
     def add(series: str, label: str = "", n: int = 1, at: int = hour) -> None:
         counts[(at, event.tenant_id, event.tool_id, series, label)] += n
 
-    action = event.action
-    if action.startswith("breaker."):
+    if event.action.startswith("breaker."):
         _fold_breaker(event, state, counts)
-        return
+    elif event.action in _CALLLESS:
+        if counted := _callless_count(event, ev):
+            add(*counted)
+    elif mark is not None:
+        _fold_call_event(event, ev, mark, add)
+
+
+# Events that count something without moving a call (a task's end, a probe, a compensation entry, an action).
+_CALLLESS = frozenset(
+    {
+        "task.submitted",
+        "task.abandoned",
+        "probe.recorded",
+        "compensation.started",
+        "compensation.transition",
+        "action.executed",
+    }
+)
+
+
+def _callless_count(event: EventView, ev: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (series, label) one of the _CALLLESS events adds to; None when it counts nothing."""
+    action = event.action
     if action in ("task.submitted", "task.abandoned"):
-        add(TASK_OUTCOMES, str(ev.get("outcome") or "abandoned"))
-        return
+        return TASK_OUTCOMES, str(ev.get("outcome") or "abandoned")
     if action == "probe.recorded":
-        add(PROBES, str(ev.get("decision", "")))
-        return
+        return PROBES, str(ev.get("decision", ""))
     if action == "compensation.started":
-        add(COMPENSATIONS, "started")
-        return
+        return COMPENSATIONS, "started"
     if action == "compensation.transition":
-        if event.to_state in ("committed", "failed"):
-            add(COMPENSATIONS, event.to_state)
-        return
-    if action == "action.executed":
-        add(ACTIONS, str(ev.get("action", "")))
-        return
-    if mark is None:
-        return
-    if action == "call.replayed":  # replay reconciliation's one same-key replay: an attempt
+        return (COMPENSATIONS, event.to_state) if event.to_state in ("committed", "failed") else None
+    return ACTIONS, str(ev.get("action", ""))  # action.executed
+
+
+def _fold_call_event(event: EventView, ev: Mapping[str, Any], mark: CallMark, add) -> None:
+    """An event about a call: a replay reconciliation's attempt, a status check, or a move of its state."""
+    if event.action == "call.replayed":  # replay reconciliation's one same-key replay: an attempt
         _first_attempt(event, mark, add)
         mark.attempts += 1
         add(ATTEMPTS, "reconcile_replay")
-        return
-    if action == "call.checked":
+    elif event.action == "call.checked":
         if ev.get("source") in CHECK_SOURCES:
             add(RECONCILE_CHECKS, str(ev.get("observed", "")))
-        return
-    if action == "call.transition":
+    elif event.action == "call.transition":
         _fold_transition(event, ev, mark, add)
 
 
@@ -210,11 +213,31 @@ def _first_attempt(event: EventView, mark: CallMark, add) -> int:
 
 
 def _fold_transition(event: EventView, ev: Mapping[str, Any], mark: CallMark, add) -> None:
-    src, dst = event.from_state, event.to_state
-    by_person = _by_person(event, ev)
+    """A call's move: its attempt, a receipt, an exhausted budget, an unknown episode, a person taking over, the
+    ends a cohort counts (settled, duplicate, committed), and its queues."""
+    _fold_attempt(event, ev, mark, add)
+    if ev.get("source") in CHECK_SOURCES:  # a receipt that moved the call (its first step only carries the source)
+        add(RECONCILE_CHECKS, str(ev.get("observed", "")))
+    outcome = str(ev.get("outcome") or "")
+    if outcome in BUDGET_OUTCOMES:
+        add(BUDGET_EXHAUSTED, outcome)
+    _fold_unknown_episode(event, ev, outcome, mark, add)
     write = event.side_effect == "write"
-    # an attempt: admitted (into SENT) or its outcome reported (a "row" of the classification table; the sweeper's
-    # "no outcome in time")
+    if outcome == "duplicate_effect" and not mark.duplicate and write:
+        mark.duplicate = True
+        add(DUPLICATE_CALLS, at=_first_attempt(event, mark, add))
+    if event.to_state == S.COMMITTED and not mark.committed:
+        mark.committed = True
+        cohort = _first_attempt(event, mark, add)
+        add(COMMITTED_CALLS, at=cohort)
+        add(COMMITTED_RETRIES, n=max(mark.attempts - 1, 0), at=cohort)
+    _fold_queues(event, mark, add)
+
+
+def _fold_attempt(event: EventView, ev: Mapping[str, Any], mark: CallMark, add) -> None:
+    """An attempt: admitted (into SENT) or its outcome reported (a "row" of the classification table; the sweeper's
+    "no outcome in time")."""
+    src, dst = event.from_state, event.to_state
     outcome_row = "row" in ev and dst != S.SENT
     swept = "outcome_timeout_s" in ev and src == S.SENT
     if dst == S.SENT or outcome_row or swept:
@@ -226,13 +249,13 @@ def _fold_transition(event: EventView, ev: Mapping[str, Any], mark: CallMark, ad
             add(FAILURES, str(ev["class"]))
         if ev.get("route") and not swept:
             add(DECISIONS, str(ev["route"]))
-    if ev.get("source") in CHECK_SOURCES:  # a receipt that moved the call (its first step only carries the source)
-        add(RECONCILE_CHECKS, str(ev.get("observed", "")))
-    outcome = str(ev.get("outcome") or "")
-    if outcome in BUDGET_OUTCOMES:
-        add(BUDGET_EXHAUSTED, outcome)
-    # an unknown episode: counted once per call; a person taking part in it makes its settlement a person's
-    if dst in _UNKNOWN and src not in _UNKNOWN and write:
+
+
+def _fold_unknown_episode(event: EventView, ev: Mapping[str, Any], outcome: str, mark: CallMark, add) -> None:
+    """An unknown episode: counted once per call; a person taking part in it makes its settlement a person's."""
+    src, dst = event.from_state, event.to_state
+    by_person = _by_person(event, ev)
+    if dst in _UNKNOWN and src not in _UNKNOWN and event.side_effect == "write":
         mark.human = False
         if not mark.unknown:
             mark.unknown = True
@@ -245,15 +268,6 @@ def _fold_transition(event: EventView, ev: Mapping[str, Any], mark: CallMark, ad
     if src in _UNKNOWN and dst in _SETTLED and mark.unknown and not mark.settled and not mark.human:
         mark.settled = True
         add(UNKNOWN_SETTLED, at=_first_attempt(event, mark, add))
-    if outcome == "duplicate_effect" and not mark.duplicate and write:
-        mark.duplicate = True
-        add(DUPLICATE_CALLS, at=_first_attempt(event, mark, add))
-    if dst == S.COMMITTED and not mark.committed:
-        mark.committed = True
-        cohort = _first_attempt(event, mark, add)
-        add(COMMITTED_CALLS, at=cohort)
-        add(COMMITTED_RETRIES, n=max(mark.attempts - 1, 0), at=cohort)
-    _fold_queues(event, mark, add)
 
 
 def takeover_reason(outcome: str, by_person: bool, evidence: Mapping[str, Any]) -> str:
@@ -339,6 +353,7 @@ class Figure:
     unit: str = ""
 
 
+# recovery.selectors.metrics reads the rollups back through these; the console shows each one's `doc` by its chart.
 FIGURES: tuple[Figure, ...] = (
     Figure(
         key="attempts",
@@ -484,7 +499,6 @@ FIGURES: tuple[Figure, ...] = (
         "unsafe (a second effect, a new business id or a forgotten key).",
     ),
 )
-FIGURE_BY_KEY = {figure.key: figure for figure in FIGURES}
 
 
 def quantile(q: float, buckets: list[tuple[float, int]]) -> float | None:

@@ -1,13 +1,5 @@
 """The duplicate probe's judgement (docs/replay.md), from facts alone: what the replay answered and what the provider's
-own ledger then said about the key.
-
-    probe: tool refund.create   key: refund-order-8848-v3
-    first: COMMITTED   second: IDEMPOTENT_REPLAY   downstream_audit: one_effect
-    expected_effects: 1   observed_effects: 1   decision: retry_path_safe
-
-A second effect, a new business id, or a key the provider does not know marks the retry path unsafe. A ledger the
-probe could not read (no `effects_field` in the tool's status query, or the query failed) proves nothing: the probe
-is inconclusive and the retry path stays as it was — unless the replay itself came back with a new business id.
+own ledger then said about the key make the retry path safe, unsafe, or leave it as it was (inconclusive).
 """
 
 from __future__ import annotations
@@ -36,47 +28,65 @@ class ProbeVerdict:
     detail: str
 
 
+# What the ledger's answer alone decides, when the replay made no new business id.
+_BY_AUDIT = {
+    "second_effect": (
+        UNSAFE,
+        "the provider's ledger holds {seen} effects for the key, {expected} expected: it ignored the key",
+    ),
+    "key_missing": (
+        UNSAFE,
+        "the provider's status query does not know the key after the replay: it keeps no idempotency record",
+    ),
+    "unreadable": (
+        INCONCLUSIVE,
+        "the provider's ledger could not be read for the key (no effects_field, or the query failed)",
+    ),
+}
+
+
 def judge(facts: ProbeFacts) -> ProbeVerdict:
+    second, new_id = _second(facts)
+    audit = _downstream_audit(facts)
+    expected, seen = facts.expected_effects, facts.observed_effects
+    if new_id:
+        decision = UNSAFE
+        detail = (
+            f"the replay created a new business id ({facts.second_business_id}, first "
+            f"{facts.first_business_id}): the provider does not deduplicate by key"
+        )
+    elif audit in _BY_AUDIT:
+        decision, detail = _BY_AUDIT[audit]
+        detail = detail.format(seen=seen, expected=expected)
+    elif second != "idempotent_replay":
+        what = "no reply arrived" if second == "no_reply" else f"the replay was answered HTTP {facts.http_status}"
+        decision, detail = INCONCLUSIVE, f"{what}: nothing shows how the provider treats a replayed key"
+    else:
+        decision = SAFE
+        detail = f"an idempotent replay: the same business id, and {seen} effect for the key as expected"
+    return ProbeVerdict(second=second, downstream_audit=audit, decision=decision, detail=detail)
+
+
+def _second(facts: ProbeFacts) -> tuple[str, bool]:
+    """What the replay answered, and whether it carried a business id other than the first's."""
     replied = facts.http_status is not None and 200 <= facts.http_status < 300
     new_id = bool(replied and facts.second_business_id and facts.first_business_id)
     new_id = new_id and facts.second_business_id != facts.first_business_id
     if facts.http_status is None:
-        second = "no_reply"
-    elif not replied:
-        second = "refused"
-    else:
-        second = "new_business_id" if new_id else "idempotent_replay"
+        return "no_reply", new_id
+    if not replied:
+        return "refused", new_id
+    return ("new_business_id" if new_id else "idempotent_replay"), new_id
+
+
+def _downstream_audit(facts: ProbeFacts) -> str:
+    """What the provider's ledger said about the key after the replay."""
     if not facts.ledger_read:
-        audit = "unreadable"
-    elif not facts.key_known:
-        audit = "key_missing"
-    elif facts.observed_effects is not None and facts.observed_effects > facts.expected_effects:
-        audit = "second_effect"
-    elif facts.observed_effects == facts.expected_effects:
-        audit = "one_effect"
-    else:
-        audit = "unreadable"
-    expected, seen = facts.expected_effects, facts.observed_effects
-    if new_id:
-        return ProbeVerdict(
-            second=second,
-            downstream_audit=audit,
-            decision=UNSAFE,
-            detail=f"the replay created a new business id ({facts.second_business_id}, first "
-            f"{facts.first_business_id}): the provider does not deduplicate by key",
-        )
-    if audit == "second_effect":
-        detail = f"the provider's ledger holds {seen} effects for the key, {expected} expected: it ignored the key"
-        return ProbeVerdict(second=second, downstream_audit=audit, decision=UNSAFE, detail=detail)
-    if audit == "key_missing":
-        detail = "the provider's status query does not know the key after the replay: it keeps no idempotency record"
-        return ProbeVerdict(second=second, downstream_audit=audit, decision=UNSAFE, detail=detail)
-    if audit == "unreadable":
-        detail = "the provider's ledger could not be read for the key (no effects_field, or the query failed)"
-        return ProbeVerdict(second=second, downstream_audit=audit, decision=INCONCLUSIVE, detail=detail)
-    if second != "idempotent_replay":
-        what = "no reply arrived" if second == "no_reply" else f"the replay was answered HTTP {facts.http_status}"
-        detail = f"{what}: nothing shows how the provider treats a replayed key"
-        return ProbeVerdict(second=second, downstream_audit=audit, decision=INCONCLUSIVE, detail=detail)
-    detail = f"an idempotent replay: the same business id, and {seen} effect for the key as expected"
-    return ProbeVerdict(second=second, downstream_audit=audit, decision=SAFE, detail=detail)
+        return "unreadable"
+    if not facts.key_known:
+        return "key_missing"
+    if facts.observed_effects is not None and facts.observed_effects > facts.expected_effects:
+        return "second_effect"
+    if facts.observed_effects == facts.expected_effects:
+        return "one_effect"
+    return "unreadable"

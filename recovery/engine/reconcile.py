@@ -1,9 +1,6 @@
-"""Where a call goes after a receipt, and when it is checked next (docs/design/state-machine.md,
-docs/reconciliation.md): pure rules, no Django.
-
-services/reconcile.py asks the provider and records the receipt; `settle()` decides, from the call's state, what
-the provider said and the tool's ReconcilePolicy (parsed once by the registry), which states the call passes
-through and with which outcome; `next_check()` says when a call that stays unsettled is checked again.
+"""Where a call goes after a receipt, and when it is checked next (docs/reconciliation.md,
+docs/design/state-machine.md): `settle()` decides from the call's state, what the provider said and the tool's
+ReconcilePolicy; `next_check()` says when a call that stays unsettled is checked again.
 """
 
 from __future__ import annotations

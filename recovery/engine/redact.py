@@ -1,13 +1,6 @@
-"""Redaction of secrets in diagnostics (docs/design/classification.md, docs/design/quality-targets.md): applied before
-anything is stored for operators.
-
-`redact(text)` masks what looks like a credential or a card number wherever it appears in free text; `redact_data`
-walks a JSON value and also masks everything stored under a sensitive key. Masks name the kind of secret
-("[REDACTED:card]") so an operator still sees what was there, never any part of it (not even a card's last four).
-
-The rules err on the side of masking: a diagnostic with a word too many masked is still useful, a leaked token is
-not. Two deliberate exceptions keep diagnostics readable: a 13-19 digit number that fails the Luhn check (an order
-number, a timestamp) is kept, and an idempotency key is not a secret (it names the business intent).
+"""Redaction of secrets before anything is stored for operators (its rules and their two deliberate exceptions:
+docs/architecture.md, "How recovery is decided"): `redact(text)` masks what looks like a credential or a card number
+in free text; `redact_data` walks a JSON value and also masks everything stored under a sensitive key.
 """
 
 from __future__ import annotations

@@ -1,12 +1,6 @@
-"""The call states and the only edges between them (docs/design/state-machine.md), as data — plain Python, no Django, so
-the engine reads the same names the models and the database do.
-
-This table is the single source of truth: `transitions.py` checks it before its conditional UPDATE, the model's
-choices come from it (`choices()`), and a migration generates the database trigger from it
-(`dbguards.call_state_trigger_sql`), so no code path — ORM, raw SQL or a shell — can move a call along an edge that
-is not here. Changing the table therefore needs a new migration installing the guards again, with the SQL that
-`dbguards.postgres_sql()` and `sqlite_sql()` then generate frozen in it (as 0027_call_history_pruned_at does);
-`tests/test_states.py` fails until then.
+"""The call states and the only edges between them (docs/design/state-machine.md), as data: the one table that
+`transitions.py` checks, the model's choices come from and a migration generates the database trigger from, so
+changing it needs a new migration installing the guards again (docs/architecture.md; tests/test_states.py).
 """
 
 from enum import StrEnum
@@ -103,8 +97,6 @@ ALLOWED_PAIRS: tuple[tuple[str, str], ...] = tuple(
 RECONCILABLE = frozenset({S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED})
 # The UNKNOWN review queue: outcomes that are not settled yet (ACCEPTED is "in progress", not unknown).
 UNSETTLED = frozenset({S.UNKNOWN, S.STILL_UNKNOWN})
-# States from which a new attempt may be admitted (the gate decides whether it is).
-ADMITTABLE = frozenset({S.READY, S.RETRYABLE, S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW})
 # States no automatic process moves a call out of.
 FINAL = frozenset({S.FAILED_PERMANENT, S.COMPENSATED})
 

@@ -1,8 +1,5 @@
-"""The engine's vocabulary (docs/design/vocabulary.md to docs/breakers.md) as frozen, keyword-only value objects.
-
-The engine never sees a Django model: callers build these views from rows (recovery/registry for tools), the
-engine answers with values, and the callers store them. Every field an answer depends on is here, so a test can
-state a whole situation in a few lines and the same inputs always give the same answer.
+"""The engine's vocabulary (docs/design/vocabulary.md to docs/breakers.md) as frozen, keyword-only value objects: the
+engine never sees a Django model, so callers build these from rows and store the values it answers.
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
 """Argument and result validation (docs/design/classification.md rows 4 and 10-11): JSON Schema (Draft 2020-12) turned
-into FieldErrors.
-
-A FieldError is written for a model to act on: the dotted `field` ("items.0.sku"), what was `expected` in a few
-words derived from the schema ("positive integer", "one of: a, b") or the property's "x-expected", the value
-`received`, and a `suggestion` (the property's "x-suggestion", else a generic one by type). jsonschema's own
-messages are never used: they quote the received value, and a received value can be hostile text.
-
-Registry extensions read here (ignored by jsonschema): "x-expected", "x-suggestion", and "x-unit" (read by
-messages.py: "amount_cents must be a positive integer in cents.").
+into FieldErrors a model can act on: the dotted `field`, what was `expected` in a few words (from the schema, or its
+"x-expected"), the value `received` and a `suggestion` ("x-suggestion", else one by type). jsonschema's own messages
+are never used: they quote the received value, and a received value can be hostile text.
 """
 
 from __future__ import annotations

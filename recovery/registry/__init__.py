@@ -1,12 +1,6 @@
-"""The tool registry as configuration (docs/registry.md; docs/design/classification.md-docs/breakers.md,
-docs/design/idempotency.md, docs/reconciliation.md, docs/design/budgets.md).
-
-- `validate_registry(data)` lists every problem of a registry file with its JSON path;
-- `load_registry(data, actor=...)` creates or updates tenants, providers and tools, all or nothing, with one audit
-  event when something changed (`manage.py load_tools FILE.json` is its command line);
-- `tool_policy(tool)` is the engine's frozen view of a Tool row.
-
-The Django admin validates its edits with the same rules (recovery/admin.py).
+"""The tool registry as configuration (docs/registry.md): `validate_registry(data)` lists every problem of a file with
+its JSON path, `load_registry(data, actor=...)` loads it all or nothing (`manage.py load_tools`), and
+`tool_policy(tool)` is the engine's frozen view of a Tool row. The Django admin validates with the same rules.
 """
 
 from recovery.registry.checks import RegistryError, RegistryInvalid

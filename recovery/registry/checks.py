@@ -1,9 +1,6 @@
-"""The building blocks of registry validation: errors with JSON paths, and checks that report instead of raising.
-
-Each check appends every problem it finds to the Context and returns whether the value passed, so a caller can
-skip cross-field rules that would only repeat an error. Secrets never go in the file: a secret-looking key
-("token", "password", "api_key", ...) is refused with a message saying where the value belongs, and no message
-repeats a value that might be one.
+"""The building blocks of registry validation (docs/registry.md): errors with JSON paths, and checks that report to the
+Context instead of raising and return whether the value passed, so a caller can skip cross-field rules that would
+only repeat an error. No message repeats a value that might be a secret.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The registry file format (docs/registry.md), declared object by object, and `validate_registry`.
-
-An unknown key is an error that names it; a missing required key is reported at its own path; cross-field rules
-(a write needs a status query, `cap_ms >= base_ms`, names that must exist, template placeholders that must be
-arguments) run after an object's own keys, and only on values that passed, so one mistake is reported once.
-References to providers and tools may point into the same file or at rows already in the database.
+"""The registry file format (docs/registry.md), declared object by object, and `validate_registry`: an object's own
+keys first, then its cross-field rules on the values that passed, so one mistake is reported once. References may
+point into the same file or at rows already in the database.
 """
 
 from __future__ import annotations
@@ -514,23 +511,27 @@ def _load_references(ctx: Context, data: dict) -> None:
     for tool in tools:
         if isinstance(tool.get("name"), str) and tool["name"] not in ctx.tools:
             ctx.tools[tool["name"]] = ToolRef(side_effect=tool.get("side_effect"), args_schema=tool.get("args_schema"))
-    wanted_providers = {tool["provider"] for tool in tools if isinstance(tool.get("provider"), str)}
-    wanted_tools = set()
-    for tool in tools:
-        if isinstance(tool.get("alternates"), list):
-            wanted_tools.update(v for v in tool["alternates"] if isinstance(v, str))
-        if isinstance(tool.get("compensation"), dict) and isinstance(tool["compensation"].get("tool"), str):
-            wanted_tools.add(tool["compensation"]["tool"])
-    for tenant in _items(data, "tenants"):
-        if isinstance(tenant, dict) and isinstance(tenant.get("tools"), list):
-            wanted_tools.update(v for v in tenant["tools"] if isinstance(v, str))
-    wanted_providers -= ctx.providers
-    wanted_tools = {v for v in wanted_tools if isinstance(v, str)} - set(ctx.tools)
+    wanted_providers = {tool["provider"] for tool in tools if isinstance(tool.get("provider"), str)} - ctx.providers
+    wanted_tools = _tools_named(data, tools) - set(ctx.tools)
     if wanted_providers:
         ctx.providers |= set(Provider.objects.filter(name__in=wanted_providers).values_list("name", flat=True))
     if wanted_tools:
         for row in Tool.objects.filter(name__in=wanted_tools).values("name", "side_effect", "args_schema"):
             ctx.tools[row["name"]] = ToolRef(side_effect=row["side_effect"], args_schema=row["args_schema"])
+
+
+def _tools_named(data: dict, tools: list[dict]) -> set[str]:
+    """The tools the file's tools (alternates, compensations) and tenants (capabilities) name."""
+    named = set()
+    for tool in tools:
+        if isinstance(tool.get("alternates"), list):
+            named.update(v for v in tool["alternates"] if isinstance(v, str))
+        if isinstance(tool.get("compensation"), dict) and isinstance(tool["compensation"].get("tool"), str):
+            named.add(tool["compensation"]["tool"])
+    for tenant in _items(data, "tenants"):
+        if isinstance(tenant, dict) and isinstance(tenant.get("tools"), list):
+            named.update(v for v in tenant["tools"] if isinstance(v, str))
+    return named
 
 
 def _check_duplicates(ctx: Context, items: list, path: str) -> None:

@@ -1,14 +1,6 @@
-"""Loading a registry file: all of it or nothing, and nothing at all when nothing changed.
-
-The file is declarative for what it names: a tenant, provider or tool in it gets exactly the file's values, an
-absent optional field its default (the model's), so removing a line from the file resets that setting. Objects
-the file does not name are left alone, and so is a tool's retry path (`Tool.retry_path*`, from its latest duplicate
-probe, docs/replay.md): a reload never resets it. Only a change of the provider's base URL voids it (back to unprobed,
-with the reason): the probe proved what another address answered.
-
-Values are compared in canonical JSON, so 3 and 3.0, or the key order inside a JSON field, are not changes. A load
-that changes anything appends one `registry.loaded` audit event in the same transaction; loading the same file
-again writes nothing.
+"""Loading a registry file (docs/registry.md): all of it or nothing, declarative for the objects it names, never a
+tool's retry path (a provider's new base URL voids it, docs/replay.md), and nothing at all when nothing changed —
+values compared in canonical JSON, so 3 and 3.0 or a JSON field's key order are not changes.
 """
 
 from __future__ import annotations

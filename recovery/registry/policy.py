@@ -1,10 +1,6 @@
-"""The engine's view of a tool: `tool_policy(tool)` turns a Tool row into the frozen ToolPolicy the engine reads.
-
-It runs on every API request, so it does no work beyond building value objects: the provider and the alternates
-come from `policy_tools()`'s select_related / prefetch or `with_alternates()` (the first policy of an instance
-reads its alternates once and keeps them on it).
-Settings absent from the registry take the engine's defaults (the dataclasses' own), so "not configured" means
-the same thing everywhere.
+"""The engine's view of a tool: `tool_policy(tool)` turns a Tool row into the frozen ToolPolicy the engine reads
+(docs/registry.md), building value objects only: the provider comes with the row (select_related), the alternates
+with `policy_tools()` or `with_alternates()`. Settings absent from the registry take the engine's defaults.
 """
 
 from __future__ import annotations
@@ -12,7 +8,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet
+from django.db.models import Prefetch, QuerySet, prefetch_related_objects
 
 from recovery.engine.reconcile import ReconcilePolicy, StatusBreakerPolicy
 from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant, ToolPolicy
@@ -23,10 +19,22 @@ TOOL_BUDGETS = ("max_attempts", "write_retry", "unknown_budget", "max_business_e
 RECONCILE_KEYS = ("first_check_s", "backoff", "max_checks", "deadline_s", "replay_when_status_down")
 
 
+def _alternates(*, none: bool = False) -> Prefetch:
+    """The tool's alternates as tool_policy() reads them (names), or, with `none`, no alternates and no query."""
+    return Prefetch("alternates", queryset=Tool.objects.none() if none else Tool.objects.only("id", "name"))
+
+
 def policy_tools() -> QuerySet[Tool]:
     """Tools with what tool_policy() reads: two queries for any number of tools."""
-    alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name"))
-    return Tool.objects.select_related("provider").prefetch_related(alternates)
+    return Tool.objects.select_related("provider").prefetch_related(_alternates())
+
+
+def with_alternates(tool: Tool, *, none: bool = False) -> Tool:
+    """`tool` with its alternates loaded, as policy_tools() loads them for many: one query, none when it has them
+    already or when the caller's own read said it has `none`. They stay on the instance as any prefetched relation
+    (every tool_policy() of it reads them without a query) until the relation is changed through it."""
+    prefetch_related_objects([tool], _alternates(none=none))
+    return tool
 
 
 def _build(cls: type, data: Any, keys: tuple[str, ...] | None = None):
@@ -45,25 +53,6 @@ def _invariant(data: dict) -> Invariant:
     )
 
 
-def with_alternates(tool: Tool, names: frozenset[str] | None = None) -> Tool:
-    """Read `tool`'s alternates once for every policy built from this instance in the request that fetched it
-    (policy_tools() does the same for many tools): one query instead of one per tool_policy(), none when the caller
-    knows them already (`names`: a count read with the tool said there are none). For instances that live as long
-    as a request: alternates changed later are not seen through this one."""
-    tool._policy_alternates = names if names is not None else frozenset(tool.alternates.values_list("name", flat=True))
-    return tool
-
-
-def _alternate_names(tool: Tool) -> frozenset[str]:
-    known = getattr(tool, "_policy_alternates", None)
-    if known is not None:
-        return known
-    cached = getattr(tool, "_prefetched_objects_cache", {}).get("alternates")
-    if cached is not None:
-        return frozenset(other.name for other in cached)
-    return with_alternates(tool)._policy_alternates
-
-
 def reconcile_policy(tool: Tool) -> ReconcilePolicy:
     """The tool's reconciliation schedule (first check, backoff, poll budget, deadline): no query."""
     return _build(ReconcilePolicy, tool.reconcile, RECONCILE_KEYS)
@@ -80,6 +69,8 @@ def breaker_policy(tool: Tool) -> BreakerPolicy:
 
 
 def tool_policy(tool: Tool) -> ToolPolicy:
+    """The engine's view of `tool`: its alternates read now unless they came with it (policy_tools(),
+    with_alternates())."""
     return ToolPolicy(
         name=tool.name,
         side_effect=tool.side_effect,
@@ -97,7 +88,7 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         approvable_codes=frozenset(tool.approvable_codes),
         refusal_codes=frozenset(tool.refusal_codes),
         idempotency_conflict_codes=frozenset(tool.provider.idempotency_conflict_codes),
-        alternates=_alternate_names(tool),
+        alternates=frozenset(other.name for other in with_alternates(tool).alternates.all()),
         outcome_timeout_s=tool.outcome_timeout_s,
         key_retention_s=tool.key_retention_s,
         budgets=_build(Budgets, tool.budgets, TOOL_BUDGETS),

@@ -77,7 +77,7 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
         .first()
     )
     if call is not None and not call.tool_has_alternates:
-        with_alternates(call.tool, frozenset())  # nothing to read for its policy
+        with_alternates(call.tool, none=True)  # nothing to read for its policy
     return call
 
 

@@ -1,12 +1,6 @@
-"""API tokens for agent runtimes (docs/api.md): issued once, stored as a peppered HMAC, scoped to tenants, revocable.
-
-A token also has a scope (TokenScope): `runtime` tokens drive the machine API; `metrics` tokens only read the
-metrics (GET /api/v1/metrics and the Prometheus scrape at /metrics), so a scraper's credential cannot register or
-report a call. The scope is a column of the token row, so checking it costs the API nothing.
-
-A token is `rc_` + 43 URL-safe characters. Its first 12 characters (`prefix`) find the row and are safe to show in
-lists; the row keeps only HMAC-SHA256(RECOVERY_TOKEN_PEPPER, token), so a copy of the table alone can neither be
-replayed nor brute-forced offline. The plaintext exists once, in token_create()'s return value.
+"""API tokens for agent runtimes (docs/api.md): `rc_` + 43 URL-safe characters, issued once, scoped to tenants and to
+`runtime` or `metrics` use, revocable. The row keeps the first 12 characters (`prefix`, to find it) and only
+HMAC-SHA256(RECOVERY_TOKEN_PEPPER, token), so a copy of the table alone can neither be replayed nor brute-forced.
 """
 
 from __future__ import annotations
@@ -86,14 +80,17 @@ def token_create(
 
 
 def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | None:
-    """The live token `raw` names, with its tenants prefetched and `tenant_ids` set; None for anything else.
+    """The live token `raw` names, with `tenant_list` (its tenants by name, read with it in the one statement every
+    API request runs: recovery.statemachine.hot_path.token_links) and `tenant_ids` set; None for anything else.
 
-    Unknown, malformed and revoked tokens and wrong secrets all answer None, so a caller cannot tell them apart.
+    A token always has at least one tenant (token_create refuses none), so its tenant links are the token. Unknown,
+    malformed and revoked tokens and wrong secrets all answer None, so a caller cannot tell them apart.
     """
     if len(raw) <= PREFIX_LENGTH or len(raw) > 200 or not TOKEN_SHAPE.fullmatch(raw):
         return None
     digest = token_digest(raw)
-    token = _live_token_with_tenants(raw[:PREFIX_LENGTH])
+    links = token_links(raw[:PREFIX_LENGTH])
+    token = links[0][0] if links else None
     if token is None or not hmac.compare_digest(token.digest, digest):
         return None
     now = now or timezone.now()
@@ -103,7 +100,8 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | N
         stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=stale_before)
         if ApiToken.objects.filter(stale, pk=token.pk).update(last_used_at=now):
             token.last_used_at = now
-    token.tenant_ids = {tenant.pk for tenant in token.tenants.all()}
+    token.tenant_list = tuple(tenant for _, tenant in links)
+    token.tenant_ids = {tenant.pk for tenant in token.tenant_list}
     return token
 
 
@@ -118,23 +116,6 @@ def token_require_scope(token: ApiToken, scopes: tuple[str, ...]) -> None:
             status=403,
             detail={"token_scope": token.scope, "accepted_scopes": list(scopes)},
         )
-
-
-def _live_token_with_tenants(prefix: str) -> ApiToken | None:
-    """The unrevoked token with this prefix, its tenants prefetched, in one statement: every API request runs it.
-
-    A token always has at least one tenant (token_create refuses none), so its tenant links, each read with its
-    token and tenant (recovery.statemachine.hot_path.token_links), are the token: what prefetch_related("tenants") would
-    leave on it is set from them, so `token.tenants.all()` answers without the second statement prefetching would make.
-    """
-    links = token_links(prefix)
-    if not links:
-        return None
-    token = links[0][0]
-    tenants = token.tenants.all()
-    tenants._result_cache, tenants._prefetch_done = [tenant for _, tenant in links], True
-    token._prefetched_objects_cache = {"tenants": tenants}
-    return token
 
 
 def token_revoke(*, name: str, actor: Actor) -> ApiToken:

@@ -152,7 +152,7 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
     for name, value in values.items():
         setattr(call, name, value)
     if not call.tool_has_alternates:
-        with_alternates(tool, frozenset())
+        with_alternates(tool, none=True)
     return call
 
 
