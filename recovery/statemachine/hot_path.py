@@ -32,6 +32,7 @@ from recovery.engine.states import UNSETTLED, CallState
 from recovery.models import ApiToken, Attempt, Breaker, Call, Provider, Receipt, Step, Task, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
+from recovery.selectors.context import AdmissionRead
 
 
 def _sql() -> bool:
@@ -120,11 +121,14 @@ _ANNOTATIONS = (
 )
 
 
-def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: str) -> Call | None:
+def call_for_attempt(
+    call_id: int, tenant_ids: Collection[int], *, attempt_id: str
+) -> tuple[Call, AdmissionRead] | None:
     """selectors.tasks_calls.call_for_attempt() in one statement written once: the call, its tool (with provider
-    and breaker row), its task, and what admitting `attempt_id` reads besides."""
+    and breaker row), its task, and what admitting `attempt_id` reads besides (the AdmissionRead to hand to
+    admission with the call)."""
     if not _sql():
-        return tasks_calls.call_for_attempt(call_id, tenant_ids, attempt_id=attempt_id)
+        return _orm_call_for_attempt(call_id, tenant_ids, attempt_id=attempt_id)
     low, high = connection.ops.integer_field_range("BigAutoField")
     if not tenant_ids or not low <= call_id <= high:
         return None
@@ -138,8 +142,9 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
     provider, at = _load(Provider, row, at)
     task, at = _load(Task, row, at)
     breaker, at = _load(Breaker, row, at)
+    breaker_row = breaker if breaker.pk is not None else None
     _cache_related(tool, "provider", provider)
-    _cache_related(tool, "breaker_row", breaker if breaker.pk is not None else None)
+    _cache_related(tool, "breaker_row", breaker_row)
     _cache_related(call, "tool", tool)
     _cache_related(call, "task", task)
     values = dict(zip(_ANNOTATIONS, row[at:], strict=True))
@@ -149,11 +154,23 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
             values["latest_receipt_at"] = function(values["latest_receipt_at"], col, connection)
     values["has_dependency_calls"] = bool(values["has_dependency_calls"])
     values["tool_has_alternates"] = bool(values["tool_has_alternates"])
-    for name, value in values.items():
-        setattr(call, name, value)
-    if not call.tool_has_alternates:
+    if not values["tool_has_alternates"]:
         with_alternates(tool, frozenset())
-    return call
+    return call, AdmissionRead(**values, breaker_row=breaker_row)
+
+
+def _orm_call_for_attempt(
+    call_id: int, tenant_ids: Collection[int], *, attempt_id: str
+) -> tuple[Call, AdmissionRead] | None:
+    """The ORM twin: the selector's call, its annotations taken into the AdmissionRead."""
+    call = tasks_calls.call_for_attempt(call_id, tenant_ids, attempt_id=attempt_id)
+    if call is None:
+        return None
+    try:
+        breaker_row = call.tool.breaker_row  # read with the call (select_related)
+    except Breaker.DoesNotExist:  # a reverse one-to-one: a tool whose breaker never opened has no row
+        breaker_row = None
+    return call, AdmissionRead(**{name: getattr(call, name) for name in _ANNOTATIONS}, breaker_row=breaker_row)
 
 
 # --- the task's counters -------------------------------------------------------------------------------------------
