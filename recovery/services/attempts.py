@@ -1,10 +1,7 @@
-"""Admission (docs/design/gate.md, docs/design/state-machine.md): may this attempt of a call be sent? The gate's answer,
-stored whether allowed or denied.
-
-An attempt request names its attempt id (unique within the call: a repeated request gets the stored answer), an
-alternate tool or repaired arguments, and the evidence it claims. With an outcome it is a single shot: admission and
-outcome in one transaction. A single shot the gate would have denied still happened: its facts are kept, the
-attempt is flagged as bypassing policy, and a write goes to a person.
+"""Admission (docs/design/gate.md, docs/design/state-machine.md "Admission, outcome and single shot"): may this attempt
+of a call be sent? The gate's answer, stored whether allowed or denied; with an outcome in the request, a single shot
+(admission and outcome in one transaction; one the gate would have denied is kept, flagged and, a write, sent to a
+person); and the one same-key replay reconciliation may make (docs/replay.md).
 """
 
 from __future__ import annotations

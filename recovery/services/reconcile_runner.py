@@ -1,9 +1,7 @@
 """Reconciliation's threads (docs/reconciliation.md): status queries in flight on one set of threads, their answers
-applied in batches on a second, smaller one. Only concurrency lives here, from the standard library (threads on
-queue.Queue); what a check or an answer means is recovery.services.reconcile.
-
-Plain threads rather than a ThreadPoolExecutor: each one closes its own database connections when it ends, which
-an executor's threads cannot be asked to do, and Django opens one per thread.
+applied in batches on a second, smaller one. Only concurrency lives here, on the standard library's threads and
+queue.Queue (not a ThreadPoolExecutor: each thread closes its own database connections when it ends, which an
+executor's threads cannot be asked to do); what a check or an answer means is recovery.services.reconcile.
 """
 
 from __future__ import annotations

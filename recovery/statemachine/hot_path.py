@@ -1,20 +1,7 @@
-"""The hot paths' statements, as SQL written once from the models (the data-layer exception of docs/architecture.md).
-
-docs/design/quality-targets.md wants the whole API to ingest single-shot attempts at 0.5x or more of a bare endpoint
-making the same statements, and reconciliation to settle 0.9 x 8 / 0.05 calls a second. Through the ORM alone ingest
-does not come close (`manage.py bench ingest` runs the ORM twin beside it: its `orm_twin_ratio` is about 0.3): building
-and compiling the admission read — the call with its tool, provider, task and breaker, and six subqueries — costs about
-6 ms of Python per attempt where running it costs half of one; every transition's conditional UPDATE, every insert
-of an attempt, a gate answer or a receipt, and the token lookup of every request cost several times their
-statement; and the task's counters need an UPDATE and a SELECT where UPDATE ... RETURNING is one statement. So these
-are SQL, generated once per process from the models' metadata, and the rows read back become model instances the
-way the ORM makes them: `Model.from_db`, each field's converters (JSON decoded, SQLite's timestamps parsed), the
-related instances cached as select_related() caches them; values written are prepared by each field as the ORM
-prepares them.
-
-Each function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off: what the benchmark times against
-this in the same run, and what tests/test_hot_path.py holds this equal to. The SQL is portable between PostgreSQL and
-SQLite (`%s` parameters, quoted columns, RETURNING).
+"""The hot paths' statements as SQL written once from the models (docs/architecture.md, "The data layer"): the
+admission read, the task's counters, a call's state UPDATE, the inserts and the token lookup, whose ORM versions
+miss docs/design/quality-targets.md (docs/benchmarks.md: ingest's ORM twin). Rows read back become model instances
+as the ORM makes them; each function reads through its ORM twin when RECOVERY_HOT_PATH_SQL is off.
 """
 
 from __future__ import annotations
