@@ -162,6 +162,35 @@ def test_appends_at_commit_appends_nothing_when_its_block_fails(task):
     assert verify_all().ok
 
 
+def test_appends_at_commit_fails_loudly_when_an_error_that_undid_queued_events_is_caught_inside(task):
+    """The rule the block protects: an event is appended only with its change. A savepoint rolled back inside the
+    block undoes the change its events recorded; catching that error and going on would append them anyway."""
+    append(task)
+    with pytest.raises(RuntimeError, match=r"rolled back"), transaction.atomic(), appends_at_commit():
+        append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="kept change")
+        try:
+            with transaction.atomic():
+                Task.objects.filter(pk=task.pk).update(goal="undone")
+                append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="undone change")
+                raise ValueError("the change fails")
+        except ValueError:
+            pass  # caught inside the block: the mistake the block refuses
+    assert all_seqs() == [1]  # the whole transaction rolled back, its events with it
+    assert Task.objects.get(pk=task.pk).goal != "undone"
+    assert verify_all().ok
+
+
+def test_appends_at_commit_keeps_events_of_savepoints_that_stood_or_held_none(task):
+    with transaction.atomic(), appends_at_commit():
+        with transaction.atomic():  # released: its change and its event stand
+            append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="in a savepoint kept")
+        with pytest.raises(IntegrityError), transaction.atomic():  # rolled back, holding no event: fine
+            Task.objects.create(tenant=task.tenant, external_id=task.external_id, agent="a", goal="g")
+        append_event(action="test.event", actor=ROBOT, task_id=task.pk, reason="after")
+    assert [e.reason for e in chain_of(task)] == ["in a savepoint kept", "after"]
+    assert verify_all().ok
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_refuses_to_append_or_open_maintenance_outside_a_transaction(task):
     assert not connection.in_atomic_block

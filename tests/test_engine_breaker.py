@@ -7,6 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from recovery.engine.breaker import (
+    BreakerRow,
+    after_outcome,
     after_probe,
     bucket_start,
     counts_as_failure,
@@ -14,6 +16,7 @@ from recovery.engine.breaker import (
     probe_lease_expired,
     probe_lease_until,
     should_open,
+    view_of_row,
     window_totals,
 )
 from recovery.engine.types import (
@@ -125,3 +128,68 @@ def test_it_frees_a_crashed_probers_lease():
     assert not probe_lease_expired(until, until - 1)
     assert probe_lease_expired(until, until)
     assert probe_lease_expired(None, 0)
+
+
+# --- one outcome: after_outcome, the step the storage asks for once per outcome ------------------------------------
+
+NOW = 2_000_000.0
+
+
+def step(row: BreakerRow, failed: bool | None, *, probe: bool = False, calls: int = 10, failures: int = 5):
+    return after_outcome(
+        row, failed=failed, probe=probe, calls=calls, failures=failures, policy=POLICY, now_epoch_s=NOW
+    )
+
+
+@pytest.mark.parametrize(
+    ("row", "failed", "probe", "calls", "failures", "change"),
+    [
+        (BreakerRow(), True, False, 10, 5, (CLOSED, OPEN, "opened")),  # no row yet: the first opening
+        (BreakerRow(CLOSED), True, False, 10, 5, (CLOSED, OPEN, "opened")),
+        (BreakerRow(CLOSED), False, False, 10, 5, (CLOSED, OPEN, "opened")),  # a success that keeps the rate up
+        (BreakerRow(CLOSED), True, False, 9, 9, None),  # below min_calls
+        (BreakerRow(CLOSED), True, False, 10, 4, None),  # below the rate
+        (BreakerRow(CLOSED), None, False, 10, 10, None),  # not counted: nothing moves
+        (BreakerRow(OPEN, NOW - 1), True, False, 50, 50, None),  # open already
+        (BreakerRow(FORCED_OPEN, NOW - 1), False, True, 1, 0, None),  # only an operator moves it
+        (BreakerRow(HALF_OPEN, NOW - 40, 1, NOW + 20), False, True, 1, 0, (HALF_OPEN, CLOSED, "closed")),
+        (BreakerRow(HALF_OPEN, NOW - 40, 1, NOW + 20), True, True, 1, 1, (HALF_OPEN, OPEN, "reopened")),
+        (BreakerRow(HALF_OPEN, NOW - 40, 1, NOW + 20), None, True, 1, 1, None),  # its reservation stays
+        (BreakerRow(HALF_OPEN, NOW - 40, 1, NOW + 20), True, False, 10, 10, None),  # not the probe: waits for it
+        (BreakerRow(CLOSED), True, True, 10, 5, (CLOSED, OPEN, "opened")),  # a probe after another settled it
+    ],
+)
+def test_one_outcome_moves_the_breaker_as_the_rules_say(row, failed, probe, calls, failures, change):
+    result = step(row, failed, probe=probe, calls=calls, failures=failures)
+    assert ((result.from_state, result.to_state, result.event) if result.to_state else None) == change
+    assert result.reset_counts == (change is not None and change[2] == "closed")
+
+
+def test_an_opening_says_why_and_reads_open_for_the_cooldown():
+    result = step(BreakerRow(CLOSED), True, calls=12, failures=7)
+    assert result.reason == "7 of 12 calls failed in the last 60 s (opens at 50% with at least 10 calls)"
+    assert result.evidence == {"calls": 12, "failures": 7, "window_s": 60}
+    assert (result.view.state, result.view.retry_in_ms) == (OPEN, 30_000)
+
+
+def test_a_probe_says_how_it_went():
+    probing = BreakerRow(HALF_OPEN, NOW - 40, 1, NOW + 20)
+    closed, reopened = step(probing, False, probe=True), step(probing, True, probe=True)
+    assert (closed.reason, closed.evidence, closed.view.state) == (
+        "the half-open probe succeeded",
+        {"probe": "succeeded"},
+        CLOSED,
+    )
+    assert (reopened.reason, reopened.evidence) == (
+        "the half-open probe failed: a new cooldown starts",
+        {"probe": "failed"},
+    )
+    assert (reopened.view.state, reopened.view.retry_in_ms) == (OPEN, 30_000)
+
+
+def test_without_a_change_it_reads_the_row_as_admission_does():
+    assert step(BreakerRow(OPEN, NOW - 12.5), True).view == view_of_row(BreakerRow(OPEN, NOW - 12.5), POLICY, NOW)
+    assert view_of_row(BreakerRow(), POLICY, NOW).state == CLOSED
+    held, lapsed = BreakerRow(HALF_OPEN, NOW - 40, 1, NOW + 1), BreakerRow(HALF_OPEN, NOW - 40, 1, NOW)
+    assert not view_of_row(held, POLICY, NOW).probe_available  # its one probe is out under a live lease
+    assert view_of_row(lapsed, POLICY, NOW).probe_available  # the lease ran out: free again

@@ -13,6 +13,9 @@ from django.utils import timezone
 
 from recovery.audit.chain import Actor
 from recovery.models import Attempt, Breaker, Call, GateDecision, Receipt, Step, Task
+from recovery.registry import tool_policy
+from recovery.selectors.context import gate_context
+from recovery.services import attempts
 from recovery.services.tokens import token_create
 from recovery.statemachine import hot_path
 
@@ -74,18 +77,21 @@ def test_the_admission_read_is_the_orms_reading(calls, settings):
     }
     for name, call in [(n, c) for n, c in calls.items() if n != "tenant"]:
         attempt = "a1" if name == "busy" else "a9"
-        sql, orm = _both(settings, lambda c=call, a=attempt: hot_path.call_for_attempt(c.pk, tenants, attempt_id=a))
+        (sql, sql_read), (orm, orm_read) = _both(
+            settings, lambda c=call, a=attempt: hot_path.call_for_attempt(c.pk, tenants, attempt_id=a)
+        )
         assert _fields(sql) == _fields(orm), name
         for related in ("tool", "task"):
             assert _fields(getattr(sql, related)) == _fields(getattr(orm, related)), (name, related)
         assert _fields(sql.tool.provider) == _fields(orm.tool.provider)
-        sql_breaker, orm_breaker = getattr(sql.tool, "breaker_row", None), getattr(orm.tool, "breaker_row", None)
+        sql_breaker, orm_breaker = sql_read.breaker_row, orm_read.breaker_row
         assert (sql_breaker and _fields(sql_breaker)) == (orm_breaker and _fields(orm_breaker)), name
-        assert {n: getattr(sql, n) for n in ANNOTATIONS} == {n: getattr(orm, n) for n in ANNOTATIONS}, name
+        assert (sql_breaker is not None) == (name == "switched"), name
+        assert {n: getattr(sql_read, n) for n in ANNOTATIONS} == {n: getattr(orm_read, n) for n in ANNOTATIONS}, name
         stored = Attempt.objects.get(attempt_id="a1").pk if name == "busy" else None
-        assert (sql.stored_attempt_pk, sql.latest_receipt_observed) == (stored, expected[name][1])
-        assert (sql.has_dependency_calls, sql.tool_has_alternates) == (expected[name][2], expected[name][4])
-        assert sql.unsettled_in_task == (1 if name != "plain" else 0)
+        assert (sql_read.stored_attempt_pk, sql_read.latest_receipt_observed) == (stored, expected[name][1])
+        assert (sql_read.has_dependency_calls, sql_read.tool_has_alternates) == (expected[name][2], expected[name][4])
+        assert sql_read.unsettled_in_task == (1 if name != "plain" else 0)
         with CaptureQueriesContext(connection) as read:
             assert (sql.tool.name, sql.tool.provider.name, sql.task.external_id) == (
                 orm.tool.name,
@@ -96,6 +102,39 @@ def test_the_admission_read_is_the_orms_reading(calls, settings):
     other = {calls["tenant"].pk + 1000}
     assert _both(settings, lambda: hot_path.call_for_attempt(calls["plain"].pk, other, attempt_id="a1")) == (None, None)
     assert _both(settings, lambda: hot_path.call_for_attempt(2**62, tenants, attempt_id="a1")) == (None, None)
+
+
+def test_admission_reads_the_same_whether_it_is_handed_the_admission_read_or_not(calls, settings):
+    """Explicit state: what the admission read brought along (AdmissionRead) only saves statements; a call loaded
+    any other way (read None) is admitted on the same facts, so nothing depends on how the row was loaded."""
+    now = timezone.now()
+    tenants = {calls["tenant"].pk}
+    for name in ("plain", "busy", "dependent", "switched"):
+        for attempt_id in ("a1", "a9"):
+            for sql in (True, False):
+                settings.RECOVERY_HOT_PATH_SQL = sql
+                loaded, read = hot_path.call_for_attempt(calls[name].pk, tenants, attempt_id=attempt_id)
+                plain = Call.objects.select_related("tool__provider", "task").get(pk=calls[name].pk)
+                contexts = [
+                    gate_context(
+                        call,
+                        tool=tool_policy(call.tool),
+                        candidate_tool=None,
+                        executing_tool=call.tool,
+                        task=call.task,
+                        now=now,
+                        approval=False,
+                        read=given,
+                    )
+                    for call, given in ((loaded, read), (plain, None))
+                ]
+                assert contexts[0] == contexts[1], (name, attempt_id, sql)
+                stored = [
+                    attempts._stored_attempt(loaded, attempt_id, read=read),
+                    attempts._stored_attempt(plain, attempt_id),
+                ]
+                assert stored[0] == stored[1], (name, attempt_id, sql)
+    settings.RECOVERY_HOT_PATH_SQL = True
 
 
 def test_a_state_update_writes_what_the_orm_writes(calls, settings):

@@ -61,6 +61,7 @@ from recovery.jobs import queueing
 from recovery.jobs import tasks as jobs
 from recovery.models import Attempt, Call, Task, Tenant, TokenScope
 from recovery.registry import with_alternates
+from recovery.selectors.context import AdmissionRead
 from recovery.selectors.metrics import DEFAULT_WINDOW, metrics_report
 from recovery.selectors.tasks_calls import allowed_tools, call_detail, call_in_tenants, task_summary
 from recovery.services import callbacks, calls, sagas, tasks
@@ -261,12 +262,12 @@ def _attempt_request(payload: CandidateIn) -> AttemptRequest:
     )
 
 
-def _call_to_admit(request, call_id: int, attempt_id: str) -> Call:
+def _call_to_admit(request, call_id: int, attempt_id: str) -> tuple[Call, AdmissionRead]:
     """The call with what admitting `attempt_id` reads, in one statement (hot_path.call_for_attempt)."""
-    call = hot_path.call_for_attempt(call_id, request.tenant_ids, attempt_id=attempt_id)
-    if call is None:
+    found = hot_path.call_for_attempt(call_id, request.tenant_ids, attempt_id=attempt_id)
+    if found is None:
         raise Http404("no call with this id")
-    return call
+    return found
 
 
 @api.post("/tasks", response={200: TaskOut, 201: TaskOut, **ERRORS}, tags=["tasks"], **TYPED)
@@ -435,14 +436,8 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
                 {"field": "outcome", "expected": "absent", "received": None, "suggestion": "Remove the outcome."}
             ],
         )
-    return Status(
-        200,
-        gate_ask(
-            call=_call_to_admit(request, call_id, payload.attempt_id),
-            request=_attempt_request(payload),
-            actor=_actor(request),
-        ),
-    )
+    call, read = _call_to_admit(request, call_id, payload.attempt_id)
+    return Status(200, gate_ask(call=call, read=read, request=_attempt_request(payload), actor=_actor(request)))
 
 
 @api.post(
@@ -452,8 +447,8 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
     **TYPED,
 )
 def create_attempt(request, call_id: int, payload: CandidateIn):
-    call = _call_to_admit(request, call_id, payload.attempt_id)
-    admission = attempt_admit(call=call, request=_attempt_request(payload), actor=_actor(request))
+    call, read = _call_to_admit(request, call_id, payload.attempt_id)
+    admission = attempt_admit(call=call, read=read, request=_attempt_request(payload), actor=_actor(request))
     if admission.status == 409:
         gate = admission.response["gate"]
         return _error(

@@ -1,10 +1,7 @@
 """The tamper-evident audit trail (docs/design/audit.md): append, verify, and the recorded maintenance switch.
 
-Every event belongs to one chain ("task:<id>" for everything about a task and its calls, "system" for the rest)
-and carries the hash of its predecessor in that chain, plus a gap-free global `seq`. Appending locks the global
-counter row first and the chain head second — one lock order for every writer, so appenders never deadlock each
-other and a chain can never fork. Both locks are held to the end of the caller's transaction, which is what makes
-the sequence gap-free: a rolled-back append releases its number with everything else.
+Each event links to the one before it in its chain ("task:<id>" or "system") and takes a gap-free global `seq`;
+appending locks the global head, then the chain's, to the end of the caller's transaction (one lock order).
 """
 
 from __future__ import annotations
@@ -25,6 +22,7 @@ from django.db.models import Exists, OuterRef, Q, QuerySet, signals
 from django.utils import timezone
 
 from recovery.audit.actions import AuditAction
+from recovery.audit.queue import Queue
 from recovery.engine.canonical import canonical_json, normalize
 from recovery.models import ActorKind, AuditChainHead, AuditEvent
 from recovery.statemachine import dbguards
@@ -198,8 +196,8 @@ def _lock(cursor, key: str, now: datetime, *, ids: int = 0) -> tuple[int, str, i
     return int(row[0]), row[1], row[2], taken
 
 
-# Per database alias, the events an appends_at_commit() block has queued (None outside any such block).
-_QUEUED: ContextVar[dict[str, list[dict]] | None] = ContextVar("recovery_audit_queued", default=None)
+# Per database alias, the queue of the appends_at_commit() block open (None outside any such block).
+_QUEUED: ContextVar[dict[str, Queue] | None] = ContextVar("recovery_audit_queued", default=None)
 
 
 def append_event(
@@ -237,7 +235,7 @@ def append_event(
     )
     queue = (_QUEUED.get() or {}).get(using)
     if queue is not None:
-        queue.append(fields)
+        queue.add(fields)
         return None
     return _append(using, fields)
 
@@ -332,14 +330,13 @@ def _insert(cursor, events: list[AuditEvent], using: str) -> None:
 def appends_at_commit(using: str = "default") -> Iterator[None]:
     """Queue the events appended inside this block and append them, in order, when it ends without an error.
 
-    Appending locks the global head until the transaction ends, so every writer waits for the one holding it: a
-    transaction that appends early and then goes on working holds everyone up for all that work. Open it right
-    inside the transaction (`with transaction.atomic(), appends_at_commit():`) around work that lets errors
-    propagate: nothing inside may catch one and go on, since a savepoint rolled back inside would leave its events
-    queued. Each event keeps the time it was appended at; sequence and chain numbers are taken at the end, under
-    the same locks in the same order as ever (after the rows the work changed, as recovery.statemachine.transitions
-    does), so the trail is the one appending at once gives, in commit order. A nested block leaves the appending to the
-    outermost one. append_event() answers None inside.
+    Appending locks the global head to the end of the transaction: open this right inside it (`with
+    transaction.atomic(), appends_at_commit():`) so the heads are held for the appends and the commit only. Sequence
+    and chain numbers are taken at the end, after the rows the work changed (the one lock order); each event keeps
+    the time it was appended at. A nested block leaves the appending to the outermost; append_event() answers None.
+
+    The rule: an event is appended only with its change. Should code inside catch an error that rolled back a
+    savepoint holding queued events and go on, the block raises RuntimeError instead (the transaction rolls back).
     """
     connection = connections[using]
     if not connection.in_atomic_block:
@@ -348,14 +345,20 @@ def appends_at_commit(using: str = "default") -> Iterator[None]:
     if using in queued:
         yield
         return
-    queue: list[dict] = []
+    queue = Queue()
     reset = _QUEUED.set({**queued, using: queue})
     try:
-        yield
+        with connection.execute_wrapper(queue.watch):
+            yield
     finally:
         _QUEUED.reset(reset)
-    if queue:
-        _append_all(using, queue)
+    if undone := queue.undone():
+        raise RuntimeError(
+            f"appends_at_commit(): {undone} audit event(s) were queued in a savepoint that was rolled back, and the "
+            "error was caught inside the block: their change is undone, so nothing is appended (let it propagate)"
+        )
+    if queue.events:
+        _append_all(using, queue.events)
 
 
 @contextmanager
@@ -392,11 +395,8 @@ def _ranges(numbers: list[int]) -> list[list[int]]:
 
 
 def audit_purge_chains(*, chains: list[str], reason: str, actor: Actor, using: str = "default") -> int:
-    """Retention: remove whole chains (events and heads) under the maintenance switch; returns events removed.
-
-    The maintenance record lists the chains and the global sequence numbers removed, so verify_audit can tell
-    these gaps from tampering — and that record is itself hash-chained in the system chain, which is never purged.
-    """
+    """Retention: remove whole chains (events and heads) under the maintenance switch; returns events removed. The
+    maintenance record (in the system chain, never purged) lists what went, so verify_audit tells it from tampering."""
     if SYSTEM_CHAIN in chains or GLOBAL in chains:
         raise ValueError("the system chain and the global sequence are never purged")
     events = AuditEvent.objects.using(using).filter(chain__in=chains)
@@ -448,10 +448,8 @@ class AuditReport:
 
 
 def keyset_pages(rows: QuerySet, after: Callable[[Any], Q], *, size: int) -> Iterator[Any]:
-    """The rows of an ordered queryset, `size` at a time, each page its own query past the last row (`after(row)`:
-    the rows the order puts after it) — never a server-side cursor held open across pages, which PgBouncer's
-    transaction pooling cannot carry, and never the whole result in memory (psycopg's client-side cursor would
-    hold it all)."""
+    """The rows of an ordered queryset, `size` at a time, each page its own query past the last row (`after(row)`):
+    no server-side cursor held across pages (PgBouncer's transaction pooling cannot carry one), no whole result."""
     page = rows
     while True:
         chunk = list(page[:size])

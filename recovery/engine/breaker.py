@@ -1,20 +1,13 @@
-"""Circuit breaker rules (docs/breakers.md) as pure functions over counts and time.
-
-The shared storage (one PostgreSQL row per breaker, outcome counts per time bucket, a probe lease taken by a
-conditional update) calls these; nothing here reads a clock or holds state, so every rule is testable with numbers.
-
-- Only errors that say something about the dependency's health count: transient, outcome_unknown and any 5xx.
-  Our own or the caller's mistakes (invalid_arguments, authentication, authorization, a read's invalid result, a
-  permanent 4xx) are not counted either way, so a misbehaving agent cannot open a breaker for everyone else.
-- The window is the last `window_s` seconds of whole buckets, the current bucket included.
-- An open breaker past its cooldown reads half_open and admits `half_open_probes` probes, each reserved with a
-  lease so a crashed prober's reservation expires; a forced_open breaker stays open until an operator lifts it.
+"""Circuit breaker rules (docs/breakers.md) as pure functions over counts and time: which outcomes count, the
+window, opening, cooldown, leased half-open probes, and after_outcome(), the one step the storage
+(recovery.services.breakers) asks per outcome. Nothing here reads a clock or holds state.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from recovery.engine.states import CallState as S
 from recovery.engine.types import (
@@ -35,9 +28,10 @@ _SUCCESSES = frozenset({S.COMMITTED, S.ACCEPTED, "9", "10"})
 def counts_as_failure(outcome_row: str | None, failure_class: str | None, http_status: int | None) -> bool | None:
     """True: counts as a failure; False: counts as a success; None: not counted at all.
 
-    `outcome_row` is the Outcome's state (COMMITTED, ACCEPTED, ...) or its docs/design/classification.md row ("9", "10",
-    ...): either names a success. A 5xx counts as a failure whatever its class (a write's 5xx is outcome_unknown, a
-    read's transient).
+    Only what says something about the dependency's health counts: transient, outcome_unknown and any 5xx; the
+    caller's own mistakes (invalid arguments, credentials, a permanent 4xx) never do, so a misbehaving agent cannot
+    open a breaker for everyone else. `outcome_row` is the Outcome's state (COMMITTED, ACCEPTED, ...) or its
+    docs/design/classification.md row ("9", "10", ...): either names a success.
     """
     if http_status is not None and 500 <= http_status <= 599:
         return True
@@ -118,3 +112,85 @@ def probe_lease_until(now_epoch_s: float, policy: BreakerPolicy) -> float:
 def probe_lease_expired(lease_until_epoch_s: float | None, now_epoch_s: float) -> bool:
     """Whether a probe reservation has lapsed (its prober crashed or never reported), freeing the probe."""
     return lease_until_epoch_s is None or now_epoch_s >= lease_until_epoch_s
+
+
+# --- one outcome, as the storage asks about it ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BreakerRow:
+    """A breaker's stored row as read, times in epoch seconds; state None: no row yet (it never opened: closed)."""
+
+    state: str | None = None
+    opened_at_s: float | None = None
+    probes_reserved: int = 0
+    lease_until_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BreakerStep:
+    """What one outcome does to a breaker: the state change to write (`to_state` "" : none) from `from_state`, its
+    audit event (`event` "opened", "closed" or "reopened", with reason and evidence), whether the window's counts
+    are dropped, and the breaker as admission reads it afterwards."""
+
+    view: BreakerView
+    from_state: str = ""
+    to_state: str = ""
+    event: str = ""
+    reason: str = ""
+    evidence: dict = field(default_factory=dict)
+    reset_counts: bool = False
+
+
+def view_of_row(row: BreakerRow, policy: BreakerPolicy, now_epoch_s: float) -> BreakerView:
+    """The effective state of a stored row now: a probe whose lease ran out no longer holds its reservation."""
+    if row.state is None:
+        return BreakerView(state=CLOSED)
+    live = 0 if probe_lease_expired(row.lease_until_s, now_epoch_s) else row.probes_reserved
+    return effective_state(row.state, row.opened_at_s, policy, now_epoch_s, live_probes=live)
+
+
+def after_outcome(
+    row: BreakerRow,
+    *,
+    failed: bool | None,
+    probe: bool,
+    calls: int,
+    failures: int,
+    policy: BreakerPolicy,
+    now_epoch_s: float,
+) -> BreakerStep:
+    """One outcome (counts_as_failure's verdict `failed`; None: not counted) on the breaker stored as `row`, the
+    window's `calls` and `failures` counting it already.
+
+    A probe's outcome closes (success) or reopens (failure) a half_open breaker; any other counted outcome opens a
+    closed one once the window reaches min_calls at the failure rate. Nothing else moves it here: a forced_open
+    breaker only moves by an operator, and an open one turns half_open when a probe is reserved.
+    """
+    if failed is not None and probe and row.state == HALF_OPEN:
+        target = after_probe(not failed)
+        word = "failed" if failed else "succeeded"
+        return BreakerStep(
+            view=view_of_row(BreakerRow(target, now_epoch_s), policy, now_epoch_s),
+            from_state=HALF_OPEN,
+            to_state=target,
+            event="reopened" if failed else "closed",
+            reason="the half-open probe failed: a new cooldown starts" if failed else "the half-open probe succeeded",
+            evidence={"probe": word},
+            # Counting starts afresh: the failures that opened it are still inside the window when the cooldown is
+            # shorter than the window, and would reopen it on the next single failure.
+            reset_counts=target == CLOSED,
+        )
+    if failed is not None and row.state in (None, CLOSED) and should_open(calls, failures, policy):
+        return BreakerStep(
+            view=view_of_row(BreakerRow(OPEN, now_epoch_s), policy, now_epoch_s),
+            from_state=CLOSED,
+            to_state=OPEN,
+            event="opened",
+            reason=(
+                f"{failures} of {calls} calls failed in the last {policy.window_s} s "
+                f"(opens at {policy.failure_rate:.0%} with at least {policy.min_calls} calls)"
+            ),
+            evidence={"calls": calls, "failures": failures, "window_s": policy.window_s},
+        )
+    return BreakerStep(view=view_of_row(row, policy, now_epoch_s))

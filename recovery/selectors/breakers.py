@@ -1,9 +1,6 @@
-"""How each tool's circuit breaker reads now (docs/breakers.md): the effective state from its Breaker row and the pure
-rules of recovery.engine.breaker (open past its cooldown reads half_open; a probe whose lease ran out is free again).
-recovery.services.breakers writes the rows; everything that only shows or admits reads them here.
-
-A forced_open breaker's view names who forced it open and why (the latest applied force open of
-recovery.services.breaker_operations): one more SELECT, read only while a breaker is forced open."""
+"""How each tool's circuit breaker reads now (docs/breakers.md): its Breaker row through recovery.engine.breaker's
+view_of_row. recovery.services.breakers writes the rows; what only shows or admits reads them here. A forced_open
+breaker's view names who forced it open and why: one more SELECT, only while it is forced open."""
 
 from __future__ import annotations
 
@@ -11,7 +8,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from recovery.engine import breaker as rules
-from recovery.engine.types import CLOSED, FORCED_OPEN, BreakerPolicy, BreakerView
+from recovery.engine.types import FORCED_OPEN, BreakerPolicy, BreakerView
 from recovery.models import Breaker, BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
 from recovery.registry.policy import breaker_policy
 
@@ -24,12 +21,11 @@ def _epoch(value: datetime | None) -> float | None:
 
 def view_of_state(row: tuple | None, policy: BreakerPolicy, now: datetime) -> BreakerView:
     """The effective state from (state, opened_at, probes_reserved, probe_lease_until); no row reads closed."""
-    if row is None or row[0] is None:
-        return BreakerView(state=CLOSED)
+    if row is None:
+        return rules.view_of_row(rules.BreakerRow(), policy, now.timestamp())
     state, opened_at, probes_reserved, lease_until = row[:4]
-    now_s = now.timestamp()
-    live = 0 if rules.probe_lease_expired(_epoch(lease_until), now_s) else probes_reserved
-    return rules.effective_state(state, _epoch(opened_at), policy, now_s, live_probes=live)
+    stored = rules.BreakerRow(state, _epoch(opened_at), probes_reserved, _epoch(lease_until))
+    return rules.view_of_row(stored, policy, now.timestamp())
 
 
 def forced_open_by(tool_id: int) -> tuple[str, str] | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 
 from django.db.models import Count, Q
@@ -9,7 +10,8 @@ from django.db.models import Count, Q
 from recovery.engine.budgets import tighter
 from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import Budgets, CallView, GateContext, PreviousAttempt, TaskView, ToolPolicy
-from recovery.models import ActionRequest, ActionStatus, Attempt, Call, Receipt, Step, Task, Tool
+from recovery.models import ActionRequest, ActionStatus, Attempt, Breaker, Call, Receipt, Step, Task, Tool
+from recovery.models import Decision as DecisionRow
 from recovery.selectors.breakers import breaker_view, breaker_view_of
 
 
@@ -26,9 +28,24 @@ def task_budgets(task: Task) -> Budgets:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class AdmissionRead:
+    """What the call's admission read (recovery.statemachine.hot_path.call_for_attempt) brought along with the call,
+    handed to admission explicitly: with it, gate_context reads only what these say there is to read."""
+
+    stored_attempt_pk: int | None  # the call's attempt under the attempt id asked about
+    latest_receipt_observed: str | None
+    latest_receipt_at: datetime | None
+    has_dependency_calls: bool
+    unsettled_in_task: int
+    tool_has_alternates: bool
+    compensating_in_task: int
+    breaker_row: Breaker | None  # the call's tool's (None: it never opened)
+
+
 def task_view(task: Task, *, unsettled: int | None = None, compensating: int | None = None) -> TaskView:
     """The task as the gate sees it. `unsettled`: how many of its calls are unsettled, when the caller read it with
-    the call (selectors.tasks_calls.call_for_attempt); none means no per-tool count to read."""
+    the call (AdmissionRead); none means no per-tool count to read."""
     by_tool: dict[str, int] = {}
     limits: dict[str, int | None] = {}
     if unsettled is None or unsettled > 0:
@@ -86,7 +103,10 @@ def previous_attempt(attempt: Attempt | None) -> PreviousAttempt | None:
     if attempt is None:
         return None
     failure = attempt.failure or {}
-    decision = getattr(attempt, "decision", None)
+    try:
+        decision = attempt.decision
+    except DecisionRow.DoesNotExist:  # a reverse one-to-one: an attempt without a decision card has none
+        decision = None
     return PreviousAttempt(
         number=attempt.number,
         tool=attempt.tool.name,
@@ -110,32 +130,16 @@ def gate_context(
     task: Task,
     now: datetime,
     approval: bool,
+    read: AdmissionRead | None = None,
 ) -> tuple[GateContext, CallView]:
-    """What admission knows besides the candidate. A call read by selectors.tasks_calls.call_for_attempt brings
-    most of it along (its latest receipt, whether its dependencies have calls, its task's unsettled count, its
-    tool's breaker row), so a first attempt of a call without dependencies reads nothing more; any other call
-    is read here, a fixed number of queries."""
+    """What admission knows besides the candidate. `read`: what the call's admission read brought along (its latest
+    receipt, whether its dependencies have calls, its task's counts, its tool's breaker row), so a first attempt of
+    a call without dependencies reads nothing more; None: all of it is read here, a fixed number of queries."""
     # attempts_count is written with every attempt, in its transaction: a call read with none has none to read.
     last = call.attempts.select_related("tool", "decision").order_by("-number").first() if call.attempts_count else None
     first_sent_at = call.first_sent_at()
-    read = hasattr(call, "latest_receipt_at")  # read with call_for_attempt's annotations
-    dependencies = {}
-    if not read or call.has_dependency_calls:
-        steps = Step.depends_on.through.objects.filter(from_step_id=call.step_id).values("to_step_id")
-        dependencies = {
-            str(pk): state for pk, state in Call.objects.filter(step_id__in=steps).values_list("pk", "state")
-        }
-    if read:
-        latest_receipt, latest_receipt_at = call.latest_receipt_observed, call.latest_receipt_at
-    else:
-        latest = Receipt.objects.filter(call=call).order_by("-checked_at").values_list("observed", "checked_at")
-        latest_receipt, latest_receipt_at = latest.first() or (None, None)
-    # The breaker of the tool the attempt will call: the call's own came with it (a reverse one-to-one, absent
-    # until the breaker first opens).
-    if read and executing_tool.pk == call.tool_id:
-        breaker = breaker_view_of(executing_tool, getattr(call.tool, "breaker_row", None), now=now)
-    else:
-        breaker = breaker_view(executing_tool, now=now)
+    dependencies = _dependencies(call) if read is None or read.has_dependency_calls else {}
+    latest_receipt, latest_receipt_at = _latest_receipt(call, read)
     context = GateContext(
         now=now,
         tool=tool,
@@ -147,12 +151,32 @@ def gate_context(
         approval_available=approval,
         task=task_view(
             task,
-            unsettled=call.unsettled_in_task if read else None,
-            compensating=call.compensating_in_task if read else None,
+            unsettled=read.unsettled_in_task if read else None,
+            compensating=read.compensating_in_task if read else None,
         ),
-        breaker=breaker,
+        breaker=_breaker(call, executing_tool, read, now),
     )
     return context, call_view(call, tool, task, first_sent_at)
+
+
+def _dependencies(call: Call) -> dict[str, str]:
+    """The states of the calls of the call's dependency steps, by call id."""
+    steps = Step.depends_on.through.objects.filter(from_step_id=call.step_id).values("to_step_id")
+    return {str(pk): state for pk, state in Call.objects.filter(step_id__in=steps).values_list("pk", "state")}
+
+
+def _latest_receipt(call: Call, read: AdmissionRead | None) -> tuple[str | None, datetime | None]:
+    if read is not None:
+        return read.latest_receipt_observed, read.latest_receipt_at
+    latest = Receipt.objects.filter(call=call).order_by("-checked_at").values_list("observed", "checked_at")
+    return latest.first() or (None, None)
+
+
+def _breaker(call: Call, executing_tool: Tool, read: AdmissionRead | None, now: datetime):
+    """The breaker of the tool the attempt will call: the call's own tool's row came with the read."""
+    if read is not None and executing_tool.pk == call.tool_id:
+        return breaker_view_of(executing_tool, read.breaker_row, now=now)
+    return breaker_view(executing_tool, now=now)
 
 
 # A replay's own attempt id names its action request, so its approval admits that attempt and no other.

@@ -1,10 +1,7 @@
-"""Admission (docs/design/gate.md, docs/design/state-machine.md): may this attempt of a call be sent? The gate's answer,
-stored whether allowed or denied.
-
-An attempt request names its attempt id (unique within the call: a repeated request gets the stored answer), an
-alternate tool or repaired arguments, and the evidence it claims. With an outcome it is a single shot: admission and
-outcome in one transaction. A single shot the gate would have denied still happened: its facts are kept, the
-attempt is flagged as bypassing policy, and a write goes to a person.
+"""Admission (docs/design/gate.md, docs/design/state-machine.md "Admission, outcome and single shot"): may this attempt
+of a call be sent? The gate's answer, stored whether allowed or denied; with an outcome in the request, a single shot
+(admission and outcome in one transaction; one the gate would have denied is kept, flagged and, a write, sent to a
+person); and the one same-key replay reconciliation may make (docs/replay.md).
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from recovery.engine.types import APPROVAL_GRANTED, REPLAY_RECONCILE, Candidate,
 from recovery.engine.types import GateDecision as Gate
 from recovery.models import ActionRequest, Attempt, Call, GateDecision, Tool
 from recovery.registry import tool_policy
-from recovery.selectors.context import approval_for, gate_context
+from recovery.selectors.context import AdmissionRead, approval_for, gate_context
 from recovery.services.answers import checks_json, gate_json, outcome_json
 from recovery.services.breakers import breaker_release_probe, breaker_reserve_probe
 from recovery.services.errors import Refusal
@@ -98,30 +95,31 @@ class _Admitting:
     number: int  # the attempt's number within the call (the call's attempts so far, plus one)
 
 
-def gate_ask(*, call: Call, request: AttemptRequest, actor: Actor) -> dict:
-    """POST .../gate: would this candidate be admitted? Stored, never acted on."""
+def gate_ask(*, call: Call, request: AttemptRequest, actor: Actor, read: AdmissionRead | None = None) -> dict:
+    """POST .../gate: would this candidate be admitted? Stored, never acted on. `read`: as for attempt_admit."""
     candidate, tool = _candidate(call, request)
-    gate = _evaluate(call, candidate, tool, timezone.now())
+    gate = _evaluate(call, candidate, tool, timezone.now(), read=read)
     row = _store_gate(call, candidate, gate, actor=actor, dry_run=True)
     return gate_json(gate, row)
 
 
-def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor) -> Admission:
+def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor, read: AdmissionRead | None = None) -> Admission:
     """POST .../attempts: admission, or a single shot when the request carries an outcome
-    (docs/design/state-machine.md)."""
+    (docs/design/state-machine.md). `read`: what the call's admission read brought along with it
+    (hot_path.call_for_attempt, for this attempt id); None: admission reads it."""
     digest = canonical_digest(request.as_json())
-    stored = _stored_attempt(call, request.attempt_id)
+    stored = _stored_attempt(call, request.attempt_id, read=read)
     if stored is not None:
         return _replay(stored, digest)
     now = timezone.now()
     candidate, tool = _candidate(call, request)
     known = request.arguments_known
-    gate = _evaluate(call, candidate, tool, now, arguments_known=known)
+    gate = _evaluate(call, candidate, tool, now, arguments_known=known, read=read)
     probe = gate.uses_probe
     if probe and not breaker_reserve_probe(tool, now=now):
         # Another admission reserved the half-open probe between our gate and our reservation: the gate answers
         # again, without a probe — a degrade denial with the fallback (or an admission, if that probe closed it).
-        gate = _evaluate(call, candidate, tool, now, probe_taken=True, arguments_known=known)
+        gate = _evaluate(call, candidate, tool, now, probe_taken=True, arguments_known=known, read=read)
         probe = False
     admitting = _Admitting(
         call=call,
@@ -154,7 +152,7 @@ def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor) -> Admis
     except (TransitionConflict, IntegrityError):
         if probe and judgement is None:
             breaker_release_probe(tool, now=now)  # never sent: a lost race must not use up the half-open probe
-        raced = _stored_attempt(call, request.attempt_id, fresh=True)
+        raced = _stored_attempt(call, request.attempt_id)
         if raced is not None:
             return _replay(raced, digest)
         raise Refusal("conflict", "another attempt of this call was admitted at the same moment", status=409) from None
@@ -193,11 +191,18 @@ def _candidate(call: Call, request: AttemptRequest) -> tuple[Candidate, Tool]:
 
 
 def _evaluate(
-    call: Call, candidate: Candidate, tool: Tool, now: datetime, *, probe_taken: bool = False, arguments_known=True
+    call: Call,
+    candidate: Candidate,
+    tool: Tool,
+    now: datetime,
+    *,
+    probe_taken: bool = False,
+    arguments_known=True,
+    read: AdmissionRead | None = None,
 ) -> Gate:
     """The gate's answer. `probe_taken`: this admission lost the half-open probe to another one after the gate had
-    offered it, so the gate is asked again (the breaker read afresh) knowing that no probe is left.
-    `arguments_known` False: no schema to check them against (AttemptRequest.arguments_known)."""
+    offered it, so the gate is asked again knowing that no probe is left. `arguments_known` False: no schema to
+    check them against (AttemptRequest.arguments_known). `read`: as for attempt_admit."""
     policy = tool_policy(call.tool)
     candidate_policy = tool_policy(tool) if tool.pk != call.tool_id else None
     if not arguments_known:
@@ -211,6 +216,7 @@ def _evaluate(
         task=call.task,
         now=now,
         approval=_approval_available(call, candidate),
+        read=read,
     )
     if probe_taken:
         context = replace(context, breaker=replace(context.breaker, probe_available=False))
@@ -278,13 +284,13 @@ def _store_gate(
     return insert(row)
 
 
-def _stored_attempt(call: Call, attempt_id: str, *, fresh: bool = False) -> Attempt | None:
-    """The attempt this call already has under `attempt_id` (unique per call), asked on every admission. The
-    call's admission read (recovery.statemachine.hot_path.call_for_attempt) already says whether there is one, so the
-    row is read only when there is; `fresh`: ask the database now (after losing a race to a concurrent request)."""
-    if fresh or not hasattr(call, "stored_attempt_pk"):
+def _stored_attempt(call: Call, attempt_id: str, *, read: AdmissionRead | None = None) -> Attempt | None:
+    """The attempt this call already has under `attempt_id` (unique per call), asked on every admission. With the
+    call's admission read, which says whether there is one, the row is read only when there is; without (None: after
+    losing a race to a concurrent request, too), the database is asked now."""
+    if read is None:
         return Attempt.objects.filter(call=call, attempt_id=attempt_id).first()
-    return Attempt.objects.filter(pk=call.stored_attempt_pk).first() if call.stored_attempt_pk else None
+    return Attempt.objects.filter(pk=read.stored_attempt_pk).first() if read.stored_attempt_pk else None
 
 
 def _replay(stored: Attempt, digest: str) -> Admission:

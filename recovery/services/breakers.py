@@ -1,25 +1,7 @@
-"""Circuit breakers shared by every process (docs/breakers.md): storage around the pure rules of
-recovery.engine.breaker.
+"""Circuit breakers shared by every process: the rows around the pure rules of recovery.engine.breaker.
 
-One Breaker row per tool holds the state, created lazily the first time the breaker opens (no row reads closed).
-Outcome counts live in BreakerBucket rows, one per tool and `bucket_s`, bumped by an upsert that never touches the
-Breaker row, so recording an outcome on a closed breaker is two statements and, called outside a transaction, holds
-the bucket's row lock only for its own statement. Every state change is a conditional UPDATE whose WHERE names the
-state it leaves: of any number of processes that see the same failure rate, exactly one moves the breaker and
-writes its audit event. No function holds a row lock beyond its own short transaction, let alone a provider call.
-
-Statements per function (each an upper bound, independent of traffic):
-- breaker_view (recovery.selectors.breakers): 1 SELECT.
-- breaker_reserve_probe: 1 UPDATE.
-- breaker_record: 2 while nothing changes (the bucket upsert, one SELECT of the state with the window's sums),
-  +1 DELETE of buckets that left the window on the first outcome of each new bucket; a state change adds its
-  UPDATE (and an INSERT for a breaker's first opening, or a DELETE of the counts when a probe closes it) plus the
-  audit append (4 statements, 6 on a new chain). An uncounted outcome (None) is 1 SELECT.
-
-Lock order: the bucket and breaker rows before the audit heads (like recovery.statemachine.transitions: conditional
-UPDATE, then the audit row). So reserve a probe before appending audit events in the same transaction, and record an
-outcome outside any transaction that has already appended audit events (or holds them to its end): a caller
-that takes the audit heads first and then the bucket row, racing one that does the opposite, deadlocks.
+breaker_record() is the one bookkeeping call per outcome: count, read once, ask the rules once, write once.
+How it counts, locks and races is docs/breakers.md ("How an outcome moves a breaker").
 """
 
 from __future__ import annotations
@@ -32,14 +14,14 @@ from django.db.models import Case, F, Q, Value, When
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event
 from recovery.engine import breaker as rules
-from recovery.engine.types import CLOSED, HALF_OPEN, OPEN, BreakerPolicy, BreakerView
+from recovery.engine.types import HALF_OPEN, OPEN, BreakerPolicy, BreakerView
 from recovery.models import Breaker, BreakerBucket, Tool
 from recovery.registry.policy import breaker_policy
-from recovery.selectors.breakers import breaker_view, view_of_state
+from recovery.selectors.breakers import breaker_view
 
 # Raw SQL (docs/architecture.md, the data layer), on the path of every outcome: the bucket upsert adds to a counter,
 # which the ORM cannot say (its conflict update sets columns, it does not add to them); the state and the window's sums
-# are read with it in one statement; a first opening inserts the row unless a concurrent opener did.
+# are read in one statement; a first opening inserts the row unless a concurrent opener did.
 
 _BUCKET = BreakerBucket._meta.db_table
 _COUNT = (
@@ -102,32 +84,38 @@ def breaker_record(
     policy: BreakerPolicy | None = None,
     actor: Actor | None = None,
 ) -> BreakerView:
-    """Count one outcome (engine.breaker.counts_as_failure's answer) and apply docs/breakers.md; returns the breaker
-    after it.
+    """Count one outcome (engine.breaker.counts_as_failure's verdict; None counts nothing) and move the breaker as
+    engine.breaker.after_outcome says; the breaker after it. `actor`: who the audit event names (`system:breaker`).
 
-    None counts nothing (a probe's reservation then stays until its lease expires). A probe's outcome closes or
-    reopens a half_open breaker; any other outcome can open a closed one when the window reaches min_calls at the
-    failure rate. `actor` is who the audit event names (default `system:breaker`).
+    The count first (outside any transaction), then one read of the row with the window, one step of the rules,
+    one conditional write. A write that finds the breaker moved by another process writes nothing; the breaker is
+    read again and, the probe settled by the other, the outcome counts as an ordinary one.
     """
     policy = policy or breaker_policy(tool)
-    if counts_as_failure is None:
-        return breaker_view(tool, now=now, policy=policy)
     actor = actor or Actor.system("breaker")
-    current = rules.bucket_start(now.timestamp(), policy)
-    _count(tool, current, failed=counts_as_failure, policy=policy)
-    if probe:
-        view = _finish_probe(tool, success=not counts_as_failure, now=now, policy=policy, actor=actor)
-        if view is not None:
-            return view
-        # Not half_open any more (another probe settled it first): an ordinary outcome from here on.
-    row = _state_and_window(tool, current, policy)
-    state, calls, failures = row[0], row[4], row[5]
-    if state in (None, CLOSED) and rules.should_open(calls, failures, policy):
-        exists = state is not None
-        if _trip(tool, row_exists=exists, calls=calls, failures=failures, now=now, policy=policy, actor=actor):
-            return view_of_state((OPEN, now, 0, None), policy, now)
-        return breaker_view(tool, now=now, policy=policy)  # another process opened it first: read what it wrote
-    return view_of_state(row, policy, now)
+    current = None
+    if counts_as_failure is not None:
+        current = rules.bucket_start(now.timestamp(), policy)
+        _count(tool, current, failed=counts_as_failure, policy=policy)
+    for _ in range(_ROUNDS):
+        row, calls, failures = _read(tool, current, policy)
+        step = rules.after_outcome(
+            row,
+            failed=counts_as_failure,
+            probe=probe,
+            calls=calls,
+            failures=failures,
+            policy=policy,
+            now_epoch_s=now.timestamp(),
+        )
+        if not step.to_state or _write(tool, step, row_exists=row.state is not None, now=now, actor=actor):
+            return step.view
+        probe = False
+    return breaker_view(tool, now=now, policy=policy)  # moved under us twice: read what the last writer wrote
+
+
+# A probe's write lost to another probe, then an opening lost to another opener: at most two rounds.
+_ROUNDS = 2
 
 
 def _count(tool: Tool, current: int, *, failed: bool, policy: BreakerPolicy) -> None:
@@ -151,6 +139,7 @@ _STATE_AND_WINDOW = (
     f"{_WINDOW_SUM.format('u.successes + u.failures')}, {_WINDOW_SUM.format('u.failures')} "
     f"FROM {Tool._meta.db_table} t LEFT JOIN {_BREAKER} b ON b.tool_id = t.id WHERE t.id = %s"
 )
+_STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
 
 
 def _aware(value: datetime | str | None) -> datetime | None:
@@ -160,6 +149,22 @@ def _aware(value: datetime | str | None) -> datetime | None:
     if value is not None and value.tzinfo is None:
         value = value.replace(tzinfo=UTC)
     return value
+
+
+def _epoch(value: datetime | None) -> float | None:
+    return value.timestamp() if value is not None else None
+
+
+def _read(tool: Tool, current: int | None, policy: BreakerPolicy) -> tuple[rules.BreakerRow, int, int]:
+    """The stored row and the window's (calls, failures), in one SELECT; an uncounted outcome (`current` None)
+    reads the row alone."""
+    if current is None:
+        found = Breaker.objects.filter(tool_id=tool.pk).values_list(*_STATE_FIELDS).first()
+        state, opened_at, probes_reserved, lease_until = found or (None, None, 0, None)
+        calls = failures = 0
+    else:
+        state, opened_at, probes_reserved, lease_until, calls, failures = _state_and_window(tool, current, policy)
+    return rules.BreakerRow(state, _epoch(opened_at), probes_reserved or 0, _epoch(lease_until)), calls, failures
 
 
 def _state_and_window(tool: Tool, current: int, policy: BreakerPolicy) -> tuple:
@@ -179,60 +184,40 @@ def _state_and_window(tool: Tool, current: int, policy: BreakerPolicy) -> tuple:
     return (state, _aware(opened_at), probes_reserved, _aware(lease_until), int(calls), int(failures))
 
 
-def _trip(
-    tool: Tool, *, row_exists: bool, calls: int, failures: int, now: datetime, policy: BreakerPolicy, actor: Actor
-) -> bool:
-    """closed -> open; True for the one process that made the change (and wrote its audit event)."""
-    closed = Breaker.objects.filter(tool_id=tool.pk, state=CLOSED)
+_EVENTS = {
+    "opened": AuditAction.BREAKER_OPENED,
+    "closed": AuditAction.BREAKER_CLOSED,
+    "reopened": AuditAction.BREAKER_REOPENED,
+}
+
+
+def _write(tool: Tool, step: rules.BreakerStep, *, row_exists: bool, now: datetime, actor: Actor) -> bool:
+    """The step's state change and its audit event, in one short transaction; False, writing nothing, when the
+    breaker is not in `step.from_state` any more (another process moved it first). A first opening inserts the
+    row; of concurrent openers exactly one inserts it or moves it."""
     with transaction.atomic():
-        won = 0
-        if not row_exists:
-            won = breaker_create(tool.pk, OPEN, now=now)
-        if not won:  # the row exists (or a concurrent opener just created it): only a closed breaker opens
-            won = closed.update(state=OPEN, opened_at=now, probes_reserved=0, probe_lease_until=None, updated_at=now)
-        if won:
-            append_event(
-                action=AuditAction.BREAKER_OPENED,
-                actor=actor,
-                from_state=CLOSED,
-                to_state=OPEN,
-                reason=(
-                    f"{failures} of {calls} calls failed in the last {policy.window_s} s "
-                    f"(opens at {policy.failure_rate:.0%} with at least {policy.min_calls} calls)"
-                ),
-                evidence={"tool": tool.name, "calls": calls, "failures": failures, "window_s": policy.window_s},
+        won = not row_exists and breaker_create(tool.pk, step.to_state, now=now)
+        if not won:  # the row exists (or a concurrent opener just created it): only the state read is left
+            won = Breaker.objects.filter(tool_id=tool.pk, state=step.from_state).update(
+                state=step.to_state,
+                opened_at=now if step.to_state == OPEN else None,
+                probes_reserved=0,
+                probe_lease_until=None,
+                updated_at=now,
             )
-    return bool(won)
-
-
-def _finish_probe(
-    tool: Tool, *, success: bool, now: datetime, policy: BreakerPolicy, actor: Actor
-) -> BreakerView | None:
-    """half_open -> closed (success) or open (failure); None when the breaker was not half_open any more."""
-    target = rules.after_probe(success)
-    with transaction.atomic():
-        moved = Breaker.objects.filter(tool_id=tool.pk, state=HALF_OPEN).update(
-            state=target,
-            opened_at=None if target == CLOSED else now,
-            probes_reserved=0,
-            probe_lease_until=None,
-            updated_at=now,
-        )
-        if not moved:
-            return None
-        if target == CLOSED:
-            # Counting starts afresh: the failures that opened it are still inside the window when the cooldown is
-            # shorter than the window, and would reopen it on the next single failure.
+        if not won:
+            return False
+        if step.reset_counts:
             BreakerBucket.objects.filter(tool_id=tool.pk)._raw_delete(connection.alias)
         append_event(
-            action=AuditAction.BREAKER_CLOSED if target == CLOSED else AuditAction.BREAKER_REOPENED,
+            action=_EVENTS[step.event],
             actor=actor,
-            from_state=HALF_OPEN,
-            to_state=target,
-            reason="the half-open probe succeeded" if success else "the half-open probe failed: a new cooldown starts",
-            evidence={"tool": tool.name, "probe": "succeeded" if success else "failed"},
+            from_state=step.from_state,
+            to_state=step.to_state,
+            reason=step.reason,
+            evidence={"tool": tool.name, **step.evidence},
         )
-    return view_of_state((target, now, 0, None), policy, now)
+    return True
 
 
 def breaker_release_probe(tool: Tool, *, now: datetime) -> None:

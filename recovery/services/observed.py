@@ -219,7 +219,7 @@ def _report(span: ToolSpan, row: ObservedSpan, task: Task, tool: Tool, actor: Ac
     if existing is None and task.status != TaskStatus.OPEN:
         raise Refusal("task_closed", f"the trace's task {task.pk} is {task.status}: no new calls", status=409)
     row.call_id = existing.pk if existing else _observed_call(span, task, tool, actor).pk
-    call = call_for_attempt(row.call_id, [row.tenant_id], attempt_id=span.attempt_id)
+    call, read = call_for_attempt(row.call_id, [row.tenant_id], attempt_id=span.attempt_id)
     request = AttemptRequest(
         attempt_id=span.attempt_id,
         arguments=span.arguments,
@@ -227,7 +227,7 @@ def _report(span: ToolSpan, row: ObservedSpan, task: Task, tool: Tool, actor: Ac
         outcome=facts_of(span.facts),
         arguments_known=span.arguments is not None,
     )
-    attempt_admit(call=call, request=request, actor=actor)
+    attempt_admit(call=call, read=read, request=request, actor=actor)
     row.attempt, bypassed = _attempt_of(call, span.attempt_id)
     repeated = existing is not None and bypassed and call.side_effect == SideEffect.WRITE
     return SpanOutcome.POSSIBLE_DUPLICATE if repeated else SpanOutcome.RECORDED

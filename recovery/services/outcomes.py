@@ -1,10 +1,7 @@
 """Outcome reports (docs/design/classification.md, docs/design/state-machine.md): what a runtime saw when it sent an
-attempt, classified, decided on and recorded.
-
-An outcome is judged before the transaction that records it: classification only reads, and the tool's shared
-breaker counts the outcome in its own short transaction, so bucket rows are never locked after an audit head (one
-lock order, no deadlock). The record is then one transaction: the facts (error text redacted into a Diagnostic),
-the call moved by transition_call, the decision card, and for a committed write its runtime receipt.
+attempt, classified and counted on the tool's breaker before any transaction (docs/breakers.md: bucket rows are
+never locked after an audit head), then recorded in one: the facts, the call moved by transition_call, the decision
+card and, for a committed write, its runtime receipt.
 """
 
 from __future__ import annotations

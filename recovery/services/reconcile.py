@@ -1,27 +1,17 @@
-"""Reconciliation (docs/design/state-machine.md, docs/reconciliation.md): settle writes whose outcome is unknown from
-the provider's own records.
-
-A due call (UNKNOWN, STILL_UNKNOWN or ACCEPTED with next_check_at passed) is claimed by setting its check lease with
-one conditional UPDATE (`FOR UPDATE SKIP LOCKED` on PostgreSQL), so two workers never check one call at once and a
-crashed worker's lease simply expires. The status query runs with no transaction open; its answer is applied in one
-short transaction that locks the call row (a callback and a poll for the same call serialize there), writes the
-receipt, updates the counters and moves the call only through recovery.statemachine.transitions.
-
-reconcile_due() keeps RECOVERY_CHECKS_IN_FLIGHT status queries in flight on worker threads and applies their answers
-on a second, smaller set of threads as they arrive, so the database work of one check never holds back the next
-HTTP request.
+"""Reconciliation (docs/reconciliation.md, docs/design/state-machine.md): settle writes whose outcome is unknown from
+the provider's own records. The rules live here: claiming due calls (a check lease, `FOR UPDATE SKIP LOCKED`), the
+status query with no transaction open, and applying its answer in one short transaction that locks the call; the
+threads that run them are recovery.services.reconcile_runner's.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
-import threading
-import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -29,11 +19,12 @@ from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
 from recovery.engine.states import RECONCILABLE, UNSETTLED, CallState
-from recovery.models import BreakerState, Call, Receipt, ReceiptSource, Tool
+from recovery.models import Call, Receipt, ReceiptSource, Tool
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.registry.policy import reconcile_policy
 from recovery.services import replay_reconcile
-from recovery.services.status_breakers import PROBE, SKIP, status_breaker_allows, status_breaker_record
+from recovery.services.reconcile_runner import run_checks
+from recovery.services.status_breakers import PROBE, SKIP, StatusBreakerGate
 from recovery.statemachine.hot_path import insert
 from recovery.statemachine.transitions import transition_call
 
@@ -100,136 +91,47 @@ def _stamp(value: datetime):
 # --- checking ------------------------------------------------------------------------------------------------------
 
 
-class _Workers:
-    """`size` threads taking items from one queue; each closes its database connections when it ends, so no
-    connection outlives the batch. `batch` > 1: a thread takes what is waiting, up to `batch` items at a time."""
-
-    _STOP = object()
-
-    def __init__(self, func, size: int, name: str, *, batch: int = 1):
-        self.func, self.batch, self.items, self.errors = func, batch, queue.Queue(), []
-        self.threads = [
-            threading.Thread(target=self._run, name=f"reconcile-{name}-{n}", daemon=True) for n in range(size)
-        ]
-        for thread in self.threads:
-            thread.start()
-
-    def put(self, item) -> None:
-        self.items.put(item)
-
-    def close(self) -> None:
-        """Wait until every item put in so far is done."""
-        for _ in self.threads:
-            self.items.put(self._STOP)
-        for thread in self.threads:
-            thread.join()
-
-    def _take(self) -> tuple[list, bool]:
-        taken, stop = [self.items.get()], False
-        while len(taken) < self.batch:
-            try:
-                taken.append(self.items.get_nowait())
-            except queue.Empty:
-                break
-        if self._STOP in taken:
-            stop = True
-            for _ in range(taken.count(self._STOP) - 1):
-                self.items.put(self._STOP)  # the other threads' stop signals go back
-            taken = [item for item in taken if item is not self._STOP]
-        return taken, stop
-
-    def _run(self) -> None:
-        try:
-            stop = False
-            while not stop:
-                taken, stop = self._take()
-                if not taken:
-                    continue
-                try:
-                    self.errors += self.func(taken if self.batch > 1 else taken[0]) or []
-                except Exception as exc:  # one call's failure must not stop the others; its lease expires
-                    logger.exception("reconciliation: %s failed for %r", self.func.__name__, taken)
-                    self.errors.append(exc)
-        finally:
-            connections.close_all()
-
-
-class _BreakerGate:
-    """The status breakers as one batch of checks sees them: each provider's breaker read once, then only failures
-    written as they happen (one may open it: the rest of the batch is skipped) and successes counted in one UPDATE
-    at the end. A batch that finds a breaker past its cooldown sends exactly one probe and skips the rest."""
-
-    def __init__(self):
-        self.lock, self.verdict, self.successes = threading.Lock(), {}, {}
-
-    def ask(self, provider, now) -> str:
-        with self.lock:
-            if provider.pk not in self.verdict:
-                self.verdict[provider.pk] = status_breaker_allows(provider, now=now)
-            verdict = self.verdict[provider.pk]
-            if verdict == PROBE:
-                self.verdict[provider.pk] = SKIP  # the probe is this check; the others wait for its result
-            return verdict
-
-    def record(self, provider, *, failed: bool, probe: bool) -> None:
-        if failed or probe:
-            state = status_breaker_record(provider, failed=failed, now=timezone.now())
-            with self.lock:
-                if state == BreakerState.OPEN:
-                    self.verdict[provider.pk] = SKIP
-            return
-        with self.lock:
-            self.successes[provider.pk] = (provider, self.successes.get(provider.pk, (provider, 0))[1] + 1)
-
-    def flush(self) -> None:
-        for provider, count in self.successes.values():
-            status_breaker_record(provider, failed=False, now=timezone.now(), count=count)
-
-
 def reconcile_due(*, worker: str, limit: int = 1000, in_flight: int | None = None) -> int:
     """Check up to `limit` due calls with their providers, `in_flight` status queries at a time; how many were
-    checked. Calls are claimed a few at a time as query slots free up (so a lease is never held long before its
-    check), and answers are applied as they arrive, in small batches on other threads, while the next queries are
-    in flight. A check that failed on our side (not the provider's) is logged and raised after the others are done;
-    its call's lease expires and it is checked again."""
+    checked. Calls are claimed a few at a time as query slots free up, and answers applied as they arrive while the
+    next queries are in flight (recovery.services.reconcile_runner). A check that failed on our side (not the
+    provider's) is logged and raised after the others are done; its call's lease expires and it is checked again."""
     in_flight = in_flight or _in_flight()
-    breakers = _BreakerGate()
+    breakers = StatusBreakerGate()
+
+    def ask(call: Call) -> tuple[Call, Reply | StatusAnswer] | None:
+        reply = _ask(call, breakers)
+        return None if _settled_by_replay(call, reply, worker=worker) else (call, reply)
 
     def apply(pairs: list) -> list[Exception]:
         return apply_answers([(call, read_status(call.tool, reply)) for call, reply in pairs], worker=worker)
 
-    appliers = _Workers(apply, 2, "apply", batch=APPLY_BATCH)
-
-    def ask(call: Call) -> None:
-        reply = _ask(call, breakers)
-        if not _settled_by_replay(call, reply, worker=worker):
-            appliers.put((call, reply))
-
-    queries = _Workers(ask, in_flight, "query")
-    checked, seen = 0, set()
     try:
-        while checked < limit:
-            claimed = claim_due(worker=worker, limit=min(in_flight * 4, limit - checked))
-            ids = [pk for pk in claimed if pk not in seen]
-            if again := [pk for pk in claimed if pk in seen]:  # checked in this run and due again: the next run's
-                Call.objects.filter(pk__in=again, check_lease_owner=worker[:100]).update(
-                    check_lease_owner="", check_lease_until=None
-                )
-            if not ids:
-                break
-            seen.update(ids)
-            for call in _load(ids):
-                queries.put(call)
-            checked += len(ids)
-            while queries.items.qsize() > 2 * in_flight:  # claim more while a few are still waiting to be asked
-                time.sleep(0.005)
+        due = _due_calls(worker=worker, limit=limit, claim=in_flight * 4)
+        checked, errors = run_checks(due, ask, apply, in_flight=in_flight, apply_batch=APPLY_BATCH)
     finally:
-        queries.close()
-        appliers.close()
         breakers.flush()
-    if errors := queries.errors + appliers.errors:
+    if errors:
         raise errors[0]
     return checked
+
+
+def _due_calls(*, worker: str, limit: int, claim: int) -> Iterator[Call]:
+    """Up to `limit` due calls, claimed `claim` at a time as they are drawn, each once: one checked in this run and
+    due again is left to the next run (its lease given back)."""
+    checked, seen = 0, set()
+    while checked < limit:
+        claimed = claim_due(worker=worker, limit=min(claim, limit - checked))
+        ids = [pk for pk in claimed if pk not in seen]
+        if again := [pk for pk in claimed if pk in seen]:
+            Call.objects.filter(pk__in=again, check_lease_owner=worker[:100]).update(
+                check_lease_owner="", check_lease_until=None
+            )
+        if not ids:
+            return
+        seen.update(ids)
+        checked += len(ids)
+        yield from _load(ids)
 
 
 def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
@@ -237,7 +139,7 @@ def reconcile_call(call_id: int, *, worker: str) -> Receipt | None:
     if not claim_one(call_id, worker=worker):
         return None
     (call,) = _load([call_id])
-    breakers = _BreakerGate()
+    breakers = StatusBreakerGate()
     reply = _ask(call, breakers)
     breakers.flush()
     if _settled_by_replay(call, reply, worker=worker):
@@ -275,7 +177,7 @@ def _load(ids: list[int]) -> list[Call]:
     return calls
 
 
-def _ask(call: Call, breakers: _BreakerGate) -> Reply | StatusAnswer:
+def _ask(call: Call, breakers: StatusBreakerGate) -> Reply | StatusAnswer:
     """The status query for one call (its reply unread), or the reason none was sent. No transaction is open here,
     and nothing is done here that can wait: this thread goes on to the next query as soon as the reply is in."""
     tool, now = call.tool, timezone.now()

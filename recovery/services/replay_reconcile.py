@@ -1,20 +1,7 @@
-"""Replay reconciliation (docs/replay.md): settling an unknown write by one same-key replay when its status query
-cannot answer.
-
-For a write tool that the registry marks replay-safe, with `reconcile.replay_when_status_down` on and an explicit
-`key_retention_s`, whose retry path a duplicate probe proved safe (docs/replay.md), the provider's idempotency record is
-the evidence: replayed with the original key, a provider that deduplicates answers with the first request's result
-and makes no second effect. Reconciliation tries it when the status query cannot answer — the status API failed, its
-breaker is open, or the registry declares none — and never twice for one call:
-
-1. admission through the real gate on `replay_reconcile` (recovery.services.attempts.replay_admit): the durable
-   mark `Call.replay_reconciled_at` is set by a conditional UPDATE in the transaction that records the attempt
-   (counted in the task's rounds and `write_retry`, refused when none is left, and admitted by the tool's breaker);
-2. the request, with no transaction open;
-3. its reply classified as any attempt's and mapped onto UNKNOWN's own edges, as a receipt of kind
-   `idempotent_replay`: a valid 2xx → COMMITTED (one effect: the proof says the provider made no second one); a
-   rejection that proves nothing was stored → NOT_COMMITTED; anything else (409, 5xx, a timeout) → STILL_UNKNOWN,
-   and there is no second replay — the schedule of status checks goes on, and a person decides at its end.
+"""Replay reconciliation (docs/replay.md, "Replay reconciliation"): settling an unknown write of a probe-proven,
+replay-safe tool by exactly one same-key replay when its status query cannot answer: admitted through the real gate
+(recovery.services.attempts.replay_admit), sent with no transaction open, and its reply recorded as an
+`idempotent_replay` receipt mapped onto UNKNOWN's own edges.
 """
 
 from __future__ import annotations

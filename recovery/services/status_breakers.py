@@ -1,20 +1,16 @@
-"""The breaker of each provider's status endpoint (docs/reconciliation.md): reconciliation backs off a status API that
-keeps failing, separately from the provider's tools and their breakers.
-
-closed: every check goes through and is counted in a fixed window; at `min_calls` with `failure_rate` failed it
-opens. open: checks are skipped (an `unreachable` receipt that still counts toward the call's poll budget) until
-`cooldown_s` has passed; then exactly one check is let through as a probe (a conditional UPDATE picks the winner,
-with a lease so a crashed prober does not hold the breaker half-open forever). The probe's success closes it, its
-failure opens it again. Each state change is an audit event. No lock is held across an HTTP request: the check
-asks before and records after, each in its own short statement or transaction.
+"""The breaker of each provider's status endpoint (docs/reconciliation.md): reconciliation
+backs off a status API that keeps failing, separately from the provider's tools and their breakers. No lock is held
+across an HTTP request: a check asks before and records after, each in its own short statement or transaction.
 """
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime, timedelta
 
 from django.db import transaction
 from django.db.models import F
+from django.utils import timezone
 
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event
@@ -99,3 +95,35 @@ def _audit(provider: Provider, before: str, row: StatusBreaker, policy: StatusBr
         reason=reason,
         evidence={"provider": provider.name, "calls": row.calls, "failures": row.failures},
     )
+
+
+class StatusBreakerGate:
+    """The status breakers as one batch of checks sees them, shared by its threads: each provider's breaker asked
+    once, failures recorded as they happen (one may open it: the rest of the batch is skipped), successes counted in
+    one UPDATE by flush() at the end. A batch that finds a breaker past its cooldown sends exactly one probe."""
+
+    def __init__(self):
+        self.lock, self.verdict, self.successes = threading.Lock(), {}, {}
+
+    def ask(self, provider: Provider, now: datetime) -> str:
+        with self.lock:
+            if provider.pk not in self.verdict:
+                self.verdict[provider.pk] = status_breaker_allows(provider, now=now)
+            verdict = self.verdict[provider.pk]
+            if verdict == PROBE:
+                self.verdict[provider.pk] = SKIP  # the probe is this check; the others wait for its result
+            return verdict
+
+    def record(self, provider: Provider, *, failed: bool, probe: bool) -> None:
+        if failed or probe:
+            state = status_breaker_record(provider, failed=failed, now=timezone.now())
+            with self.lock:
+                if state == OPEN:
+                    self.verdict[provider.pk] = SKIP
+            return
+        with self.lock:
+            self.successes[provider.pk] = (provider, self.successes.get(provider.pk, (provider, 0))[1] + 1)
+
+    def flush(self) -> None:
+        for provider, count in self.successes.values():
+            status_breaker_record(provider, failed=False, now=timezone.now(), count=count)

@@ -1,10 +1,6 @@
-"""The sweeper (docs/design/state-machine.md): a SENT call with no outcome after its tool's outcome timeout.
-
-A write may have reached the provider, so it becomes UNKNOWN and goes to reconciliation (its first check scheduled
-from the tool's reconcile schedule); a read had no effect, so it becomes RETRYABLE — or FAILED_PERMANENT with
-`retry_exhausted` when it has no attempt left. Each call moves in its own short transaction through
-recovery.statemachine.transitions, re-checked under the row lock, so an outcome reported at the same moment wins
-cleanly.
+"""The sweeper (docs/reconciliation.md, docs/design/state-machine.md): a SENT call with no outcome after its tool's
+outcome timeout becomes UNKNOWN (a write) or RETRYABLE (a read; FAILED_PERMANENT with none left), each in its own
+short transaction through recovery.statemachine.transitions, so an outcome reported at the same moment wins cleanly.
 """
 
 from __future__ import annotations

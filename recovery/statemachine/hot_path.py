@@ -1,20 +1,7 @@
-"""The hot paths' statements, as SQL written once from the models (the data-layer exception of docs/architecture.md).
-
-docs/design/quality-targets.md wants the whole API to ingest single-shot attempts at 0.5x or more of a bare endpoint
-making the same statements, and reconciliation to settle 0.9 x 8 / 0.05 calls a second. Through the ORM alone ingest
-does not come close (`manage.py bench ingest` runs the ORM twin beside it: its `orm_twin_ratio` is about 0.3): building
-and compiling the admission read — the call with its tool, provider, task and breaker, and six subqueries — costs about
-6 ms of Python per attempt where running it costs half of one; every transition's conditional UPDATE, every insert
-of an attempt, a gate answer or a receipt, and the token lookup of every request cost several times their
-statement; and the task's counters need an UPDATE and a SELECT where UPDATE ... RETURNING is one statement. So these
-are SQL, generated once per process from the models' metadata, and the rows read back become model instances the
-way the ORM makes them: `Model.from_db`, each field's converters (JSON decoded, SQLite's timestamps parsed), the
-related instances cached as select_related() caches them; values written are prepared by each field as the ORM
-prepares them.
-
-Each function reads through its ORM twin instead when RECOVERY_HOT_PATH_SQL is off: what the benchmark times against
-this in the same run, and what tests/test_hot_path.py holds this equal to. The SQL is portable between PostgreSQL and
-SQLite (`%s` parameters, quoted columns, RETURNING).
+"""The hot paths' statements as SQL written once from the models (docs/architecture.md, "The data layer"): the
+admission read, the task's counters, a call's state UPDATE, the inserts and the token lookup, whose ORM versions
+miss docs/design/quality-targets.md (docs/benchmarks.md: ingest's ORM twin). Rows read back become model instances
+as the ORM makes them; each function reads through its ORM twin when RECOVERY_HOT_PATH_SQL is off.
 """
 
 from __future__ import annotations
@@ -32,6 +19,7 @@ from recovery.engine.states import UNSETTLED, CallState
 from recovery.models import ApiToken, Attempt, Breaker, Call, Provider, Receipt, Step, Task, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
+from recovery.selectors.context import AdmissionRead
 
 
 def _sql() -> bool:
@@ -120,11 +108,14 @@ _ANNOTATIONS = (
 )
 
 
-def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: str) -> Call | None:
+def call_for_attempt(
+    call_id: int, tenant_ids: Collection[int], *, attempt_id: str
+) -> tuple[Call, AdmissionRead] | None:
     """selectors.tasks_calls.call_for_attempt() in one statement written once: the call, its tool (with provider
-    and breaker row), its task, and what admitting `attempt_id` reads besides."""
+    and breaker row), its task, and what admitting `attempt_id` reads besides (the AdmissionRead to hand to
+    admission with the call)."""
     if not _sql():
-        return tasks_calls.call_for_attempt(call_id, tenant_ids, attempt_id=attempt_id)
+        return _orm_call_for_attempt(call_id, tenant_ids, attempt_id=attempt_id)
     low, high = connection.ops.integer_field_range("BigAutoField")
     if not tenant_ids or not low <= call_id <= high:
         return None
@@ -138,8 +129,9 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
     provider, at = _load(Provider, row, at)
     task, at = _load(Task, row, at)
     breaker, at = _load(Breaker, row, at)
+    breaker_row = breaker if breaker.pk is not None else None
     _cache_related(tool, "provider", provider)
-    _cache_related(tool, "breaker_row", breaker if breaker.pk is not None else None)
+    _cache_related(tool, "breaker_row", breaker_row)
     _cache_related(call, "tool", tool)
     _cache_related(call, "task", task)
     values = dict(zip(_ANNOTATIONS, row[at:], strict=True))
@@ -149,11 +141,23 @@ def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: s
             values["latest_receipt_at"] = function(values["latest_receipt_at"], col, connection)
     values["has_dependency_calls"] = bool(values["has_dependency_calls"])
     values["tool_has_alternates"] = bool(values["tool_has_alternates"])
-    for name, value in values.items():
-        setattr(call, name, value)
-    if not call.tool_has_alternates:
+    if not values["tool_has_alternates"]:
         with_alternates(tool, none=True)
-    return call
+    return call, AdmissionRead(**values, breaker_row=breaker_row)
+
+
+def _orm_call_for_attempt(
+    call_id: int, tenant_ids: Collection[int], *, attempt_id: str
+) -> tuple[Call, AdmissionRead] | None:
+    """The ORM twin: the selector's call, its annotations taken into the AdmissionRead."""
+    call = tasks_calls.call_for_attempt(call_id, tenant_ids, attempt_id=attempt_id)
+    if call is None:
+        return None
+    try:
+        breaker_row = call.tool.breaker_row  # read with the call (select_related)
+    except Breaker.DoesNotExist:  # a reverse one-to-one: a tool whose breaker never opened has no row
+        breaker_row = None
+    return call, AdmissionRead(**{name: getattr(call, name) for name in _ANNOTATIONS}, breaker_row=breaker_row)
 
 
 # --- the task's counters -------------------------------------------------------------------------------------------

@@ -122,8 +122,8 @@ def _single_shots(tenant, count: int, counter: _Statements | None = None) -> flo
     with connection.execute_wrapper(counter) if counter else nullcontext():
         start = time.perf_counter()
         for call_id, request in made:
-            call = call_for_attempt(call_id, tenant_ids, attempt_id=request.attempt_id)
-            admission = attempt_admit(call=call, request=request, actor=ACTOR)
+            call, read = call_for_attempt(call_id, tenant_ids, attempt_id=request.attempt_id)
+            admission = attempt_admit(call=call, read=read, request=request, actor=ACTOR)
             assert admission.response["call_state"] == "COMMITTED", admission.response
         return time.perf_counter() - start
 
