@@ -10,8 +10,6 @@ from recovery.engine.breaker import (
     BreakerRow,
     after_outcome,
     after_probe,
-    bucket_start,
-    counts_as_failure,
     effective_state,
     probe_lease_expired,
     probe_lease_until,
@@ -19,6 +17,7 @@ from recovery.engine.breaker import (
     view_of_row,
     window_totals,
 )
+from recovery.engine.classify import counts_as_failure
 from recovery.engine.types import (
     AUTHENTICATION,
     AUTHORIZATION,
@@ -62,8 +61,8 @@ def test_it_counts_only_health_failures(state, failure_class, http_status, count
 
 
 def test_it_puts_a_time_in_its_bucket():
-    assert bucket_start(1_000_009.9, POLICY) == 1_000_000
-    assert bucket_start(1_000_010, POLICY) == 1_000_010
+    assert POLICY.bucket_of(1_000_009.9) == 1_000_000
+    assert POLICY.bucket_of(1_000_010) == 1_000_010
 
 
 def test_it_totals_only_the_buckets_inside_the_window():

@@ -1,6 +1,6 @@
-"""Circuit breaker rules (docs/breakers.md) as pure functions over counts and time: which outcomes count, the
-window, opening, cooldown, leased half-open probes, and after_outcome(), the one step the storage
-(recovery.services.breakers) asks per outcome. Nothing here reads a clock or holds state.
+"""Circuit breaker rules (docs/breakers.md) as pure functions over counts and time: the window, opening, cooldown,
+leased half-open probes, and after_outcome(), the one step the storage (recovery.services.breakers) asks per outcome.
+Which outcomes count is the classification's (recovery.engine.classify.counts_as_failure). No clock, no state.
 """
 
 from __future__ import annotations
@@ -9,42 +9,14 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from recovery.engine.states import CallState as S
 from recovery.engine.types import (
     CLOSED,
     FORCED_OPEN,
     HALF_OPEN,
     OPEN,
-    OUTCOME_UNKNOWN,
-    TRANSIENT,
     BreakerPolicy,
     BreakerView,
 )
-
-# An outcome that proves the dependency answered: COMMITTED (docs/design/classification.md row 10) or ACCEPTED (row 9).
-_SUCCESSES = frozenset({S.COMMITTED, S.ACCEPTED, "9", "10"})
-
-
-def counts_as_failure(outcome_row: str | None, failure_class: str | None, http_status: int | None) -> bool | None:
-    """True: counts as a failure; False: counts as a success; None: not counted at all.
-
-    Only what says something about the dependency's health counts: transient, outcome_unknown and any 5xx; the
-    caller's own mistakes (invalid arguments, credentials, a permanent 4xx) never do, so a misbehaving agent cannot
-    open a breaker for everyone else. `outcome_row` is the Outcome's state (COMMITTED, ACCEPTED, ...) or its
-    docs/design/classification.md row ("9", "10", ...): either names a success.
-    """
-    if http_status is not None and 500 <= http_status <= 599:
-        return True
-    if outcome_row in _SUCCESSES:
-        return False
-    if failure_class in (TRANSIENT, OUTCOME_UNKNOWN):
-        return True
-    return None
-
-
-def bucket_start(now_epoch_s: float, policy: BreakerPolicy) -> int:
-    """The start (epoch seconds) of the bucket `now` falls in."""
-    return int(now_epoch_s // policy.bucket_s) * policy.bucket_s
 
 
 def window_totals(
@@ -55,7 +27,7 @@ def window_totals(
     Buckets older than the window are ignored (storage may prune them lazily), and so are buckets after the current
     one: a process whose clock runs ahead must not count outcomes no one else can see yet.
     """
-    current = bucket_start(now_epoch_s, policy)
+    current = policy.bucket_of(now_epoch_s)
     oldest_excluded = current - policy.window_s
     calls = failures = 0
     for start, successes, failed in buckets:

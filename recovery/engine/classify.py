@@ -289,3 +289,24 @@ def preflight_failure(tool: ToolPolicy, *, call_id: str, field_errors: tuple[Fie
         field_errors=field_errors,
         external_state_verified=True,
     )
+
+
+# An outcome that proves the dependency answered: COMMITTED (docs/design/classification.md row 10) or ACCEPTED (row 9).
+_SUCCESSES = frozenset({S.COMMITTED, S.ACCEPTED, "9", "10"})
+
+
+def counts_as_failure(outcome_row: str | None, failure_class: str | None, http_status: int | None) -> bool | None:
+    """True: counts as a failure; False: counts as a success; None: not counted at all.
+
+    Only what says something about the dependency's health counts: transient, outcome_unknown and any 5xx; the
+    caller's own mistakes (invalid arguments, credentials, a permanent 4xx) never do, so a misbehaving agent cannot
+    open a breaker for everyone else. `outcome_row` is the Outcome's state (COMMITTED, ACCEPTED, ...) or its
+    docs/design/classification.md row ("9", "10", ...): either names a success.
+    """
+    if http_status is not None and 500 <= http_status <= 599:
+        return True
+    if outcome_row in _SUCCESSES:
+        return False
+    if failure_class in (TRANSIENT, OUTCOME_UNKNOWN):
+        return True
+    return None

@@ -112,6 +112,10 @@ class BreakerPolicy:
     half_open_probes: int = 1
     probe_lease_s: int = 60  # a crashed prober's reservation expires after this
 
+    def bucket_of(self, now_epoch_s: float) -> int:
+        """The start (epoch seconds) of the bucket `now` falls in: the key its outcome is counted under."""
+        return int(now_epoch_s // self.bucket_s) * self.bucket_s
+
 
 @dataclass(frozen=True, kw_only=True)
 class Budgets:

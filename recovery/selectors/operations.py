@@ -190,7 +190,7 @@ def _buckets(policies: dict[int, BreakerPolicy], now: datetime) -> dict[int, lis
     if not policies:
         return found
     now_s = now.timestamp()
-    oldest = min(rules.bucket_start(now_s, policy) - policy.window_s for policy in policies.values())
+    oldest = min(policy.bucket_of(now_s) - policy.window_s for policy in policies.values())
     rows = BreakerBucket.objects.filter(bucket_start__gt=oldest).values_list(
         "tool_id", "bucket_start", "successes", "failures"
     )
@@ -274,7 +274,7 @@ def _tool_breaker(
     view = rules.effective_state(stored, _epoch(opened_at), policy, now_s, live_probes=live)
     cooling = stored in (OPEN, HALF_OPEN) and opened_at is not None
     calls, failures = rules.window_totals(buckets, policy, now_s)
-    current = rules.bucket_start(now_s, policy)
+    current = policy.bucket_of(now_s)
     inside = [b for b in buckets if current - policy.window_s < b[0] <= current]
     return ToolBreaker(
         tool_id=tool.pk,

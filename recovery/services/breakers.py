@@ -95,7 +95,7 @@ def breaker_record(
     actor = actor or Actor.system("breaker")
     current = None
     if counts_as_failure is not None:
-        current = rules.bucket_start(now.timestamp(), policy)
+        current = policy.bucket_of(now.timestamp())
         _count(tool, current, failed=counts_as_failure, policy=policy)
     for _ in range(_ROUNDS):
         row, calls, failures = _read(tool, current, policy)

@@ -16,9 +16,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from recovery.audit.chain import Actor, appends_at_commit
-from recovery.engine import breaker as breaker_rules
 from recovery.engine.canonical import canonical_digest
-from recovery.engine.classify import classify
+from recovery.engine.classify import classify, counts_as_failure
 from recovery.engine.decide import decide
 from recovery.engine.redact import redact, redact_data
 from recovery.engine.states import CallState
@@ -112,7 +111,7 @@ def judge(call: Call, facts: Facts, sent: Sent, *, now: datetime, count: bool = 
     if not count:
         return Judgement(outcome, None)
     failure_class = outcome.failure.failure_class if outcome.failure else None
-    failed = breaker_rules.counts_as_failure(outcome.row, failure_class, facts.http_status)
+    failed = counts_as_failure(outcome.row, failure_class, facts.http_status)
     return Judgement(outcome, breaker_record(sent.tool, counts_as_failure=failed, probe=sent.probe, now=now))
 
 
