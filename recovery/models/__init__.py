@@ -1,18 +1,11 @@
-"""The data model of docs/design/vocabulary.md.
-
-Fields that queues and workers filter on are real columns with indexes; nested policy that only the engine reads
-(request templates, schemas, schedules) is JSON validated by the registry loader. A call's `state` and `version`
-are written by `recovery.statemachine.transitions` alone (and guarded by a database trigger); audit rows are append-only
-at the database level (see `recovery.statemachine.dbguards`).
-
-One module per concept, all under the app label "recovery": base (field helpers), registry (tenants, providers,
-tools), tokens, tasks, calls (attempts, diagnostics, decisions, gate answers, receipts), probes, audit, breakers,
-reviews (action requests, bulk actions), compensation, drills, metrics and observed (OpenTelemetry ingest). Every
-model and its choices are re-exported here: import them from `recovery.models`.
-"""
+"""The data model of docs/design/vocabulary.md: one module per concept under the app label "recovery" (the list is in
+docs/architecture.md#code-layout; `approvals` holds what every four-eyes request shares). A call's `state` and
+`version` are written by recovery.statemachine.transitions alone; audit rows are append-only in the database. Every
+model and its choices are re-exported here: import them from `recovery.models`."""
 
 from __future__ import annotations
 
+from recovery.models.approvals import FourEyesRequest
 from recovery.models.audit import ActorKind, AuditChainHead, AuditEvent
 from recovery.models.breakers import (
     Breaker,
@@ -60,6 +53,7 @@ __all__ = [
     "Diagnostic",
     "DrillRun",
     "DuplicateProbe",
+    "FourEyesRequest",
     "GateDecision",
     "MetricCallMark",
     "MetricFold",
