@@ -230,9 +230,11 @@ def decide(asked: Asked, *, to: str, changes: dict | None = None, then=None, rec
                 kind.record(row, to, asked.actor, reason=asked.reason, was=REQUESTED, user=asked.user)
             return then() if then is not None else None
     except IntegrityError as exc:
-        if kind.model.four_eyes_constraint() not in str(exc):
+        constraint = kind.model.four_eyes_constraint()
+        if constraint not in str(exc):
             raise
-        raise Refusal("four_eyes", kind.own.format(what=asked.what)) from None
+        message = f"{kind.own.format(what=asked.what)} The database refused it ({constraint})."
+        raise Refusal("four_eyes", message) from None
 
 
 def withdraw(kind: FourEyes, pk: int, *, user, actor: Actor, reason: str):
