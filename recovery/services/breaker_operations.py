@@ -108,7 +108,10 @@ def breaker_preview(*, tool_id: int, operation: str, now: datetime | None = None
     now = now or timezone.now()
     tool = Tool.objects.select_related("breaker_row").get(pk=tool_id)
     policy = breaker_policy(tool)
-    row = getattr(tool, "breaker_row", None)
+    try:
+        row = tool.breaker_row  # read with the tool
+    except Breaker.DoesNotExist:
+        row = None  # the breaker never opened
     stored = row.state if row is not None else CLOSED
     state_row = None if row is None else (row.state, row.opened_at, row.probes_reserved, row.probe_lease_until)
     view = view_of_state(state_row, policy, now)
