@@ -23,10 +23,11 @@ from recovery.audit.chain import Actor
 from recovery.engine.actions import ACTIONS
 from recovery.models.approvals import REQUESTED
 from recovery.selectors.approvals import QUEUE_LIMIT, approvals_waiting
+from recovery.services.approvals import PREVIEWED
 from recovery.services.errors import Refusal
 
 REASON_MAX = 2000
-OPEN = ("previewed", REQUESTED)  # a kind's statuses that still wait for someone (a kind without previews: requested)
+OPEN = (PREVIEWED, REQUESTED)  # a kind's statuses that still wait for someone (a kind without previews: requested)
 LABELS = {a.name: a.label for a in ACTIONS}
 
 
