@@ -117,18 +117,20 @@ def mark(kind: FourEyes, row, actor: Actor, *, to: str, reason: str, now: dateti
     return bool(moved)
 
 
+def _not_in_time(row) -> str:
+    return f"not {'decided' if row.status == REQUESTED else 'requested'} before {row.expires_at.isoformat()}"
+
+
 def expire(kind: FourEyes, row, actor: Actor, now: datetime) -> bool:
     """A preview or a request past its expiry → EXPIRED; False when it moved first."""
-    what = "decided" if row.status == REQUESTED else "requested"
-    return mark(kind, row, actor, to=EXPIRED, reason=f"not {what} before {row.expires_at.isoformat()}", now=now)
+    return mark(kind, row, actor, to=EXPIRED, reason=_not_in_time(row), now=now)
 
 
 def refuse_if_expired(kind: FourEyes, row, actor: Actor, now: datetime) -> None:
     """Past its expiry, the row is marked EXPIRED and the step refused (the expiry is the news, so it is kept)."""
     if not row.past_expiry(now):
         return
-    what = "decided" if row.status == REQUESTED else "requested"
-    why = f"not {what} before {row.expires_at.isoformat()}"
+    why = _not_in_time(row)
     if not expire(kind, row, actor, now):
         raise not_pending(kind, row)
     raise Refusal("expired", kind.expired.format(why=why))
