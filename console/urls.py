@@ -5,7 +5,7 @@ from django.templatetags.static import static
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
-from console.views import actions, audit, auth, bulk, calls, metrics, operations, overview, queues, tasks
+from console.views import actions, approvals, audit, auth, bulk, calls, metrics, operations, overview, queues, tasks
 from recovery.api.routes import api
 
 console_patterns = [
@@ -22,6 +22,7 @@ console_patterns = [
     *operations.urlpatterns,
     *actions.urlpatterns,
     *bulk.urlpatterns,
+    *approvals.urlpatterns,
 ]
 
 

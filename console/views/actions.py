@@ -1,14 +1,6 @@
-"""Operator actions in the console (docs/actions.md): the dry run, the request, the second person's decision, the queue.
-
-Every action starts on the call page as a POST "Preview" (reviewers): the service builds the plan — the exact
-provider request(s), the policy checks, the forbidden actions, the expected effects — sends nothing, and the
-browser is sent to the request's page. Every role reads that page; each form on it is drawn only for who may use it
-now: a reviewer requests the previewed action with a reason, a different person with the approver role approves or
-rejects it with a reason. The services (recovery/services/actions.py) decide everything and refuse with
-`Refusal`, whose message the page shows as is (next to its field when it names one) while nothing changes;
-success redirects with a message (POST/redirect/GET). No JavaScript is needed; the request's status block
-refreshes itself (htmx) while a worker executes it.
-"""
+"""Operator actions in the console (docs/actions.md): the dry run a reviewer previews from the call page, the request's
+page — its plan, checks and forbidden actions — with the request and the four-eyes decisions (their shared parts:
+console/views/approvals.py), and its status block, which refreshes itself (htmx) while a worker executes it."""
 
 from __future__ import annotations
 
@@ -22,24 +14,16 @@ from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, by_reason, place_refusal, render_page, requires
+from console.views.approvals import LABELS, ReasonForm, RequestPage, decide, decision
+from console.views.common import APPROVE, REVIEW, VIEW, by_reason, place_refusal, render_page, requires
 from recovery.audit.chain import Actor
-from recovery.engine.actions import ACTIONS
 from recovery.models import ActionRequest, ActionStatus, Call
-from recovery.selectors.approvals import (
-    OPEN,
-    QUEUE_LIMIT,
-    action_request_page,
-    pending_approvals,
-    pending_breaker_resets,
-)
-from recovery.selectors.bulk import bulks_waiting
+from recovery.selectors.approvals import action_request_page
 from recovery.selectors.facts import shown_facts
 from recovery.services.action_plans import action_options
 from recovery.services.actions import action_approve, action_preview, action_reject, action_request, action_withdraw
 from recovery.services.errors import Refusal
 
-LABELS = {a.name: a.label for a in ACTIONS}
 # The actions that settle a call on a person's word: their preview carries the evidence (docs/actions.md).
 EVIDENCE_ACTIONS = ("mark_committed", "mark_not_committed")
 # What each provider request of a plan is, in the order the plan lists them (a duplicate probe sends two).
@@ -54,7 +38,6 @@ REQUEST_ROLES = {
 # While a worker holds the request, its status block refreshes itself every few seconds.
 LIVE = (ActionStatus.APPROVED, ActionStatus.EXECUTING)
 REFRESH_S = 3
-REASON_MAX = 2000
 
 # How a refusal answers: bad input is a 400 next to its field, a missing role a 403, and a request that cannot move
 # as asked (forbidden now, four eyes, stale, expired, no longer pending) a 409 — the same page, nothing changed.
@@ -73,10 +56,6 @@ class EvidenceForm(forms.Form):
 
 
 EVIDENCE_LABELS = {name: field.label for name, field in EvidenceForm.base_fields.items()}
-
-
-class ReasonForm(forms.Form):
-    reason = forms.CharField(label="Reason", max_length=REASON_MAX, strip=True)
 
 
 class RequestForm(ReasonForm):
@@ -156,27 +135,21 @@ def _render(request: HttpRequest, request_id: int, *, status: int = 200, **forms
     return render_page(request, "console/action.html", _context(request, page, **forms_), status=status)
 
 
-def _context(
-    request: HttpRequest, page, *, request_form=None, approve_form=None, reject_form=None, withdraw_form=None, error=""
-) -> dict:
-    req, now = page.request, timezone.now()
-    user = request.user
+def _context(request: HttpRequest, page, *, request_form=None, error="", **forms_) -> dict:
+    req, now, user = page.request, timezone.now(), request.user
     plan = req.plan if isinstance(req.plan, dict) else {}
-    is_open = req.status in OPEN
-    expired = is_open and req.expires_at <= now
-    reviewer, approver = user.has_perm(REVIEW), user.has_perm(APPROVE)
-    own = req.requested_by_id is not None and req.requested_by_id == user.pk
-    can_request = req.status == ActionStatus.PREVIEWED and reviewer and not expired and not page.stale
-    can_decide = req.status == ActionStatus.REQUESTED and approver and not own and not expired
+    four_eyes = decision(PAGE, request, req, now=now, stale=page.stale, **forms_)
+    reviewer = user.has_perm(REVIEW)
     evidence = req.evidence if isinstance(req.evidence, dict) else {}
+    checks = [c for c in plan.get("checks") or [] if isinstance(c, dict)]
     return {
         "mode": "request",
         "req": req,
         "call": req.call,
         "plan": plan,
         "plan_requests": _shown_requests(req.action, plan.get("requests")),
-        "checks": [c for c in plan.get("checks") or [] if isinstance(c, dict)],
-        "failed_checks": sum(1 for c in plan.get("checks") or [] if isinstance(c, dict) and not c.get("passed")),
+        "checks": checks,
+        "failed_checks": sum(1 for c in checks if not c.get("passed")),
         "forbidden": by_reason(  # the plan's forbidden actions, each reason once
             (str(f.get("reason", "")), LABELS.get(f.get("action"), f.get("action", "")))
             for f in plan.get("forbidden") or []
@@ -187,24 +160,15 @@ def _context(
         "action_label": plan.get("label") or LABELS.get(req.action, req.action),
         "events": page.events,
         "stale": page.stale,
-        "expired": expired,
-        "expires_in": age_text(req.expires_at - now) if is_open and not expired else "",
-        "is_open": is_open,
+        "d": four_eyes,
         "live": req.status in LIVE,
         "refresh_s": REFRESH_S,
         "status_url": reverse("console:action", args=[req.pk]),
-        "can_request": can_request,
-        "can_decide": can_decide,
-        "can_approve": can_decide and not page.stale,
-        "own_request": req.status == ActionStatus.REQUESTED and approver and own,
+        "can_request": req.status == ActionStatus.PREVIEWED and reviewer and not four_eyes.expired and not page.stale,
         "reviewer": reviewer,
-        "approver": approver,
+        "approver": user.has_perm(APPROVE),
         "request_form": request_form or RequestForm(initial={"plan_hash": req.plan_hash}),
-        "approve_form": approve_form or ReasonForm(prefix="approve"),
-        "reject_form": reject_form or ReasonForm(prefix="reject"),
-        "can_withdraw": req.status == ActionStatus.REQUESTED and own and not expired,
-        "withdraw_form": withdraw_form or ReasonForm(prefix="withdraw"),
-        "offer_again": _offer_again(req, user, reviewer=reviewer, done=page.stale or expired, now=now),
+        "offer_again": _offer_again(req, user, reviewer=reviewer, done=page.stale or four_eyes.expired, now=now),
         "preview_url": reverse("console:action-preview", args=[req.call_id, req.action]),
         "preview_evidence": evidence if req.action in EVIDENCE_ACTIONS else {},
         "error": error,
@@ -277,97 +241,49 @@ def _after_request(done) -> str:
     return f"Requested and confirmed: it is now {done.status}."
 
 
+PAGE = RequestPage(
+    thing="action",
+    id_name="request_id",
+    missing=ActionRequest.DoesNotExist,
+    not_found="No such action request.",
+    urls={
+        "approve": "console:action-approve",
+        "reject": "console:action-reject",
+        "withdraw": "console:action-withdraw",
+    },
+    redraw=_render,
+    after=lambda req: reverse("console:action", args=[req.pk]),
+    hints=(
+        ("approve", "Why it is right to run it (a: here; Enter approves, after a confirmation)."),
+        ("reject", "Why it must not run (r: here; Enter rejects, after a confirmation)."),
+        ("withdraw", "Why you take it back (the approvers and the audit trail read it)."),
+    ),
+    approve_note="A worker then executes it exactly once.",
+)
+
+
 @require_POST
 @login_required
 @requires(APPROVE)
 def approve(request: HttpRequest, request_id: int) -> HttpResponse:
-    return _decide(
-        request, request_id, "approve", action_approve, "Approved: a worker executes it once ({status} now)."
-    )
+    done = "Approved: a worker executes it once ({row.status} now)."
+    return decide(PAGE, request, request_id, "approve", action_approve, done)
 
 
 @require_POST
 @login_required
 @requires(REVIEW)
 def withdraw(request: HttpRequest, request_id: int) -> HttpResponse:
-    return _decide(
-        request,
-        request_id,
-        "withdraw",
-        action_withdraw,
-        "Withdrawn: nothing will run, and nobody can approve it any more.",
-    )
+    done = "Withdrawn: nothing will run, and nobody can approve it any more."
+    return decide(PAGE, request, request_id, "withdraw", action_withdraw, done)
 
 
 @require_POST
 @login_required
 @requires(APPROVE)
 def reject(request: HttpRequest, request_id: int) -> HttpResponse:
-    return _decide(
-        request,
-        request_id,
-        "reject",
-        action_reject,
-        "Rejected: nothing will run. The reviewer sees your reason on this page.",
-    )
-
-
-def _decide(request: HttpRequest, request_id: int, verb: str, service, done: str) -> HttpResponse:
-    """Approve or reject with a reason: the service decides (four eyes, stale, expired); its refusal is shown on the
-    request's page next to the form it came from, and nothing changed."""
-    form = ReasonForm(request.POST, prefix=verb)
-    if not form.is_valid():
-        return _render(request, request_id, status=400, **{f"{verb}_form": form})
-    try:
-        decided = service(
-            request_id=request_id,
-            user=request.user,
-            actor=Actor.for_user(request.user),
-            reason=form.cleaned_data["reason"],
-        )
-    except Refusal as refused:
-        error = place_refusal(form, refused)
-        return _render(request, request_id, status=refused.status, error=error, **{f"{verb}_form": form})
-    except ActionRequest.DoesNotExist:
-        raise Http404("No such action request.") from None
-    messages.success(request, done.format(status=decided.status))
-    return redirect("console:action", decided.pk)
-
-
-# --- the approvers' queue -------------------------------------------------------------------------------------------
-
-
-@require_GET
-@login_required
-@requires(APPROVE)
-def approvals(request: HttpRequest) -> HttpResponse:
-    now = timezone.now()
-    rows = []
-    for req in pending_approvals(now=now):
-        plan = req.plan if isinstance(req.plan, dict) else {}
-        checks = [c for c in plan.get("checks") or [] if isinstance(c, dict)]
-        sends = [r for r in plan.get("requests") or [] if isinstance(r, dict)]
-        rows.append(
-            {
-                "req": req,
-                "label": plan.get("label") or LABELS.get(req.action, req.action),
-                "sends": [f"{r.get('method', '')} {r.get('url', '')}" for r in sends],
-                "failed": [c.get("check", "") for c in checks if not c.get("passed")],
-                "checks": len(checks),
-                "age": age_text(now - (req.requested_at or req.previewed_at)),
-                "expires_in": age_text(req.expires_at - now),
-                "stale": req.call.version != req.call_version,
-                "own": req.requested_by_id == request.user.pk,
-            }
-        )
-    context = {
-        "rows": rows,
-        "now": now,
-        "limit": QUEUE_LIMIT,
-        "resets": pending_breaker_resets(now=now),
-        "bulks": [(bulk, LABELS.get(bulk.action, bulk.action)) for bulk in bulks_waiting(now=now)],
-    }
-    return render_page(request, "console/approvals.html", context)
+    done = "Rejected: nothing will run. The reviewer sees your reason on this page."
+    return decide(PAGE, request, request_id, "reject", action_reject, done)
 
 
 urlpatterns = [
@@ -377,5 +293,4 @@ urlpatterns = [
     path("actions/<int:request_id>/approve/", approve, name="action-approve"),
     path("actions/<int:request_id>/reject/", reject, name="action-reject"),
     path("actions/<int:request_id>/withdraw/", withdraw, name="action-withdraw"),
-    path("approvals/", approvals, name="approvals"),
 ]

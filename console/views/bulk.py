@@ -1,13 +1,7 @@
-"""Bulk actions in the console (docs/console.md, docs/actions.md): the frozen selection's preview, its request, the
-second person's decision, and its progress.
-
-A reviewer selects rows on a queue page (or every row matching the page's filter) and an action; the preview
-(recovery.services.bulk) freezes the exact items — each call's id and version — and the browser is sent to the
-bulk's page, which lists every item with its policy checks and whether it would run, be skipped or is excluded.
-The reviewer requests it with a reason; a different person with the approver role approves or rejects it; a worker
-executes it item by item and the page's progress block refreshes itself (htmx) until every item has its result.
-Every form works without JavaScript (POST/redirect/GET); a refusal is shown next to its field, nothing changed.
-"""
+"""Bulk actions in the console (docs/bulk.md): the preview that freezes a queue page's selection, the bulk's page —
+every item with its checks and result, its progress refreshing itself (htmx) while a worker executes it — its
+request, and the four-eyes decision (the shared parts: console/views/approvals.py). Every form works without
+JavaScript."""
 
 from __future__ import annotations
 
@@ -23,8 +17,8 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import HttpResponseClientRefresh
 
 from console.forms import QueueFilterForm
-from console.views.actions import ReasonForm
-from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires
+from console.views.approvals import ReasonForm, RequestPage, decide, decision
+from console.views.common import APPROVE, REVIEW, VIEW, place_refusal, render_page, requires
 from console.views.queues import BULK_FILTERS
 from recovery.audit.chain import Actor
 from recovery.models import BulkAction, BulkItemStatus, BulkStatus
@@ -134,11 +128,9 @@ def _render(request: HttpRequest, bulk_id: int, *, status: int = 200, **forms_) 
     return render_page(request, "console/bulk.html", _context(request, page, **forms_), status=status)
 
 
-def _context(request, page, *, request_form=None, approve_form=None, reject_form=None, error="") -> dict:
+def _context(request, page, *, request_form=None, error="", **forms_) -> dict:
     bulk, user, now = page.bulk, request.user, timezone.now()
-    is_open = bulk.status in (BulkStatus.PREVIEWED, BulkStatus.REQUESTED)
-    expired = is_open and bulk.expires_at <= now
-    own = bulk.requested_by_id == user.pk
+    four_eyes = decision(PAGE, request, bulk, now=now, **forms_)
     for item in page.items:
         item.label = ITEM_LABELS.get(item.status, item.status)
         item.failed = [c for c in item.checks if not c.get("passed")]
@@ -146,6 +138,7 @@ def _context(request, page, *, request_form=None, approve_form=None, reject_form
     done = sum(n for status, n in page.counts.items() if status not in (BulkItemStatus.PENDING, "executing"))
     return {
         "bulk": bulk,
+        "d": four_eyes,
         "items": page.items,
         "counts": page.counts,
         "count_rows": [(ITEM_LABELS.get(s, s), s, page.counts.get(s, 0)) for s in ITEM_LABELS if page.counts.get(s)],
@@ -157,14 +150,8 @@ def _context(request, page, *, request_form=None, approve_form=None, reject_form
         "filters": sorted(bulk.filters.items()) if isinstance(bulk.filters, dict) else [],
         "live": bulk.status in LIVE,
         "refresh_s": REFRESH_S,
-        "expired": expired,
-        "expires_in": age_text(bulk.expires_at - now) if is_open and not expired else "",
-        "can_request": bulk.status == BulkStatus.PREVIEWED and user.has_perm(REVIEW) and not expired,
-        "can_decide": bulk.status == BulkStatus.REQUESTED and user.has_perm(APPROVE) and not own and not expired,
-        "own_request": bulk.status == BulkStatus.REQUESTED and own,
+        "can_request": bulk.status == BulkStatus.PREVIEWED and user.has_perm(REVIEW) and not four_eyes.expired,
         "request_form": request_form or RequestForm(initial={"selection_hash": bulk.selection_hash}),
-        "approve_form": approve_form or ReasonForm(prefix="approve"),
-        "reject_form": reject_form or ReasonForm(prefix="reject"),
         "error": error,
         "max": BULK_MAX,
         "now": now,
@@ -195,35 +182,31 @@ def request_bulk(request: HttpRequest, bulk_id: int) -> HttpResponse:
     return redirect("console:bulk", done.pk)
 
 
+PAGE = RequestPage(
+    thing="bulk",
+    id_name="bulk_id",
+    missing=BulkAction.DoesNotExist,
+    not_found="No such bulk action.",
+    urls={"approve": "console:bulk-approve", "reject": "console:bulk-reject"},
+    redraw=_render,
+    after=lambda bulk: reverse("console:bulk", args=[bulk.pk]),
+    approve_label="Approve bulk #{pk}",
+    reject_label="Reject bulk #{pk}",
+)
+
+
 @require_POST
 @login_required
 @requires(APPROVE)
 def approve(request: HttpRequest, bulk_id: int) -> HttpResponse:
-    return _decide(request, bulk_id, "approve", bulk_approve, "Approved: a worker executes every item once.")
+    return decide(PAGE, request, bulk_id, "approve", bulk_approve, "Approved: a worker executes every item once.")
 
 
 @require_POST
 @login_required
 @requires(APPROVE)
 def reject(request: HttpRequest, bulk_id: int) -> HttpResponse:
-    return _decide(request, bulk_id, "reject", bulk_reject, "Rejected: no item will run.")
-
-
-def _decide(request: HttpRequest, bulk_id: int, verb: str, service, done: str) -> HttpResponse:
-    form = ReasonForm(request.POST, prefix=verb)
-    if not form.is_valid():
-        return _render(request, bulk_id, status=400, **{f"{verb}_form": form})
-    try:
-        decided = service(
-            bulk_id=bulk_id, user=request.user, actor=Actor.for_user(request.user), reason=form.cleaned_data["reason"]
-        )
-    except Refusal as refused:
-        error = place_refusal(form, refused)
-        return _render(request, bulk_id, status=refused.status, error=error, **{f"{verb}_form": form})
-    except BulkAction.DoesNotExist:
-        raise Http404("No such bulk action.") from None
-    messages.success(request, done)
-    return redirect("console:bulk", decided.pk)
+    return decide(PAGE, request, bulk_id, "reject", bulk_reject, "Rejected: no item will run.")
 
 
 urlpatterns = [

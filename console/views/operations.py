@@ -1,19 +1,7 @@
-"""The operations pages (docs/breakers.md, docs/replay.md, docs/console.md, docs/drills.md), for every role
-(`recovery.view_call`): every breaker's state, window and history — those that need attention first, the idle tools
-folded into one line — with every tool's retry-path safety and latest duplicate probe, one tool's page (its retry path,
-why and since when, the changes of it and its latest probes), and the fault drills' stored runs with their results and
-logs.
-
-An operator's force open and reset of a breaker (recovery/services/breaker_operations.py) start from the breakers
-page on a dry-run page (reviewers) that shows what the operation would block or let through again and changes
-nothing; its form (a reason, a confirmation) applies a force open at once and requests a reset, which a different
-person with the approver role approves or rejects from the breakers page or the operation's own page. Plain forms,
-POST/redirect/GET with a message; a refusal is shown on the page (next to its field when it names one) and changes
-nothing.
-
-Drill logs and results, tool and provider names are shown as text: the templates escape them like anything else an
-agent, a provider or a command wrote.
-"""
+"""The operations pages for every role (docs/breakers.md, docs/replay.md, docs/drills.md): the breakers — those that
+need attention first — with retry paths and latest probes, one tool's page, the fault drills' runs; and an operator's
+force open or reset of a breaker from a dry run that changes nothing, a reset then decided on its own page (the shared
+four-eyes parts: console/views/approvals.py). Names, logs and results are shown as text, escaped."""
 
 from __future__ import annotations
 
@@ -29,10 +17,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from console.views.approvals import RequestPage, decide, decision
 from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal, render_page, requires, url_pattern
 from recovery.audit.chain import Actor
 from recovery.engine.types import CLOSED, FORCED_OPEN, HALF_OPEN, OPEN
-from recovery.models import BreakerOperation, BreakerOperationKind, BreakerOperationStatus, Tool
+from recovery.models import BreakerOperation, BreakerOperationKind, Tool
 from recovery.selectors.observed import runtimes
 from recovery.selectors.operations import (
     ToolBreaker,
@@ -136,15 +125,6 @@ class OperationForm(forms.Form):
     seen = forms.CharField(widget=forms.HiddenInput, max_length=100, required=False)
 
 
-class DecisionForm(forms.Form):
-    reason = forms.CharField(
-        label="Reason",
-        max_length=REASON_MAX,
-        strip=True,
-        error_messages={"required": "Give a reason: the reviewer reads it on the breakers page."},
-    )
-
-
 @require_http_methods(["GET", "POST"])
 @login_required
 @requires(REVIEW)
@@ -214,70 +194,56 @@ def _detail(request, operation_id: int, *, status: int = 200, error: str = "", *
     page = breaker_operation_page(operation_id)
     if page is None:
         raise Http404("No such breaker operation.")
-    op, now, user = page.operation, timezone.now(), request.user
-    pending = op.status == BreakerOperationStatus.REQUESTED
-    expired = pending and op.expires_at is not None and op.expires_at <= now
-    approver = user.has_perm(APPROVE)
-    own = op.requested_by_id == user.pk
-    shown = breaker_preview(tool_id=op.tool_id, operation=op.operation) if pending else None
+    op, now = page.operation, timezone.now()
+    four_eyes = decision(PAGE, request, op, now=now, **forms_)
+    shown = breaker_preview(tool_id=op.tool_id, operation=op.operation) if four_eyes.pending else None
     context = {
         "mode": "operation",
         "op": op,
+        "d": four_eyes,
         "events": page.events,
         "figures": op.preview if isinstance(op.preview, dict) else {},
         # A pending reset: what approving it would let through now, and whether the breaker moved since the request
         # (approving would then apply nothing).
         "shown": shown,
         "moved": shown is not None and (shown.stored, shown.updated_at) != (op.breaker_state, op.breaker_updated_at),
-        "pending": pending,
-        "expired": expired,
-        "expires_in": age_text(op.expires_at - now) if pending and not expired else "",
-        "can_decide": pending and approver and not own and not expired,
-        "own_request": pending and approver and own,
-        "approve_form": forms_.get("approve_form") or DecisionForm(prefix="approve"),
-        "reject_form": forms_.get("reject_form") or DecisionForm(prefix="reject"),
         "error": error,
         "now": now,
     }
     return render_page(request, "console/breaker_operation.html", context, status=status)
 
 
+PAGE = RequestPage(
+    thing="reset",
+    id_name="operation_id",
+    missing=BreakerOperation.DoesNotExist,
+    not_found="No such breaker operation.",
+    urls={"approve": "console:breaker-op-approve", "reject": "console:breaker-op-reject"},
+    redraw=_detail,
+    after=lambda op: f"{reverse('console:breakers')}#tool-{op.tool_id}",
+    approve_label="Approve reset",
+    hints=(
+        ("approve", "Why it is right to let the calls through again."),
+        ("reject", "Why the breaker must stay as it is."),
+    ),
+    reason_required="Give a reason: the reviewer reads it on the breakers page.",
+)
+
+
 @require_POST
 @login_required
 @requires(APPROVE)
 def breaker_reset_approve(request: HttpRequest, operation_id: int) -> HttpResponse:
-    return _decide(
-        request, operation_id, "approve", breaker_approve_reset, "Reset applied: {tool}'s breaker is closed."
-    )
+    done = "Reset applied: {row.tool.name}'s breaker is closed."
+    return decide(PAGE, request, operation_id, "approve", breaker_approve_reset, done)
 
 
 @require_POST
 @login_required
 @requires(APPROVE)
 def breaker_reset_reject(request: HttpRequest, operation_id: int) -> HttpResponse:
-    return _decide(
-        request, operation_id, "reject", breaker_reject_reset, "Reset rejected: {tool}'s breaker stays as it is."
-    )
-
-
-def _decide(request, operation_id: int, verb: str, service, done: str) -> HttpResponse:
-    form = DecisionForm(request.POST, prefix=verb)
-    if not form.is_valid():
-        return _detail(request, operation_id, status=400, **{f"{verb}_form": form})
-    try:
-        decided = service(
-            operation_id=operation_id,
-            user=request.user,
-            actor=Actor.for_user(request.user),
-            reason=form.cleaned_data["reason"],
-        )
-    except Refusal as refused:
-        error = place_refusal(form, refused)
-        return _detail(request, operation_id, status=refused.status, error=error, **{f"{verb}_form": form})
-    except BreakerOperation.DoesNotExist:
-        raise Http404("No such breaker operation.") from None
-    messages.success(request, done.format(tool=decided.tool.name))
-    return redirect(f"{reverse('console:breakers')}#tool-{decided.tool_id}")
+    done = "Reset rejected: {row.tool.name}'s breaker stays as it is."
+    return decide(PAGE, request, operation_id, "reject", breaker_reject_reset, done)
 
 
 @require_GET

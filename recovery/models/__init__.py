@@ -1,10 +1,11 @@
-"""The data model of docs/design/vocabulary.md, one module per concept under the app label "recovery".
-Every model and its choices are re-exported here: import them from `recovery.models`. Only
-`recovery.statemachine.transitions` writes a call's `state` and `version`.
+"""The data model of docs/design/vocabulary.md, one module per concept under the app label "recovery" (`approvals`
+holds what every four-eyes request shares). Every model and its choices are re-exported here: import them from
+`recovery.models`. Only `recovery.statemachine.transitions` writes a call's `state` and `version`.
 """
 
 from __future__ import annotations
 
+from recovery.models.approvals import FourEyesRequest
 from recovery.models.audit import ActorKind, AuditChainHead, AuditEvent
 from recovery.models.breakers import (
     Breaker,
@@ -52,6 +53,7 @@ __all__ = [
     "Diagnostic",
     "DrillRun",
     "DuplicateProbe",
+    "FourEyesRequest",
     "GateDecision",
     "MetricCallMark",
     "MetricFold",

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
+from recovery.models.approvals import FourEyesRequest, four_eyes
 from recovery.models.registry import Provider, Tool
 
 
@@ -62,7 +63,7 @@ class BreakerOperationStatus(models.TextChoices):
     EXPIRED = "expired"  # nobody decided before expires_at
 
 
-class BreakerOperation(models.Model):
+class BreakerOperation(FourEyesRequest):
     """An operator's force open or reset of a tool's breaker (docs/breakers.md, docs/actions.md), with the dry run's
     figures as the person saw them. A reset binds to the breaker's row as it was at the request (its state and
     updated_at): if the breaker moved since, the approval applies nothing (stale). Four eyes are a database
@@ -71,28 +72,20 @@ class BreakerOperation(models.Model):
     tool = models.ForeignKey(Tool, on_delete=models.PROTECT, related_name="breaker_operations")
     operation = models.CharField(max_length=16, choices=BreakerOperationKind.choices)
     status = models.CharField(max_length=16, choices=BreakerOperationStatus.choices)
+    # Created requested (a reset) or applied (a force open): the requester is always there. A reset's approver or
+    # rejecter is `decided_by`; a force open has none (one confirmation).
     reason = models.TextField()  # the requester's (for a force open, the one who confirmed it)
     requested_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     requested_at = models.DateTimeField(default=timezone.now)
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
-    )  # a reset's approver or rejecter; a force open has none (one confirmation)
-    decided_at = models.DateTimeField(null=True, blank=True)
-    decision_reason = models.TextField(blank=True)
     breaker_state = models.CharField(max_length=16, choices=BreakerState.choices)  # stored at the request
     breaker_updated_at = models.DateTimeField(null=True, blank=True)  # the row's at the request; None: no row
     preview = models.JSONField(default=dict, blank=True)  # the dry run's figures (recovery.services.breaker_operations)
     applied_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)  # a reset request's
-    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
-            # Four eyes, in the data model: whoever approves or rejects a reset did not request it.
-            models.CheckConstraint(
-                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")),
-                name="breaker_operation_four_eyes",
-            ),
+            four_eyes("breaker_operation_four_eyes"),
             models.CheckConstraint(
                 condition=~Q(operation="reset", status__in=["applied", "rejected"]) | Q(decided_by__isnull=False),
                 name="breaker_reset_has_decider",

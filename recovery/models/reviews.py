@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
-from django.db.models import F, Q
+from django.db.models import Q
 from django.utils import timezone
 
+from recovery.models.approvals import FourEyesRequest, four_eyes
 from recovery.models.calls import Attempt, Call
 
 
@@ -25,7 +26,7 @@ class ActionStatus(models.TextChoices):
     INTERRUPTED = "interrupted"  # a worker died mid-execution: the call is reconciled, never re-run
 
 
-class ActionRequest(models.Model):
+class ActionRequest(FourEyesRequest):
     """One operator action on one call (docs/actions.md): dry run, request, approval, execution — each step an audit
     event.
 
@@ -46,32 +47,16 @@ class ActionRequest(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
     )
     previewed_at = models.DateTimeField(default=timezone.now)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
-    )
-    requested_at = models.DateTimeField(null=True, blank=True)
-    reason = models.TextField(blank=True)  # the requester's
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
-    )
-    decided_at = models.DateTimeField(null=True, blank=True)
-    decision_reason = models.TextField(blank=True)
-    expires_at = models.DateTimeField()
     execution_owner = models.CharField(max_length=100, blank=True)
     execution_lease_until = models.DateTimeField(null=True, blank=True)
     executed_at = models.DateTimeField(null=True, blank=True)
     result = models.JSONField(default=dict, blank=True)
     attempt = models.ForeignKey(Attempt, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     approval_used_at = models.DateTimeField(null=True, blank=True)  # grant_approval: the one admission it allowed
-    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
-            # Four eyes, in the data model: whoever approves or rejects did not request it.
-            models.CheckConstraint(
-                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")),
-                name="action_four_eyes",
-            ),
+            four_eyes("action_four_eyes"),
             models.CheckConstraint(
                 condition=~Q(status__in=["approved", "executing", "executed", "interrupted"])
                 | Q(decided_by__isnull=False)
@@ -109,7 +94,7 @@ class BulkItemStatus(models.TextChoices):
     INTERRUPTED = "interrupted"  # its worker died while executing it: never run again
 
 
-class BulkAction(models.Model):
+class BulkAction(FourEyesRequest):
     """One operator action on a frozen, shown selection of calls (docs/console.md): each item its call's id and version
     at the freeze. Requested with a reason, approved by a second person (a database constraint), executed item by item
     by a worker that re-checks every item (its version, the catalogue, the plan's policy checks) before acting on it,
@@ -123,28 +108,14 @@ class BulkAction(models.Model):
     selection_hash = models.CharField(max_length=64)  # the action and every item's (call, version, status)
     previewed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     previewed_at = models.DateTimeField(default=timezone.now)
-    requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
-    )
-    requested_at = models.DateTimeField(null=True, blank=True)
-    reason = models.TextField(blank=True)  # the requester's
-    decided_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+", null=True, blank=True
-    )
-    decided_at = models.DateTimeField(null=True, blank=True)
-    decision_reason = models.TextField(blank=True)
-    expires_at = models.DateTimeField()
     execution_owner = models.CharField(max_length=100, blank=True)
     execution_lease_until = models.DateTimeField(null=True, blank=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
-    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
-            models.CheckConstraint(
-                condition=Q(decided_by__isnull=True) | ~Q(decided_by=F("requested_by")), name="bulk_four_eyes"
-            ),
+            four_eyes("bulk_four_eyes"),
             models.CheckConstraint(
                 condition=~Q(status__in=["approved", "executing", "finished"]) | Q(decided_by__isnull=False),
                 name="bulk_approved_has_decider",

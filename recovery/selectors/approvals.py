@@ -1,17 +1,13 @@
-"""Reads of operator actions (docs/actions.md): the pending-approvals queue, one action request's page, a call's
-requests.
-
-Each read is a fixed number of statements whatever the number of requests: the queue is one statement (the
-requests with their call, tool, task, tenant and requester joined), its count one more, the pending breaker resets
-one, a request's page two (the request with everything it names, then its audit events), a call's requests one.
-"""
+"""Reads of four-eyes requests (docs/actions.md#four-eyes): every kind waiting for a second person, through one registry
+(`KINDS`: the approvals queue, the navigation's count, notifications), one action request's page and a call's
+requests. A fixed number of statements each: one per kind for the queue, one for the count."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 
 from recovery.audit.actions import REQUEST_EVENTS
 from recovery.models import (
@@ -19,12 +15,12 @@ from recovery.models import (
     ActionStatus,
     AuditEvent,
     BreakerOperation,
-    BreakerOperationStatus,
     BulkAction,
-    BulkStatus,
+    FourEyesRequest,
 )
+from recovery.models.approvals import REQUESTED
 
-# The queue shows the oldest requests first, at most this many (beyond it the page says how many more wait).
+# The queue shows the oldest requests of each kind first, at most this many (beyond it the page says more wait).
 QUEUE_LIMIT = 200
 # A call page lists its most recent requests, at most this many.
 CALL_LIMIT = 50
@@ -36,32 +32,59 @@ OPEN = (ActionStatus.PREVIEWED, ActionStatus.REQUESTED)
 _RELATED = ("call__tool__provider", "call__task__tenant", "previewed_by", "requested_by", "decided_by")
 
 
-def _pending(now: datetime):
-    """Requests an approver can decide now: requested and not past their expiry (a request past it waits only for
-    the periodic sweep to mark it expired, and approving it would be refused)."""
-    return ActionRequest.objects.filter(status=ActionStatus.REQUESTED, expires_at__gt=now)
+@dataclass(frozen=True, kw_only=True)
+class ApprovalKind:
+    """One kind of request a second person decides, as the pages that list them read it."""
+
+    key: str  # how pages and notifications name the kind
+    label: str  # "breaker reset": one of them, in a sentence
+    model: type[FourEyesRequest]
+    url_name: str  # the console's page of one request (its id the only argument)
+    related: tuple[str, ...]  # what a queue row shows with the request
+    deferred: tuple[str, ...] = ()  # what it does not
+
+    def pending(self, now: datetime) -> QuerySet:
+        """Requests an approver can decide now: requested and not past their expiry (one past it waits only for the
+        periodic sweep to mark it expired, and deciding it would be refused)."""
+        return self.model.objects.filter(status=REQUESTED, expires_at__gt=now)
+
+    def waiting(self, now: datetime, limit: int = QUEUE_LIMIT) -> list:
+        """The pending requests, oldest first, with what a queue row shows: one statement."""
+        rows = self.pending(now).select_related(*self.related).defer(*self.deferred)
+        return list(rows.order_by("requested_at", "pk")[:limit])
 
 
-def pending_approvals(*, now: datetime, limit: int = QUEUE_LIMIT) -> list[ActionRequest]:
-    """The approvers' queue, oldest request first: one statement, the request's call (with its tool, task, tenant)
-    and its requester joined."""
-    rows = _pending(now).select_related("call__tool", "call__task__tenant", "requested_by")
-    return list(rows.order_by("requested_at", "pk")[:limit])
+KINDS = (
+    ApprovalKind(
+        key="action",
+        label="action request",
+        model=ActionRequest,
+        url_name="console:action",
+        related=("call__tool", "call__task__tenant", "requested_by"),
+    ),
+    ApprovalKind(key="bulk", label="bulk action", model=BulkAction, url_name="console:bulk", related=("requested_by",)),
+    ApprovalKind(
+        key="breaker_reset",
+        label="breaker reset",
+        model=BreakerOperation,
+        url_name="console:breaker-op",
+        related=("tool", "requested_by"),
+        deferred=("preview",),
+    ),
+)
+KIND_BY_KEY = {kind.key: kind for kind in KINDS}
 
 
 def pending_approvals_count(*, now: datetime) -> int:
-    """How many decisions wait for an approver now — action requests, bulk actions, breaker resets (the
-    navigation's and the overview's figure): one statement."""
-    bulks = BulkAction.objects.filter(status=BulkStatus.REQUESTED, expires_at__gt=now).values("pk")
-    resets = BreakerOperation.objects.filter(status=BreakerOperationStatus.REQUESTED, expires_at__gt=now)
-    return _pending(now).values("pk").union(bulks, resets.values("pk"), all=True).count()
+    """How many decisions of every kind wait for an approver now (the navigation's and the overview's figure): one
+    statement."""
+    first, *rest = (kind.pending(now).values("pk") for kind in KINDS)
+    return first.union(*rest, all=True).count()
 
 
-def pending_breaker_resets(*, now: datetime, limit: int = QUEUE_LIMIT) -> list[BreakerOperation]:
-    """Breaker resets a reviewer requested and nobody decided yet (recovery.services.breaker_operations), oldest
-    first, with their tool and requester: one statement."""
-    rows = BreakerOperation.objects.filter(status=BreakerOperationStatus.REQUESTED, expires_at__gt=now)
-    return list(rows.select_related("tool", "requested_by").defer("preview").order_by("requested_at", "pk")[:limit])
+def approvals_waiting(*, now: datetime, limit: int = QUEUE_LIMIT) -> dict[str, list]:
+    """Every kind's pending requests (by its key), oldest first: one statement per kind."""
+    return {kind.key: kind.waiting(now, limit) for kind in KINDS}
 
 
 @dataclass(frozen=True, kw_only=True)

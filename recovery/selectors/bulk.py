@@ -1,13 +1,12 @@
-"""Reads of bulk actions (docs/console.md): one bulk's page — the bulk, every frozen item with its call, the counts."""
+"""Reads of bulk actions (docs/bulk.md): one bulk's page — the bulk, every frozen item with its call, the counts. The
+bulks waiting for a second person are read with every other kind's (recovery.selectors.approvals)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 
-from recovery.models import BulkAction, BulkItem, BulkStatus
+from recovery.models import BulkAction, BulkItem
 
-WAITING_LIMIT = 100
 # What the page shows of an item and its call (a 500-item page reads no more).
 _ITEM_FIELDS = (
     "position", "call_version", "call_state", "status", "checks", "why", "request_id", "call__id", "call__state",
@@ -38,9 +37,3 @@ def bulk_page(bulk_id: int) -> BulkPage | None:
     for item in items:
         counts[item.status] = counts.get(item.status, 0) + 1
     return BulkPage(bulk=bulk, items=items, counts=counts)
-
-
-def bulks_waiting(*, now: datetime, limit: int = WAITING_LIMIT) -> list[BulkAction]:
-    """Requested bulks waiting for a second person and not expired, oldest first (the approvals page)."""
-    waiting = BulkAction.objects.filter(status=BulkStatus.REQUESTED, expires_at__gt=now).select_related("requested_by")
-    return list(waiting.order_by("requested_at", "pk")[:limit])

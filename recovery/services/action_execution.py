@@ -1,17 +1,8 @@
-"""Executing approved operator actions (docs/actions.md): once, by a worker; and the sweep of workers that died.
-
-`action_execute` claims an APPROVED request (APPROVED → EXECUTING with a lease, one conditional UPDATE: a second
-worker or a duplicate job gets nothing) and runs it. Actions that only move the call (escalate, mark committed / not
-committed, grant approval, abandon) run in one transaction with the call locked and re-checked — the same version
-as approved, the action still allowed — and the request's EXECUTED. A reconcile is the immediate status check of
-POST .../reconcile. A same-key replay is admitted through the real gate on `approval_granted` (the same admission
-code as the API's: an Attempt, the call SENT, the approval marked used), sends the tool's request with the call's
-original key with no transaction open, and reports what `requests` saw through the same classification and
-transitions as any attempt: a timeout after sending makes the call UNKNOWN for reconciliation to settle — never a
-second replay. A worker that dies mid-execution leaves the request EXECUTING; once its lease has passed,
-`actions_sweep_interrupted` marks it INTERRUPTED and nothing ever runs it again (the call, left SENT, is swept to
-UNKNOWN by the SENT sweeper and settled by a receipt).
-"""
+"""Executing approved operator actions (docs/actions.md, "Execution"): once, by a worker that claims the request by a
+conditional UPDATE (APPROVED → EXECUTING with a lease), re-checks the call and runs the action — a move of the call in
+one transaction, or a replay, reconcile or compensation sent with no transaction open and reported like any attempt.
+A worker that dies leaves the request EXECUTING; past its lease `actions_sweep_interrupted` marks it INTERRUPTED,
+never run again."""
 
 from __future__ import annotations
 

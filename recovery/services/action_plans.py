@@ -1,18 +1,7 @@
-"""The dry run of an operator action (docs/actions.md): its plan, built from the call as it stands now, sending nothing.
-
-A plan says what executing the action would do: the exact provider request(s) (the tool's own request with the call's
-original idempotency key for a replay, the status query for a reconcile, none for the others), with credentials
-masked; each policy check with pass/fail and why — admission (the real gate, asked as if the approval were granted,
-nothing stored by the gate), the tool's breaker (or the status endpoint's), the call's and the task's budgets, the
-side-effect budget of docs/design/budgets.md, the provider's key retention; the actions forbidden now with their
-reasons; and the expected effects. `plan_hash` covers everything that decides what would happen, not the wording of the
-details ("kept 3 h 59 min more"), so re-building the plan a minute later gives the same hash unless something that
-matters moved: that is what an approval binds to.
-
-The facts `actions_for` needs (recovery/engine/actions.py) are gathered here once, from the call's rows, for every
-service and page that asks which actions are allowed now; so are what the action services share: Refusal, the
-catalogue's refusal (`require_allowed`) and the audit event of a request's step (`action_event`).
-"""
+"""The dry run of an operator action (docs/actions.md): its plan, built from the call as it stands now, sending
+nothing — the exact provider request(s) with credentials masked, each policy check with why, the forbidden actions
+and the expected effects. `plan_hash` covers only what decides the execution, so an approval binds to it. Also the
+call's facts the catalogue (recovery/engine/actions.py) needs, and the audit event of a request's step."""
 
 from __future__ import annotations
 
@@ -56,28 +45,6 @@ ONE_CONFIRMATION = "one confirmation: the requester's (read-only)"
 
 class PlanError(Exception):
     """The plan cannot be built (e.g. the tool's request template needs an argument the call lacks)."""
-
-
-APPROVE_PERMISSION = "recovery.approve_action"
-REASON_MAX = 2000
-
-
-def require_role(user, permission: str, what: str) -> None:
-    """Refusal("role") unless `user` is active and holds `permission` (reviewer's or approver's)."""
-    if not (user.is_active and user.has_perm(permission)):
-        role = "reviewer" if permission == REVIEW_PERMISSION else "approver"
-        raise Refusal("role", f"{what} needs the {role} role ({permission})")
-
-
-def clean_reason(reason: str, *, recorded_with: str = "the action") -> str:
-    """A person's reason, stripped: required, at most REASON_MAX characters (Refusal on field "reason")."""
-    reason = (reason or "").strip()
-    if not reason:
-        message = f"Give a reason: it is recorded with {recorded_with} and read by the other person."
-        raise Refusal("reason", message, field="reason")
-    if len(reason) > REASON_MAX:
-        raise Refusal("reason", f"The reason must be at most {REASON_MAX} characters.", field="reason")
-    return reason
 
 
 # --- the call's facts ------------------------------------------------------------------------------------------------
@@ -469,55 +436,59 @@ def _noun(call: Call) -> str:
     return call.tool.name.split(".")[0].replace("_", " ")
 
 
+# What executing an action does, in the plan's words, for the actions whose effects do not depend on the call.
+_EFFECTS = {
+    "reconcile_now": "no business effect: one status query and a receipt; the provider's answer may settle the call",
+    "escalate": "no request to the provider: the call moves to HUMAN_REVIEW, where a person settles it with evidence",
+    "mark_committed": "no request to the provider: an operator receipt with the evidence; the call becomes COMMITTED",
+    "mark_not_committed": (
+        "no request to the provider: an operator receipt with the evidence; the call becomes NOT_COMMITTED, then "
+        "RETRYABLE (a same-key retry is admitted on state_verified) or FAILED_PERMANENT when no attempt is left"
+    ),
+    "mark_compensation_committed": (
+        "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
+        "becomes committed and the call COMPENSATED"
+    ),
+    "mark_compensation_failed": (
+        "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
+        "becomes failed and the call COMPENSATION_FAILED (a new compensation may then be approved)"
+    ),
+    "abandon": "no request to the provider: the call ends FAILED_PERMANENT (abandoned) and is never attempted again",
+}
+
+
 def _expected_effects(call: Call, policy: ToolPolicy, action: Action) -> str:
-    name = action.name
+    name, key = action.name, call.idempotency_key
     if name == "replay_same_key":
-        if call.side_effect != "write":
-            return "a read: no business effect, one more answer"
-        most = _limits(call, policy).max_business_effects or 1
-        what = f"one {_noun(call)}" if most == 1 else f"{most} {_noun(call)} effects"
-        return (
-            f"{what} at most: the provider deduplicates by key {call.idempotency_key} (if the first request took "
-            "effect, it answers with that result and makes no second one); the reply is classified like any attempt"
-        )
-    if name == "reconcile_now":
-        return "no business effect: one status query and a receipt; the provider's answer may settle the call"
+        return _replay_effects(call, policy)
     if name == "probe_duplicate":
         return (
-            f"one {_noun(call)} in all if the provider deduplicates by key {call.idempotency_key} (the probe then "
-            "proves the retry path safe); two if it ignores keys — the second effect is the evidence, on a test "
-            "tenant, and the retry path becomes unsafe. The call does not move."
+            f"one {_noun(call)} in all if the provider deduplicates by key {key} (the probe then proves the retry "
+            "path safe); two if it ignores keys — the second effect is the evidence, on a test tenant, and the retry "
+            "path becomes unsafe. The call does not move."
         )
     if name == "restore_retry_path":
         return (
             f"no request to the provider: {call.tool.name}'s retry path becomes safe again (covering keys as old as "
             "this call's), and same-key replays of the tool are admitted"
         )
-    if name == "escalate":
-        return "no request to the provider: the call moves to HUMAN_REVIEW, where a person settles it with evidence"
-    if name == "mark_committed":
-        return "no request to the provider: an operator receipt with the evidence; the call becomes COMMITTED"
-    if name == "mark_not_committed":
-        return (
-            "no request to the provider: an operator receipt with the evidence; the call becomes NOT_COMMITTED, then "
-            "RETRYABLE (a same-key retry is admitted on state_verified) or FAILED_PERMANENT when no attempt is left"
-        )
-    if name == "mark_compensation_committed":
-        return (
-            "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
-            "becomes committed and the call COMPENSATED"
-        )
-    if name == "mark_compensation_failed":
-        return (
-            "no request to the provider: an operator receipt with the evidence on the entry in review; the entry "
-            "becomes failed and the call COMPENSATION_FAILED (a new compensation may then be approved)"
-        )
     if name == "grant_approval":
         return (
             "no request now: the call becomes RETRYABLE and the runtime's next attempt with approval_granted is "
-            f"admitted once, with the same key {call.idempotency_key}"
+            f"admitted once, with the same key {key}"
         )
-    return "no request to the provider: the call ends FAILED_PERMANENT (abandoned) and is never attempted again"
+    return _EFFECTS.get(name, _EFFECTS["abandon"])
+
+
+def _replay_effects(call: Call, policy: ToolPolicy) -> str:
+    if call.side_effect != "write":
+        return "a read: no business effect, one more answer"
+    most = _limits(call, policy).max_business_effects or 1
+    what = f"one {_noun(call)}" if most == 1 else f"{most} {_noun(call)} effects"
+    return (
+        f"{what} at most: the provider deduplicates by key {call.idempotency_key} (if the first request took "
+        "effect, it answers with that result and makes no second one); the reply is classified like any attempt"
+    )
 
 
 # --- a compensation's plan ------------------------------------------------------------------------------------------

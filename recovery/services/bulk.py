@@ -1,27 +1,7 @@
-"""Bulk actions (docs/console.md, docs/actions.md): one operator action on a frozen, shown selection of calls.
-
-    bulk = bulk_preview(action="escalate", queue=QUEUES["unknown"], call_ids=[7, 8], user=reviewer, actor=...)
-    bulk_request(bulk_id=bulk.pk, user=reviewer, actor=..., reason="...", selection_hash=bulk.selection_hash)
-    bulk_approve(bulk_id=bulk.pk, user=approver, actor=..., reason="...")      # the job runs on commit
-    bulk_execute(bulk.pk, worker="host:pid:thread")                           # the job's body: each item once
-
-The preview freezes the exact items — every selected call's id and version — and answers for each what the single
-action's dry run answers (recovery.services.action_plans: the catalogue, then the plan's policy checks): items that
-pass are pending, items the action is not allowed on or whose checks fail are skipped, items another reviewer holds
-the claim on are excluded; the page shows all of them. A selection is either rows picked on a queue page or every
-call matching the queue's filter, at most BULK_MAX: above that the preview is refused and nothing is stored.
-
-Requesting binds to the selection's hash (what the reviewer read); a different person with the approver role
-approves the whole bulk (the `bulk_four_eyes` constraint backs the service's check). A worker then claims the bulk
-(APPROVED → EXECUTING with a lease) and takes the pending items one by one, each by a conditional UPDATE
-(pending → executing), so no item ever runs twice: an item whose call moved since the freeze is skipped as stale and
-never acted on; the others are re-checked now (a key can expire, a breaker open, a claim be taken while the bulk
-waits) and executed through an ActionRequest of their own, approved by the bulk's decider, run by the single
-action's executor (recovery.services.action_execution), so each item's steps are in its call's audit trail. A
-worker that dies leaves its item executing; once the bulk's lease has passed, `bulks_sweep_interrupted` marks that
-item (and its action request, when it never started) interrupted — never run again — and hands the bulk back to
-be resumed from its next pending item.
-"""
+"""Bulk actions (docs/bulk.md): one operator action on a frozen, shown selection of calls. The preview freezes each
+item (its call's id and version) with the single action's dry-run answer; the four-eyes steps are
+recovery.services.approvals' (bound to the selection's hash); a worker then executes the items one by one, each once,
+skipping a call that moved since the freeze and re-checking the others, through an ActionRequest of its own."""
 
 from __future__ import annotations
 
@@ -49,32 +29,26 @@ from recovery.models import (
     Call,
 )
 from recovery.selectors.queues import Queue, QueueFilters, queue_page
+from recovery.services import approvals
 from recovery.services.action_execution import action_execute
 from recovery.services.action_plans import (
     ACTION_BY_NAME,
-    APPROVE_PERMISSION,
+    Plan,
     PlanError,
     action_event,
     build_plan,
     call_facts,
-    clean_reason,
     options_for,
-    require_role,
 )
 from recovery.services.errors import Refusal
 
 B, Item = BulkStatus, BulkItemStatus
 BULK_ACTIONS = ("reconcile_now", "escalate", "replay_same_key", "grant_approval", "abandon")
 BULK_MAX = 500
-OPEN = (B.PREVIEWED, B.REQUESTED)
 LIVE = (B.APPROVED, B.EXECUTING)
 SWEEP_LIMIT = 100
 EXECUTE_JOB = "recovery.jobs.tasks.execute_bulk"
 _RELATED = ("task__tenant", "step", "tool__provider", "claimed_by")
-
-
-def _ttl() -> timedelta:
-    return timedelta(seconds=settings.RECOVERY_ACTION_TTL_S)
 
 
 def _event(event: AuditAction, bulk: BulkAction, actor: Actor, *, reason: str = "", **evidence) -> None:
@@ -85,6 +59,25 @@ def _event(event: AuditAction, bulk: BulkAction, actor: Actor, *, reason: str = 
         reason=reason,
         evidence={"bulk": bulk.pk, "action": bulk.action, "selection_hash": bulk.selection_hash, **evidence},
     )
+
+
+def _record(bulk: BulkAction, to: str, actor: Actor, *, reason: str, was: str, user) -> None:
+    """A four-eyes step of the bulk (`bulk.<status>`)."""
+    evidence = approvals.step_evidence(to, was, user)
+    _event(AuditAction(f"bulk.{to}"), bulk, actor, reason=reason, status=to, **evidence)
+
+
+KIND = approvals.FourEyes(
+    model=BulkAction,
+    noun="bulk",
+    thing="bulk",
+    own="{what} needs a second person: you requested this bulk yourself.",
+    expired="This bulk expired before it was decided: select and preview again.",
+    reason_use="recorded with the bulk and read by the other person",
+    record=_record,
+    related=("previewed_by", "requested_by", "decided_by"),
+    sweep_limit=SWEEP_LIMIT,
+)
 
 
 def _item_event(event: AuditAction, bulk: BulkAction, item: BulkItem, call: Call, actor: Actor, reason: str) -> None:
@@ -167,7 +160,7 @@ def bulk_preview(
 ) -> BulkAction:
     """Freeze the selection (`call_ids`, or every call matching `filters` when call_ids is None) and store it as a
     PREVIEWED bulk with every item's answer. Sends nothing, changes no call."""
-    require_role(user, REVIEW_PERMISSION, "Previewing a bulk action")
+    approvals.require_role(user, REVIEW_PERMISSION, "Previewing a bulk action")
     if action not in BULK_ACTIONS:
         names = ", ".join(ACTION_BY_NAME[name].label.lower() for name in BULK_ACTIONS)
         raise Refusal("forbidden", f"{action!r} is not a bulk action: one of {names}.", field="action")
@@ -175,6 +168,28 @@ def bulk_preview(
         raise Refusal("selection", "Select rows, or every row matching the filter.", field="calls")
     now = timezone.now()
     calls = selected_calls(queue=queue, call_ids=call_ids, filters=filters, now=now)
+    items = _freeze(calls, action, user, now)
+    with transaction.atomic():
+        bulk = BulkAction.objects.create(
+            action=action,
+            queue=queue.slug,
+            selection="rows" if call_ids is not None else "matching",
+            filters=filter_query or {},
+            selection_hash=_selection_hash(action, items),
+            previewed_by=user,
+            previewed_at=now,
+            expires_at=now + approvals.ttl(),
+            updated_at=now,
+        )
+        for item in items:
+            item.bulk = bulk
+        BulkItem.objects.bulk_create(items)
+        _previewed_event(bulk, items, actor)
+    return bulk
+
+
+def _freeze(calls: list[Call], action: str, user, now: datetime) -> list[BulkItem]:
+    """Every call as an item at its version now, with the single action's dry-run answer (not saved yet)."""
     perms = user.get_all_permissions()
     items = []
     for position, call in enumerate(calls, start=1):
@@ -191,139 +206,57 @@ def bulk_preview(
                 updated_at=now,
             )
         )
+    return items
+
+
+def _previewed_event(bulk: BulkAction, items: list[BulkItem], actor: Actor) -> None:
     counts = Counter(item.status for item in items)
-    with transaction.atomic():
-        bulk = BulkAction.objects.create(
-            action=action,
-            queue=queue.slug,
-            selection="rows" if call_ids is not None else "matching",
-            filters=filter_query or {},
-            selection_hash=_selection_hash(action, items),
-            previewed_by=user,
-            previewed_at=now,
-            expires_at=now + _ttl(),
-            updated_at=now,
-        )
-        for item in items:
-            item.bulk = bulk
-        BulkItem.objects.bulk_create(items)
-        _event(
-            AuditAction.BULK_PREVIEWED,
-            bulk,
-            actor,
-            reason=f"dry run of a bulk {ACTION_BY_NAME[action].label.lower()} on {len(items)} calls: nothing was done",
-            status=B.PREVIEWED,
-            items=len(items),
-            pending=counts[Item.PENDING],
-            skipped=counts[Item.SKIPPED_CHECKS],
-            excluded=counts[Item.EXCLUDED],
-        )
-    return bulk
+    _event(
+        AuditAction.BULK_PREVIEWED,
+        bulk,
+        actor,
+        reason=f"dry run of a bulk {ACTION_BY_NAME[bulk.action].label.lower()} on {len(items)} calls: nothing was done",
+        status=B.PREVIEWED,
+        items=len(items),
+        pending=counts[Item.PENDING],
+        skipped=counts[Item.SKIPPED_CHECKS],
+        excluded=counts[Item.EXCLUDED],
+    )
 
 
 # --- request, approve, reject ----------------------------------------------------------------------------------------
 
 
-def _load(bulk_id: int) -> BulkAction:
-    return BulkAction.objects.select_related("previewed_by", "requested_by", "decided_by").get(pk=bulk_id)
-
-
-def _not_pending(bulk: BulkAction) -> Refusal:
-    return Refusal("not_pending", f"This bulk is {bulk.status} now: nothing more can be done with it.")
-
-
-def _expire(bulk: BulkAction, actor: Actor, now: datetime) -> bool:
-    """PREVIEWED / REQUESTED past its expiry → EXPIRED with its event; False when it moved first."""
-    with transaction.atomic():
-        moved = BulkAction.objects.filter(pk=bulk.pk, status=bulk.status).update(status=B.EXPIRED, updated_at=now)
-        if moved:
-            was = "decided" if bulk.status == B.REQUESTED else "requested"
-            why = f"not {was} before {bulk.expires_at.isoformat()}"
-            _event(AuditAction.BULK_EXPIRED, bulk, actor, reason=why, status=B.EXPIRED, was=bulk.status)
-    return bool(moved)
-
-
-def _expired_refusal(bulk: BulkAction, actor: Actor, now: datetime) -> Refusal:
-    if not _expire(bulk, actor, now):
-        return _not_pending(_load(bulk.pk))
-    return Refusal("expired", "This bulk expired before it was decided: select and preview again.")
-
-
 def bulk_request(*, bulk_id: int, user, actor: Actor, reason: str, selection_hash: str) -> BulkAction:
     """PREVIEWED → REQUESTED with a reason, for the selection the reviewer read (its hash)."""
-    require_role(user, REVIEW_PERMISSION, "Requesting a bulk action")
-    reason = clean_reason(reason, recorded_with="the bulk")
-    now = timezone.now()
-    bulk = _load(bulk_id)
-    if bulk.status != B.PREVIEWED:
-        raise _not_pending(bulk)
-    if selection_hash != bulk.selection_hash:
-        message = "This is not the selection that was previewed: open the bulk again, read it, then request it."
-        raise Refusal("stale", message, field="selection_hash")
-    if now >= bulk.expires_at:
-        raise _expired_refusal(bulk, actor, now)
-    if not bulk.items.filter(status=Item.PENDING).exists():
+
+    def binds(bulk: BulkAction) -> None:
+        if selection_hash != bulk.selection_hash:
+            message = "This is not the selection that was previewed: open the bulk again, read it, then request it."
+            raise Refusal("stale", message, field="selection_hash")
+
+    asked = approvals.requestable(
+        KIND, bulk_id, user=user, actor=actor, reason=reason, what="Requesting a bulk action", binds=binds
+    )
+    if not asked.row.items.filter(status=Item.PENDING).exists():
         message = "No item of this selection would run (every one is skipped or excluded): nothing was requested."
         raise Refusal("forbidden", message)
-    with transaction.atomic():
-        moved = BulkAction.objects.filter(pk=bulk.pk, status=B.PREVIEWED).update(
-            status=B.REQUESTED,
-            requested_by=user,
-            requested_at=now,
-            reason=reason,
-            expires_at=now + _ttl(),
-            updated_at=now,
-        )
-        if not moved:
-            raise _not_pending(_load(bulk.pk))
-        _event(
-            AuditAction.BULK_REQUESTED, bulk, actor, reason=reason, status=B.REQUESTED, requested_by=user.get_username()
-        )
-    return _load(bulk.pk)
-
-
-def _decidable(bulk_id: int, user, actor: Actor, what: str, now: datetime) -> BulkAction:
-    require_role(user, APPROVE_PERMISSION, what)
-    bulk = _load(bulk_id)
-    if bulk.status != B.REQUESTED:
-        raise _not_pending(bulk)
-    if bulk.requested_by_id == user.pk:
-        raise Refusal("four_eyes", f"{what} needs a second person: you requested this bulk yourself.")
-    if now >= bulk.expires_at:
-        raise _expired_refusal(bulk, actor, now)
-    return bulk
+    return approvals.request(asked)
 
 
 def bulk_approve(*, bulk_id: int, user, actor: Actor, reason: str) -> BulkAction:
     """REQUESTED → APPROVED by a second person; its execution is enqueued on commit. Every item is re-checked when
     the worker reaches it, so the approval cannot act on a call that moved since the freeze."""
-    reason = clean_reason(reason, recorded_with="the bulk")
-    now = timezone.now()
-    bulk = _decidable(bulk_id, user, actor, "Approving a bulk action", now)
-    with transaction.atomic():
-        moved = BulkAction.objects.filter(pk=bulk.pk, status=B.REQUESTED).update(
-            status=B.APPROVED, decided_by=user, decided_at=now, decision_reason=reason, updated_at=now
-        )
-        if not moved:
-            raise _not_pending(_load(bulk.pk))
-        _event(AuditAction.BULK_APPROVED, bulk, actor, reason=reason, status=B.APPROVED, decided_by=user.get_username())
-        enqueue_execution(bulk.pk)
-    return _load(bulk.pk)
+    asked = approvals.decidable(KIND, bulk_id, user=user, actor=actor, reason=reason, what="Approving a bulk action")
+    approvals.decide(asked, to=B.APPROVED, then=lambda: enqueue_execution(bulk_id))
+    return approvals.load(KIND, bulk_id)
 
 
 def bulk_reject(*, bulk_id: int, user, actor: Actor, reason: str) -> BulkAction:
     """REQUESTED → REJECTED by a second person, with a reason: no item runs."""
-    reason = clean_reason(reason, recorded_with="the bulk")
-    now = timezone.now()
-    bulk = _decidable(bulk_id, user, actor, "Rejecting a bulk action", now)
-    with transaction.atomic():
-        moved = BulkAction.objects.filter(pk=bulk.pk, status=B.REQUESTED).update(
-            status=B.REJECTED, decided_by=user, decided_at=now, decision_reason=reason, updated_at=now
-        )
-        if not moved:
-            raise _not_pending(_load(bulk.pk))
-        _event(AuditAction.BULK_REJECTED, bulk, actor, reason=reason, status=B.REJECTED, decided_by=user.get_username())
-    return _load(bulk.pk)
+    asked = approvals.decidable(KIND, bulk_id, user=user, actor=actor, reason=reason, what="Rejecting a bulk action")
+    approvals.decide(asked, to=B.REJECTED)
+    return approvals.load(KIND, bulk_id)
 
 
 def enqueue_execution(bulk_id: int) -> None:
@@ -374,7 +307,7 @@ def bulk_execute(bulk_id: int, *, worker: str) -> BulkAction:
     each once; FINISHED when none is left."""
     bulk = _claim(bulk_id, worker, timezone.now())
     if bulk is None:
-        return _load(bulk_id)
+        return approvals.load(KIND, bulk_id)
     size = BulkItem.objects.filter(bulk_id=bulk.pk).count()
     while True:
         item = BulkItem.objects.filter(bulk_id=bulk.pk, status=Item.PENDING).order_by("position").first()
@@ -382,7 +315,7 @@ def bulk_execute(bulk_id: int, *, worker: str) -> BulkAction:
             break
         call = Call.objects.select_related(*_RELATED).get(pk=item.call_id)
         if not _hold(bulk.pk, worker, timezone.now() + timedelta(seconds=_lease_s(call))):
-            return _load(bulk_id)  # the sweep took the bulk back: whoever resumes it takes the next item
+            return approvals.load(KIND, bulk_id)  # the sweep took the bulk back: whoever resumes it takes the next item
         if not BulkItem.objects.filter(pk=item.pk, status=Item.PENDING).update(
             status=Item.EXECUTING, updated_at=timezone.now()
         ):
@@ -399,7 +332,7 @@ def bulk_execute(bulk_id: int, *, worker: str) -> BulkAction:
             _event(
                 AuditAction.BULK_FINISHED, bulk, _job(), reason=f"every item has its result: {summary}", counts=counts
             )
-    return _load(bulk_id)
+    return approvals.load(KIND, bulk_id)
 
 
 def _finish_item(item: BulkItem, status: str, why: str, request: ActionRequest | None = None) -> None:
@@ -413,7 +346,6 @@ def _finish_item(item: BulkItem, status: str, why: str, request: ActionRequest |
 def _execute_item(bulk: BulkAction, item: BulkItem, call: Call, worker: str, size: int) -> None:
     """One item: skipped when its call moved since the freeze; refused when the action or its checks no longer pass
     now; otherwise executed once through an ActionRequest of its own, as the bulk's requester and decider agreed."""
-    actor, now = _job(), timezone.now()
     if call.version != item.call_version:
         why = (
             f"stale: the call moved since the freeze (it was {item.call_state} at version {item.call_version}, it is "
@@ -421,26 +353,51 @@ def _execute_item(bulk: BulkAction, item: BulkItem, call: Call, worker: str, siz
         )
         with transaction.atomic():
             _finish_item(item, Item.SKIPPED_STALE, why)
-            _item_event(AuditAction.BULK_ITEM_SKIPPED, bulk, item, call, actor, why)
+            _item_event(AuditAction.BULK_ITEM_SKIPPED, bulk, item, call, _job(), why)
         return
-    requester = bulk.requested_by
-    facts = call_facts(call, user=requester, now=now)
-    option = next(o for o in options_for(call, facts, perms=requester.get_all_permissions()) if o.name == bulk.action)
-    refusal = "" if option.allowed else option.reason
-    plan = None
-    if not refusal:
-        try:
-            plan = build_plan(call, bulk.action, facts=facts, evidence={}, now=now)
-        except PlanError as exc:
-            refusal = f"no plan can be made: {exc}"
-    if not refusal and (failed := plan.failed_checks):
-        refusal = "its checks fail now: " + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
+    now = timezone.now()
+    plan, refusal = _recheck(bulk, call, now)
     if refusal:
         why = f"not executed, re-checked at execution: {refusal}"
         with transaction.atomic():
             _finish_item(item, Item.FAILED, why)
-            _item_event(AuditAction.BULK_ITEM_REFUSED, bulk, item, call, actor, why)
+            _item_event(AuditAction.BULK_ITEM_REFUSED, bulk, item, call, _job(), why)
         return
+    request = _item_request(bulk, item, call, plan, size, now)
+    done = action_execute(request.pk, worker=worker)
+    status = _ITEM_RESULT.get(done.status)
+    if status is None:  # another worker holds its request (it was swept and this one overran): the sweep decides
+        return
+    what = (done.result or {}).get("what", "") if isinstance(done.result, dict) else ""
+    _finish_item(item, status, what or f"its action request #{request.pk} is {done.status}", request)
+
+
+# An item's result, from its action request's.
+_ITEM_RESULT = {
+    ActionStatus.EXECUTED: Item.EXECUTED,
+    ActionStatus.FAILED: Item.FAILED,
+    ActionStatus.INTERRUPTED: Item.INTERRUPTED,
+}
+
+
+def _recheck(bulk: BulkAction, call: Call, now: datetime) -> tuple[Plan | None, str]:
+    """The item's plan as the bulk's requester would get it now, or why it may not run any more."""
+    requester = bulk.requested_by
+    facts = call_facts(call, user=requester, now=now)
+    option = next(o for o in options_for(call, facts, perms=requester.get_all_permissions()) if o.name == bulk.action)
+    if not option.allowed:
+        return None, option.reason
+    try:
+        plan = build_plan(call, bulk.action, facts=facts, evidence={}, now=now)
+    except PlanError as exc:
+        return None, f"no plan can be made: {exc}"
+    if failed := plan.failed_checks:
+        return None, "its checks fail now: " + "; ".join(f"{c['check']}: {c['detail']}" for c in failed)
+    return plan, ""
+
+
+def _item_request(bulk: BulkAction, item: BulkItem, call: Call, plan: Plan, size: int, now: datetime) -> ActionRequest:
+    """The item's own action request, APPROVED as the bulk was (its requester, decider and reasons), with its event."""
     with transaction.atomic():
         request = ActionRequest.objects.create(
             call=call,
@@ -451,39 +408,28 @@ def _execute_item(bulk: BulkAction, item: BulkItem, call: Call, worker: str, siz
             call_version=call.version,
             previewed_by=bulk.previewed_by,
             previewed_at=bulk.previewed_at,
-            requested_by=requester,
+            requested_by=bulk.requested_by,
             requested_at=bulk.requested_at,
             reason=f"bulk #{bulk.pk}, item {item.position}: {bulk.reason}",
             decided_by=bulk.decided_by,
             decided_at=bulk.decided_at,
             decision_reason=bulk.decision_reason,
-            expires_at=now + _ttl(),
+            expires_at=now + approvals.ttl(),
             updated_at=now,
         )
         BulkItem.objects.filter(pk=item.pk).update(request=request)
+        who = f"requested by {bulk.requested_by.get_username()}, approved by {bulk.decided_by.get_username()}"
         action_event(
             AuditAction.ACTION_APPROVED,
             request,
             call,
-            actor,
-            reason=(
-                f"item {item.position} of bulk #{bulk.pk} ({size} calls), requested by "
-                f"{requester.get_username()}, approved by {bulk.decided_by.get_username()}: {bulk.reason}"
-            ),
+            _job(),
+            reason=f"item {item.position} of bulk #{bulk.pk} ({size} calls), {who}: {bulk.reason}",
             status=ActionStatus.APPROVED,
             bulk=bulk.pk,
             item=item.position,
         )
-    done = action_execute(request.pk, worker=worker)
-    what = (done.result or {}).get("what", "") if isinstance(done.result, dict) else ""
-    status = {
-        ActionStatus.EXECUTED: Item.EXECUTED,
-        ActionStatus.FAILED: Item.FAILED,
-        ActionStatus.INTERRUPTED: Item.INTERRUPTED,
-    }.get(done.status)
-    if status is None:  # another worker holds its request (it was swept and this one overran): the sweep decides
-        return
-    _finish_item(item, status, what or f"its action request #{request.pk} is {done.status}", request)
+    return request
 
 
 def bulk_counts(bulk_id: int) -> dict[str, int]:
@@ -497,9 +443,7 @@ def bulk_counts(bulk_id: int) -> dict[str, int]:
 
 def bulks_expire_due(*, now: datetime | None = None) -> int:
     """PREVIEWED and REQUESTED bulks past their expiry → EXPIRED; how many."""
-    now = now or timezone.now()
-    due = BulkAction.objects.filter(status__in=OPEN, expires_at__lte=now).order_by("expires_at")[:SWEEP_LIMIT]
-    return sum(_expire(bulk, Actor.job("bulk-expire"), now) for bulk in due)
+    return approvals.expire_due(KIND, actor=Actor.job("bulk-expire"), now=now)
 
 
 def bulks_sweep_interrupted(*, now: datetime | None = None) -> int:
