@@ -101,7 +101,7 @@ def _refused_refunds(run: Run) -> list[CallResult]:
     local = threading.local()
 
     def refund(n: int) -> CallResult:
-        if not hasattr(local, "agent"):
+        if getattr(local, "agent", None) is None:  # one agent (one HTTP session) per thread
             local.agent = run.agent(log=lambda line: None)
         key, arguments = run.refund_args(f"approvers-{n:02d}", n)
         run.sandbox.fault(route="/refunds", key=key, kind="error", status=403, code="needs_approval", times=1)
