@@ -3,11 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test-pgbouncer run test bench lint format install
+.PHONY: test-pgbouncer run test bench lint format install dist
 
-$(VENV)/.installed-run: requirements.txt
+# The client distribution (clients/python: the API client and the recovered-tool decorator), which the console
+# depends on for what they share: installed from its directory, again whenever one of its files changes.
+CLIENT := clients/python
+CLIENT_FILES := $(CLIENT)/pyproject.toml $(CLIENT)/README.md $(wildcard $(CLIENT)/src/recovery_client/*)
+
+$(VENV)/.installed-run: requirements.txt $(CLIENT_FILES)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall ./$(CLIENT)
 	touch $@
 
 $(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-adoption.txt requirements-otlp-test.txt $(VENV)/.installed-run

@@ -25,9 +25,8 @@ import types
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
+import recovery_client as c
 from jsonschema import Draft202012Validator
-
-from recovery import client as c
 
 # Each result type of the client and the schema of the document it mirrors.
 MIRRORS: dict[Any, str] = {
@@ -362,7 +361,7 @@ def test_the_comparison_sees_an_added_a_renamed_and_a_dropped_field(document):
 
 def test_the_client_imports_without_django():
     code = (
-        "import sys; import recovery.client; "
+        "import sys; import recovery_client; "
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'ninja', 'pydantic')); "
         "print(loaded); sys.exit(1 if loaded else 0)"
     )

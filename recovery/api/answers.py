@@ -4,7 +4,7 @@ against `response=`).
 
 They are *output* schemas: each field carries a one-line description for the document, enumerations are closed
 (`Literal`), and an answer holding a field not declared here fails loudly (extra="forbid") instead of being dropped
-in silence, so a new field reaches the document, the client's types (recovery/client/__init__.py) and their test
+in silence, so a new field reaches the document, the client's types (recovery_client/__init__.py) and their test
 (tests/test_api_document.py) together. Free-form values — a tool's arguments, a provider's result, a detail object —
 are JSON objects without a fixed shape, and say so.
 

@@ -8,7 +8,7 @@ type, and a write without a body template sends its arguments. A provider that s
 the request (Stripe, the sandbox) must see the same body again, or it answers "key reused with other parameters".
 The provider's outbound credentials come from the environment (providers/status.py `outbound_headers`); the shown
 copy masks them. Sending uses `requests` with the provider's connect and read timeouts and no retry underneath, and
-turns what happened on the wire into the outcome facts of docs/design/classification.md (recovery.client's helpers, as a
+turns what happened on the wire into the outcome facts of docs/design/classification.md (recovery_client's helpers, as a
 runtime does).
 """
 
@@ -22,9 +22,9 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
+from recovery_client import facts_from_exception, facts_from_response
 from requests.adapters import HTTPAdapter
 
-from recovery.client import facts_from_exception, facts_from_response
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Tool
 from recovery.providers.status import outbound_headers

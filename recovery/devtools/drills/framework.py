@@ -11,8 +11,8 @@ from itertools import count
 from typing import Any
 
 from django.utils import timezone
+from recovery_client.runtime import Agent, CallResult
 
-from recovery.client.runtime import Agent, CallResult
 from recovery.devtools.drills import checks
 from recovery.devtools.drills.evidence import at
 from recovery.devtools.drills.results import CheckRow

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from recovery_client.runtime import Agent, CallResult
+
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor
-from recovery.client.runtime import Agent, CallResult
 from recovery.devtools.drills.cases.compensation import ACTION_ENDS
 from recovery.devtools.drills.evidence import action_events
 from recovery.devtools.drills.framework import Run, wait

@@ -10,8 +10,8 @@
 retries on its own judgement: each new attempt is admitted by the console, carries the evidence the console asked for
 (`time_elapsed` after the delay it named, `state_verified` after a receipt proved nothing happened), and a denial's
 `required_next.action` says what to do instead — wait, wait for reconciliation, degrade, ask a person, or stop. What it
-sees is reported as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception).
-`drive_call` is the same loop for a call whose request the caller's own code sends (recovery.client.recovered wraps tool
+sees is reported as facts taken from `requests` itself (recovery_client.facts_from_response / facts_from_exception).
+`drive_call` is the same loop for a call whose request the caller's own code sends (recovery_client.recovered wraps tool
 functions in it).
 """
 
@@ -27,7 +27,7 @@ from urllib.parse import quote
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery.client import (
+from recovery_client import (
     NotAdmitted,
     OutcomeAnswer,
     RecoveryClient,
@@ -53,7 +53,7 @@ BLOCKED = "blocked"  # a dependency failed or the agent must replan: nothing was
 RETRY_LATER = "retry_later"  # the console said wait longer than the agent's max_wait_s: nothing is in flight
 
 # One admitted attempt's request, sent by the caller's code: given the attempt's number, send it and answer the outcome
-# facts (recovery.client.facts_from_response / facts_from_exception) and the value to hand back if the call commits.
+# facts (recovery_client.facts_from_response / facts_from_exception) and the value to hand back if the call commits.
 Send = Callable[[int], tuple[dict, Any]]
 
 

@@ -1,4 +1,4 @@
-"""The API's answers as the Python client returns them (recovery/client/__init__.py): plain dataclasses and TypedDicts,
+"""The API's answers as the Python client returns them (recovery_client/__init__.py): plain dataclasses and TypedDicts,
 no Django, checked field by field against the served OpenAPI document by tests/test_api_document.py."""
 
 from __future__ import annotations

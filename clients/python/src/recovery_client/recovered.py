@@ -1,6 +1,6 @@
 """Recovered tools (docs/recovered-tools.md): a plain function that calls a provider over HTTP, made a protected tool.
 
-    from recovery.client import recovered
+    from recovery_client import recovered
 
     @recovered.tool("refund.create", key="refund-{order_id}")
     def refund(order_id: str, amount_cents: int) -> dict:
@@ -42,8 +42,8 @@ from typing import Any, TypedDict
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery.client import RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
-from recovery.client.runtime import (
+from recovery_client import RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
+from recovery_client.runtime import (
     BLOCKED,
     COMMITTED,
     DEGRADED,

@@ -19,6 +19,8 @@ docs/design/classification.md, so classification rests on what really happened o
 
 from __future__ import annotations
 
+__version__ = "0.1.0"  # the distribution's version (pyproject.toml reads it from here)
+
 import random
 import time
 from dataclasses import dataclass
@@ -27,7 +29,7 @@ from typing import Any
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery.client.types import (  # the answers' types, re-exported: `from recovery.client import Task`
+from recovery_client.types import (  # the answers' types, re-exported: `from recovery_client import Task`
     Admission,
     AttemptRecord,
     BudgetView,
