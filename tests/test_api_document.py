@@ -1,7 +1,8 @@
 """The served OpenAPI document describes every answer, and the client's types agree with it field by field.
 
-The document (/api/v1/openapi.json) is what a runtime in any language reads; the client (recovery/client/) is what a
-Python runtime uses. Both are checked here against the document as the server serves it:
+The document (/api/v1/openapi.json) is what a runtime in any language reads; the client (`recovery_client`, the
+distribution in clients/python, as installed) is what a Python runtime uses. Both are checked here against the
+document as the server serves it:
 
 - every status of every operation has a JSON schema, every 2xx one an object whose fields all carry a one-line
   description; the decision card and the failure object carry examples that are valid against their own schemas;

@@ -2,14 +2,15 @@
 of it a dry run shows.
 
 The request comes from the tool's `request` template ({method, path, body}) filled with the call's arguments and its
-idempotency key, exactly as an agent runtime fills it (recovery/client/runtime.py): a path placeholder is replaced by
-the URL-quoted value, a body string that is one whole placeholder ("{amount_cents}") becomes the value with its JSON
-type, and a write without a body template sends its arguments. A provider that stores a key with a fingerprint of
-the request (Stripe, the sandbox) must see the same body again, or it answers "key reused with other parameters".
-The provider's outbound credentials come from the environment (providers/status.py `outbound_headers`); the shown
-copy masks them. Sending uses `requests` with the provider's connect and read timeouts and no retry underneath, and
-turns what happened on the wire into the outcome facts of docs/design/classification.md (recovery_client's helpers, as a
-runtime does).
+idempotency key, exactly as an agent runtime fills it (the demo agent, recovery/devtools/agent.py): a path placeholder
+is replaced by the URL-quoted value, a body string that is one whole placeholder ("{amount_cents}") becomes the value
+with its JSON type, and a write without a body template sends its arguments. A provider that stores a key with a
+fingerprint of the request (Stripe, the sandbox) must see the same body again, or it answers "key reused with other
+parameters". The provider's outbound credentials come from the environment (providers/status.py `outbound_headers`);
+the shown copy masks them. Sending uses `requests` with the provider's connect and read timeouts and no retry
+underneath, and turns what happened on the wire into the outcome facts of docs/design/classification.md with the
+client distribution's public helpers (`recovery_client.facts_from_response` / `facts_from_exception`), as a runtime
+does: the wire facts have one home, which the console depends on, never the other way round.
 """
 
 from __future__ import annotations

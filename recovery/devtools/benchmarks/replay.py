@@ -1,7 +1,7 @@
 """The `replay` benchmark: refunds whose reply is lost, settled through the demo runtime, against a bare client.
 
 The measurement of replay reconciliation (docs/replay.md) from the agent's side: `count` refunds (default 50) in each of
-two cases, through the demo runtime (recovery_client.runtime.Agent: admit, send, report, then wait for reconciliation
+two cases, through the demo runtime (recovery.devtools.agent.Agent: admit, send, report, then wait for reconciliation
 the way it waits for any UNKNOWN call) on a tool a duplicate probe proved safe, with
 
 - reply_lost: the sandbox commits each refund and drops its reply (`commit_then_drop`): the status query settles it;
@@ -63,10 +63,11 @@ import requests
 from django.conf import settings
 from django.db import connection
 from recovery_client import RecoveryClient
-from recovery_client.runtime import COMMITTED, Agent, ToolBook
+from recovery_client.runtime import COMMITTED
 from requests.adapters import HTTPAdapter
 
 from recovery.audit.chain import Actor
+from recovery.devtools.agent import Agent, ToolBook
 from recovery.devtools.drills.stage import (
     ApiServer,
     background_jobs,

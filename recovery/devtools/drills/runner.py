@@ -4,7 +4,7 @@
         result = run_drill(stage, "timeout-after-send", log=print)
         result.passed, result.keys, result.checks
 
-Each drill (one module of drills/cases/) drives the demo agent (recovery/client/runtime.py) through the real API,
+Each drill (one module of drills/cases/) drives the demo agent (recovery/devtools/agent.py) through the real API,
 background jobs and sandbox process; drills/judge.py then reads back what happened from two places that share
 nothing: the sandbox's ledger and request log (the provider's evidence) and the database's audit trail, attempts and
 receipts (the console's). A drill passes only when every key's row and every check the table names holds.

@@ -17,7 +17,7 @@ and `@tool` (LangChain) derive the same schema from it; only its return annotati
 (RecoveredResult). Each call of it adds (or finds again) one call of the open task, asks the console to admit each
 attempt, runs the function with `http()` — a session that retries nothing, sends the call's Idempotency-Key and
 records what really happened on the wire — reports the facts of the last exchange, and obeys `required_next`
-(Agent.drive_call: wait out a Retry-After, wait for reconciliation, degrade, ask a person, stop). It never raises:
+(Runtime.drive_call: wait out a Retry-After, wait for reconciliation, degrade, ask a person, stop). It never raises:
 what the model sees is described in `tool`'s docstring.
 """
 
@@ -52,9 +52,8 @@ from recovery_client.runtime import (
     RETRY_LATER,
     SETTLING,
     UNSETTLED,
-    Agent,
     CallResult,
-    ToolBook,
+    Runtime,
 )
 
 __all__ = ["RecoveredResult", "RecoveredTask", "RequestRefused", "current_task", "http", "task", "tool"]
@@ -107,7 +106,7 @@ _TASK: ContextVar[RecoveredTask | None] = ContextVar("recovered_task", default=N
 class RecoveredTask:
     """The task the recovered tools run in, opened by `task()`: calls get the next step numbers, keys its scope."""
 
-    def __init__(self, agent: Agent, opened: Task, *, patience_s: float) -> None:
+    def __init__(self, agent: Runtime, opened: Task, *, patience_s: float) -> None:
         self.agent, self.task, self.patience_s = agent, opened, patience_s
         self.id, self.external_id = opened.id, opened.external_id
         self._steps = itertools.count(max((step["index"] for step in opened.steps or []), default=0) + 1)
@@ -170,9 +169,8 @@ def task(
     goes on settling it), `max_wait_s` the longest Retry-After it waits out (a longer one answers `retry_later`),
     `max_rounds` the admissions one tool call asks for. The task's own budget (`budget`, `deadline`) is the console's
     to enforce. Errors opening the task (the console unreachable, a bad token) are raised here, to the runtime."""
-    runtime = Agent(
+    runtime = Runtime(
         client,
-        ToolBook({}),
         tenant=tenant,
         name=agent,
         log=lambda line: logger.info("%s", line),
