@@ -8,6 +8,30 @@ from typing import Any, TypedDict, TypeVar
 
 _T = TypeVar("_T")
 
+__all__ = [
+    "AttemptRecord",
+    "BudgetView",
+    "CallBrief",
+    "CallDetail",
+    "Capability",
+    "Check",
+    "CompensationAttempt",
+    "CompensationRecord",
+    "DecisionCard",
+    "Failure",
+    "FieldErrorInfo",
+    "Gate",
+    "GateRecord",
+    "NextCompensation",
+    "Preflight",
+    "ReceiptRecord",
+    "ReconcileAccepted",
+    "RequiredNext",
+    "Saga",
+    "StepSummary",
+    "TaskBudget",
+]
+
 # --- what the API answers ---------------------------------------------------------------------------------------------
 # The answers' shapes, as the served document (/api/v1/openapi.json, built from recovery/api/answers.py) describes
 # them: tests/test_api_document.py checks every field of these types against the document, so a field the server
