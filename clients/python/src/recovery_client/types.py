@@ -9,10 +9,12 @@ from typing import Any, TypedDict, TypeVar
 _T = TypeVar("_T")
 
 __all__ = [
+    "Admission",
     "AttemptRecord",
     "BudgetView",
     "CallBrief",
     "CallDetail",
+    "CallRef",
     "Capability",
     "Check",
     "CompensationAttempt",
@@ -23,12 +25,14 @@ __all__ = [
     "Gate",
     "GateRecord",
     "NextCompensation",
+    "OutcomeAnswer",
     "Preflight",
     "ReceiptRecord",
     "ReconcileAccepted",
     "RequiredNext",
     "Saga",
     "StepSummary",
+    "Task",
     "TaskBudget",
 ]
 
