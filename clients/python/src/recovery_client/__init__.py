@@ -15,6 +15,13 @@ few times with backoff, and waits out an `in_flight` answer (the first copy of t
 processed). So a reply lost on the way back never leaves the runtime without its answer. The helpers
 `facts_from_response` / `facts_from_exception` turn what `requests` saw into the outcome facts of
 docs/design/classification.md, so classification rests on what really happened on the wire.
+
+Which consoles it talks to (docs/api.md#versions): every answer of a console names its API in `Recovery-Api-Version`
+(`1.<minor>`). This client speaks SUPPORTED_API (a major, from a minor on: a newer minor only adds what it may
+ignore) and raises IncompatibleConsole before reading an answer outside it, or one that names no version at all (not
+a console, or one older than the header). It names itself in User-Agent (`recovery-console-client/<version>`), and a
+console that no longer serves it answers 426, which raises IncompatibleConsole too. Either way it fails loudly,
+before a misread answer can steer a retry.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from __future__ import annotations
 __version__ = "0.1.0"  # the distribution's version (pyproject.toml reads it from here)
 
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +65,53 @@ from recovery_client.types import (  # the answers' types, re-exported: `from re
     TaskBudget,
     _answer,
 )
+
+# The API versions this client speaks: from the first on, up to (not including) the second. The table of client and
+# console versions: docs/recovered-tools.md#install.
+SUPPORTED_API = ("1.0", "2.0")
+API_VERSION_HEADER = "Recovery-Api-Version"
+USER_AGENT = f"recovery-console-client/{__version__} python-requests/{requests.__version__}"
+_API_VERSION = re.compile(r"([0-9]+)\.([0-9]+)")
+
+
+def _version_numbers(version: str) -> tuple[int, int] | None:
+    found = _API_VERSION.fullmatch(version.strip())
+    return (int(found[1]), int(found[2])) if found else None
+
+
+def speaks(api_version: str | None) -> bool:
+    """Whether this client speaks the API version a console names (None: it named none)."""
+    numbers = _version_numbers(api_version) if api_version is not None else None
+    low, high = (_version_numbers(v) for v in SUPPORTED_API)
+    return numbers is not None and low is not None and high is not None and low <= numbers < high
+
+
+class IncompatibleConsole(Exception):
+    """This client and the console cannot talk: the console answers an API version outside SUPPORTED_API (`console`,
+    None when it names none), or it no longer serves this client (426: `oldest_client` is the oldest it serves).
+    Nothing of the answer was read; install a client that speaks the console's API (docs/recovered-tools.md#install).
+    """
+
+    def __init__(self, client: str, console: str | None, *, oldest_client: str | None = None, url: str = "") -> None:
+        self.client, self.console, self.oldest_client, self.url = client, console, oldest_client, url
+        at = f"the console at {url}" if url else "the console"
+        speaks_range = f"API {SUPPORTED_API[0]} up to (not including) {SUPPORTED_API[1]}"
+        if oldest_client is not None:
+            said = (
+                f"{at} (API {console}) serves recovery-console-client {oldest_client} and later; this one is {client}: "
+                f"install recovery-console-client>={oldest_client}"
+            )
+        elif console is None:
+            said = (
+                f"recovery-console-client {client} speaks {speaks_range}; {at} names no {API_VERSION_HEADER}: it is "
+                "not a Recovery Console, or one older than this client"
+            )
+        else:
+            said = (
+                f"recovery-console-client {client} speaks {speaks_range}; {at} answers API {console}: install a "
+                "client that speaks it"
+            )
+        super().__init__(said)
 
 
 class RecoveryError(Exception):
@@ -122,7 +177,9 @@ class RecoveryClient:
         no_retries = HTTPAdapter(max_retries=0)
         self.session.mount("http://", no_retries)
         self.session.mount("https://", no_retries)
-        self.session.headers.update({"Authorization": f"Bearer {token}", "Accept": "application/json"})
+        self.session.headers.update(
+            {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": USER_AGENT}
+        )
 
     def _send(
         self, method: str, path: str, *, json: Any = None, params: dict | None = None, timeout: Any = None
@@ -147,6 +204,7 @@ class RecoveryClient:
                 time.sleep(self.retry.delay(number))
                 number += 1
                 continue
+            _check_console(response)  # before anything of the answer is read
             body, is_json = _json_body(response)
             code = body["error"].get("code") if isinstance(body.get("error"), dict) else None
             if code == "in_flight" and time.monotonic() - started < self.retry.in_flight_s:
@@ -309,6 +367,23 @@ class RecoveryClient:
         return _answer(OutcomeAnswer, body)
 
 
+def _check_console(response: requests.Response) -> None:
+    """IncompatibleConsole unless the answer comes from a console this client speaks to. An answer that names no
+    version and is not JSON is a gateway's or a proxy's (a 502 page while the console restarts): not the console's
+    word on compatibility, it goes on to the resend rules. A console's answers are JSON and always name it."""
+    console = response.headers.get(API_VERSION_HEADER)
+    if console is None and not response.headers.get("Content-Type", "").startswith("application/json"):
+        return
+    url = response.url.split("/api/", 1)[0] if response.url else ""
+    if not speaks(console):
+        raise IncompatibleConsole(__version__, console, url=url)
+    if response.status_code == 426:
+        body, _ = _json_body(response)
+        detail = body.get("error", {}).get("detail") if isinstance(body.get("error"), dict) else None
+        oldest = detail.get("oldest_client") if isinstance(detail, dict) else None
+        raise IncompatibleConsole(__version__, console, oldest_client=str(oldest or "?"), url=url)
+
+
 def _json_body(response: requests.Response) -> tuple[dict, bool]:
     """The answer's JSON object, and whether it was JSON at all (a gateway's error page is not)."""
     try:
@@ -367,6 +442,9 @@ def facts_from_exception(exc: BaseException) -> dict:
 
 
 __all__ = [
+    "API_VERSION_HEADER",
+    "SUPPORTED_API",
+    "USER_AGENT",
     "Admission",
     "ApiRetry",
     "AttemptRecord",
@@ -383,6 +461,7 @@ __all__ = [
     "FieldErrorInfo",
     "Gate",
     "GateRecord",
+    "IncompatibleConsole",
     "NextCompensation",
     "NotAdmitted",
     "OutcomeAnswer",
@@ -398,4 +477,7 @@ __all__ = [
     "TaskBudget",
     "facts_from_exception",
     "facts_from_response",
+    "recovered",
+    "runtime",
+    "speaks",
 ]
