@@ -117,7 +117,7 @@ class IncompatibleConsole(Exception):
 class RecoveryError(Exception):
     """A 4xx/5xx answer: `code`, `message`, `field_errors` and `detail` come from the API's error body."""
 
-    def __init__(self, status: int, body: dict):
+    def __init__(self, status: int, body: dict[str, Any]):
         error = body.get("error", {}) if isinstance(body, dict) else {}
         self.status = status
         self.code = error.get("code", "http_error")
@@ -131,11 +131,12 @@ class NotAdmitted(RecoveryError):
     """Admission denied (409): `gate` is the stored answer, `required_next` what to do instead."""
 
     @property
-    def gate(self) -> Gate | dict:
-        return self.detail.get("gate", {})
+    def gate(self) -> Gate | dict[str, Any]:
+        gate: Gate | dict[str, Any] = self.detail.get("gate", {})
+        return gate
 
     @property
-    def required_next(self) -> RequiredNext | dict:
+    def required_next(self) -> RequiredNext | dict[str, Any]:
         return self.gate.get("required_next") or {}
 
 
@@ -182,8 +183,8 @@ class RecoveryClient:
         )
 
     def _send(
-        self, method: str, path: str, *, json: Any = None, params: dict | None = None, timeout: Any = None
-    ) -> tuple[int, dict]:
+        self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None, timeout: Any = None
+    ) -> tuple[int, dict[str, Any]]:
         response, body = self._exchange(method, path, json=json, params=params, timeout=timeout or self.timeout)
         if response.status_code >= 400:
             if response.status_code == 409 and body.get("error", {}).get("code") == "not_admitted":
@@ -191,7 +192,7 @@ class RecoveryClient:
             raise RecoveryError(response.status_code, body)
         return response.status_code, body
 
-    def _exchange(self, method: str, path: str, **kwargs: Any) -> tuple[requests.Response, dict]:
+    def _exchange(self, method: str, path: str, **kwargs: Any) -> tuple[requests.Response, dict[str, Any]]:
         """One API call, resent while the answer says it may not have been processed (see the module's text)."""
         started, number = time.monotonic(), 0
         while True:
@@ -221,7 +222,9 @@ class RecoveryClient:
             return response, body
 
     # tasks
-    def create_task(self, tenant: str, external_id: str, *, agent: str, goal: str, budget: dict | None = None) -> Task:
+    def create_task(
+        self, tenant: str, external_id: str, *, agent: str, goal: str, budget: dict[str, Any] | None = None
+    ) -> Task:
         """Open a task (or find it again by its external id); `budget` may carry its `deadline` (ISO 8601)."""
         payload: dict[str, Any] = {"tenant": tenant, "external_id": external_id, "agent": agent, "goal": goal}
         if budget:
@@ -234,7 +237,7 @@ class RecoveryClient:
     def get_task(self, task_id: int) -> Task:
         return self._task(self._send("GET", f"/tasks/{task_id}")[1])
 
-    def complete_task(self, task_id: int, summary: str, deliverable: dict | None = None) -> Task:
+    def complete_task(self, task_id: int, summary: str, deliverable: dict[str, Any] | None = None) -> Task:
         body = {"summary": summary, "deliverable": deliverable}
         return self._task(self._send("POST", f"/tasks/{task_id}/complete", json=body)[1])
 
@@ -242,7 +245,7 @@ class RecoveryClient:
         return self._task(self._send("POST", f"/tasks/{task_id}/abandon", json={"reason": reason})[1])
 
     @staticmethod
-    def _task(body: dict) -> Task:
+    def _task(body: dict[str, Any]) -> Task:
         return _answer(Task, body)
 
     # sagas (docs/compensation.md)
@@ -260,7 +263,9 @@ class RecoveryClient:
         path = f"/compensations/{compensation_id}/attempts"
         return self._send("POST", path, json=body)[1]  # type: ignore[return-value]
 
-    def report_compensation(self, compensation_id: str, attempt_id: str, outcome: dict) -> CompensationAttempt:
+    def report_compensation(
+        self, compensation_id: str, attempt_id: str, outcome: dict[str, Any]
+    ) -> CompensationAttempt:
         path = f"/compensations/{compensation_id}/attempts/{attempt_id}/outcome"
         return self._send("POST", path, json=outcome)[1]  # type: ignore[return-value]
 
@@ -271,10 +276,10 @@ class RecoveryClient:
         *,
         step: int,
         tool: str,
-        arguments: dict,
+        arguments: dict[str, Any],
         idempotency_key: str,
         depends_on: list[int] | tuple[int, ...] = (),
-        compensation: dict | None = None,
+        compensation: dict[str, Any] | None = None,
     ) -> CallRef:
         """Register a call; `compensation` ({tool, args}): the step's own undo instead of its tool's default."""
         payload: dict[str, Any] = {
@@ -305,11 +310,18 @@ class RecoveryClient:
         return self._send("POST", f"/calls/{call_id}/reconcile")[1]  # type: ignore[return-value]
 
     def capabilities(self, tenant: str) -> list[Capability]:
-        return self._send("GET", "/capabilities", params={"tenant": tenant})[1]["tools"]
+        tools: list[Capability] = self._send("GET", "/capabilities", params={"tenant": tenant})[1]["tools"]
+        return tools
 
     # attempts
     @staticmethod
-    def _candidate(attempt_id, tool, arguments, credential_version, evidence) -> dict:
+    def _candidate(
+        attempt_id: str,
+        tool: str | None,
+        arguments: dict[str, Any] | None,
+        credential_version: int | None,
+        evidence: tuple[str, ...],
+    ) -> dict[str, Any]:
         body: dict[str, Any] = {"attempt_id": attempt_id, "evidence": list(evidence)}
         if tool is not None:
             body["tool"] = tool
@@ -325,7 +337,7 @@ class RecoveryClient:
         attempt_id: str,
         *,
         tool: str | None = None,
-        arguments: dict | None = None,
+        arguments: dict[str, Any] | None = None,
         credential_version: int | None = None,
         evidence: tuple[str, ...] = (),
     ) -> Gate:
@@ -338,24 +350,24 @@ class RecoveryClient:
         attempt_id: str,
         *,
         tool: str | None = None,
-        arguments: dict | None = None,
+        arguments: dict[str, Any] | None = None,
         credential_version: int | None = None,
         evidence: tuple[str, ...] = (),
     ) -> Admission:
         body = self._candidate(attempt_id, tool, arguments, credential_version, evidence)
         return _answer(Admission, self._send("POST", f"/calls/{call_id}/attempts", json=body)[1])
 
-    def report(self, call_id: int, attempt_id: str, outcome: dict) -> OutcomeAnswer:
+    def report(self, call_id: int, attempt_id: str, outcome: dict[str, Any]) -> OutcomeAnswer:
         return self._outcome(self._send("POST", f"/calls/{call_id}/attempts/{attempt_id}/outcome", json=outcome)[1])
 
     def single_shot(
         self,
         call_id: int,
         attempt_id: str,
-        outcome: dict,
+        outcome: dict[str, Any],
         *,
         tool: str | None = None,
-        arguments: dict | None = None,
+        arguments: dict[str, Any] | None = None,
         credential_version: int | None = None,
         evidence: tuple[str, ...] = (),
     ) -> OutcomeAnswer:
@@ -363,7 +375,7 @@ class RecoveryClient:
         return self._outcome(self._send("POST", f"/calls/{call_id}/attempts", json=body)[1])
 
     @staticmethod
-    def _outcome(body: dict) -> OutcomeAnswer:
+    def _outcome(body: dict[str, Any]) -> OutcomeAnswer:
         return _answer(OutcomeAnswer, body)
 
 
@@ -384,7 +396,7 @@ def _check_console(response: requests.Response) -> None:
         raise IncompatibleConsole(__version__, console, oldest_client=str(oldest or "?"), url=url)
 
 
-def _json_body(response: requests.Response) -> tuple[dict, bool]:
+def _json_body(response: requests.Response) -> tuple[dict[str, Any], bool]:
     """The answer's JSON object, and whether it was JSON at all (a gateway's error page is not)."""
     try:
         body = response.json()
@@ -396,7 +408,7 @@ def _json_body(response: requests.Response) -> tuple[dict, bool]:
 # --- facts from what requests saw ------------------------------------------------------------------------------------
 
 
-def facts_from_response(response: requests.Response, *, provider_ref_header: str = "X-Request-Id") -> dict:
+def facts_from_response(response: requests.Response, *, provider_ref_header: str = "X-Request-Id") -> dict[str, Any]:
     """Outcome facts for a reply that arrived: status, Retry-After, provider reference, JSON result."""
     facts: dict[str, Any] = {"connection_opened": True, "sent": True, "http_status": response.status_code}
     retry_after = response.headers.get("Retry-After")
@@ -416,7 +428,7 @@ def facts_from_response(response: requests.Response, *, provider_ref_header: str
     return facts
 
 
-def facts_from_exception(exc: BaseException) -> dict:
+def facts_from_exception(exc: BaseException) -> dict[str, Any]:
     """Outcome facts for a request that got no reply, from the real exception `requests` raised."""
     message = f"{type(exc).__name__}: {exc}"[:2000]
     if isinstance(exc, requests.exceptions.ConnectTimeout):

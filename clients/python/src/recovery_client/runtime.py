@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recovery_client import NotAdmitted, OutcomeAnswer, RecoveryClient, Task
+from recovery_client import DecisionCard, Failure, NotAdmitted, OutcomeAnswer, RecoveryClient, RequiredNext, Task
 
 __all__ = [
     "BLOCKED",
@@ -60,7 +60,7 @@ RETRY_LATER = "retry_later"  # the console said wait longer than the agent's max
 
 # One admitted attempt's request, sent by the caller's code: given the attempt's number, send it and answer the outcome
 # facts (recovery_client.facts_from_response / facts_from_exception) and the value to hand back if the call commits.
-Send = Callable[[int], tuple[dict, Any]]
+Send = Callable[[int], tuple[dict[str, Any], Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,9 +70,9 @@ class AttemptRecord:
     attempt_id: str
     admitted: bool
     denied: str = ""  # the gate's reason when not admitted
-    required_next: dict = field(default_factory=dict)
+    required_next: RequiredNext | dict[str, Any] = field(default_factory=dict)
     sent_at: float | None = None  # time.time() when the agent sent the request
-    facts: dict = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
     call_state: str = ""
     route: str = ""
     breaker_state: str = ""  # the tool's breaker as the console answered (an outcome's report, a breaker denial)
@@ -125,7 +125,7 @@ class Runtime:
     # Tasks.
 
     def start_task(
-        self, external_id: str, *, goal: str, deadline: str | None = None, budget: dict | None = None
+        self, external_id: str, *, goal: str, deadline: str | None = None, budget: dict[str, Any] | None = None
     ) -> Task:
         """Open (or find again) the task; `deadline` (ISO 8601 with an offset) goes into its budget
         (docs/design/budgets.md)."""
@@ -136,7 +136,7 @@ class Runtime:
         self.log(f"task {task.id} ({external_id}): {goal}" + (f", deadline {deadline}" if deadline else ""))
         return task
 
-    def submit(self, task_id: int, summary: str, deliverable: dict | None = None) -> Task:
+    def submit(self, task_id: int, summary: str, deliverable: dict[str, Any] | None = None) -> Task:
         task = self.client.complete_task(task_id, summary, deliverable)
         self.log(f"task {task_id} submitted: outcome {task.outcome}")
         return task
@@ -158,7 +158,7 @@ class Runtime:
         send: Send,
         state: str = "",
         patience_s: float | None = None,
-        arguments: dict | None = None,
+        arguments: dict[str, Any] | None = None,
         evidence: tuple[str, ...] = (),
         attempt_id: Callable[[int], str] | None = None,
     ) -> CallResult:
@@ -213,7 +213,8 @@ class Runtime:
         sent_at = time.time()
         facts, value = send(number)
         answer = self.client.report(call_id, attempt_id, facts)
-        decision = answer.decision or {}
+        decision: DecisionCard | dict[str, Any] = answer.decision or {}
+        failure: Failure | dict[str, Any] = answer.failure or {}
         record = AttemptRecord(
             attempt_id=attempt_id,
             admitted=True,
@@ -223,7 +224,7 @@ class Runtime:
             route=decision.get("route", ""),
             required_next=answer.required_next,
             breaker_state=answer.breaker_state,
-            public_message=decision.get("public_message") or (answer.failure or {}).get("public_message", ""),
+            public_message=decision.get("public_message") or failure.get("public_message", ""),
             value=value,
         )
         seen = f"HTTP {facts['http_status']}" if "http_status" in facts else facts.get("error", {}).get("kind", "?")
@@ -231,7 +232,9 @@ class Runtime:
         self.log(f"  {tool} [{key}] attempt {number}: {seen} → {answer.call_state}{card}")
         return record, answer
 
-    def _follow(self, outcome: CallResult, required_next: dict, deadline: float, task_id: int) -> tuple[str, ...]:
+    def _follow(
+        self, outcome: CallResult, required_next: RequiredNext | dict[str, Any], deadline: float, task_id: int
+    ) -> tuple[str, ...]:
         """Do what `required_next` says; the evidence the next attempt carries, or set `outcome.outcome` to end."""
         action = required_next.get("action", "stop")
         if action == "retry_after":
@@ -250,7 +253,7 @@ class Runtime:
             if any(state in SETTLING for state in states.values()):
                 self._done(outcome, UNSETTLED, detail=f"still settling: {states}")
                 return ()
-            own = states.get(outcome.call_id)
+            own = states.get(outcome.call_id) if outcome.call_id is not None else None
             if own == "COMMITTED":  # final: the poll that saw it is the call's last word, no need to ask again
                 self._done(outcome, COMMITTED, detail="settled by a receipt", state=own)
                 return ()
@@ -310,7 +313,7 @@ class Runtime:
         return outcome
 
 
-def _action(required_next: dict) -> str:
+def _action(required_next: RequiredNext | dict[str, Any]) -> str:
     action = required_next.get("action", "")
     after = required_next.get("after_ms") or 0
     return f"{action} after {after} ms" if after else action
