@@ -10,7 +10,8 @@ document as the server serves it:
   with the same JSON types, nested objects mapped to the same schemas — so a field the server adds, renames or
   drops fails here until the client knows it (test_the_comparison_sees_an_added_a_renamed_and_a_dropped_field
   shows the comparison failing on each);
-- the client imports without Django.
+- the client imports without Django, and the one checked here is the installed distribution (recovery-console-client,
+  what agents pip install), not a source tree on the path.
 
 That the answers really conform to the document is checked on live answers by the fuzzer (tests/test_api_fuzz.py,
 schemathesis' response_schema_conformance on every operation).
@@ -20,9 +21,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.metadata
 import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
@@ -368,6 +371,13 @@ def test_the_client_imports_without_django():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_client_checked_here_is_the_installed_distribution():
+    installed = importlib.metadata.distribution("recovery-console-client")
+    files = {Path(installed.locate_file(f)).resolve() for f in installed.files or ()}
+    assert Path(c.__file__).resolve() in files
+    assert installed.version == c.__version__
 
 
 def test_the_client_builds_its_answers_from_every_field(document):
