@@ -6,6 +6,7 @@ distribution (clients/python) and the console import nothing of each other but t
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,16 +205,27 @@ CLIENT_MODULES = {
 }
 
 
+@functools.cache
 def _imported(path: Path) -> list[tuple[str, list[str]]]:
     """(module, names) of every absolute import in the file: `import a.b` is ("a.b", []), `from a import b, c`
-    is ("a", ["b", "c"])."""
+    is ("a", ["b", "c"]). Imports are statements of the module's body or of its blocks, never inside an expression:
+    the walk stops at expressions."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _statements(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             found += [(alias.name, []) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
             found.append((node.module or "", [alias.name for alias in node.names]))
     return found
+
+
+def _statements(tree: ast.AST):
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        blocks = ast.stmt | ast.excepthandler | ast.match_case
+        stack.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, blocks))
 
 
 def _public_names(module: str) -> set[str]:
