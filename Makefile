@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 # The client distribution (clients/python: the API client and the recovered-tool decorator), which the console
 # depends on for what they share: installed from its directory, again whenever one of its files changes.
 CLIENT := clients/python
-CLIENT_FILES := $(CLIENT)/pyproject.toml $(CLIENT)/README.md $(wildcard $(CLIENT)/src/recovery_client/*)
+CLIENT_FILES := $(CLIENT)/pyproject.toml $(CLIENT)/README.md $(CLIENT)/src/recovery_client/py.typed \
+	$(wildcard $(CLIENT)/src/recovery_client/*.py)
 
 $(VENV)/.installed-run: requirements.txt $(CLIENT_FILES)
 	$(PYTHON) -m venv $(VENV)
