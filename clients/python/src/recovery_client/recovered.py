@@ -3,7 +3,7 @@
     from recovery_client import recovered
 
     @recovered.tool("refund.create", key="refund-{order_id}")
-    def refund(order_id: str, amount_cents: int) -> dict[str, Any]:
+    def refund(order_id: str, amount_cents: int) -> dict:
         \"\"\"Refund part or all of an order's payment.\"\"\"
         reply = recovered.http().post(f"{PROVIDER}/refunds", json={"order_id": order_id, "amount_cents": amount_cents})
         reply.raise_for_status()
