@@ -205,7 +205,7 @@ class RecoveryClient:
                 time.sleep(self.retry.delay(number))
                 number += 1
                 continue
-            _check_console(response)  # before anything of the answer is read
+            _check_console(response, self.base_url.removesuffix("/api/v1"))  # before anything of it is read
             body, is_json = _json_body(response)
             code = body["error"].get("code") if isinstance(body.get("error"), dict) else None
             if code == "in_flight" and time.monotonic() - started < self.retry.in_flight_s:
@@ -379,14 +379,13 @@ class RecoveryClient:
         return _answer(OutcomeAnswer, body)
 
 
-def _check_console(response: requests.Response) -> None:
+def _check_console(response: requests.Response, url: str) -> None:
     """IncompatibleConsole unless the answer comes from a console this client speaks to. An answer that names no
     version and is not JSON is a gateway's or a proxy's (a 502 page while the console restarts): not the console's
     word on compatibility, it goes on to the resend rules. A console's answers are JSON and always name it."""
     console = response.headers.get(API_VERSION_HEADER)
     if console is None and not response.headers.get("Content-Type", "").startswith("application/json"):
         return
-    url = response.url.split("/api/", 1)[0] if response.url else ""
     if not speaks(console):
         raise IncompatibleConsole(__version__, console, url=url)
     if response.status_code == 426:
