@@ -1,13 +1,20 @@
-# The two commands of the README, plus bench and lint. Everything runs from .venv, built from the pinned files.
+# The two commands of the README, plus bench, lint and dist. Everything runs from .venv, built from the pinned files.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test-pgbouncer run test bench lint format install
+.PHONY: test-pgbouncer run test bench lint format install dist
 
-$(VENV)/.installed-run: requirements.txt
+# The client distribution (clients/python: the API client and the recovered-tool decorator), which the console
+# depends on for what they share: installed from its directory, again whenever one of its files changes.
+CLIENT := clients/python
+CLIENT_FILES := $(CLIENT)/pyproject.toml $(CLIENT)/README.md $(CLIENT)/src/recovery_client/py.typed \
+	$(wildcard $(CLIENT)/src/recovery_client/*.py)
+
+$(VENV)/.installed-run: requirements.txt $(CLIENT_FILES)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps --force-reinstall ./$(CLIENT)
 	touch $@
 
 $(VENV)/.installed-dev: requirements.txt requirements-dev.txt requirements-adoption.txt requirements-otlp-test.txt $(VENV)/.installed-run
@@ -52,9 +59,17 @@ bench: $(VENV)/.installed-dev
 	RECOVERY_AUDIT_KEYS=$${RECOVERY_AUDIT_KEYS:-bench:$$secret} ALLOWED_HOSTS=$${ALLOWED_HOSTS:-127.0.0.1,localhost} \
 	SECURE_SSL_REDIRECT=$${SECURE_SSL_REDIRECT:-0} $(PY) manage.py bench $(BENCH)
 
+# mypy --strict on the client distribution, checked as the package agents install (its own configuration:
+# clients/python/pyproject.toml).
 lint: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	cd $(CLIENT) && ../../$(VENV)/bin/mypy
+
+# The client distribution's wheel and sdist, into dist/ (docs/recovered-tools.md#install): built with the backend
+# its pyproject.toml pins, which requirements-dev.txt installs (no isolated download at build time).
+dist: $(VENV)/.installed-dev
+	$(PY) -m build --no-isolation --outdir dist $(CLIENT)
 
 format: $(VENV)/.installed-dev
 	$(VENV)/bin/ruff check --fix .

@@ -9,16 +9,20 @@ from django.core.signals import got_request_exception
 from django.http import HttpResponse
 
 from recovery.api.errors import error_response, exception_response, request_id, status_response
+from recovery.api.versions import HEADER as API_VERSION_HEADER
+from recovery.api.versions import api_version, refuse_old_client
 
 API_PREFIX = "/api/"
 
 
 class ApiEdgeMiddleware:
-    """First in the chain for everything under /api/ (docs/api.md): every answer carries X-Request-Id; a body over
-    RECOVERY_API_MAX_BODY is refused (413) before anything reads it; a body shorter than its Content-Length — a
-    client that gave up half-way — is refused (400) instead of being processed as if whole; and any answer that is
-    not JSON (Django's own 404 for an unknown URL, its error pages for an exception raised outside the API's
-    handlers, DEBUG's technical pages) is replaced by the API's error envelope, so a runtime parses one format."""
+    """First in the chain for everything under /api/ (docs/api.md): every answer carries X-Request-Id and the API's
+    version (Recovery-Api-Version, recovery/api/versions.py); a recovery-console-client older than the oldest served
+    is refused (426) before anything else; a body over RECOVERY_API_MAX_BODY is refused (413) before anything reads
+    it; a body shorter than its Content-Length — a client that gave up half-way — is refused (400) instead of being
+    processed as if whole; and any answer that is not JSON (Django's own 404 for an unknown URL, its error pages for
+    an exception raised outside the API's handlers, DEBUG's technical pages) is replaced by the API's error envelope,
+    so a runtime parses one format."""
 
     def __init__(self, get_response):
         self.get_response = get_response
@@ -27,11 +31,12 @@ class ApiEdgeMiddleware:
         if not request.path_info.startswith(API_PREFIX):
             return self.get_response(request)
         rid = request_id(request)
-        response = _refuse_body(request) or self.get_response(request)
+        response = refuse_old_client(request) or _refuse_body(request) or self.get_response(request)
         if response.status_code >= 400 and not response.get("Content-Type", "").startswith("application/json"):
             raised = getattr(request, "_api_exception", None)
             response = exception_response(request, raised) if raised else status_response(request, response.status_code)
         response["X-Request-Id"] = rid
+        response[API_VERSION_HEADER] = api_version()
         return response
 
 

@@ -22,9 +22,9 @@ import pytest
 import requests
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
+from recovery_client import facts_from_exception, facts_from_response
 
 from recovery.audit.chain import Actor
-from recovery.client import facts_from_exception, facts_from_response
 from recovery.jobs import inprocess
 from recovery.models import (
     ActionRequest,

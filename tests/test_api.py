@@ -1,4 +1,4 @@
-"""The machine API end to end: a real HTTP server (Django's live server) driven by recovery.client."""
+"""The machine API end to end: a real HTTP server (Django's live server) driven by recovery_client."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 
 import pytest
 import requests
+from recovery_client import NotAdmitted, RecoveryClient, RecoveryError
 
 from recovery.audit.chain import Actor
-from recovery.client import NotAdmitted, RecoveryClient, RecoveryError
 from recovery.models import Attempt, Call, Diagnostic, GateDecision, Task
 from recovery.registry import load_registry
 from recovery.services.tokens import token_create

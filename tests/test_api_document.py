@@ -1,7 +1,8 @@
 """The served OpenAPI document describes every answer, and the client's types agree with it field by field.
 
-The document (/api/v1/openapi.json) is what a runtime in any language reads; the client (recovery/client/) is what a
-Python runtime uses. Both are checked here against the document as the server serves it:
+The document (/api/v1/openapi.json) is what a runtime in any language reads; the client (`recovery_client`, the
+distribution in clients/python, as installed) is what a Python runtime uses. Both are checked here against the
+document as the server serves it:
 
 - every status of every operation has a JSON schema, every 2xx one an object whose fields all carry a one-line
   description; the decision card and the failure object carry examples that are valid against their own schemas;
@@ -9,7 +10,8 @@ Python runtime uses. Both are checked here against the document as the server se
   with the same JSON types, nested objects mapped to the same schemas — so a field the server adds, renames or
   drops fails here until the client knows it (test_the_comparison_sees_an_added_a_renamed_and_a_dropped_field
   shows the comparison failing on each);
-- the client imports without Django.
+- the client imports without Django, and the one checked here is the installed distribution (recovery-console-client,
+  what agents pip install), not a source tree on the path.
 
 That the answers really conform to the document is checked on live answers by the fuzzer (tests/test_api_fuzz.py,
 schemathesis' response_schema_conformance on every operation).
@@ -19,15 +21,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.metadata
 import subprocess
 import sys
 import types
+from pathlib import Path
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import pytest
+import recovery_client as c
 from jsonschema import Draft202012Validator
-
-from recovery import client as c
 
 # Each result type of the client and the schema of the document it mirrors.
 MIRRORS: dict[Any, str] = {
@@ -362,12 +365,19 @@ def test_the_comparison_sees_an_added_a_renamed_and_a_dropped_field(document):
 
 def test_the_client_imports_without_django():
     code = (
-        "import sys; import recovery.client; "
+        "import sys; import recovery_client; "
         "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'ninja', 'pydantic')); "
         "print(loaded); sys.exit(1 if loaded else 0)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_client_checked_here_is_the_installed_distribution():
+    installed = importlib.metadata.distribution("recovery-console-client")
+    files = {Path(installed.locate_file(f)).resolve() for f in installed.files or ()}
+    assert Path(c.__file__).resolve() in files
+    assert installed.version == c.__version__
 
 
 def test_the_client_builds_its_answers_from_every_field(document):

@@ -18,10 +18,10 @@ from django.conf import settings as django_settings
 from django.db import connection
 from django.test import override_settings
 from django.urls import path
+from recovery_client import ApiRetry, RecoveryClient, RecoveryError
 
 from recovery.api.errors import RETRY_AFTER_S
 from recovery.audit.chain import Actor
-from recovery.client import ApiRetry, RecoveryClient, RecoveryError
 from recovery.devtools.drills.stage import database_url
 from recovery.models import Attempt, AuditEvent, Call, Decision, GateDecision, Receipt, Step, Task
 from recovery.registry import load_registry

@@ -32,6 +32,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
+from recovery_client import RecoveryClient
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.hooks import HookDispatcher, HookScope
@@ -45,7 +46,6 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient
 from recovery.registry import load_registry
 from recovery.services.sagas import saga_advance
 from recovery.services.tokens import token_create

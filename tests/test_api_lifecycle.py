@@ -8,9 +8,9 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
+from recovery_client import NotAdmitted, RecoveryClient
 
 from recovery.audit.chain import Actor
-from recovery.client import NotAdmitted, RecoveryClient
 from recovery.models import AuditEvent, Breaker
 from recovery.registry import load_registry
 from recovery.services.tokens import token_create

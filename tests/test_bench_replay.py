@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
+from recovery_client.runtime import LONG_POLL_MS
 
-from recovery.client.runtime import LONG_POLL_MS
 from recovery.devtools.benchmarks.replay import bench_replay
 from recovery.models import Call, DuplicateProbe, Tool
 

@@ -13,9 +13,9 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from recovery_client import NotAdmitted
 
 from recovery.audit.chain import Actor, verify_all
-from recovery.client import NotAdmitted
 from recovery.models import AuditEvent, Breaker, BreakerBucket, BreakerOperation, Tool
 from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from recovery.selectors.breakers import breaker_view

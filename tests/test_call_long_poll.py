@@ -12,9 +12,9 @@ import redis
 import requests
 from django.conf import settings
 from django.db import connection, transaction
+from recovery_client import RecoveryError
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryError
 from recovery.models import Call
 from recovery.statemachine import watch as call_watch
 from recovery.statemachine.transitions import transition_call

@@ -9,11 +9,11 @@ import threading
 import pytest
 import requests
 from django.db import IntegrityError, connection, connections, transaction
+from recovery_client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from rq.worker import SimpleWorker
 
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor
-from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from recovery.engine.compensation_states import ALLOWED_PAIRS, EDGES, EntryState
 from recovery.jobs import queueing
 from recovery.jobs import tasks as jobs

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 import requests
 from django.utils import timezone
+from recovery_client import RecoveryClient, facts_from_exception, facts_from_response
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import ActionRequest, ActionStatus, Attempt, AuditEvent, Call
 from recovery.registry import load_registry
 from recovery.services.reconcile import reconcile_due

@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from recovery_client import NotAdmitted, RecoveryClient
 
 from recovery.audit.chain import Actor
-from recovery.client import NotAdmitted, RecoveryClient
 from recovery.models import Breaker, Tool
 from recovery.registry import load_registry
 from recovery.services.tokens import token_create

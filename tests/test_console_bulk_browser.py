@@ -15,9 +15,9 @@ import json
 import pytest
 import requests
 from playwright.sync_api import expect
+from recovery_client import RecoveryClient, facts_from_exception, facts_from_response
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient, facts_from_exception, facts_from_response
 from recovery.models import BulkAction, BulkItem, Call
 from recovery.registry import load_registry
 from recovery.services.tokens import token_create

@@ -7,7 +7,7 @@ Each page marks what it states with `data-fact` and `data-value` (recovery.selec
 carrying `data-call` (or `data-tool`, `data-provider` on a breaker). After every step of every path this reads all
 of them off every page and compares them: one value per fact, and that value the database's.
 
-The histories are made by the real services: a runtime through the JSON API (recovery.client over Django's test
+The histories are made by the real services: a runtime through the JSON API (recovery_client over Django's test
 client), the receipts' own service (what the reconciliation job applies), operator actions previewed, requested,
 approved and executed, the saga's runtime-executed compensation, and the status endpoint's breaker counter.
 """
@@ -21,9 +21,9 @@ from html.parser import HTMLParser
 
 import pytest
 from django.utils import timezone
+from recovery_client import RecoveryClient
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient
 from recovery.models import ActionRequest, ActionStatus, Call, Provider
 from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from recovery.providers.status import StatusAnswer

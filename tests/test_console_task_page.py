@@ -3,7 +3,7 @@ a reader learns from it — blocked steps and by what, facts grouped instead of 
 no_submission flag, budget use, the audit trail with its chain verified (and broken when an event was edited) — who may
 read it, and a fixed number of SQL statements whatever the task's size.
 
-Histories are built the way a runtime builds them: recovery.client's RecoveryClient over the real JSON API (in this
+Histories are built the way a runtime builds them: recovery_client's RecoveryClient over the real JSON API (in this
 process, through Django's test client), and the periodic job's own service for the no_submission flag.
 """
 
@@ -22,9 +22,9 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from recovery_client import NotAdmitted, RecoveryClient
 
 from recovery.audit.chain import Actor, audit_maintenance, chain_key
-from recovery.client import NotAdmitted, RecoveryClient
 from recovery.models import AuditEvent, Call, Step
 from recovery.models.roles import ROLES, VIEWER
 from recovery.registry import load_registry

@@ -291,7 +291,7 @@ def test_a_5xx_storm_opens_the_breaker_denies_with_degrade_and_a_probe_closes_it
 def test_the_agent_side_imports_nothing_of_the_product_but_its_client():
     code = (
         "import sys, recovery.devtools.scenarios\n"
-        "print(sorted(m for m in sys.modules if m.startswith(('recovery.', 'django', 'ninja'))))"
+        "print(sorted(m for m in sys.modules if m.startswith(('recovery.', 'recovery_client', 'django', 'ninja'))))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
@@ -302,7 +302,7 @@ def test_the_agent_side_imports_nothing_of_the_product_but_its_client():
     ]
     scenarios = ["recovery.devtools.scenarios", *(f"recovery.devtools.scenarios.{module}" for module in modules)]
     loaded = sorted(
-        ["recovery.devtools", "recovery.client.runtime", *scenarios, "recovery.client", "recovery.client.types"]
+        ["recovery.devtools", "recovery_client.runtime", *scenarios, "recovery_client", "recovery_client.types"]
     )
     assert result.stdout.strip() == str(loaded)
 

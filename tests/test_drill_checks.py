@@ -9,8 +9,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from recovery_client.runtime import CallResult
 
-from recovery.client.runtime import CallResult
 from recovery.devtools.drills.cases.compensation import Order, ledger_effects
 from recovery.devtools.drills.cases.compensation_refused import not_retried
 from recovery.devtools.drills.cases.compensation_reply_lost import no_second_cancel

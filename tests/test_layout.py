@@ -1,11 +1,13 @@
 """The house rules of docs/architecture.md that a reader relies on, checked on the source itself: recovery/ is a
 dozen concept packages, the domain never imports its tooling, no import circle, reads never import writes, the engine
-imports no Django, migrations import no live code, no product module grows past 600 lines nor function past 60, and
-no behaviour depends on how a row was loaded."""
+imports no Django, migrations import no live code, no product module grows past 600 lines nor function past 60, no
+behaviour depends on how a row was loaded, and the client distribution (clients/python) and the console import
+nothing of each other but the client's public names."""
 
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -229,3 +231,100 @@ def test_migrations_import_no_live_product_code():
         if (module.split(".")[0] in PACKAGES or module.startswith(".")) and not module.startswith(FROZEN)
     )
     assert live == []
+
+
+# The client distribution (clients/python): agents install it without the console, and the console depends on it for
+# what they share (docs/architecture.md#code-layout) — never the other way round, and only through its public names.
+CLIENT_SRC = ROOT / "clients" / "python" / "src"
+CLIENT = "recovery_client"
+CLIENT_MODULES = {
+    ".".join(path.relative_to(CLIENT_SRC).with_suffix("").parts).removesuffix(".__init__"): path
+    for path in (CLIENT_SRC / CLIENT).rglob("*.py")
+}
+
+
+@functools.cache
+def _imported(path: Path) -> list[tuple[str, list[str]]]:
+    """(module, names) of every absolute import in the file: `import a.b` is ("a.b", []), `from a import b, c`
+    is ("a", ["b", "c"]). Imports are statements of the module's body or of its blocks, never inside an expression:
+    the walk stops at expressions."""
+    found = []
+    for node in _statements(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, []) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append((node.module or "", [alias.name for alias in node.names]))
+    return found
+
+
+def _statements(tree: ast.AST):
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        yield node
+        blocks = ast.stmt | ast.excepthandler | ast.match_case
+        stack.extend(child for child in ast.iter_child_nodes(node) if isinstance(child, blocks))
+
+
+def _public_names(module: str) -> set[str]:
+    """A module of the client's public names: its `__all__` and its public submodules."""
+    tree = ast.parse(CLIENT_MODULES[module].read_text())
+    names = {
+        name
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__" for t in node.targets)
+        for name in ast.literal_eval(node.value)
+    }
+    prefix = module + "."
+    return names | {
+        m.removeprefix(prefix) for m in CLIENT_MODULES if m.startswith(prefix) and "." not in m[len(prefix) :]
+    }
+
+
+def _is_public(module: str) -> bool:
+    return module in CLIENT_MODULES and not any(part.startswith("_") for part in module.split("."))
+
+
+def test_the_client_distribution_imports_nothing_of_django_or_the_console():
+    assert len(CLIENT_MODULES) >= 4 and all(_imported(path) for path in CLIENT_MODULES.values())
+    files = [*CLIENT_MODULES.values(), *(ROOT / "clients" / "python" / "tests").rglob("*.py")]
+    crossing = sorted(
+        f"{path.relative_to(ROOT)}: {module}"
+        for path in files
+        for module, _ in _imported(path)
+        if module.split(".")[0] in ("django", "ninja", "pydantic", *PACKAGES, "tests")
+    )
+    assert crossing == []
+
+
+def test_the_console_uses_only_the_client_distributions_public_names():
+    users = {name: path for name, path in MODULES.items() if name != "recovery.client"}  # the re-export itself
+    files = [*users.values(), *(ROOT / "tests").glob("*.py"), *(ROOT / "docs" / "examples").glob("*.py")]
+    private, uses = [], 0
+    for path in files:
+        for module, names in _imported(path):
+            if module.split(".")[0] != CLIENT:
+                continue
+            uses += 1
+            if path.parent.name == "tests" and path.parent.parent == ROOT:
+                continue  # the tests may look inside (the contract test reads the answers' builder)
+            if not _is_public(module):
+                private.append(f"{path.relative_to(ROOT)}: {module}")
+            else:
+                public = _public_names(module)
+                private += [f"{path.relative_to(ROOT)}: {module}.{name}" for name in names if name not in public]
+    assert uses > 20  # the check sees the imports (the console, the devtools, the tests, the examples)
+    assert private == []
+
+
+def test_nothing_in_the_repository_imports_the_deprecated_recovery_client_package():
+    files = [*MODULES.values(), *(ROOT / "tests").glob("*.py"), *(ROOT / "docs" / "examples").glob("*.py")]
+    users = sorted(
+        str(path.relative_to(ROOT))
+        for path in files
+        for module, names in _imported(path)
+        if module == "recovery.client"
+        or module.startswith("recovery.client.")
+        or (module == "recovery" and "client" in names)
+    )
+    assert users == []

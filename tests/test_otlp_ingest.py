@@ -573,7 +573,7 @@ def test_a_token_of_several_tenants_needs_the_spans_tenant(world):
 
 
 def test_the_trace_of_a_call_admission_protects_is_linked_not_counted_again(world):
-    from recovery.client import RecoveryClient
+    from recovery_client import RecoveryClient
 
     client = RecoveryClient(world.url, world.token)
     task = client.create_task("demo", "protected-run", agent="refund-agent", goal="refund once")

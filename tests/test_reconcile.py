@@ -13,10 +13,10 @@ import pytest
 import requests
 from django.db import connection
 from django.utils import timezone
+from recovery_client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from rq.worker import SimpleWorker
 
 from recovery.audit.chain import Actor
-from recovery.client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from recovery.jobs import inprocess, queueing
 from recovery.jobs import tasks as jobs
 from recovery.models import AuditEvent, Call, Receipt, StatusBreaker

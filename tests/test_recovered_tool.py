@@ -1,4 +1,4 @@
-"""The recovered-tool wrapper (recovery.client.recovered, docs/recovered-tools.md) driven through the agent frameworks'
+"""The recovered-tool wrapper (recovery_client.recovered, docs/recovered-tools.md) driven through the agent frameworks'
 own tool invocation — the OpenAI Agents SDK's `FunctionTool.on_invoke_tool(ToolContext, json)` and LangChain's
 `tool.invoke({...})` — with no model: against the API served by `live_server`, a real sandbox provider process and
 background jobs (the drill stage of tests/test_demo_agent.py).
@@ -20,9 +20,9 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from recovery_client import recovered
 
 from recovery.audit.chain import Actor
-from recovery.client import recovered
 from recovery.devtools.drills.stage import drill_people, drill_stage
 from recovery.models import Attempt, Call, Tool
 from recovery.services.breaker_operations import breaker_force_open

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import requests
 from django.utils import timezone
+from recovery_client import RecoveryClient, RecoveryError, facts_from_exception, facts_from_response
 from rq.worker import SimpleWorker
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient, RecoveryError, facts_from_exception, facts_from_response
 from recovery.jobs import inprocess
 from recovery.models import Call, CompensationEntry, Task
 from recovery.registry import load_registry

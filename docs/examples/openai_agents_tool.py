@@ -21,14 +21,11 @@ import os
 import random
 import sys
 import uuid
-from pathlib import Path
 
 import requests
 from agents import Agent, FunctionTool, Runner, function_tool
 from agents.tool_context import ToolContext
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run from a checkout: `recovery` is the repository's
-from recovery.client import RecoveryClient, recovered
+from recovery_client import RecoveryClient, recovered
 
 API = os.environ.get("RECOVERY_API_URL", "http://127.0.0.1:8000")
 TENANT = os.environ.get("RECOVERY_TENANT", "demo")
@@ -68,7 +65,7 @@ def main() -> None:
     parser.add_argument("--lose-reply", action="store_true", help="the sandbox commits the refund, drops the reply")
     args = parser.parse_args()
     logging.basicConfig(format="  runtime: %(message)s")  # what the wrapper does, step by step
-    logging.getLogger("recovery.client.recovered").setLevel(logging.INFO)
+    logging.getLogger("recovery_client.recovered").setLevel(logging.INFO)
     token = os.environ.get("RECOVERY_TOKEN")
     if not token:
         sys.exit("Set RECOVERY_TOKEN (python manage.py create_api_token examples --tenant demo prints one).")

@@ -1,5 +1,5 @@
 """What the machine API answers (docs/api.md), as closed output schemas; each answer is checked against its schema.
-A new field goes here with a one-line description, reaching the document, the client's types and their test together.
+A new field goes here with a one-line description, reaching the document, the client's types (recovery_client) and their test together.
 The shapes are made once in recovery/services/answers.py and recovery/selectors/tasks_calls.py.
 """
 

@@ -19,7 +19,7 @@ from recovery.services.observed import spans_ingest
 
 router = Router(tags=["otlp"])
 
-ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 415, 422, 500, 503)}
+ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 415, 422, 426, 500, 503)}
 
 _HEX_32 = {"type": "string", "pattern": "^[0-9a-fA-F]{32}$", "description": "32 hexadecimal digits."}
 _HEX_16 = {"type": "string", "pattern": "^[0-9a-fA-F]{16}$", "description": "16 hexadecimal digits."}

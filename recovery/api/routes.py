@@ -13,7 +13,7 @@ from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
 from django.urls import register_converter
 from django.utils import timezone
-from ninja import NinjaAPI, Status
+from ninja import Status
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.parser import Parser
@@ -53,6 +53,7 @@ from recovery.api.inputs import (
 )
 from recovery.api.metrics import SCOPES, metrics_answer, metrics_scope
 from recovery.api.otlp import router as otlp_router
+from recovery.api.versions import VersionedNinjaAPI
 from recovery.audit.chain import Actor
 from recovery.engine import storable
 from recovery.engine.states import RECONCILABLE
@@ -119,9 +120,8 @@ class TokenAuth(HttpBearer):
         return api_token
 
 
-api = NinjaAPI(
+api = VersionedNinjaAPI(  # its version: recovery/api/versions.py
     title="Recovery Console API",
-    version="1",
     description="Register tool calls, ask for admission before every attempt, report outcomes, get decision cards.",
     auth=TokenAuth(),
     urls_namespace="api-v1",
@@ -207,8 +207,8 @@ def _unhandled(request, exc: Exception):
     return exception_response(request, exc)
 
 
-# Every route may answer these, each with the one error envelope (500 and 503 included: recovery/api/errors.py).
-ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 422, 500, 503)}
+# Every route may answer these, each with the one error envelope (426: api/versions.py, 500/503: api/errors.py).
+ERRORS = {code: ErrorOut for code in (400, 401, 403, 404, 409, 413, 422, 426, 500, 503)}
 # Answers are written with their wire names (the failure's `class`).
 TYPED = {"by_alias": True}
 # An attempt's answer: admitted (send it now), or — with an outcome in the request — the outcome's answer.

@@ -1,6 +1,7 @@
 """A tool's own provider request (docs/actions.md, docs/registry.md): what a same-key replay sends, and the masked copy
-a dry run shows. The body must be exactly what a runtime sends (recovery/client/runtime.py): a provider that keeps a
-fingerprint of a key's request refuses another. Explicit timeouts, no retry underneath.
+a dry run shows. The body must be exactly what a runtime sends (recovery/devtools/agent.py): a provider that keeps a
+fingerprint of a key's request refuses another. Explicit timeouts, no retry underneath; the wire facts come from the
+client distribution's public helpers (`recovery_client.facts_from_response` / `facts_from_exception`).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ from typing import Any
 from urllib.parse import quote
 
 import requests
+from recovery_client import facts_from_exception, facts_from_response
 from requests.adapters import HTTPAdapter
 
-from recovery.client import facts_from_exception, facts_from_response
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Tool
 from recovery.providers.status import outbound_headers

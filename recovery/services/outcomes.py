@@ -40,7 +40,7 @@ _ERROR_KEYS = ("kind", "code", "message")
 
 
 def facts_of(wire: dict[str, Any]) -> Facts:
-    """Outcome facts from their wire form (the API's validated body, recovery.client's facts_from_response /
+    """Outcome facts from their wire form (the API's validated body, recovery_client's facts_from_response /
     facts_from_exception): times as ISO 8601 text or datetimes, the error as an object."""
     error = wire.get("error")
     values = {key: wire.get(key) for key in _FACT_KEYS}

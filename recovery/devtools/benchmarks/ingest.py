@@ -71,7 +71,7 @@ REGISTRY = {
         for name in TOOLS
     ],
 }
-# A committed 200 of a read tool, as recovery.client.RecoveryClient.single_shot sends it.
+# A committed 200 of a read tool, as recovery_client.RecoveryClient.single_shot sends it.
 OUTCOME = {"connection_opened": True, "sent": True, "http_status": 200, "result": {"status": "shipped"}}
 
 

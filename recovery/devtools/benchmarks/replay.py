@@ -23,11 +23,12 @@ from typing import Any
 import requests
 from django.conf import settings
 from django.db import connection
+from recovery_client import RecoveryClient
+from recovery_client.runtime import COMMITTED
 from requests.adapters import HTTPAdapter
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient
-from recovery.client.runtime import COMMITTED, Agent, ToolBook
+from recovery.devtools.agent import Agent, ToolBook
 from recovery.devtools.drills.stage import (
     ApiServer,
     background_jobs,

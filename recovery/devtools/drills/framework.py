@@ -11,8 +11,9 @@ from itertools import count
 from typing import Any
 
 from django.utils import timezone
+from recovery_client.runtime import CallResult
 
-from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.agent import Agent
 from recovery.devtools.drills import checks
 from recovery.devtools.drills.evidence import at
 from recovery.devtools.drills.results import CheckRow

@@ -25,8 +25,8 @@ from urllib.parse import quote
 
 from django.conf import settings
 from django.db import connection
+from recovery_client.runtime import CallResult
 
-from recovery.client.runtime import CallResult
 from recovery.devtools.drills.evidence import chunks
 from recovery.devtools.drills.servers import Nginx, PgBouncer, WebServer
 from recovery.devtools.drills.stage import JobWorkers, Stage, drill_stage, sandbox_env_defaults

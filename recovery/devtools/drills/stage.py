@@ -33,10 +33,10 @@ from django.contrib.auth.models import Group
 from django.core.handlers.wsgi import WSGIHandler
 from django.core.servers.basehttp import ThreadedWSGIServer, WSGIRequestHandler
 from django.db import connection
+from recovery_client import RecoveryClient
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient
-from recovery.client.runtime import Agent, ToolBook
+from recovery.devtools.agent import Agent, ToolBook
 from recovery.devtools.sandbox.process import SandboxClient, SandboxProcess
 from recovery.jobs import inprocess
 from recovery.jobs.cron import PERIODIC

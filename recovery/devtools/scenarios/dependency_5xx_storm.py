@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import time
 
-from recovery.client.runtime import DEGRADED, CallResult
+from recovery_client.runtime import DEGRADED, CallResult
+
 from recovery.devtools.scenarios.play import Play, exclusive_scenario
 
 MAX_STORM_CALLS = 8  # failing lookups the storm makes at the most, waiting for the breaker to open

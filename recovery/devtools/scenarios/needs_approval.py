@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from recovery.client.runtime import HUMAN_REVIEW
+from recovery_client.runtime import HUMAN_REVIEW
+
 from recovery.devtools.scenarios import shared
 from recovery.devtools.scenarios.play import Play, scenario
 

@@ -6,7 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from recovery.client.runtime import CallResult
+from recovery_client.runtime import CallResult
+
 from recovery.devtools.scenarios.checks import Check
 
 if TYPE_CHECKING:

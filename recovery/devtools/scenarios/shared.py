@@ -12,7 +12,8 @@ import time
 from datetime import datetime
 from typing import Any
 
-from recovery.client.runtime import CallResult
+from recovery_client.runtime import CallResult
+
 from recovery.devtools.scenarios.checks import after, one_of
 from recovery.devtools.scenarios.play import Play
 

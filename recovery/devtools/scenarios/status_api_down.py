@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import time
 
-from recovery.client import RecoveryError
-from recovery.client.runtime import CallResult
+from recovery_client import RecoveryError
+from recovery_client.runtime import CallResult
+
 from recovery.devtools.scenarios import shared
 from recovery.devtools.scenarios.checks import each, one_of, only
 from recovery.devtools.scenarios.play import Play, exclusive_scenario

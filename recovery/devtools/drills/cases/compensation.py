@@ -8,9 +8,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from recovery_client.runtime import CallResult
+
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor
-from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.agent import Agent
 from recovery.devtools.drills.checks import check
 from recovery.devtools.drills.evidence import action_events
 from recovery.devtools.drills.framework import Run, wait

@@ -8,9 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 from django.utils import timezone
+from recovery_client.runtime import CallResult
 
 from recovery.audit.actions import AuditAction
-from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.agent import Agent
 from recovery.devtools.drills.checks import at_least, render
 from recovery.devtools.drills.evidence import at
 from recovery.devtools.drills.framework import Run, sleep_until

@@ -12,9 +12,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from django.db import connection
+from recovery_client import RecoveryError
+from recovery_client.runtime import CallResult
 
-from recovery.client import RecoveryError
-from recovery.client.runtime import CallResult
 from recovery.devtools.drills.checks import at_most, each
 from recovery.devtools.drills.evidence import chunks
 from recovery.devtools.drills.framework import Run, wait

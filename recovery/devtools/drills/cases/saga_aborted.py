@@ -10,7 +10,9 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 
-from recovery.client.runtime import Agent, CallResult
+from recovery_client.runtime import CallResult
+
+from recovery.devtools.agent import Agent
 from recovery.devtools.drills.checks import check, in_order
 from recovery.devtools.drills.evidence import at
 from recovery.devtools.drills.framework import Run, wait

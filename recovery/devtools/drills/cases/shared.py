@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from recovery_client.runtime import CallResult
+
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor
-from recovery.client.runtime import Agent, CallResult
+from recovery.devtools.agent import Agent
 from recovery.devtools.drills.cases.compensation import ACTION_ENDS
 from recovery.devtools.drills.evidence import action_events
 from recovery.devtools.drills.framework import Run, wait

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from django.db import connection
 from django.utils import timezone
+from recovery_client.runtime import HUMAN_REVIEW, CallResult
 
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor
-from recovery.client.runtime import HUMAN_REVIEW, CallResult
 from recovery.devtools.drills.cases.shared import request_replay
 from recovery.devtools.drills.checks import each
 from recovery.devtools.drills.evidence import action_events, at

@@ -12,10 +12,10 @@ import time
 from datetime import datetime, timedelta
 
 from django.utils import timezone
+from recovery_client.runtime import HUMAN_REVIEW
 
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor
-from recovery.client.runtime import HUMAN_REVIEW
 from recovery.devtools.drills.cases.shared import check_settled_by_one_receipt, request_replay, unconfirmed_refund
 from recovery.devtools.drills.checks import in_order
 from recovery.devtools.drills.evidence import action_events, at

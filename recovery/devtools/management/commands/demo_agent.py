@@ -10,9 +10,9 @@ import uuid
 
 import requests
 from django.core.management.base import BaseCommand, CommandError
+from recovery_client import RecoveryClient, RecoveryError
 
 from recovery.audit.chain import Actor
-from recovery.client import RecoveryClient, RecoveryError
 from recovery.devtools.drills.stage import DEMO_TENANT, demo_stage
 from recovery.devtools.scenarios import SCENARIOS, ScenarioResult, run_scenarios
 from recovery.services.tokens import token_create, token_revoke

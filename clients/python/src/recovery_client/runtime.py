@@ -1,40 +1,46 @@
-"""The agent runtime: every attempt admitted first, sent by the agent itself, reported, and the answer obeyed.
+"""The runtime loop: every attempt admitted first, sent by the runtime's own code, reported, and the answer obeyed.
 
-    agent = Agent(RecoveryClient(api_url, token), ToolBook.from_registry(registry), tenant="demo")
-    task = agent.start_task("refund-8848", goal="refund order 8848")
-    result = agent.run_call(task.id, step=1, tool="refund.create", key="refund-8848-v1",
-                            arguments={"order_id": "O-8848", "amount_cents": 1250})
-    agent.submit(task.id, "refunded order 8848")
+    runtime = Runtime(RecoveryClient(api_url, token), tenant="demo")
+    task = runtime.start_task("refund-8848", goal="refund order 8848")
+    ref = runtime.client.add_call(task.id, step=1, tool="refund.create", idempotency_key="refund-8848-v1",
+                                  arguments={"order_id": "O-8848", "amount_cents": 1250})
+    result = runtime.drive_call(task.id, ref.call_id, state=ref.state, tool="refund.create", key="refund-8848-v1",
+                                send=send_the_refund)      # attempt number -> (facts, value)
+    runtime.submit(task.id, "refunded order 8848")
 
-`run_call` is the whole recovery loop of docs/design/decisions.md/docs/design/gate.md from the runtime's side. It never
-retries on its own judgement: each new attempt is admitted by the console, carries the evidence the console asked for
-(`time_elapsed` after the delay it named, `state_verified` after a receipt proved nothing happened), and a denial's
-`required_next.action` says what to do instead — wait, wait for reconciliation, degrade, ask a person, or stop. What it
-sees is reported as facts taken from `requests` itself (recovery.client.facts_from_response / facts_from_exception).
-`drive_call` is the same loop for a call whose request the caller's own code sends (recovery.client.recovered wraps tool
-functions in it).
+`drive_call` is the whole recovery loop of docs/design/decisions.md and docs/design/gate.md from the runtime's side.
+It never retries on its own judgement: each new attempt is admitted by the console, carries the evidence the console
+asked for (`time_elapsed` after the delay it named, `state_verified` after a receipt proved nothing happened), and a
+denial's `required_next.action` says what to do instead — wait, wait for reconciliation, degrade, ask a person, or
+stop. What the request saw is reported as facts taken from `requests` itself (recovery_client.facts_from_response /
+facts_from_exception). recovery_client.recovered wraps tool functions in it; any runtime whose requests are built
+its own way hands them to it as `send`.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
 
-import requests
-from requests.adapters import HTTPAdapter
+from recovery_client import DecisionCard, Failure, NotAdmitted, OutcomeAnswer, RecoveryClient, RequiredNext, Task
 
-from recovery.client import (
-    NotAdmitted,
-    OutcomeAnswer,
-    RecoveryClient,
-    Task,
-    facts_from_exception,
-    facts_from_response,
-)
+__all__ = [
+    "BLOCKED",
+    "COMMITTED",
+    "DEGRADED",
+    "FAILED",
+    "HUMAN_REVIEW",
+    "LONG_POLL_MS",
+    "RETRY_LATER",
+    "SETTLING",
+    "UNSETTLED",
+    "AttemptRecord",
+    "CallResult",
+    "Runtime",
+    "Send",
+]
 
 # Where a call can still move without anyone acting: the agent waits these out (reconciliation settles them).
 SETTLING = frozenset({"SENT", "UNKNOWN", "STILL_UNKNOWN", "ACCEPTED", "NOT_COMMITTED"})
@@ -43,7 +49,7 @@ SETTLING = frozenset({"SENT", "UNKNOWN", "STILL_UNKNOWN", "ACCEPTED", "NOT_COMMI
 # console answers as soon as the call moves, so this bounds only how long a request stays open.
 LONG_POLL_MS = 10_000
 
-# What run_call ends with, as CallResult.outcome.
+# What drive_call ends with, as CallResult.outcome.
 COMMITTED = "committed"  # the provider has the effect (or the read's answer), proven
 DEGRADED = "degraded"  # the tool's breaker is open: the agent took the fallback path
 HUMAN_REVIEW = "human_review"  # left for a reviewer (an approval, an unsettled unknown, a duplicate)
@@ -53,81 +59,8 @@ BLOCKED = "blocked"  # a dependency failed or the agent must replan: nothing was
 RETRY_LATER = "retry_later"  # the console said wait longer than the agent's max_wait_s: nothing is in flight
 
 # One admitted attempt's request, sent by the caller's code: given the attempt's number, send it and answer the outcome
-# facts (recovery.client.facts_from_response / facts_from_exception) and the value to hand back if the call commits.
-Send = Callable[[int], tuple[dict, Any]]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ToolBinding:
-    """How the agent itself calls one tool on its provider (what an agent's tool code knows)."""
-
-    name: str
-    side_effect: str
-    method: str
-    path: str
-    body: Any
-    base_url: str
-    headers: dict[str, str]
-    timeout: tuple[float, float]
-
-    def url(self, arguments: dict) -> str:
-        path = self.path
-        for name, value in arguments.items():
-            path = path.replace("{" + name + "}", quote(str(value), safe=""))
-        return self.base_url.rstrip("/") + path
-
-    def json_body(self, arguments: dict) -> Any:
-        if self.method in ("GET", "DELETE"):
-            return None
-        if self.body is None:
-            return arguments
-        return _fill(self.body, arguments)
-
-
-def _fill(template: Any, arguments: dict) -> Any:
-    """A body template: a string that is exactly "{name}" becomes that argument's value, with its type."""
-    if isinstance(template, dict):
-        return {key: _fill(value, arguments) for key, value in template.items()}
-    if isinstance(template, list):
-        return [_fill(value, arguments) for value in template]
-    if isinstance(template, str) and template.startswith("{") and template.endswith("}"):
-        return arguments.get(template[1:-1])
-    return template
-
-
-class ToolBook:
-    """The agent's tool bindings, read from a registry file (the same one the console loads)."""
-
-    def __init__(self, bindings: dict[str, ToolBinding]) -> None:
-        self.bindings = bindings
-
-    @classmethod
-    def from_registry(cls, registry: dict, *, env: dict[str, str] | None = None) -> ToolBook:
-        env = os.environ if env is None else env
-        providers = {provider["name"]: provider for provider in registry.get("providers", [])}
-        bindings = {}
-        for tool in registry.get("tools", []):
-            provider = providers[tool["provider"]]
-            auth, headers = provider.get("auth") or {}, {"Accept": "application/json"}
-            secret = env.get(auth.get("secret_env", ""), "")
-            if auth.get("kind") == "bearer" and secret:
-                headers["Authorization"] = f"Bearer {secret}"
-            elif auth.get("kind") == "header" and secret:
-                headers[auth["header"]] = secret
-            bindings[tool["name"]] = ToolBinding(
-                name=tool["name"],
-                side_effect=tool["side_effect"],
-                method=tool["request"]["method"].upper(),
-                path=tool["request"]["path"],
-                body=tool["request"].get("body"),
-                base_url=provider["base_url"],
-                headers=headers,
-                timeout=(float(provider.get("connect_timeout_s", 2)), float(provider.get("read_timeout_s", 5))),
-            )
-        return cls(bindings)
-
-    def __getitem__(self, name: str) -> ToolBinding:
-        return self.bindings[name]
+# facts (recovery_client.facts_from_response / facts_from_exception) and the value to hand back if the call commits.
+Send = Callable[[int], tuple[dict[str, Any], Any]]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,9 +70,9 @@ class AttemptRecord:
     attempt_id: str
     admitted: bool
     denied: str = ""  # the gate's reason when not admitted
-    required_next: dict = field(default_factory=dict)
+    required_next: RequiredNext | dict[str, Any] = field(default_factory=dict)
     sent_at: float | None = None  # time.time() when the agent sent the request
-    facts: dict = field(default_factory=dict)
+    facts: dict[str, Any] = field(default_factory=dict)
     call_state: str = ""
     route: str = ""
     breaker_state: str = ""  # the tool's breaker as the console answered (an outcome's report, a breaker denial)
@@ -163,8 +96,8 @@ class CallResult:
         return [a for a in self.attempts if a.sent_at is not None]
 
 
-class Agent:
-    """One agent runtime for one tenant. `log` gets one line per step; `sleep` is how it waits (tests may pass a
+class Runtime:
+    """The runtime loop for one tenant. `log` gets one line per step; `sleep` is how it waits (tests may pass a
     recording one). `before_send(tool, key, attempt_number)` runs just before each request leaves (drills use it to
     take the provider down for one attempt). `max_wait_s` (None: no limit) bounds a `retry_after` wait: a longer one
     ends the call RETRY_LATER instead of sleeping through it."""
@@ -172,10 +105,9 @@ class Agent:
     def __init__(
         self,
         client: RecoveryClient,
-        tools: ToolBook,
         *,
         tenant: str,
-        name: str = "demo-agent",
+        name: str = "agent-runtime",
         log: Callable[[str], None] = lambda line: None,
         sleep: Callable[[float], None] = time.sleep,
         patience_s: float = 120.0,
@@ -183,22 +115,17 @@ class Agent:
         before_send: Callable[[str, str, int], None] | None = None,
         max_wait_s: float | None = None,
     ) -> None:
-        self.client, self.tools, self.tenant, self.name = client, tools, tenant, name
+        self.client, self.tenant, self.name = client, tenant, name
         self.log, self.sleep = log, sleep
         self.patience_s, self.max_rounds = patience_s, max_rounds
         self.before_send = before_send
         self.max_wait_s = max_wait_s
-        self.calls: dict[int, list[int]] = {}  # task id → the calls this agent added to it
-        self.session = requests.Session()
-        # The console decides every retry (docs/design/budgets.md: one layer retries).
-        no_retries = HTTPAdapter(max_retries=0)
-        self.session.mount("http://", no_retries)
-        self.session.mount("https://", no_retries)
+        self.calls: dict[int, list[int]] = {}  # task id → the calls this runtime added to it
 
     # Tasks.
 
     def start_task(
-        self, external_id: str, *, goal: str, deadline: str | None = None, budget: dict | None = None
+        self, external_id: str, *, goal: str, deadline: str | None = None, budget: dict[str, Any] | None = None
     ) -> Task:
         """Open (or find again) the task; `deadline` (ISO 8601 with an offset) goes into its budget
         (docs/design/budgets.md)."""
@@ -209,7 +136,7 @@ class Agent:
         self.log(f"task {task.id} ({external_id}): {goal}" + (f", deadline {deadline}" if deadline else ""))
         return task
 
-    def submit(self, task_id: int, summary: str, deliverable: dict | None = None) -> Task:
+    def submit(self, task_id: int, summary: str, deliverable: dict[str, Any] | None = None) -> Task:
         task = self.client.complete_task(task_id, summary, deliverable)
         self.log(f"task {task_id} submitted: outcome {task.outcome}")
         return task
@@ -221,32 +148,6 @@ class Agent:
 
     # Calls.
 
-    def run_call(
-        self,
-        task_id: int,
-        *,
-        step: int,
-        tool: str,
-        arguments: dict,
-        key: str,
-        depends_on: tuple[int, ...] | list[int] = (),
-        patience_s: float | None = None,
-    ) -> CallResult:
-        """Add the call and drive it until it is settled, degraded, left for a person, or refused.
-
-        `patience_s` (default: the agent's) bounds how long it waits for reconciliation; 0 moves on at once,
-        leaving an unknown outcome to the console (the call ends UNSETTLED here and keeps being reconciled)."""
-        ref = self.client.add_call(
-            task_id, step=step, tool=tool, arguments=arguments, idempotency_key=key, depends_on=depends_on
-        )
-
-        def send(number: int) -> tuple[dict, Any]:
-            return self._send(tool, key, arguments)
-
-        return self.drive_call(
-            task_id, ref.call_id, state=ref.state, tool=tool, key=key, send=send, patience_s=patience_s
-        )
-
     def drive_call(
         self,
         task_id: int,
@@ -257,12 +158,12 @@ class Agent:
         send: Send,
         state: str = "",
         patience_s: float | None = None,
-        arguments: dict | None = None,
+        arguments: dict[str, Any] | None = None,
         evidence: tuple[str, ...] = (),
         attempt_id: Callable[[int], str] | None = None,
     ) -> CallResult:
         """Drive an added call (`call_id`, last seen in `state`) until it is settled, degraded, left for a person, or
-        refused: admit each attempt, let `send` make its request, report the facts, obey the answer (run_call's loop).
+        refused: admit each attempt, let `send` make its request, report the facts, obey the answer.
 
         `arguments` (None: the call's) are repaired arguments the attempts carry, with `evidence` claimed by the first
         admission (`args_changed`); `attempt_id(number)` names each attempt (default "<key>-a<number>")."""
@@ -304,25 +205,6 @@ class Agent:
                 return outcome
         return self._done(outcome, FAILED, detail=f"gave up after {self.max_rounds} rounds")
 
-    def _send(self, tool: str, key: str, arguments: dict) -> tuple[dict, Any]:
-        """The request of `tool` as its registry binding describes it, with the call's key on a write."""
-        binding = self.tools[tool]
-        headers = dict(binding.headers)
-        if binding.side_effect == "write":
-            headers["Idempotency-Key"] = key
-        try:
-            response = self.session.request(
-                binding.method,
-                binding.url(arguments),
-                json=binding.json_body(arguments),
-                headers=headers,
-                timeout=binding.timeout,
-            )
-            facts = facts_from_response(response)
-        except requests.RequestException as exc:
-            facts = facts_from_exception(exc)
-        return facts, facts.get("result")
-
     def _send_and_report(
         self, call_id: int, tool: str, key: str, attempt_id: str, number: int, send: Send
     ) -> tuple[AttemptRecord, OutcomeAnswer]:
@@ -331,7 +213,8 @@ class Agent:
         sent_at = time.time()
         facts, value = send(number)
         answer = self.client.report(call_id, attempt_id, facts)
-        decision = answer.decision or {}
+        decision: DecisionCard | dict[str, Any] = answer.decision or {}
+        failure: Failure | dict[str, Any] = answer.failure or {}
         record = AttemptRecord(
             attempt_id=attempt_id,
             admitted=True,
@@ -341,7 +224,7 @@ class Agent:
             route=decision.get("route", ""),
             required_next=answer.required_next,
             breaker_state=answer.breaker_state,
-            public_message=decision.get("public_message") or (answer.failure or {}).get("public_message", ""),
+            public_message=decision.get("public_message") or failure.get("public_message", ""),
             value=value,
         )
         seen = f"HTTP {facts['http_status']}" if "http_status" in facts else facts.get("error", {}).get("kind", "?")
@@ -349,7 +232,9 @@ class Agent:
         self.log(f"  {tool} [{key}] attempt {number}: {seen} → {answer.call_state}{card}")
         return record, answer
 
-    def _follow(self, outcome: CallResult, required_next: dict, deadline: float, task_id: int) -> tuple[str, ...]:
+    def _follow(
+        self, outcome: CallResult, required_next: RequiredNext | dict[str, Any], deadline: float, task_id: int
+    ) -> tuple[str, ...]:
         """Do what `required_next` says; the evidence the next attempt carries, or set `outcome.outcome` to end."""
         action = required_next.get("action", "stop")
         if action == "retry_after":
@@ -368,7 +253,7 @@ class Agent:
             if any(state in SETTLING for state in states.values()):
                 self._done(outcome, UNSETTLED, detail=f"still settling: {states}")
                 return ()
-            own = states.get(outcome.call_id)
+            own = states.get(outcome.call_id) if outcome.call_id is not None else None
             if own == "COMMITTED":  # final: the poll that saw it is the call's last word, no need to ask again
                 self._done(outcome, COMMITTED, detail="settled by a receipt", state=own)
                 return ()
@@ -428,7 +313,7 @@ class Agent:
         return outcome
 
 
-def _action(required_next: dict) -> str:
+def _action(required_next: RequiredNext | dict[str, Any]) -> str:
     action = required_next.get("action", "")
     after = required_next.get("after_ms") or 0
     return f"{action} after {after} ms" if after else action

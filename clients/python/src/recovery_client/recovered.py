@@ -1,6 +1,6 @@
 """Recovered tools (docs/recovered-tools.md): a plain function that calls a provider over HTTP, made a protected tool.
 
-    from recovery.client import recovered
+    from recovery_client import recovered
 
     @recovered.tool("refund.create", key="refund-{order_id}")
     def refund(order_id: str, amount_cents: int) -> dict:
@@ -17,7 +17,7 @@ and `@tool` (LangChain) derive the same schema from it; only its return annotati
 (RecoveredResult). Each call of it adds (or finds again) one call of the open task, asks the console to admit each
 attempt, runs the function with `http()` — a session that retries nothing, sends the call's Idempotency-Key and
 records what really happened on the wire — reports the facts of the last exchange, and obeys `required_next`
-(Agent.drive_call: wait out a Retry-After, wait for reconciliation, degrade, ask a person, stop). It never raises:
+(Runtime.drive_call: wait out a Retry-After, wait for reconciliation, degrade, ask a person, stop). It never raises:
 what the model sees is described in `tool`'s docstring.
 """
 
@@ -33,7 +33,7 @@ import re
 import secrets
 import string
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -42,8 +42,8 @@ from typing import Any, TypedDict
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery.client import RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
-from recovery.client.runtime import (
+from recovery_client import Failure, RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
+from recovery_client.runtime import (
     BLOCKED,
     COMMITTED,
     DEGRADED,
@@ -52,9 +52,8 @@ from recovery.client.runtime import (
     RETRY_LATER,
     SETTLING,
     UNSETTLED,
-    Agent,
     CallResult,
-    ToolBook,
+    Runtime,
 )
 
 __all__ = ["RecoveredResult", "RecoveredTask", "RequestRefused", "current_task", "http", "task", "tool"]
@@ -107,7 +106,7 @@ _TASK: ContextVar[RecoveredTask | None] = ContextVar("recovered_task", default=N
 class RecoveredTask:
     """The task the recovered tools run in, opened by `task()`: calls get the next step numbers, keys its scope."""
 
-    def __init__(self, agent: Agent, opened: Task, *, patience_s: float) -> None:
+    def __init__(self, agent: Runtime, opened: Task, *, patience_s: float) -> None:
         self.agent, self.task, self.patience_s = agent, opened, patience_s
         self.id, self.external_id = opened.id, opened.external_id
         self._steps = itertools.count(max((step["index"] for step in opened.steps or []), default=0) + 1)
@@ -142,7 +141,7 @@ class RecoveredTask:
         finally:
             _TASK.reset(token)
 
-    def submit(self, summary: str, deliverable: dict | None = None) -> Task:
+    def submit(self, summary: str, deliverable: dict[str, Any] | None = None) -> Task:
         """Submit the task's deliverable (docs/design/tasks.md): the console then sets its outcome from the calls."""
         return self.agent.submit(self.id, summary, deliverable)
 
@@ -158,7 +157,7 @@ def task(
     external_id: str,
     goal: str,
     agent: str = "recovered-tools",
-    budget: dict | None = None,
+    budget: dict[str, Any] | None = None,
     deadline: str | None = None,
     patience_s: float = 30.0,
     max_wait_s: float = 30.0,
@@ -170,9 +169,8 @@ def task(
     goes on settling it), `max_wait_s` the longest Retry-After it waits out (a longer one answers `retry_later`),
     `max_rounds` the admissions one tool call asks for. The task's own budget (`budget`, `deadline`) is the console's
     to enforce. Errors opening the task (the console unreachable, a bad token) are raised here, to the runtime."""
-    runtime = Agent(
+    runtime = Runtime(
         client,
-        ToolBook({}),
         tenant=tenant,
         name=agent,
         log=lambda line: logger.info("%s", line),
@@ -231,7 +229,7 @@ class _Exchange:
             return "a request of this attempt failed: only the recovery console decides whether to try again"
         return ""
 
-    def facts(self, raised: BaseException | None) -> dict:
+    def facts(self, raised: BaseException | None) -> dict[str, Any]:
         """The outcome facts of docs/design/classification.md for the last exchange (or for none)."""
         if self.error is not None:
             return facts_from_exception(self.error)
@@ -259,7 +257,15 @@ class _RecordingAdapter(HTTPAdapter):
         super().__init__(max_retries=0)  # one layer retries provider requests: the console's (docs/design/budgets.md)
         self.exchange = exchange
 
-    def send(self, request, stream=False, timeout=None, verify=True, cert=None, proxies=None):  # type: ignore[override]
+    def send(
+        self,
+        request: requests.PreparedRequest,
+        stream: bool = False,
+        timeout: float | tuple[float, float] | tuple[float, None] | None = None,
+        verify: bool | str = True,
+        cert: bytes | str | tuple[bytes | str, bytes | str] | None = None,
+        proxies: Mapping[str, str] | None = None,
+    ) -> requests.Response:
         exchange = self.exchange
         refused = exchange.refusal()
         if refused:
@@ -293,13 +299,13 @@ class _Spec:
     name: str
     function: Callable[..., Any]
     signature: inspect.Signature
-    key: str | Callable[[dict], str] | None
-    arguments: Callable[[dict], dict] | None
+    key: str | Callable[[dict[str, Any]], str] | None
+    arguments: Callable[[dict[str, Any]], dict[str, Any]] | None
     timeout: Any
     provider_ref_header: str
     framework_params: frozenset[str]
 
-    def call_arguments(self, bound: inspect.BoundArguments) -> dict:
+    def call_arguments(self, bound: inspect.BoundArguments) -> dict[str, Any]:
         """The call's arguments as the console validates them: the function's own, JSON values."""
         values: dict[str, Any] = {}
         for name, value in bound.arguments.items():
@@ -311,9 +317,10 @@ class _Spec:
                 values[name] = value
         if self.arguments is not None:
             values = self.arguments(values)
-        return json.loads(json.dumps(values, default=str))
+        as_json: dict[str, Any] = json.loads(json.dumps(values, default=str))
+        return as_json
 
-    def intent_key(self, arguments: dict) -> str:
+    def intent_key(self, arguments: dict[str, Any]) -> str:
         if self.key is None:  # the same arguments, the same intent
             canonical = json.dumps(arguments, sort_keys=True, separators=(",", ":"))
             return f"{self.name}-{hashlib.sha256(canonical.encode()).hexdigest()[:24]}"
@@ -325,8 +332,8 @@ class _Spec:
 def tool(
     name: str,
     *,
-    key: str | Callable[[dict], str] | None = None,
-    arguments: Callable[[dict], dict] | None = None,
+    key: str | Callable[[dict[str, Any]], str] | None = None,
+    arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     timeout: Any = (3.05, 10.0),
     provider_ref_header: str = "X-Request-Id",
 ) -> Callable[[Callable[..., Any]], Callable[..., RecoveredResult]]:
@@ -410,7 +417,7 @@ def _check_template(template: str, signature: inspect.Signature, skipped: frozen
 # --- one call of a recovered tool --------------------------------------------------------------------------------
 
 
-def _invoke(spec: _Spec, args: tuple, kwargs: dict) -> RecoveredResult:
+def _invoke(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RecoveredResult:
     opened = _TASK.get()
     if opened is None:  # fail closed: no task, no budget, no record, so no request
         return _said(REFUSED, "This tool runs only inside an open task; nothing was sent. Stop and report it.")
@@ -431,7 +438,7 @@ class _Run:
         self.exchanges: list[_Exchange] = []
         self.read = False
 
-    def go(self, args: tuple, kwargs: dict) -> RecoveredResult:
+    def go(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RecoveredResult:
         try:
             bound = self.spec.signature.bind(*args, **kwargs)
         except TypeError:
@@ -455,8 +462,9 @@ class _Run:
             if refused.code == "idempotency_conflict" and refused.detail.get("existing_call"):
                 return self.repair(refused.detail["existing_call"], bound, arguments, key)
             return self.refusal(refused)
-        if not (ref.preflight or {}).get("passed", True):
-            message = (ref.failure or {}).get("public_message") or "The arguments do not match the tool's schema."
+        if ref.preflight and not ref.preflight.get("passed", True):
+            failure: Failure | dict[str, Any] = ref.failure or {}
+            message = failure.get("public_message") or "The arguments do not match the tool's schema."
             return _said(BLOCKED, message, "repair_args")
         if ref.state == "COMMITTED":
             return self.answer(
@@ -464,7 +472,9 @@ class _Run:
             )
         return self.drive(ref.call_id, ref.state, bound, key)
 
-    def repair(self, call_id: int, bound: inspect.BoundArguments, arguments: dict, key: str) -> RecoveredResult:
+    def repair(
+        self, call_id: int, bound: inspect.BoundArguments, arguments: dict[str, Any], key: str
+    ) -> RecoveredResult:
         """The intent's key again with other arguments: a repair of the same call while nothing was executed (the
         console's gate decides, `args_changed`), else the intent is refused as a conflict."""
         call = self.client.get_call(call_id)
@@ -492,7 +502,7 @@ class _Run:
         )
         return self.answer(result)
 
-    def send(self, bound: inspect.BoundArguments, key: str) -> tuple[dict, Any]:
+    def send(self, bound: inspect.BoundArguments, key: str) -> tuple[dict[str, Any], Any]:
         """One admitted attempt: the function, with `http()` recording its exchanges; its facts and its value."""
         exchange = _Exchange(key=key, timeout=self.spec.timeout, provider_ref_header=self.spec.provider_ref_header)
         self.exchanges.append(exchange)
@@ -519,7 +529,7 @@ class _Run:
         noun, outcome = self.noun, result.outcome
         if outcome == COMMITTED:
             replied = last is not None and 200 <= (last.facts.get("http_status") or 0) < 300
-            if replied and last.call_state == "COMMITTED":
+            if last is not None and replied and last.call_state == "COMMITTED":
                 done = f"The {self.spec.name} call succeeded." if _SAFE_WORD.fullmatch(self.spec.name) else "Done."
                 return _said(COMMITTED, done if self.read else f"The {noun} took effect.", None, result=last.value)
             if result.sent:  # a status check or the provider's callback settled it: its reply was lost or unusable

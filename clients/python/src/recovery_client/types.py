@@ -1,12 +1,43 @@
-"""The API's answers as the Python client returns them (recovery/client/__init__.py): plain dataclasses and TypedDicts,
+"""The API's answers as the Python client returns them (recovery_client/__init__.py): plain dataclasses and TypedDicts,
 no Django, checked field by field against the served OpenAPI document by tests/test_api_document.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-_T = TypeVar("_T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+_T = TypeVar("_T", bound="DataclassInstance")
+
+__all__ = [
+    "Admission",
+    "AttemptRecord",
+    "BudgetView",
+    "CallBrief",
+    "CallDetail",
+    "CallRef",
+    "Capability",
+    "Check",
+    "CompensationAttempt",
+    "CompensationRecord",
+    "DecisionCard",
+    "Failure",
+    "FieldErrorInfo",
+    "Gate",
+    "GateRecord",
+    "NextCompensation",
+    "OutcomeAnswer",
+    "Preflight",
+    "ReceiptRecord",
+    "ReconcileAccepted",
+    "RequiredNext",
+    "Saga",
+    "StepSummary",
+    "Task",
+    "TaskBudget",
+]
 
 # --- what the API answers ---------------------------------------------------------------------------------------------
 # The answers' shapes, as the served document (/api/v1/openapi.json, built from recovery/api/answers.py) describes
@@ -254,7 +285,7 @@ class Task:
     next_action: str
     submission: dict[str, Any] | None
     saga: str | None  # running, stopped, done (None: never aborted)
-    raw: dict = field(repr=False)
+    raw: dict[str, Any] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -270,7 +301,7 @@ class CallRef:
     blocked_by: list[int]  # ids of the dependencies' calls not COMMITTED yet
     blocked_by_steps: list[int]  # indexes of the dependency steps waited for
     poll: str
-    raw: dict = field(repr=False)
+    raw: dict[str, Any] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -283,7 +314,7 @@ class Admission:
     attempt_number: int
     call_state: str
     gate: Gate
-    raw: dict = field(repr=False)
+    raw: dict[str, Any] = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -301,11 +332,12 @@ class OutcomeAnswer:
     provider_ref: str
     late: bool
     gate: Gate | None
-    raw: dict = field(repr=False)
+    raw: dict[str, Any] = field(repr=False)
 
     @property
-    def required_next(self) -> RequiredNext | dict:
-        return (self.decision or {}).get("required_next") or {}
+    def required_next(self) -> RequiredNext | dict[str, Any]:
+        decision = self.decision
+        return (decision.get("required_next") if decision else None) or {}
 
 
 class NextCompensation(TypedDict):
@@ -352,6 +384,6 @@ class CompensationAttempt(TypedDict):
     label: str
 
 
-def _answer(cls: type[_T], body: dict) -> _T:
+def _answer(cls: type[_T], body: dict[str, Any]) -> _T:
     """One of the dataclasses above from an answer's body (a field the body lacks is None)."""
     return cls(**{f.name: body.get(f.name) for f in fields(cls) if f.name != "raw"}, raw=body)  # type: ignore[call-arg]

@@ -1,0 +1,90 @@
+"""Which API this console speaks, and which clients it still serves (docs/api.md#versions).
+
+Every answer under /api/ — the API's own, its errors, a 404 for an unknown URL, the OpenAPI document — carries
+`Recovery-Api-Version: 1.<minor>`; the document states the same in `info.version` (and `x-api-version`), with the
+oldest client it serves in `x-oldest-client`, and declares the header on every answer. The minor grows when the API
+grows in a way an older client can ignore (a new field, a new endpoint); the major changes only for a change an older
+client cannot survive, and a client refuses a major it does not speak (recovery_client.IncompatibleConsole).
+
+The other direction: `recovery-console-client` names itself in User-Agent (`recovery-console-client/X.Y.Z`), and a
+client older than OLDEST_CLIENT — one that would misread what this console answers — is refused with 426 before
+anything is processed, the API's error envelope naming both versions. Other User-Agents (curl, a runtime in another
+language) are not refused: they read the header themselves.
+
+A test answers as another console through settings (RECOVERY_API_VERSION, RECOVERY_OLDEST_CLIENT, read at each
+request: tests/test_api_version.py); nobody configures them in a deployment.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from ninja import NinjaAPI
+
+from recovery.api.errors import error_response
+
+API_VERSION = "1.0"  # the API this console answers: 1.<minor>
+OLDEST_CLIENT = "0.1.0"  # the oldest recovery-console-client it serves
+HEADER = "Recovery-Api-Version"
+CLIENT_NAME = "recovery-console-client"
+_CLIENT_AGENT = re.compile(rf"(?:^|[\s(;]){re.escape(CLIENT_NAME)}/(\d+)\.(\d+)\.(\d+)")
+
+
+def api_version() -> str:
+    return getattr(settings, "RECOVERY_API_VERSION", API_VERSION)
+
+
+def oldest_client() -> str:
+    return getattr(settings, "RECOVERY_OLDEST_CLIENT", OLDEST_CLIENT)
+
+
+def _numbers(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in version.split("."))
+
+
+def client_version(user_agent: str) -> str | None:
+    """The recovery-console-client version a User-Agent names, or None for any other client."""
+    found = _CLIENT_AGENT.search(user_agent or "")
+    return ".".join(found.groups()) if found else None
+
+
+def refuse_old_client(request: HttpRequest) -> JsonResponse | None:
+    """426 for a recovery-console-client older than the oldest this console serves; None for every other request."""
+    version = client_version(request.headers.get("User-Agent", ""))
+    oldest = oldest_client()
+    if version is None or _numbers(version) >= _numbers(oldest):
+        return None
+    served = api_version()
+    return error_response(
+        426,
+        "client_too_old",
+        f"{CLIENT_NAME} {version} is older than the oldest this console serves ({oldest}; it answers API {served}): "
+        f"install {CLIENT_NAME}>={oldest}; nothing was processed",
+        detail={"client_version": version, "oldest_client": oldest, "api_version": served},
+    )
+
+
+class VersionedNinjaAPI(NinjaAPI):
+    """The API whose OpenAPI document states its version and declares the version header on every answer."""
+
+    def __init__(self, **options: Any) -> None:
+        super().__init__(version=API_VERSION, **options)
+
+    def get_openapi_schema(self, **options: Any) -> Any:
+        schema = super().get_openapi_schema(**options)
+        version = api_version()
+        schema["info"].update({"version": version, "x-api-version": version, "x-oldest-client": oldest_client()})
+        schema["components"].setdefault("headers", {})[HEADER] = {
+            "description": "The API version this console answers, 1.<minor> (docs/api.md#versions).",
+            "required": True,
+            "schema": {"type": "string", "pattern": r"^[0-9]+\.[0-9]+$"},
+        }
+        header = {HEADER: {"$ref": f"#/components/headers/{HEADER}"}}
+        for methods in schema["paths"].values():
+            for operation in methods.values():
+                for answer in operation["responses"].values():
+                    answer.setdefault("headers", {}).update(header)
+        return schema
