@@ -1,6 +1,6 @@
 """What the machine API answers (docs/api.md), as closed output schemas; each answer is checked against its schema.
-A new field goes here with a one-line description, reaching the document, the client's types (recovery_client) and their test together.
-The shapes are made once in recovery/services/answers.py and recovery/selectors/tasks_calls.py.
+A new field goes here with a one-line description, reaching the document, the client's types (recovery_client) and
+their test together. The shapes are made once in recovery/services/answers.py and recovery/selectors/tasks_calls.py.
 """
 
 from __future__ import annotations

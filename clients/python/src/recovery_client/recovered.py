@@ -84,7 +84,12 @@ MAX_MESSAGE = 1000
 
 
 class RecoveredResult(TypedDict, total=False):
-    """What a recovered tool returns, and so all the model sees of it (see `tool`)."""
+    """What a recovered tool returns, and so all the model sees of it (docs/recovered-tools.md has each status).
+
+    `message` is the console's public message (fixed text filled from the registry and the tool's schema, with
+    field-level repair text for invalid arguments) or a fixed sentence of this module naming the tool's noun: never
+    the provider's error text, its headers, credentials, exception text or a stack trace.
+    """
 
     status: str  # committed, degraded, human_review, failed, unsettled, blocked, retry_later, refused
     message: str  # the console's public message, or a fixed sentence of this module: never provider text
@@ -347,23 +352,8 @@ def tool(
     (default: all of them, defaults applied, without the frameworks' context parameters). `timeout` applies to a
     provider request that names none; `provider_ref_header` is the reply header carrying the provider's reference.
 
-    What the model sees — the whole return value, a JSON-serialisable dict, never an exception:
-
-    - `status`: `committed` (the effect exists: the reply said so, or a status check with the provider proved it),
-      `degraded` (the tool's breaker is open: nothing was sent, take the fallback), `human_review` (left for a
-      person), `failed` (it will not succeed: stop), `unsettled` (it may have been executed and its status is still
-      being checked: do not repeat it), `blocked` (nothing was executed: repair the arguments or replan),
-      `retry_later` (the provider asked for a longer pause than the runtime waits) or `refused` (called outside an
-      open task, or the task is closed: nothing was sent);
-    - `message`: the console's public message (docs/design/classification.md: fixed text filled from the registry and
-    the tool's schema,
-      with field-level repair text for invalid arguments) or a fixed sentence of this module naming the tool's noun;
-      never the provider's error text, its headers, credentials, exception text or a stack trace;
-    - `next`: the console's `required_next.action` (`repair_args`, `retry_after`, `wait_for_reconcile`, `degrade`,
-      `request_approval`, `replan`, `stop`), None when committed;
-    - `result`: only when committed — the function's return value, None when the effect was proved by a status check
-      (its reply never arrived) or had been made before;
-    - `fallback`: only when degraded and the registry names one.
+    What the model sees is the whole return value, a JSON-serialisable `RecoveredResult`, never an exception; the
+    table of its statuses, and what each tells the model to do, is in docs/recovered-tools.md.
     """
 
     def decorate(function: Callable[..., Any]) -> Callable[..., RecoveredResult]:

@@ -96,6 +96,22 @@ class CallResult:
         return [a for a in self.attempts if a.sent_at is not None]
 
 
+# How the loop ends a call on a `required_next` that is not a wait: (its ending, the detail it logs).
+_ENDINGS: dict[str, tuple[str, str]] = {
+    "degrade": (DEGRADED, "breaker open: fallback path"),
+    "request_approval": (HUMAN_REVIEW, "needs a reviewer's approval"),
+    "replan": (BLOCKED, "replan"),
+    "repair_args": (BLOCKED, "repair_args"),
+    "refresh_credentials": (BLOCKED, "refresh_credentials"),
+}
+# How a call reconciliation settled ends: (its ending, the detail it logs).
+_SETTLED_ENDINGS: dict[str, tuple[str, str]] = {
+    "COMMITTED": (COMMITTED, "settled by a receipt"),
+    "HUMAN_REVIEW": (HUMAN_REVIEW, ""),
+    "FAILED_PERMANENT": (FAILED, ""),
+}
+
+
 class Runtime:
     """The runtime loop for one tenant. `log` gets one line per step; `sleep` is how it waits (tests may pass a
     recording one). `before_send(tool, key, attempt_number)` runs just before each request leaves (drills use it to
@@ -238,47 +254,46 @@ class Runtime:
         """Do what `required_next` says; the evidence the next attempt carries, or set `outcome.outcome` to end."""
         action = required_next.get("action", "stop")
         if action == "retry_after":
-            wait_s = required_next.get("after_ms", 0) / 1000
-            if self.max_wait_s is not None and wait_s > min(self.max_wait_s, max(0.0, deadline - time.monotonic())):
-                self._done(outcome, RETRY_LATER, detail=f"retry after {wait_s:.1f} s: longer than the agent waits")
-                return ()
-            self.sleep(wait_s)
-            return ("time_elapsed",)
+            return self._retry_after(outcome, required_next, deadline)
         if action == "wait_for_reconcile":
-            detail = required_next.get("detail") or {}
-            waited_for = detail.get("blocked_by") or [outcome.call_id]
-            if detail.get("limit") == "unknown_budget":  # the task's other unknowns must settle first
-                waited_for = [c for c in self.calls.get(task_id, []) if c != outcome.call_id] or waited_for
-            states = self._wait_settled(waited_for, required_next.get("after_ms", 0), deadline)
-            if any(state in SETTLING for state in states.values()):
-                self._done(outcome, UNSETTLED, detail=f"still settling: {states}")
-                return ()
-            own = states.get(outcome.call_id) if outcome.call_id is not None else None
-            if own == "COMMITTED":  # final: the poll that saw it is the call's last word, no need to ask again
-                self._done(outcome, COMMITTED, detail="settled by a receipt", state=own)
-                return ()
-            if own == "HUMAN_REVIEW":
-                self._done(outcome, HUMAN_REVIEW, state=own)
-                return ()
-            if own == "FAILED_PERMANENT":
-                self._done(outcome, FAILED, state=own)
-                return ()
-            if own == "RETRYABLE":  # NOT_COMMITTED → RETRYABLE: a receipt proved the first attempt did nothing
-                return ("state_verified",)
-            if outcome.call_id not in waited_for:  # a dependency settled: this call's own first attempt is next
-                if any(state != "COMMITTED" for state in states.values()):
-                    self._done(outcome, BLOCKED, detail=f"dependency ended {states}")
-                return ()
-            return ()
-        if action == "degrade":
-            self._done(outcome, DEGRADED, detail="breaker open: fallback path")
-        elif action == "request_approval":
-            self._done(outcome, HUMAN_REVIEW, detail="needs a reviewer's approval")
-        elif action in ("replan", "repair_args", "refresh_credentials"):
-            self._done(outcome, BLOCKED, detail=action)
-        else:
-            self._done(outcome, FAILED, detail=action)
+            return self._after_reconcile(outcome, required_next, deadline, task_id)
+        ending, detail = _ENDINGS.get(action, (FAILED, action))
+        self._done(outcome, ending, detail=detail)
         return ()
+
+    def _retry_after(
+        self, outcome: CallResult, required_next: RequiredNext | dict[str, Any], deadline: float
+    ) -> tuple[str, ...]:
+        """Wait the delay the console named, unless it is longer than the agent waits (then end: retry later)."""
+        wait_s = required_next.get("after_ms", 0) / 1000
+        if self.max_wait_s is not None and wait_s > min(self.max_wait_s, max(0.0, deadline - time.monotonic())):
+            self._done(outcome, RETRY_LATER, detail=f"retry after {wait_s:.1f} s: longer than the agent waits")
+            return ()
+        self.sleep(wait_s)
+        return ("time_elapsed",)
+
+    def _after_reconcile(
+        self, outcome: CallResult, required_next: RequiredNext | dict[str, Any], deadline: float, task_id: int
+    ) -> tuple[str, ...]:
+        """Wait for the calls reconciliation settles, then end the call as its own settled state says, or go on."""
+        detail = required_next.get("detail") or {}
+        waited_for = detail.get("blocked_by") or [outcome.call_id]
+        if detail.get("limit") == "unknown_budget":  # the task's other unknowns must settle first
+            waited_for = [c for c in self.calls.get(task_id, []) if c != outcome.call_id] or waited_for
+        states = self._wait_settled(waited_for, required_next.get("after_ms", 0), deadline)
+        if any(state in SETTLING for state in states.values()):
+            self._done(outcome, UNSETTLED, detail=f"still settling: {states}")
+            return ()
+        own = states.get(outcome.call_id) if outcome.call_id is not None else None
+        if own == "RETRYABLE":  # NOT_COMMITTED → RETRYABLE: a receipt proved the first attempt did nothing
+            return ("state_verified",)
+        if own in _SETTLED_ENDINGS:  # final: the poll that saw it is the call's last word, no need to ask again
+            ending, said = _SETTLED_ENDINGS[own]
+            self._done(outcome, ending, detail=said, state=own)
+            return ()
+        if outcome.call_id not in waited_for and any(state != "COMMITTED" for state in states.values()):
+            self._done(outcome, BLOCKED, detail=f"dependency ended {states}")
+        return ()  # a dependency settled: this call's own first attempt is next
 
     def _wait_settled(self, call_ids: list[int], after_ms: int, deadline: float) -> dict[int, str]:
         """Wait until none of the calls is settling any more, or the agent's patience runs out: after the delay the
