@@ -62,6 +62,9 @@ class Provider(models.Model):
 
 
 class Tool(models.Model):
+    # Not a column: its alternates' names once recovery.registry.policy read them for this instance (None: not yet).
+    alternate_names: frozenset[str] | None = None
+
     name = models.CharField(max_length=100, unique=True, validators=[name_validator])
     provider = models.ForeignKey(Provider, on_delete=models.PROTECT, related_name="tools")
     description = models.TextField(blank=True)

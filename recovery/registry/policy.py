@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
-from django.db.models import Prefetch, QuerySet, prefetch_related_objects
+from django.db.models import Prefetch, QuerySet
 
 from recovery.engine.reconcile import ReconcilePolicy, StatusBreakerPolicy
 from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant, ToolPolicy
@@ -19,21 +19,20 @@ TOOL_BUDGETS = ("max_attempts", "write_retry", "unknown_budget", "max_business_e
 RECONCILE_KEYS = ("first_check_s", "backoff", "max_checks", "deadline_s", "replay_when_status_down")
 
 
-def _alternates(*, none: bool = False) -> Prefetch:
-    """The tool's alternates as tool_policy() reads them (names), or, with `none`, no alternates and no query."""
-    return Prefetch("alternates", queryset=Tool.objects.none() if none else Tool.objects.only("id", "name"))
-
-
 def policy_tools() -> QuerySet[Tool]:
     """Tools with what tool_policy() reads: two queries for any number of tools."""
-    return Tool.objects.select_related("provider").prefetch_related(_alternates())
+    alternates = Prefetch("alternates", queryset=Tool.objects.only("id", "name"))
+    return Tool.objects.select_related("provider").prefetch_related(alternates)
 
 
 def with_alternates(tool: Tool, *, none: bool = False) -> Tool:
-    """`tool` with its alternates loaded, as policy_tools() loads them for many: one query, none when it has them
-    already or when the caller's own read said it has `none`. They stay on the instance as any prefetched relation
-    (every tool_policy() of it reads them without a query) until the relation is changed through it."""
-    prefetch_related_objects([tool], _alternates(none=none))
+    """`tool` with its alternates' names read once into `Tool.alternate_names`, for every tool_policy() of this
+    instance (one query; none when read already, or when the caller's own read said it has `none`). For instances
+    that live as long as a request: alternates changed later are not seen through this one."""
+    if none:
+        tool.alternate_names = frozenset()
+    elif tool.alternate_names is None:
+        tool.alternate_names = frozenset(other.name for other in tool.alternates.all())
     return tool
 
 
@@ -88,7 +87,7 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         approvable_codes=frozenset(tool.approvable_codes),
         refusal_codes=frozenset(tool.refusal_codes),
         idempotency_conflict_codes=frozenset(tool.provider.idempotency_conflict_codes),
-        alternates=frozenset(other.name for other in with_alternates(tool).alternates.all()),
+        alternates=with_alternates(tool).alternate_names,
         outcome_timeout_s=tool.outcome_timeout_s,
         key_retention_s=tool.key_retention_s,
         budgets=_build(Budgets, tool.budgets, TOOL_BUDGETS),
