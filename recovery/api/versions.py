@@ -1,18 +1,6 @@
-"""Which API this console speaks, and which clients it still serves (docs/api.md#versions).
-
-Every answer under /api/ — the API's own, its errors, a 404 for an unknown URL, the OpenAPI document — carries
-`Recovery-Api-Version: 1.<minor>`; the document states the same in `info.version` (and `x-api-version`), with the
-oldest client it serves in `x-oldest-client`, and declares the header on every answer. The minor grows when the API
-grows in a way an older client can ignore (a new field, a new endpoint); the major changes only for a change an older
-client cannot survive, and a client refuses a major it does not speak (recovery_client.IncompatibleConsole).
-
-The other direction: `recovery-console-client` names itself in User-Agent (`recovery-console-client/X.Y.Z`), and a
-client older than OLDEST_CLIENT — one that would misread what this console answers — is refused with 426 before
-anything is processed, the API's error envelope naming both versions. Other User-Agents (curl, a runtime in another
-language) are not refused: they read the header themselves.
-
-A test answers as another console through settings (RECOVERY_API_VERSION, RECOVERY_OLDEST_CLIENT, read at each
-request: tests/test_api_version.py); nobody configures them in a deployment.
+"""Which API this console speaks, and which clients it still serves (docs/api.md#versions): every answer under /api/
+carries `Recovery-Api-Version`, and a recovery-console-client older than OLDEST_CLIENT gets 426 before anything is
+processed. Tests answer as another console through settings (RECOVERY_API_VERSION, RECOVERY_OLDEST_CLIENT).
 """
 
 from __future__ import annotations

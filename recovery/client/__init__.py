@@ -1,13 +1,6 @@
-"""Deprecated: the Python client is the distribution `recovery-console-client` now (clients/python; how to install
-it and which consoles it talks to: docs/recovered-tools.md#install). Import `recovery_client` instead:
-
-    from recovery_client import RecoveryClient, recovered      # instead of: from recovery.client import ...
-
-This package only re-exports it, for this release, and goes in the next one: `recovery.client`,
-`recovery.client.recovered`, `recovery.client.runtime` and `recovery.client.types` are the very modules of
-`recovery_client`, and importing it warns (DeprecationWarning). Nothing in this repository imports it
-(tests/test_layout.py). The demo agent's registry-driven tool calls (`Agent.run_call`, `ToolBook`) were never part
-of the client: they are the console's tooling, `recovery.devtools.agent`.
+"""Deprecated: the Python client is the distribution `recovery-console-client` (clients/python;
+docs/recovered-tools.md#install). Import `recovery_client` instead. This package only re-exports it for this release,
+warns on import (DeprecationWarning), and goes in the next one; nothing in this repository imports it.
 """
 
 import sys

@@ -1,15 +1,6 @@
-"""The demo agent: the runtime loop of recovery_client (`Runtime.drive_call`) with its provider requests built from
-the tool registry, as an agent's own tool code would send them. The scenarios, the drills and the benchmarks play it.
-
-    agent = Agent(RecoveryClient(api_url, token), ToolBook.from_registry(registry), tenant="demo")
-    task = agent.start_task("refund-8848", goal="refund order 8848")
-    result = agent.run_call(task.id, step=1, tool="refund.create", key="refund-8848-v1",
-                            arguments={"order_id": "O-8848", "amount_cents": 1250})
-    agent.submit(task.id, "refunded order 8848")
-
-It uses the client distribution as any agent would (its public names only, tests/test_layout.py): what it adds is
-the registry's bindings (`ToolBook`) and `run_call`, which registers a call and drives it with a request made from
-them. Django-free, like the scenarios that play it (tests/test_demo_agent.py).
+"""The demo agent (docs/demo-agent.md): recovery_client's runtime loop with its provider requests built from the tool
+registry (`ToolBook`, `Agent.run_call`), as an agent's own tool code would send them. It uses the client distribution
+by its public names only; the scenarios, drills and benchmarks play it.
 """
 
 from __future__ import annotations

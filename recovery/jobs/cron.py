@@ -1,15 +1,6 @@
-"""The periodic schedule, as data, and the scheduler that enqueues it on RQ.
-
-Without Redis the in-process runner (recovery/jobs/inprocess.py) runs PERIODIC itself. With Redis every `runjobs`
-process starts a Scheduler, and of those only the one holding a Redis lock enqueues: the others stand by and take
-over within RECOVERY_SCHEDULER_LEASE_S of its death. A periodic job has at most one run pending at a time
-(recovery.jobs.queueing.enqueue_periodic: a marker of ours that the run's end removes and that expires after the job's
-period plus the check lease), so a backlog holds one run per name instead of piling up duplicates, and a worker
-killed mid-run — its job left "started" in rq's registries, or its records gone with Redis — delays the next run by
-that much at most. One job failing to enqueue is logged with its name and never costs the others their run.
-
-rq 3's own `rq.cron.CronScheduler` is not used: every instance of it enqueues (no lock) under fresh job ids, so two
-`runjobs` processes would double every run and a stalled queue would collect one job per interval.
+"""The periodic schedule, as data, and the scheduler that enqueues it on RQ: only the candidate holding the Redis lock
+enqueues, and a periodic job has at most one run pending (docs/deploy.md, "Jobs and the schedule"). Without Redis the
+in-process runner (recovery/jobs/inprocess.py) runs PERIODIC itself.
 """
 
 from __future__ import annotations

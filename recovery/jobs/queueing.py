@@ -1,15 +1,6 @@
-"""The one way to enqueue a background job, on RQ with REDIS_URL and on the in-process runner without it.
-
-`enqueue(func, *args, job_id=...)` sends a job when the surrounding transaction commits, never for a rolled-back
-one, and at most once per `job_id` while a job with that id is queued or running. With REDIS_URL set the job goes
-to django-rq's "default" queue for `manage.py runjobs` workers; without it, to the in-process runner
-(recovery/jobs/inprocess.py) of the same process. A job is a function of recovery.jobs, given as the function or by its
-dotted path: services name theirs by path (recovery.jobs imports the services, so they cannot import it).
-
-Job ids name the work, not the request: `reconcile-call-<id>` for an immediate check of one call,
-`action-execute-<id>` for an approved operator action, the periodic schedule's names (recovery/jobs/cron.py) for its
-runs. Jobs must be idempotent: a dedupe window is not a lock, and a job can run twice around a worker's death; the
-services' leases and conditional updates make that harmless.
+"""The one way to enqueue a background job: on commit, at most once per job id, on RQ with REDIS_URL and on the
+in-process runner without it (docs/deploy.md, "Jobs and the schedule"). Services name their jobs by dotted path
+(recovery.jobs imports the services); every job must be idempotent.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""The `reconcile` benchmark (docs/design/quality-targets.md): settled calls per second with the status API answering in
-50 ms.
-
-The sandbox provider runs as its own process with 50 ms of latency on its status endpoints. Refunds are made at the
-sandbox first (their replies "lost": the product holds each call in UNKNOWN, due now), then reconciliation workers
-(recovery.services.reconcile.reconcile_due, in forked processes started together) check them with 8 status queries
-in flight in all until nothing is due: one worker with 8, and, on fresh calls, two workers with 4 each, as two RQ
-workers would. Target: settled/s at least 0.9 x 8 / 0.05. The same run measures a bare baseline: 8 threads sending
-the same status queries with `requests` and doing nothing with the answers, which shows what the sandbox and the
-machine allow at all.
+"""The `reconcile` benchmark (docs/benchmarks.md): settled calls per second with the sandbox's status API answering in
+50 ms and 8 checks in flight (one worker with 8, two with 4), against 8 / 0.05 and a bare `requests` baseline.
 """
 
 from __future__ import annotations

@@ -1,17 +1,6 @@
-"""Provider ignores keys: the sandbox in broken mode (`ignore_keys`) for one key of refund.ignores-keys, a tool the
-registry calls replay-safe, with replay reconciliation on and an explicit key retention.
-
-The refund commits; a duplicate probe of it runs through the console's action flow (the drill reviewer requests
-`probe_duplicate`, a drill approver approves it, a worker executes it): its same-key replay executes anew, the
-provider's ledger then holds two refunds for the key, and the probe says `retry_path_unsafe` — the tool's retry path
-becomes unsafe. The second refund is the evidence (2 effects for the key).
-
-Then automatic replay is off for the tool (docs/replay.md), each way a same-key replay could come:
-- replay reconciliation: a refund whose reply is lost while its status endpoint answers 503 is never replayed; every
-  check fails and counts, and the poll budget sends it to a person;
-- an operator's replay of that refund: the console refuses to preview it;
-- the runtime: a refund dropped before commit is proven not committed by a receipt, but its same-key retry, carrying
-  `state_verified`, is denied `retry_path_unsafe` at admission, and the runtime is told to stop.
+"""Provider ignores keys (docs/drills.md): the sandbox's `ignore_keys` mode for one key of refund.ignores-keys; an
+approved duplicate probe finds two refunds and marks the retry path unsafe, after which no same-key replay comes from
+reconciliation, an operator or the runtime.
 """
 
 from __future__ import annotations
