@@ -320,6 +320,14 @@ def test_the_sandboxs_own_signed_callback_settles_an_unknown_refund(world):
     assert Receipt.objects.get(call_id=call_id).source == "callback"
 
 
+def _wait_claimed(call_id: int, worker: str, timeout_s: float = 10.0) -> None:
+    """Until `worker`'s reconciliation has claimed the call (a sleep would race a loaded machine's thread start)."""
+    deadline = time.monotonic() + timeout_s
+    while not Call.objects.filter(pk=call_id, check_lease_owner=worker).exists():
+        assert time.monotonic() < deadline, f"{worker} never claimed call {call_id}"
+        time.sleep(0.002)
+
+
 @pytest.mark.postgres
 def test_a_callback_and_a_poll_arriving_together_leave_one_consistent_state(world):
     sandbox = world["sandbox"]
@@ -329,7 +337,7 @@ def test_a_callback_and_a_poll_arriving_together_leave_one_consistent_state(worl
         _lose_reply(world, call_id, key)
         poller = threading.Thread(target=lambda: (reconcile_due(worker="w1"), connection.close()))
         poller.start()
-        time.sleep(0.02)
+        _wait_claimed(call_id, "w1")  # the poll holds the call, its status query in flight (50 ms)
         assert _callback(world, key).status_code == 200
         poller.join()
         assert _state(call_id) == "COMMITTED"
