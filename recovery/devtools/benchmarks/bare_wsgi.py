@@ -185,7 +185,8 @@ def single_shot(conn: psycopg.Connection, call_id: int, body: dict, token: str, 
 
 def _record(sql: _Statements, call_id: int, call: dict, body: dict, token_id: int, now: datetime) -> dict:
     """The single shot's transaction: the task's counters, both transitions, the attempt, its gate answer, the
-    audit events; returns the answer."""
+    audit events; returns the answer. Raw SQL by design: this is the no-framework baseline the ingest benchmark
+    measures the product against, statement for statement."""
     number = call["attempts_count"] + 1
     sql(
         "UPDATE recovery_task SET rounds_used = rounds_used + %s, write_retries_used = write_retries_used + "

@@ -522,7 +522,7 @@ def _copy_rows(cursor, tables: list[str], calls: _Calls, rng: random.Random, ext
         rows["attempts"] = _copy(cursor, tables[3], ATTEMPT_COLUMNS, _attempt_lines(calls, ids["attempt"]))
         if extra is not None:
             rows.update(extra.copy(cursor, calls, ids))
-    for table in tables:
+    for table in tables:  # raw: the ORM cannot move a sequence past ids that COPY wrote
         cursor.execute(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), (SELECT MAX(id) FROM {table}))")
     return rows
 
