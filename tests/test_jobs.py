@@ -74,6 +74,17 @@ def work(queue):
         signal.signal(signum, handler)
 
 
+@pytest.fixture
+def work_unforked(queue):
+    """A real RQ worker in burst mode that runs each job in this process (rq's SimpleWorker): for tests that run
+    threads of their own meanwhile, since forking a work horse while another thread holds a lock (redis-py's,
+    logging's) copies the lock held, and the horse hangs until rq kills it."""
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    yield lambda: rq.SimpleWorker([queue], connection=queue.connection).work(burst=True)
+    for signum, handler in saved.items():
+        signal.signal(signum, handler)
+
+
 @pytest.fixture(params=["in-process", "rq"])
 def run_pending(request):
     """Whatever runs enqueued jobs in each mode: the in-process runner, or an RQ worker on the test database."""
@@ -262,7 +273,8 @@ def test_it_lets_only_one_of_two_schedulers_enqueue(queue, work, tmp_path):
     assert lines(out) == ["tick", "tick"]
 
 
-def test_it_enqueues_from_one_scheduler_when_two_run_at_once(queue, work, tmp_path):
+def test_it_enqueues_from_one_scheduler_when_two_run_at_once(queue, work_unforked, tmp_path):
+    work = work_unforked  # the schedulers' threads run while it works
     out = tmp_path / "out.txt"
     periodic = [Periodic(name="tick", every_s=0.1, func=jobs_for_tests.append_line, args=(str(out), "tick"))]
     schedulers = [Scheduler(queue, periodic, name=name) for name in ("a", "b")]
