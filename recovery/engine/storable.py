@@ -46,14 +46,14 @@ class NotUtf8(ValueError):
 
 
 INVALID_UTF8, UTF8_BOM = "invalid UTF-8", "UTF-8 with a byte order mark"
-
-
+# Longest first: UTF-32-LE's mark starts with UTF-16-LE's.
 _BOMS = (
     (b"\x00\x00\xfe\xff", "UTF-32-BE"),
     (b"\xff\xfe\x00\x00", "UTF-32-LE"),
     (b"\xef\xbb\xbf", UTF8_BOM),
+    (b"\xfe\xff", "UTF-16-BE"),
+    (b"\xff\xfe", "UTF-16-LE"),
 )
-_BOMS += ((b"\xfe\xff", "UTF-16-BE"), (b"\xff\xfe", "UTF-16-LE"))
 
 
 def utf8_text(raw: bytes | bytearray) -> str:
@@ -78,8 +78,8 @@ def loads(raw: bytes | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
     Raises ValueError — never RecursionError — for what is not JSON or nests deeper than `max_depth`: Python's
     decoder recurses once per level and gives up with RecursionError near 1,000 levels, and every walk after it
     (redaction, storage checks) recurses too, so depth is refused here, iteratively, before anything walks it.
-    Bytes must be UTF-8 (RFC 8259 §8.1), without a byte order mark: json.loads would also read UTF-16 and UTF-32 and
-    skip a BOM, so a body in another encoding is refused here with its name (NotUtf8) rather than read.
+    Bytes must be UTF-8 (RFC 8259, section 8.1), without a byte order mark: json.loads would also read UTF-16 and
+    UTF-32 and skip a BOM, so a body in another encoding is refused here with its name (NotUtf8) rather than read.
     """
     if isinstance(raw, bytes | bytearray):
         raw = utf8_text(raw)
