@@ -13,7 +13,9 @@ bind = os.environ.get("GUNICORN_BIND", "127.0.0.1:8000")
 
 # Threads, not processes alone: requests wait on PostgreSQL and on long polls (GET /calls/{id}?wait=), and a thread
 # waiting costs far less than a process. Two processes per core, four threads each, by default.
-worker_class = "gthread"
+# gunicorn's gthread worker, its own refusals under /api/ (a header over the limits below, a Content-Length that is
+# not a number...) written as the API's JSON envelope instead of its HTML page (console/gunicorn_worker.py).
+worker_class = "console.gunicorn_worker.ApiErrorWorker"
 workers = int(os.environ.get("WEB_CONCURRENCY", 2 * multiprocessing.cpu_count()))
 threads = int(os.environ.get("GUNICORN_THREADS", 4))
 
@@ -32,8 +34,11 @@ max_requests_jitter = int(os.environ.get("GUNICORN_MAX_REQUESTS_JITTER", 200))
 
 # Behind nginx on the same host (or a private network): trust its X-Forwarded-* headers only from there.
 forwarded_allow_ips = os.environ.get("FORWARDED_ALLOW_IPS", "127.0.0.1")
+# What gunicorn reads of a request's head: a request line and each header up to 8190 bytes, 100 headers. The same
+# as nginx's (large_client_header_buffers 4 8k): over them either one answers 414 or 431 in the JSON envelope.
 limit_request_line = 8190
 limit_request_fields = 100
+limit_request_field_size = 8190
 
 accesslog = os.environ.get("GUNICORN_ACCESSLOG", "-")
 errorlog = "-"

@@ -69,7 +69,11 @@ def _(description: str, **kwargs: Any) -> Any:
 class FieldErrorOut(Answer):
     field: str = _("The field, as a dotted path into the request (`budget.deadline`, `outcome.http_status`).")
     expected: str = _("What the field must be.")
-    received: Any = Field(None, description="The value received, when it can be echoed (never an object).")
+    received: Any = Field(
+        None,
+        description="The value refused, echoed: a scalar or a short list of them, redacted, texts cut at 200 "
+        "characters; null for an object or where nothing was received.",
+    )
     suggestion: str = _("How to fix it.")
 
 

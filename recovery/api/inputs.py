@@ -8,15 +8,38 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+from django.http import HttpRequest
 from ninja import Schema
+from ninja.parser import Parser
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic import Strict as StrictType
 
-from recovery.engine.storable import check_storable
+from recovery.engine.storable import NotUtf8, check_storable, loads
 from recovery.engine.types import ERROR_KINDS, EVIDENCE_KINDS
 from recovery.selectors.context import ACTION_ATTEMPT_PREFIX
 from recovery.selectors.metrics import WINDOWS
 from recovery.statemachine.watch import MAX_WAIT_MS
+
+# --- bodies -------------------------------------------------------------------------------------------------------
+
+# A body nesting deeper than this is refused whole (400) before any schema reads it. The free-form fields'
+# own limit (MAX_JSON_DEPTH, a 422 naming the field) is lower, so a field a little too deep is named; this bound
+# is only there so that no depth, however absurd, reaches a recursive walk.
+MAX_BODY_DEPTH = 128
+UTF8_NAMES = {"utf-8", "utf8"}
+
+
+class BoundedJsonParser(Parser):
+    """Request bodies are UTF-8 JSON nesting at most MAX_BODY_DEPTH levels: deeper is a 400, never a RecursionError;
+    another encoding — a byte order mark, UTF-16 or UTF-32, a Content-Type charset other than UTF-8 — is a 400
+    naming it (NotUtf8), never a body read as if it were UTF-8."""
+
+    def parse_body(self, request: HttpRequest):
+        charset = request.content_params.get("charset") if request.content_params else None
+        if charset is not None and charset.strip().lower() not in UTF8_NAMES:
+            raise NotUtf8(f"declared as charset={charset[:40]}")
+        return loads(request.body, max_depth=MAX_BODY_DEPTH)
+
 
 # --- inputs -------------------------------------------------------------------------------------------------------
 

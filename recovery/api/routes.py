@@ -5,9 +5,6 @@ every endpoint but GET /api/v1/metrics (services.tokens.token_require_scope).
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest
 from django.shortcuts import get_object_or_404
@@ -16,7 +13,6 @@ from django.utils import timezone
 from ninja import Status
 from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
-from ninja.parser import Parser
 from ninja.security import HttpBearer
 
 from recovery.api.answers import (
@@ -35,10 +31,11 @@ from recovery.api.answers import (
     SagaOut,
     TaskOut,
 )
-from recovery.api.errors import envelope, exception_response
+from recovery.api.errors import envelope, exception_response, unreadable_body
 from recovery.api.inputs import (
     AbandonIn,
     AttemptId,
+    BoundedJsonParser,
     CallIn,
     CallVersion,
     CandidateIn,
@@ -55,9 +52,8 @@ from recovery.api.metrics import SCOPES, metrics_answer, metrics_scope
 from recovery.api.otlp import router as otlp_router
 from recovery.api.versions import VersionedNinjaAPI
 from recovery.audit.chain import Actor
-from recovery.engine import storable
+from recovery.engine.redact import echo_received
 from recovery.engine.states import RECONCILABLE
-from recovery.engine.storable import check_storable
 from recovery.jobs import queueing
 from recovery.jobs import tasks as jobs
 from recovery.models import Attempt, Call, Task, Tenant, TokenScope
@@ -91,19 +87,6 @@ class ServerId:
 
 
 register_converter(ServerId, "id")
-
-
-# A body nesting deeper than this is refused whole (400) before any schema reads it. The free-form fields'
-# own limit (MAX_JSON_DEPTH, a 422 naming the field) is lower, so a field a little too deep is named; this bound
-# is only there so that no depth, however absurd, reaches a recursive walk.
-MAX_BODY_DEPTH = 128
-
-
-class BoundedJsonParser(Parser):
-    """Request bodies are JSON nesting at most MAX_BODY_DEPTH levels: deeper is a 400, never a RecursionError."""
-
-    def parse_body(self, request: HttpRequest):
-        return storable.loads(request.body, max_depth=MAX_BODY_DEPTH)
 
 
 class TokenAuth(HttpBearer):
@@ -146,24 +129,13 @@ def _field(loc) -> str:
     return ".".join(parts) or "body"
 
 
-def _echo(value: Any) -> Any:
-    """The rejected value, unless it is an object or something a JSON answer cannot carry (NaN, a lone surrogate)."""
-    if isinstance(value, dict):
-        return None
-    try:
-        check_storable(value)
-    except ValueError:
-        return None
-    return value
-
-
 @api.exception_handler(NinjaValidationError)
 def _validation_error(request, exc: NinjaValidationError):
     errors = [
         {
             "field": _field(e.get("loc", ())),
             "expected": e.get("msg", "a valid value").removeprefix("Value error, "),
-            "received": _echo(e.get("input")),
+            "received": echo_received(e.get("input"), _field(e.get("loc", ()))),
             "suggestion": "Remove this field." if e.get("type") == "extra_forbidden" else "Fix this field and resend.",
         }
         for e in exc.errors
@@ -190,14 +162,7 @@ def _too_big(request, exc):
 def _http_error(request, exc: HttpError):
     cause = exc.__cause__
     if exc.status_code == 400 and isinstance(cause, ValueError | UnicodeDecodeError):  # the body did not parse
-        message = cause.msg if isinstance(cause, json.JSONDecodeError) else str(cause)
-        field = {
-            "field": "body",
-            "expected": f"a JSON object nesting at most {MAX_BODY_DEPTH} levels",
-            "received": None,
-            "suggestion": "Send the body as UTF-8 JSON.",
-        }
-        return _error(request, 400, "invalid_json", f"the request body is not acceptable JSON: {message}", [field])
+        return _refusal(request, unreadable_body(cause))
     return _error(request, exc.status_code, "bad_request", str(exc))
 
 

@@ -61,6 +61,19 @@ class VersionedNinjaAPI(NinjaAPI):
     def __init__(self, **options: Any) -> None:
         super().__init__(version=API_VERSION, **options)
 
+    def validation_error_from_error_contexts(self, error_contexts: list[Any]) -> Any:
+        """Ninja's, with each error's rejected value kept: Ninja drops pydantic's `input`, which the API echoes
+        (redacted, cut) as the field error's `received` (routes._validation_error)."""
+        error = super().validation_error_from_error_contexts(error_contexts)
+        inputs = [
+            found.get("input")
+            for context in error_contexts
+            for found in context.pydantic_validation_error.errors(include_url=False)
+        ]
+        for item, value in zip(error.errors, inputs, strict=True):
+            item["input"] = value
+        return error
+
     def get_openapi_schema(self, **options: Any) -> Any:
         schema = super().get_openapi_schema(**options)
         version = api_version()

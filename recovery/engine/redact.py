@@ -5,6 +5,7 @@ in free text; `redact_data` walks a JSON value and also masks everything stored 
 
 from __future__ import annotations
 
+import math
 import re
 from functools import lru_cache
 from typing import Any
@@ -241,3 +242,40 @@ def redact_data(value: Any, extra_patterns: tuple[str, ...] = ()) -> Any:
     if isinstance(value, int) and not isinstance(value, bool) and value > 0 and _is_card(str(value)):
         return _marker("card")
     return value
+
+
+# --- a rejected value, echoed --------------------------------------------------------------------------------------
+
+MAX_ECHO_CHARS = 200  # a longer text comes back cut, with "…": enough to recognise, never the whole of a big value
+MAX_ECHO_ITEMS = 20
+
+
+def echo_received(value: Any, field: str = "") -> Any:
+    """A rejected value as a field error's `received` carries it back to the sender: a scalar, or a short list of
+    scalars, redacted as anything stored is (masked whole under a sensitive field name) and texts cut at
+    MAX_ECHO_CHARS. None for an object, a long or nested list, and what a JSON answer cannot carry (NaN, a lone
+    surrogate, NUL): the field, `expected` and `suggestion` still say what to fix."""
+    if field and is_sensitive_key(field.rsplit(".", 1)[-1]) and value not in (None, ""):
+        return MASK
+    if isinstance(value, list):
+        if len(value) > MAX_ECHO_ITEMS or any(isinstance(item, dict | list) for item in value):
+            return None
+        return [echo_received(item) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, int) and not -(2**63) <= value < 2**64:
+        return None
+    if isinstance(value, str):
+        if "\x00" in value or not _encodable(value):
+            return None
+        text = redact(value)
+        return text if len(text) <= MAX_ECHO_CHARS else text[: MAX_ECHO_CHARS - 1] + "…"
+    return redact_data(value) if value is None or isinstance(value, bool | int | float) else None
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:  # a lone surrogate
+        return False
+    return True

@@ -1,6 +1,7 @@
 """Signed provider callbacks (docs/reconciliation.md): a provider tells us what became of a call; it becomes a receipt.
-A bad signature, a stale timestamp or no secret is 401 and stores nothing; a valid one is stored once per event id and
-applied like a poll's answer, without counting toward the poll budget.
+A bad signature, a stale timestamp or no secret is 401 and stores nothing; a signed one whose fields do not validate (a
+status its tool's status_map does not name, effects that are not a count) is 400 `invalid_callback` and stores nothing
+either; a valid one is stored once per event id and applied like a poll's answer, not counting toward the poll budget.
 """
 
 from __future__ import annotations
@@ -15,8 +16,7 @@ from django.db import IntegrityError
 from django.db.models import Q
 
 from recovery.audit.chain import Actor
-from recovery.engine.reconcile import Observation
-from recovery.engine.redact import redact_data
+from recovery.engine.redact import echo_received, redact_data
 from recovery.engine.storable import check_storable, loads
 from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
@@ -26,6 +26,8 @@ from recovery.services.errors import Refusal
 from recovery.services.reconcile import apply_answer
 
 WINDOW_S = 300
+MAX_EFFECTS = 2_147_483_647  # the receipt's column, 32-bit on PostgreSQL
+MAX_NAMED = 20  # the statuses a refusal lists, at most
 
 
 @dataclass(frozen=True)
@@ -64,12 +66,12 @@ def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> Callb
     if provider is None or not secret or not signature_valid(secret, signature, raw):
         raise _refused()  # an unknown provider answers like a bad signature: nothing to probe with
     body = _parse(raw)
+    call = _match(provider, body)
+    answer = _answer(call, body)  # every field checked before anything is looked up by event id or stored
     event_id = body["event_id"]
     seen = Receipt.objects.filter(provider=provider, event_id=event_id).first()
     if seen is not None:
         return CallbackResult(seen, duplicate=True)
-    call = _match(provider, body)
-    answer = _answer(call, body)
     try:
         receipt = apply_answer(
             call.pk,
@@ -84,7 +86,8 @@ def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> Callb
 
 
 def _bad(field: str, expected: str, received) -> Refusal:
-    error = FieldError(field=field, expected=expected, received=received, suggestion=f"Send {field} as {expected}.")
+    echoed = echo_received(received, field)
+    error = FieldError(field=field, expected=expected, received=echoed, suggestion=f"Send {field} as {expected}.")
     return Refusal("invalid_callback", f"{field}: expected {expected}", status=400, field_errors=[error])
 
 
@@ -101,11 +104,19 @@ def _parse(raw: bytes) -> dict:
         raise _bad("body", f"JSON the receipt can store: {exc}", None) from None
     event_id = body.get("event_id")
     if not isinstance(event_id, str) or not 1 <= len(event_id) <= 200:
-        raise _bad("event_id", "a string of 1 to 200 characters", event_id if isinstance(event_id, str) else None)
+        raise _bad("event_id", "a string of 1 to 200 characters", event_id)
+    for name in ("idempotency_key", "provider_ref"):
+        if body.get(name) is not None and not isinstance(body[name], str):
+            raise _bad(name, "a string", body[name])
     if not isinstance(body.get("idempotency_key"), str) and not isinstance(body.get("provider_ref"), str):
         raise _bad("idempotency_key", "the call's idempotency key (or provider_ref)", None)
     if not isinstance(body.get("status"), str):
-        raise _bad("status", "the provider's status string", None)
+        raise _bad("status", "the provider's status string", body.get("status"))
+    effects = body.get("effects")
+    if effects is not None and (
+        isinstance(effects, bool) or not isinstance(effects, int) or not 0 <= effects <= MAX_EFFECTS
+    ):
+        raise _bad("effects", f"the number of effects the provider made, an integer from 0 to {MAX_EFFECTS}", effects)
     return body
 
 
@@ -120,8 +131,14 @@ def _match(provider: Provider, body: dict) -> Call:
 
 
 def _answer(call: Call, body: dict) -> StatusAnswer:
-    status = body["status"][:64]
-    observed = (call.tool.status_query or {}).get("status_map", {}).get(status, Observation.AMBIGUOUS)
+    """What the callback says, read through the tool's status_map: a status the map does not name is refused (400),
+    as a poll's answer outside it is not guessed at either (providers.status)."""
+    status_map = (call.tool.status_query or {}).get("status_map") or {}
+    status = body["status"]
+    if status not in status_map:
+        named = ", ".join(sorted(status_map)[:MAX_NAMED]) or "none: the tool has no status_map"
+        raise _bad("status", f"a status the tool {call.tool.name}'s status_map names ({named})", status)
+    observed = status_map[status]
     effects = body.get("effects")
     ref_field = call.tool.provider_ref_field
     ref = body.get("provider_ref") or (resolve(body, ref_field) if ref_field else MISSING)
@@ -129,6 +146,6 @@ def _answer(call: Call, body: dict) -> StatusAnswer:
         observed=observed,
         provider_status=status,
         provider_ref=ref[:255] if isinstance(ref, str) else "",
-        effects=effects if isinstance(effects, int) and not isinstance(effects, bool) and effects >= 0 else None,
+        effects=effects,
         response={"body": redact_data(body)},
     )

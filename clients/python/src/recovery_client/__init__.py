@@ -10,8 +10,8 @@
 Only one layer retries *provider requests* (docs/design/budgets.md): the runtime, following the decision cards. This
 client does retry its *own* calls to this API, because every one of them is idempotent (tasks by external id, calls by
 key, attempts by attempt id, a repeated complete or abandon answers the stored result): after a dropped connection, a
-gateway's 502/504 without the API's JSON envelope, or a 503 with Retry-After it sends the same request again, a
-few times with backoff, and waits out an `in_flight` answer (the first copy of the request is still being
+gateway's 502/504 (an HTML page, or the shipped nginx's JSON), or a 503 with Retry-After it sends the same request
+again, a few times with backoff, and waits out an `in_flight` answer (the first copy of the request is still being
 processed). So a reply lost on the way back never leaves the runtime without its answer. The helpers
 `facts_from_response` / `facts_from_exception` turn what `requests` saw into the outcome facts of
 docs/design/classification.md, so classification rests on what really happened on the wire.
@@ -70,6 +70,7 @@ from recovery_client.types import (  # the answers' types, re-exported: `from re
 # console versions: docs/recovered-tools.md#install.
 SUPPORTED_API = ("1.0", "2.0")
 API_VERSION_HEADER = "Recovery-Api-Version"
+GATEWAY_HEADER = "Recovery-Gateway"  # on the shipped nginx's own answers (deploy/nginx.conf): not the console's
 USER_AGENT = f"recovery-console-client/{__version__} python-requests/{requests.__version__}"
 _API_VERSION = re.compile(r"([0-9]+)\.([0-9]+)")
 
@@ -212,7 +213,8 @@ class RecoveryClient:
                 time.sleep(self.retry.delay(min(number, 4)))  # the first copy is still running: its answer comes
                 number += 1
                 continue
-            resend = (response.status_code in (502, 504) and not is_json) or (
+            gateway = not is_json or GATEWAY_HEADER in response.headers
+            resend = (response.status_code in (502, 504) and gateway) or (
                 response.status_code == 503 and "Retry-After" in response.headers
             )
             if resend and number + 1 < self.retry.attempts:
@@ -381,9 +383,12 @@ class RecoveryClient:
 
 def _check_console(response: requests.Response, url: str) -> None:
     """IncompatibleConsole unless the answer comes from a console this client speaks to. An answer that names no
-    version and is not JSON is a gateway's or a proxy's (a 502 page while the console restarts): not the console's
-    word on compatibility, it goes on to the resend rules. A console's answers are JSON and always name it."""
+    version and is not JSON, or that carries Recovery-Gateway (the shipped nginx's JSON envelope), is a gateway's or
+    a proxy's (a 502 while the console restarts): not the console's word on compatibility, it goes on to the resend
+    rules. A console's answers are JSON and always name it."""
     console = response.headers.get(API_VERSION_HEADER)
+    if console is None and GATEWAY_HEADER in response.headers:
+        return
     if console is None and not response.headers.get("Content-Type", "").startswith("application/json"):
         return
     if not speaks(console):
