@@ -1,6 +1,6 @@
 """`/healthz` and `/readyz` for load balancers (docs/deploy.md, "Health"): JSON, no authentication, no data.
-`/readyz` fails only on the database or pending migrations, never on Redis or the scheduler. The middleware answering
-them is first in the chain: no host check, no HTTPS redirect, no session, no CSRF.
+`/readyz` fails only on the database or pending migrations, never on Redis, the scheduler or the workers, which it
+reports. The middleware answering them is first in the chain: no host check, no HTTPS redirect, no session, no CSRF.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from django.http import JsonResponse
 
 HEALTHZ, READYZ = "/healthz", "/readyz"
 REDIS_TIMEOUT_S = 0.5
+RECONNECTS_SHOWN_S = 600  # how far back /readyz lists the Redis outages job processes lived through
 
 _lock = threading.Lock()
 _cached: tuple[float, int, dict[str, Any]] | None = None  # (monotonic time, status, body)
@@ -78,11 +79,18 @@ def _database() -> dict[str, Any]:
 
 
 def _jobs() -> dict[str, Any]:
-    """Redis and the scheduler's holder (recovery.jobs.cron): reported, never failing the probe."""
+    """Redis, the scheduler's holder (recovery.jobs.cron) and the job processes: reported, never failing the probe.
+
+    `jobs.state`: "paused" while this process cannot reach Redis (nothing is dequeued; the workers and scheduler
+    candidates retry it with backoff), "running" when Redis answers and RQ workers are registered, "no_workers" when
+    none is (none started, or the ones that lived through an outage not yet back). `jobs.reconnected`: the outages
+    job processes recorded on reconnecting in the last RECONNECTS_SHOWN_S (recovery.jobs.outages)."""
     if not settings.REDIS_URL:
         return {"redis": {"configured": False}, "scheduler": {"mode": "in-process"}}
     import redis
+    from rq.worker_registration import REDIS_WORKER_KEYS
 
+    from recovery.jobs.outages import recent_reconnects
     from recovery.selectors.job_processes import scheduler_holder
 
     # A client of its own with short timeouts: a probe must answer within its deadline through a Redis outage.
@@ -91,11 +99,22 @@ def _jobs() -> dict[str, Any]:
     )
     try:
         holder, lease_ms = scheduler_holder(client)
+        workers = client.scard(REDIS_WORKER_KEYS)
+        reconnected = recent_reconnects(client, within_s=RECONNECTS_SHOWN_S)
     except redis.RedisError as exc:
-        return {"redis": {"configured": True, "ok": False, "error": type(exc).__name__}, "scheduler": {"holder": None}}
+        paused = {
+            "state": "paused",
+            "detail": "Redis unreachable: workers and scheduler candidates reconnect with backoff",
+        }
+        return {
+            "redis": {"configured": True, "ok": False, "error": type(exc).__name__},
+            "scheduler": {"holder": None},
+            "jobs": paused,
+        }
     finally:
         client.close()
     scheduler = {"holder": holder}
     if holder:
         scheduler["lease_ms"] = lease_ms
-    return {"redis": {"configured": True, "ok": True}, "scheduler": scheduler}
+    jobs = {"state": "running" if workers else "no_workers", "workers": workers, "reconnected": reconnected}
+    return {"redis": {"configured": True, "ok": True}, "scheduler": scheduler, "jobs": jobs}

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
+
+from recovery.jobs import queueing
 
 
 def append_line(path: str, text: str) -> None:
@@ -18,3 +21,15 @@ def append_slowly(path: str, text: str, seconds: float) -> None:
 
 def fail(message: str) -> None:
     raise RuntimeError(message)
+
+
+# A kicked job (recovery.jobs.queueing.kick_now) that starts as recovery.jobs.tasks.reconcile_now does, then holds its
+# thread until the test lets it go.
+kicked_runs: list[str] = []
+kicked_release = threading.Event()
+
+
+def kicked(name: str, token: str) -> None:
+    queueing.kick_started(name, token)
+    kicked_runs.append(token)
+    kicked_release.wait(10)

@@ -11,6 +11,10 @@
     with WebServer(env) as web:                     # the console under gunicorn, in production settings
         requests.get(web.url + "/readyz")
 
+    with RedisServer() as redis_server:             # a redis-server of the test's own, nothing kept on disk
+        redis_server.kill()                         # SIGKILL: every connection reset, its data gone
+        redis_server.start()                        # again on the same port, empty
+
 Ports are always free ones, so a developer's own `make run` beside the suite is never in the way.
 """
 
@@ -18,13 +22,16 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
+import signal
 import socket
+import subprocess
 import threading
 
 from console.env import keyring_text
-from recovery.devtools.drills.servers import ROOT, Nginx, PgBouncer, WebServer, free_port
+from recovery.devtools.drills.servers import ROOT, Nginx, PgBouncer, WebServer, _listening, free_port
 
-__all__ = ["ROOT", "Nginx", "PgBouncer", "TcpProxy", "WebServer", "free_port", "production_env"]
+__all__ = ["ROOT", "Nginx", "PgBouncer", "RedisServer", "TcpProxy", "WebServer", "free_port", "production_env"]
 
 
 class TcpProxy:
@@ -120,6 +127,45 @@ class TcpProxy:
                 _close(sock)
             with self._lock:
                 self._open -= {source, sink}
+
+
+class RedisServer:
+    """A redis-server on a free port of 127.0.0.1 that the test may kill (SIGKILL) and start again on the same port:
+    no RDB, no AOF, so it comes back empty, as a Redis without persistence does after a crash."""
+
+    BINARY = "redis-server"
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @classmethod
+    def available(cls) -> bool:
+        return shutil.which(cls.BINARY) is not None
+
+    def start(self) -> RedisServer:
+        command = [self.BINARY, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        if not _listening(self.process, self.port):
+            self.kill()
+            raise RuntimeError(f"redis-server did not start on port {self.port}")
+        return self
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(10)
+        self.process = None
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill()
 
 
 def _close(sock: socket.socket) -> None:

@@ -90,7 +90,7 @@ class HeldJobs:
         self.checks: list[tuple] = []
 
     def submit(self, func, args=(), *, job_id: str) -> bool:
-        held = self.checks if job_id.startswith("reconcile-call-") else self.jobs
+        held = self.checks if job_id.startswith(("reconcile-call-", "reconcile-now-")) else self.jobs
         held.append((func, args, job_id))
         return True
 

@@ -157,6 +157,47 @@ def test_it_keeps_one_in_process_job_per_job_id_while_it_runs(runner, tmp_path):
     assert lines(out) == ["a", "c"]
 
 
+# Kicks: one sweep waiting at most, and a kick during a run queues the next --------------------------------------------
+
+KICKED = "tests.jobs_for_tests.kicked"
+
+
+def test_a_kick_while_its_run_is_going_queues_the_next_run_on_rq(queue):
+    # Writes turning UNKNOWN kick one reconcile sweep. A job id deduplicated while the job runs would drop the kick
+    # of a call that turned UNKNOWN after the running sweep claimed its batch: the marker goes when the run starts.
+    assert queueing.kick_now(KICKED, "t-kick") is True
+    assert queueing.kick_now(KICKED, "t-kick") is False  # one run waits already
+    (waiting,) = queue.get_jobs()
+    assert waiting.id == f"t-kick-{waiting.args[1]}"
+
+    queueing.kick_started(*waiting.args)  # what the run does first, before looking for work
+
+    assert queueing.kick_now(KICKED, "t-kick") is True
+    assert queueing.kick_now(KICKED, "t-kick") is False
+    assert len(queue.get_jobs()) == 2
+
+
+def test_a_kick_while_its_run_is_going_queues_the_next_run_in_process(settings, monkeypatch):
+    settings.REDIS_URL = None
+    runner = inprocess.Runner(threads=1)
+    monkeypatch.setattr(inprocess, "_runner", runner)
+    jobs_for_tests.kicked_runs.clear()
+    jobs_for_tests.kicked_release.clear()
+    try:
+        assert queueing.kick_now(KICKED, "t-kick") is True
+        deadline = time.monotonic() + 10
+        while not jobs_for_tests.kicked_runs:  # the first run has started (and holds the only thread)
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert queueing.kick_now(KICKED, "t-kick") is True  # queued behind it, not dropped
+        assert queueing.kick_now(KICKED, "t-kick") is False  # one run waits already
+    finally:
+        jobs_for_tests.kicked_release.set()
+        assert runner.wait_idle(timeout=10)
+        runner.stop()
+    assert len(jobs_for_tests.kicked_runs) == 2
+
+
 # The in-process runner ---------------------------------------------------------------------------------------------
 
 

@@ -47,7 +47,7 @@ class HeldChecks:
         self.checks: list[str] = []
 
     def submit(self, func, args=(), *, job_id: str) -> bool:
-        if job_id.startswith("reconcile-call-"):
+        if job_id.startswith(("reconcile-call-", "reconcile-now-")):
             self.checks.append(job_id)
             return True
         return self.runner.submit(func, args, job_id=job_id)

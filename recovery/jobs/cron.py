@@ -19,6 +19,7 @@ from rq.queue import Queue
 
 from recovery.jobs import queueing
 from recovery.jobs import tasks as jobs
+from recovery.jobs.outages import REDIS_ERRORS, Backoff, Outage
 from recovery.jobs.schedule import Periodic
 
 logger = logging.getLogger("recovery.jobs")
@@ -130,17 +131,26 @@ class Scheduler:
             thread.join(timeout)
 
     def run(self, stop: threading.Event) -> None:
-        """Tick until `stop` is set; Redis errors are logged and retried, never fatal."""
+        """Tick until `stop` is set. Losing Redis is never fatal: the candidate stands by, retries with capped
+        backoff, and says when Redis answers again (recovery.jobs.outages); other errors are logged and retried."""
+        outage = Outage(self.name, role="scheduler")
+        backoff = Backoff(first=0.5, cap=min(5.0, self.lock_ttl_ms / 1000))
         try:
             while not stop.is_set():
                 try:
                     self.tick()
-                except Exception:
+                except Exception as exc:
                     # A lost lease must not leave us enqueueing next to a new leader after Redis comes back.
                     self.is_leader = False
-                    logger.exception("scheduler %s: tick failed; retrying", self.name)
-                    stop.wait(min(5.0, self.lock_ttl_ms / 1000))
+                    if isinstance(exc, REDIS_ERRORS):
+                        outage.lost(exc, "it stands by")
+                    else:
+                        logger.exception("scheduler %s: tick failed; retrying", self.name)
+                    stop.wait(backoff.next())
                     continue
+                if outage.ongoing:
+                    outage.back(self.queue.connection)
+                backoff.reset()
                 stop.wait(self.TICK_S)
         finally:
             self.release()

@@ -9,7 +9,9 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -117,6 +119,75 @@ def _clear_if_done(queue: Queue, job_id: str) -> bool:
     except ValueError:  # the same vanished execution: drop the job's own record, which is what holds the id
         queue.connection.delete(job.key)
     return True
+
+
+# Kicks --------------------------------------------------------------------------------------------------------------
+
+# A kick asks for one run of a sweep soon (the reconcile sweep, when a write turns UNKNOWN): however many kicks
+# arrive, at most one run waits to start. Its marker is set when the run is enqueued and removed when the run starts
+# (kick_started), before the run claims its work: a kick arriving while a run is going queues the next run instead of
+# being dropped as a duplicate of it. The marker expires after the check lease, so a run lost with Redis (or with a
+# stopped in-process runner) holds later kicks back no longer than that; the periodic sweep runs meanwhile.
+_KICK = "recovery:kick:{name}"
+# In-process markers, per runner (a test's stand-in runner starts with none): name -> (token, expiry).
+_kicks: weakref.WeakKeyDictionary[Any, dict[str, tuple[str, float]]] = weakref.WeakKeyDictionary()
+_kicks_lock = threading.Lock()
+
+
+def kick(func: str, name: str) -> None:
+    """Once the current transaction commits, enqueue one run of `func(name, token)` unless one is waiting to start;
+    a failure to enqueue is logged, as enqueue()'s is."""
+
+    def send() -> None:
+        try:
+            kick_now(func, name)
+        except Exception:
+            logger.exception("could not enqueue a run of %s (%s)", name, func)
+
+    transaction.on_commit(send)
+
+
+def kick_now(func: str, name: str) -> bool:
+    """Enqueue a run of `func(name, token)` (job id `<name>-<token>`) unless one is waiting to start; True when
+    added. `func` must call kick_started(name, token) before it looks for work."""
+    token = uuid.uuid4().hex[:12]
+    ttl_s = settings.RECOVERY_CHECK_LEASE_S
+    if settings.REDIS_URL:
+        queue = get_queue()
+        key = _KICK.format(name=name)
+        if not queue.connection.set(key, token, nx=True, px=ttl_s * 1000):
+            return False
+        try:
+            queue.enqueue_call(
+                func, args=(name, token), job_id=f"{name}-{token}", result_ttl=RESULT_TTL_S, failure_ttl=FAILURE_TTL_S
+            )
+        except Exception:
+            queue.connection.eval(_RELEASE_MARKER, 1, key, token)
+            raise
+        return True
+    runner = inprocess.get_runner()
+    with _kicks_lock:
+        markers = _kicks.setdefault(runner, {})
+        waiting = markers.get(name)
+        if waiting is not None and waiting[1] > time.monotonic():
+            return False
+        markers[name] = (token, time.monotonic() + ttl_s)
+    try:
+        return runner.submit(import_string(func), (name, token), job_id=f"{name}-{token}")
+    except Exception:
+        kick_started(name, token)
+        raise
+
+
+def kick_started(name: str, token: str) -> None:
+    """A kicked run starts: from now on a kick enqueues the next run (the marker is removed if it is this run's)."""
+    if settings.REDIS_URL:
+        get_queue().connection.eval(_RELEASE_MARKER, 1, _KICK.format(name=name), token)
+        return
+    with _kicks_lock:
+        markers = _kicks.get(inprocess.get_runner(), {})
+        if markers.get(name, ("",))[0] == token:
+            del markers[name]
 
 
 # Periodic runs ------------------------------------------------------------------------------------------------------

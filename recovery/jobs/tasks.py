@@ -1,8 +1,8 @@
 """Background jobs: thin functions (an id in, a service call), enqueued through recovery.jobs.queueing.
 
 The periodic ones run on the schedule of recovery/jobs/cron.py; the others are enqueued on commit by the services and
-the API (`reconcile_call` for an immediate check, `execute_action` for an approved operator action, `execute_bulk`
-for an approved bulk action).
+the API (`reconcile_now` when writes turn UNKNOWN, `reconcile_call` for the immediate check of one call a runtime
+asks for, `execute_action` for an approved operator action, `execute_bulk` for an approved bulk action).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from recovery.audit.chain import Actor
 from recovery.audit.checkpoints import CheckpointRefused, checkpoint_write
-from recovery.jobs.queueing import enqueue_now, worker_name
+from recovery.jobs.queueing import enqueue_now, kick_started, worker_name
 from recovery.services import (
     actions,
     breaker_operations,
@@ -37,6 +37,14 @@ def reconcile_due() -> int:
     worker = worker_name()
     settled = reconcile.reconcile_due(worker=worker) + compensations.compensations_run_due(worker=worker)
     return settled + sagas.sagas_advance_due()
+
+
+def reconcile_now(name: str, token: str) -> int:
+    """A sweep run at once when writes turn UNKNOWN (recovery.services.outcomes.check_at_once): the same checks as the
+    periodic reconcile_due, on the same bounded runner, so a burst is checked RECOVERY_CHECKS_IN_FLIGHT at a time.
+    At most one run waits to start (queueing.kick_now); once this one starts, the next UNKNOWN queues another."""
+    kick_started(name, token)
+    return reconcile_due()
 
 
 def advance_saga(task_id: int) -> None:

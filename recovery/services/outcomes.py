@@ -22,7 +22,7 @@ from recovery.engine.decide import decide
 from recovery.engine.redact import redact, redact_data
 from recovery.engine.states import CallState
 from recovery.engine.types import BreakerView, ClassifyContext, Decision, ErrorFacts, Facts, Outcome, ToolPolicy
-from recovery.jobs.queueing import enqueue
+from recovery.jobs.queueing import kick
 from recovery.models import Attempt, Call, Diagnostic, Receipt, Tool
 from recovery.models import Decision as DecisionRow
 from recovery.registry import tool_policy
@@ -34,6 +34,8 @@ from recovery.statemachine.hot_path import Counters, count_on_task, insert
 from recovery.statemachine.transitions import transition_call
 
 S = CallState
+# The job that sweeps the due calls at once when writes turn UNKNOWN (its runs are `reconcile-now-<token>`).
+RECONCILE_NOW = "reconcile-now"
 
 _FACT_KEYS = tuple(name for name in Facts.__dataclass_fields__ if name != "error")
 _ERROR_KEYS = ("kind", "code", "message")
@@ -282,10 +284,11 @@ def settle(
 
 
 def check_at_once(call: Call, first_check_s: int) -> None:
-    """A write that just turned UNKNOWN with a first check due at once (the registry's first_check_s 0): its
-    status check is enqueued when this transaction commits, not left for the next periodic run."""
+    """A write that just turned UNKNOWN with a first check due at once (the registry's first_check_s 0): a sweep of
+    the due calls is asked for when this transaction commits, not left for the next periodic run. One sweep for the
+    whole burst, never a job per call: it checks RECOVERY_CHECKS_IN_FLIGHT calls at a time (docs/reconciliation.md)."""
     if first_check_s == 0:
-        enqueue("recovery.jobs.tasks.reconcile_call", call.pk, job_id=f"reconcile-call-{call.pk}")
+        kick("recovery.jobs.tasks.reconcile_now", RECONCILE_NOW)
 
 
 def _changes_for(

@@ -19,6 +19,7 @@ from django.db import connections
 from recovery.jobs import inprocess, queueing
 from recovery.jobs.cron import PERIODIC, Scheduler
 from recovery.jobs.schedule import describe
+from recovery.jobs.worker import RecoveryWorker, run_worker
 
 ROLES = ("all", "worker", "scheduler")
 # A worker's maintenance (failing jobs whose worker died, freeing their ids) every minute instead of rq's ten.
@@ -70,16 +71,15 @@ class Command(BaseCommand):
         queue = queueing.get_queue()
         schedule = describe(PERIODIC) + (" (once: burst)" if burst else "") if periodic else "not here (--role worker)"
         self.stdout.write(f"jobs: RQ worker on queue 'default' at {redacted(settings.REDIS_URL)}; periodic: {schedule}")
-        connections.close_all()  # work horses are forked: they must not inherit a database socket
-        worker = django_rq.get_worker("default", maintenance_interval=MAINTENANCE_INTERVAL_S)
+        connections.close_all()  # the scheduler process and the work horses are forked: no database socket to copy
         if not periodic:
-            worker.work(burst=burst, with_scheduler=True)
+            run_worker(_make_worker, burst=burst)
             return
         if burst:
             scheduler = Scheduler(queue)
             scheduler.tick()
             scheduler.release()
-            worker.work(burst=True, with_scheduler=True)
+            run_worker(_make_worker, burst=True)
             scheduler.wait_here()
             return
         # The scheduler gets a process of its own, started before the worker: forking work horses from a process
@@ -89,7 +89,7 @@ class Command(BaseCommand):
         )
         scheduler_process.start()
         try:
-            worker.work(with_scheduler=True)
+            run_worker(_make_worker)
         finally:
             scheduler_process.terminate()
             scheduler_process.join(10)
@@ -119,6 +119,12 @@ class Command(BaseCommand):
 
 def _interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+def _make_worker() -> RecoveryWorker:
+    """A fresh RQ worker (run_worker starts another after Redis comes back)."""
+    connections.close_all()  # work horses are forked: they must not inherit a database socket
+    return django_rq.get_worker("default", maintenance_interval=MAINTENANCE_INTERVAL_S, worker_class=RecoveryWorker)
 
 
 def _scheduler_main() -> None:
