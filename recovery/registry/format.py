@@ -9,12 +9,10 @@ import math
 from typing import Any
 
 from recovery.engine.types import BackoffPolicy, BreakerPolicy
-from recovery.engine.wire import parse_path
 from recovery.models import Provider, Tool
 from recovery.registry.checks import (
     CALL_PLACEHOLDERS,
     COMPENSATION_ROOTS,
-    HEADER_RE,
     KINDS,
     METHODS,
     OBSERVATIONS,
@@ -38,12 +36,12 @@ from recovery.registry.checks import (
     name,
     number,
     placeholders,
-    show,
     string,
     string_list,
     template_path,
     template_strings,
 )
+from recovery.registry.wire import ENCODINGS, answer_path, check_request_wire, header_name, key_place, query_template
 
 
 def _nested(spec: dict[str, Key], what: str, *, required: bool = False) -> Key:
@@ -88,51 +86,6 @@ def _tenant_tools(ctx: Context, value: Any, path: str) -> bool:
         else:
             seen.add(tool)
     return ok
-
-
-def _header_name(ctx: Context, value: Any, path: str) -> bool:
-    if not isinstance(value, str) or not HEADER_RE.fullmatch(value) or len(value) > 100:
-        ctx.error(path, f"must be an HTTP header name such as X-Api-Key (got {show(value)})")
-        return False
-    return True
-
-
-def _answer_path(ctx: Context, value: Any, path: str) -> bool:
-    if parse_path(value) is None:
-        ctx.error(
-            path,
-            f"must be a path into the reply's body such as error.code, errors[0].code or name (got {show(value)})",
-        )
-        return False
-    return True
-
-
-def _key_place(ctx: Context, value: Any, path: str) -> bool:
-    """Where the call's idempotency key travels: {"header": name}, {"field": name} of the body, or null (nowhere)."""
-    if value is None:
-        return True
-    passed = check_object(ctx, value, path, KEY_PLACE, "the key's place")
-    if passed is None:
-        return False
-    if len(value) != 1:
-        ctx.error(path, 'needs exactly one of header (e.g. {"header": "Idempotency-Key"}) or field, or null for none')
-        return False
-    return passed == set(value)
-
-
-def _query_template(ctx: Context, value: Any, path: str) -> bool:
-    if not isinstance(value, dict):
-        ctx.error(path, "must be an object: query parameter -> value, with {placeholders} for arguments")
-        return False
-    ok = True
-    for key, item in value.items():
-        if not key or len(key) > 100:
-            ctx.error(child(path, key), "a query parameter's name is 1 to 100 characters")
-            ok = False
-        elif not (is_json_scalar(item) or (isinstance(item, list) and all(is_json_scalar(v) for v in item))):
-            ctx.error(child(path, key), "must be a string, number, boolean or a list of them (one parameter each)")
-            ok = False
-    return body_template(ctx, value, path) and ok
 
 
 def _auth(ctx: Context, value: Any, path: str) -> bool:
@@ -227,7 +180,7 @@ TENANT = {
 AUTH = {
     "kind": Key(choice("none", "bearer", "header", "basic"), required=True),
     "secret_env": Key(env_name),
-    "header": Key(_header_name),
+    "header": Key(header_name),
 }
 STATUS_BREAKER = {
     "window_s": Key(integer(1)),
@@ -246,22 +199,17 @@ PROVIDER = {
     "status_breaker": _nested(STATUS_BREAKER, "status_breaker"),
     # Where a reply carries its error code, first match wins (default: code, then error.code), and the header that
     # carries the provider's request id (default X-Request-Id): docs/providers.md.
-    "error_code_paths": Key(string_list(_answer_path, nonempty=True)),
-    "request_id_header": Key(_header_name),
+    "error_code_paths": Key(string_list(answer_path, nonempty=True)),
+    "request_id_header": Key(header_name),
 }
 
-KEY_PLACE = {
-    "header": Key(_header_name),
-    "field": Key(name(100)),
-}
-ENCODINGS = ("json", "form", "none")
 REQUEST = {
     "method": Key(choice(*METHODS), required=True),
     "path": Key(template_path, required=True),
     "encoding": Key(choice(*ENCODINGS)),  # the body's: json (default), form (Stripe's), none (query parameters only)
     "body": Key(body_template),
-    "query": Key(_query_template),
-    "key": Key(_key_place),  # default: the Idempotency-Key header for a write, nowhere for a read
+    "query": Key(query_template),
+    "key": Key(key_place),  # default: the Idempotency-Key header for a write, nowhere for a read
 }
 STATUS_QUERY = {
     "method": Key(choice("GET", "POST"), required=True),
@@ -341,7 +289,6 @@ TOOL = {
     "fallback": Key(name(100)),
     "exhausted_to_review": Key(boolean),
 }
-BODILESS = ("GET", "DELETE")
 WRITE_ONLY = ("status_query", "reconcile", "compensation")
 WRITE_ONLY_BUDGETS = ("write_retry", "unknown_budget", "max_business_effects")
 
@@ -380,40 +327,11 @@ def _check_key_template(ctx: Context, template: str, path: str, args: frozenset[
 
 def _check_request(ctx: Context, tool: dict, path: str, args: frozenset[str] | None) -> None:
     request = tool["request"]
-    method = request.get("method")
     _check_placeholders(ctx, request.get("path", ""), child(path, "path"), args, CALL_PLACEHOLDERS)
-    bodiless = method in BODILESS or request.get("encoding") == "none"
-    if request.get("encoding") in ("json", "form") and method in BODILESS:
-        ctx.error(
-            child(path, "encoding"),
-            f"a {method} request has no body to encode as {request['encoding']}: "
-            'use "none" and put the arguments in the path or the query',
-        )
-    if "body" in request:
-        if method in BODILESS:
-            ctx.error(child(path, "body"), f"a {method} request has no body: put the arguments in the path or query")
-        elif request.get("encoding") == "none":
-            ctx.error(child(path, "body"), 'encoding "none" sends no body: put the arguments in the query')
-        _check_placeholders(ctx, request["body"], child(path, "body"), args, CALL_PLACEHOLDERS)
-    if "query" in request:
-        _check_placeholders(ctx, request["query"], child(path, "query"), args, CALL_PLACEHOLDERS)
-    place = request.get("key")
-    if isinstance(place, dict) and isinstance(place.get("field"), str):
-        _check_key_field(ctx, request, place["field"], child(child(path, "key"), "field"), args, bodiless=bodiless)
-
-
-def _check_key_field(ctx: Context, request: dict, field: str, path: str, args, *, bodiless: bool) -> None:
-    """A key in a body field needs a body, and a field nobody else fills: the key must be the call's, unchanged."""
-    if bodiless:
-        ctx.error(path, "this request sends no body: put the key in a header, or null for none")
-    elif args is not None and field in args:
-        ctx.error(
-            path,
-            f"{field!r} is also an argument in args_schema: the key is the call's own, never an argument; "
-            "drop it from the schema",
-        )
-    elif isinstance(request.get("body"), dict) and field in request["body"]:
-        ctx.error(path, f"the body template also sets {field!r}: the key is put there by the console and the runtime")
+    check_request_wire(ctx, request, path, args)
+    for key in ("body", "query"):
+        if key in request:
+            _check_placeholders(ctx, request[key], child(path, key), args, CALL_PLACEHOLDERS)
 
 
 def _check_status_query(ctx: Context, query: dict, path: str) -> None:
