@@ -19,8 +19,9 @@ from recovery.engine.classify import classify
 from recovery.engine.types import ClassifyContext, ErrorFacts, Facts, ToolPolicy
 from recovery.engine.wire import error_code, form_encode, parse_path, with_reply_code
 from recovery.models import Call, Provider, Tool
-from recovery.providers.requests import tool_request, wire_of
+from recovery.providers.requests import send, tool_request, wire_of
 from recovery.registry import load_registry, tool_policy, validate_registry
+from recovery.services.outcomes import facts_of
 
 ROOT = Path(__file__).resolve().parent.parent
 STRIPE = ROOT / "recovery" / "fixtures" / "stripe.registry.json"
@@ -315,3 +316,62 @@ def test_the_session_puts_the_key_in_a_json_or_form_body_field():
     before = copy.copy(request.body)
     _place_key(request, nowhere, "k-1")
     assert request.body == before and "Idempotency-Key" not in request.headers
+
+
+# --- the sandbox speaks them too: form bodies, a key in the body, Square-shaped errors -------------------------------
+
+
+SQUARE_REFUND = {
+    "method": "POST",
+    "path": "/refunds",
+    "encoding": "form",
+    "body": {"order_id": "{order_id}", "amount_cents": "{amount_cents}"},
+    "key": {"field": "idempotency_key"},
+}
+
+
+@pytest.fixture
+def sandboxed(sandbox, monkeypatch) -> Provider:
+    monkeypatch.setenv("SANDBOX_KEY_FOR_WIRE_TESTS", sandbox.api_key)
+    return provider(
+        base_url=sandbox.url,
+        auth={"kind": "bearer", "secret_env": "SANDBOX_KEY_FOR_WIRE_TESTS"},
+        error_code_paths=["errors[0].code", "error.code"],
+    )
+
+
+def test_the_sandbox_reads_a_form_body_keyed_in_a_field_and_deduplicates_by_that_key(sandbox, sandboxed):
+    refund = tool(SQUARE_REFUND, provider=sandboxed)
+    outgoing = tool_request(refund, call({"order_id": "O-8848", "amount_cents": 1250}))
+    assert outgoing.data == b"order_id=O-8848&amount_cents=1250&idempotency_key=order-8848%3Arefund"
+
+    first, again = send(outgoing), send(outgoing)
+
+    assert (first["http_status"], first["result"]["amount_cents"], first["result"]["order_id"]) == (200, 1250, "O-8848")
+    assert again["result"] == first["result"]  # the same key in the body: the first answer again, no second effect
+    assert sandbox.ledger("order-8848:refund")["effects"] == 1
+    assert [r["outcome"] for r in sandbox.requests(key="order-8848:refund")] == ["answered", "replayed"]
+
+
+def test_a_square_shaped_refusal_from_the_sandbox_is_read_by_the_providers_path(sandbox, sandboxed):
+    sandbox.fault(route="/refunds", kind="error", status=402, code="CARD_DECLINED", shape="square")
+    refund = tool(SQUARE_REFUND, provider=sandboxed)
+    facts = send(tool_request(refund, call({"order_id": "O-9", "amount_cents": 100})))
+
+    assert facts["result"]["errors"][0] == {
+        "category": "PAYMENT_METHOD_ERROR",
+        "code": "CARD_DECLINED",
+        "detail": "Injected failure.",
+    }
+    assert "error" not in facts  # the client's own reading (code, error.code) finds nothing in Square's shape
+    policy = ToolPolicy(
+        name="refund",
+        side_effect="write",
+        refusal_codes=frozenset({"CARD_DECLINED"}),
+        error_code_paths=tuple(sandboxed.error_code_paths),
+    )
+    outcome = classify(
+        facts_of(facts), policy, ClassifyContext(call_id="1", attempt_id="a1", idempotency_key="k", arguments={})
+    )
+    assert (outcome.row, outcome.error_code) == ("refusal", "CARD_DECLINED")
+    assert sandbox.ledger("order-8848:refund")["effects"] == 0
