@@ -375,3 +375,15 @@ def test_a_square_shaped_refusal_from_the_sandbox_is_read_by_the_providers_path(
     )
     assert (outcome.row, outcome.error_code) == ("refusal", "CARD_DECLINED")
     assert sandbox.ledger("order-8848:refund")["effects"] == 0
+
+
+# --- docs/providers.md ----------------------------------------------------------------------------------------------
+
+
+def test_every_registry_file_in_the_provider_guide_is_valid(db):
+    guide = (ROOT / "docs" / "providers.md").read_text()
+    blocks = [part.split("```", 1)[0] for part in guide.split("```json\n")[1:]]
+    assert len(blocks) == 5  # Stripe, Square, PayPal, Adyen, GitHub
+    for block in blocks:
+        data = json.loads(block)
+        assert validate_registry(data) == [], data["providers"][0]["name"]
