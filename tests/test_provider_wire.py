@@ -231,6 +231,20 @@ def test_a_form_request_is_sent_with_stripes_bracketed_nesting_and_shown_as_its_
     assert shown["headers"]["Idempotency-Key"] == "order-8848:refund"
 
 
+def test_the_action_page_shows_a_form_body_as_its_bytes():
+    from console.views.actions import _shown_request
+
+    stripe = provider(base_url="https://api.stripe.com")
+    outgoing = tool_request(
+        tool(stripe_registry()["tools"][0]["request"], provider=stripe),
+        call({"payment_intent": "pi_1", "amount": 5, "order_id": "O-1"}),
+    )
+    shown = _shown_request(outgoing.shown())
+    assert shown["body_text"] == "payment_intent=pi_1&amount=5&metadata[order_id]=O-1"
+    json_request = tool_request(tool({"method": "POST", "path": "/x"}), call({"a": 1}))
+    assert _shown_request(json_request.shown())["body_text"] == ""
+
+
 def test_form_encoding_writes_booleans_lists_and_nulls_as_stripe_does():
     body = {"confirm": True, "capture": False, "expand": ["charge", "x y"], "n": 1.5, "empty": None}
     assert form_encode(body) == "confirm=true&capture=false&expand[0]=charge&expand[1]=x%20y&n=1.5&empty="
