@@ -15,8 +15,9 @@
 The decorated function keeps its name, signature, annotations and docstring, so `function_tool` (OpenAI Agents SDK)
 and `@tool` (LangChain) derive the same schema from it; only its return annotation says what it now returns
 (RecoveredResult). Each call of it adds (or finds again) one call of the open task, asks the console to admit each
-attempt, runs the function with `http()` — a session that retries nothing, sends the call's Idempotency-Key and
-records what really happened on the wire — reports the facts of the last exchange, and obeys `required_next`
+attempt, runs the function with `http()` — a session that retries nothing, puts the call's idempotency key where
+the registry says (the admission's `wire`) and records what really happened on the wire; a provider SDK can be handed
+it (docs/providers.md) — reports the facts of the last exchange, and obeys `required_next`
 (Runtime.drive_call: wait out a Retry-After, wait for reconciliation, degrade, ask a person, stop). It never raises:
 what the model sees is described in `tool`'s docstring.
 """
