@@ -54,7 +54,7 @@ class Provider(models.Model):
     # Its wire format (docs/providers.md): where a reply's error code is (paths such as "errors[0].code", the first
     # that holds one wins; none: the code the runtime reported), and the reply header with its request id.
     error_code_paths = models.JSONField(default=list, blank=True)
-    request_id_header = models.CharField(max_length=100, default="X-Request-Id")
+    request_id_header = models.CharField(max_length=100, default="X-Request-Id", blank=True)  # blank: the default
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
