@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: test-pgbouncer run test bench lint format install dist
+.PHONY: test-pgbouncer run test bench lint format install dist localstripe
 
 # The client distribution (clients/python: the API client and the recovered-tool decorator), which the console
 # depends on for what they share: installed from its directory, again whenever one of its files changes.
@@ -30,6 +30,16 @@ $(AXE): tests/axe/package-lock.json
 	@if command -v npm >/dev/null; then npm ci --prefix tests/axe --no-audit --no-fund && touch $@; \
 	else echo "npm not found: the axe-core page checks will skip (apt-get install nodejs npm)"; fi
 
+# localstripe for the Stripe tests (tests/test_stripe.py), in a virtualenv of its own: its aiohttp stack stays out of
+# .venv. Without it those tests skip with the reason (REQUIRE_SERVICES=1 makes the skip a failure).
+LOCALSTRIPE := .venv-localstripe/.installed
+$(LOCALSTRIPE): requirements-localstripe.txt
+	$(PYTHON) -m venv .venv-localstripe
+	.venv-localstripe/bin/pip install --quiet --disable-pip-version-check -r requirements-localstripe.txt
+	touch $@
+
+localstripe: $(LOCALSTRIPE)
+
 install: $(VENV)/.installed-run
 
 # Embedded default: SQLite under var/ and in-process jobs. Set DATABASE_URL / REDIS_URL for PostgreSQL / RQ.
@@ -41,7 +51,7 @@ run: $(VENV)/.installed-run
 # The suite on TEST_WORKERS processes (one per core by default), each module whole in one of them; the slowest
 # tests named at the end, so CI's time budget shows where it goes.
 TEST_WORKERS ?= auto
-test: $(VENV)/.installed-dev $(AXE)
+test: $(VENV)/.installed-dev $(AXE) $(LOCALSTRIPE)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The API, job, reconcile, action and drill modules again, every connection through PgBouncer in transaction mode

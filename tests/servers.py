@@ -7,6 +7,8 @@
 
     proxy.drop_replies(1)                           # the next reply never reaches the client: the request got
                                                     # through and was answered, the connection is closed instead
+    proxy.refuse()                                  # nothing listens on the port: connections are refused by the
+    proxy.listen()                                  # kernel (nothing sent), until it listens again on the same port
 
     with WebServer(env) as web:                     # the console under gunicorn, in production settings
         requests.get(web.url + "/readyz")
@@ -47,7 +49,9 @@ class TcpProxy:
         self._drops = 0
         self.dropped = 0  # replies dropped so far
         self._stop = False
-        self._thread = threading.Thread(target=self._accept, name=f"proxy-{self.port}", daemon=True)
+        self._thread = threading.Thread(
+            target=self._accept, args=(self.listener,), name=f"proxy-{self.port}", daemon=True
+        )
 
     def __enter__(self) -> TcpProxy:
         self._thread.start()
@@ -70,6 +74,15 @@ class TcpProxy:
         with self._lock:
             self._cut = False
 
+    def refuse(self) -> None:
+        """Stop listening: a new connection is refused (ECONNREFUSED), so a request provably never left."""
+        _close(self.listener)  # shutdown first: a close alone leaves the socket listening under the blocked accept()
+
+    def listen(self) -> None:
+        """Listen again on the same port after refuse()."""
+        self.listener = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.listener,), name=f"proxy-{self.port}", daemon=True).start()
+
     def drop_replies(self, count: int = 1) -> None:
         """The next `count` replies: when the server's first bytes come back, close both sides instead."""
         with self._lock:
@@ -83,10 +96,10 @@ class TcpProxy:
         for sock in sockets:
             _close(sock)
 
-    def _accept(self) -> None:
+    def _accept(self, listener: socket.socket) -> None:
         while not self._stop:
             try:
-                client, _ = self.listener.accept()
+                client, _ = listener.accept()
             except OSError:
                 return
             with self._lock:

@@ -38,6 +38,7 @@ MIRRORS: dict[Any, str] = {
     c.RequiredNext: "RequiredNextOut",
     c.Check: "CheckOut",
     c.Gate: "GateOut",
+    c.Wire: "WireOut",
     c.Failure: "FailureOut",
     c.BudgetView: "BudgetViewOut",
     c.DecisionCard: "DecisionOut",

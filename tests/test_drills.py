@@ -440,7 +440,7 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
     every = (
         "refused-before-send, timeout-after-send, lost-before-commit, duplicate-callbacks, rate-limit, dependency-5xx, "
         "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, provider-ignores-keys, "
-        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step"
+        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, square-wire"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")
@@ -773,3 +773,15 @@ def test_a_step_unknown_at_the_abort_is_settled_by_a_receipt_then_undone_before_
     assert writes(stage, payment.idempotency_key) == [("POST", None, "dropped_after_commit")]  # never sent again
     assert [stage.sandbox.ledger(c.idempotency_key)["effects"] for c in (order, payment, shipment)] == [1, 1, 0]
     assert order.task.outcome == "compensated"
+
+
+def test_square_wire_sends_a_form_body_keyed_in_a_field_and_reads_squares_decline_as_a_refusal(stage):
+    (row,) = passed(stage, "square-wire").keys
+
+    call = Call.objects.get(pk=row.call_id)
+    assert transitions(call.pk) == [S.SENT, S.FAILED_PERMANENT]
+    (attempt,) = Attempt.objects.filter(call=call)
+    assert (attempt.http_status, attempt.error_code, attempt.failure["row"]) == (402, "CARD_DECLINED", "refusal")
+    assert attempt.facts["result"]["errors"][0]["code"] == "CARD_DECLINED"  # Square's shape, as the runtime saw it
+    assert writes(stage, call.idempotency_key) == [("POST", 402, "error_injected")]  # the key read from the body
+    assert stage.sandbox.ledger(call.idempotency_key)["effects"] == 0

@@ -203,6 +203,7 @@ def _shown_request(sent: dict, role: str = "") -> dict:
         "headers": sorted(headers.items()),
         "body": sent.get("body"),
         "has_body": sent.get("body") not in (None, "", {}),
+        "body_text": sent.get("body_text") or "",  # a body that is not JSON, as its very bytes (a form body)
     }
 
 

@@ -238,6 +238,14 @@ class DecisionOut(Answer):
 # --- admission and outcomes (docs/design/gate.md, docs/design/state-machine.md) ---------------------------------------
 
 
+class WireOut(Answer):
+    """How to send the admitted attempt as the registry describes the tool (docs/providers.md)."""
+
+    key_header: str = _("The request header that carries the call's idempotency key (empty: not a header).")
+    key_field: str = _("The body field that carries it instead (empty: not a body field; both empty: no key).")
+    request_id_header: str = _("The reply header with the provider's request id, to report as provider_request_id.")
+
+
 class AdmittedOut(Answer):
     """An admitted attempt: send the provider request now, then report its outcome."""
 
@@ -247,6 +255,9 @@ class AdmittedOut(Answer):
     attempt_number: int = _("Its number among the call's attempts (1 for the first).")
     call_state: CallStateName = _("The call's state: SENT.")
     gate: GateOut = _("The gate's answer that admitted it.")
+    wire: WireOut | None = Field(
+        None, description="Where the key goes and where the request id comes back (API 1.1; null: an older answer)."
+    )
 
 
 class OutcomeOut(Answer):

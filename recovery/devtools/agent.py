@@ -16,6 +16,8 @@ from recovery_client import RecoveryClient, facts_from_exception, facts_from_res
 from recovery_client.runtime import CallResult, Runtime
 from requests.adapters import HTTPAdapter
 
+from recovery.engine.wire import form_encode
+
 
 @dataclass(frozen=True, kw_only=True)
 class ToolBinding:
@@ -29,6 +31,10 @@ class ToolBinding:
     base_url: str
     headers: dict[str, str]
     timeout: tuple[float, float]
+    encoding: str = "json"  # the body's: json, form (Stripe's bracketed encoding) or none (docs/providers.md)
+    key_header: str = ""  # where a write's key goes: this header, or
+    key_field: str = ""  # this body field (Square's way); both empty: nowhere
+    request_id_header: str = "X-Request-Id"
 
     def url(self, arguments: dict) -> str:
         path = self.path
@@ -37,11 +43,23 @@ class ToolBinding:
         return self.base_url.rstrip("/") + path
 
     def json_body(self, arguments: dict) -> Any:
-        if self.method in ("GET", "DELETE"):
+        if self.method in ("GET", "DELETE") or self.encoding == "none":
             return None
         if self.body is None:
             return arguments
         return _fill(self.body, arguments)
+
+    def keyed(self, arguments: dict, key: str) -> tuple[dict[str, str], dict[str, Any]]:
+        """The headers and the `requests` body options of one request, the key where the registry puts it."""
+        headers, body = dict(self.headers), self.json_body(arguments)
+        if self.side_effect == "write" and self.key_header:
+            headers[self.key_header] = key
+        elif self.side_effect == "write" and self.key_field and isinstance(body, dict):
+            body = {**body, self.key_field: key}
+        if self.encoding == "form" and isinstance(body, dict):
+            headers["Content-Type"] = "application/x-www-form-urlencoded"
+            return headers, {"data": form_encode(body).encode()}
+        return headers, {"json": body}
 
 
 def _fill(template: Any, arguments: dict) -> Any:
@@ -74,6 +92,8 @@ class ToolBook:
                 headers["Authorization"] = f"Bearer {secret}"
             elif auth.get("kind") == "header" and secret:
                 headers[auth["header"]] = secret
+            request = tool["request"]
+            place = request.get("key", {"header": "Idempotency-Key"})
             bindings[tool["name"]] = ToolBinding(
                 name=tool["name"],
                 side_effect=tool["side_effect"],
@@ -83,6 +103,10 @@ class ToolBook:
                 base_url=provider["base_url"],
                 headers=headers,
                 timeout=(float(provider.get("connect_timeout_s", 2)), float(provider.get("read_timeout_s", 5))),
+                encoding=request.get("encoding", "json"),
+                key_header=(place or {}).get("header", ""),
+                key_field=(place or {}).get("field", ""),
+                request_id_header=provider.get("request_id_header", "X-Request-Id"),
             )
         return cls(bindings)
 
@@ -140,18 +164,12 @@ class Agent(Runtime):
     def _send(self, tool: str, key: str, arguments: dict) -> tuple[dict, Any]:
         """The request of `tool` as its registry binding describes it, with the call's key on a write."""
         binding = self.tools[tool]
-        headers = dict(binding.headers)
-        if binding.side_effect == "write":
-            headers["Idempotency-Key"] = key
+        headers, body = binding.keyed(arguments, key)
         try:
             response = self.session.request(
-                binding.method,
-                binding.url(arguments),
-                json=binding.json_body(arguments),
-                headers=headers,
-                timeout=binding.timeout,
+                binding.method, binding.url(arguments), headers=headers, timeout=binding.timeout, **body
             )
-            facts = facts_from_response(response)
+            facts = facts_from_response(response, provider_ref_header=binding.request_id_header)
         except requests.RequestException as exc:
             facts = facts_from_exception(exc)
         return facts, facts.get("result")

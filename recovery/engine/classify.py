@@ -35,6 +35,7 @@ from recovery.engine.types import (
     ToolPolicy,
 )
 from recovery.engine.validation import provider_ref, validate_args, validate_result
+from recovery.engine.wire import with_reply_code
 
 RETRYABLE, UNKNOWN, ACCEPTED, COMMITTED = S.RETRYABLE, S.UNKNOWN, S.ACCEPTED, S.COMMITTED
 FAILED_PERMANENT, HUMAN_REVIEW = S.FAILED_PERMANENT, S.HUMAN_REVIEW
@@ -101,6 +102,7 @@ def classify(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext) -> Outcome:
     its Failure."""
     if facts.http_status is None and facts.error is None:
         raise ValueError("an outcome needs an http_status or an error")
+    facts = with_reply_code(facts, tool.error_code_paths)
     ref = provider_ref(tool, facts)
     not_sent = provably_not_sent(facts)
     now = ctx.now or facts.finished_at
@@ -117,6 +119,7 @@ def classify(facts: Facts, tool: ToolPolicy, ctx: ClassifyContext) -> Outcome:
         failure=_failure(matched, facts, tool, ctx, not_sent),
         hard_stop=matched.hard_stop,
         provider_ref=ref,
+        error_code=facts.error.code if facts.error else None,
     )
 
 

@@ -162,6 +162,7 @@ class ToolPolicy:
     # UNKNOWN, never retried (docs/compensation.md), checked before the table's rows 4 and 4b.
     refusal_codes: frozenset[str] = frozenset()
     idempotency_conflict_codes: frozenset[str] = frozenset()  # the provider's
+    error_code_paths: tuple[str, ...] = ()  # the provider's: where a reply's error code is (docs/providers.md)
     alternates: frozenset[str] = frozenset()
     outcome_timeout_s: int = 30
     key_retention_s: int = 86_400
@@ -265,6 +266,7 @@ class Outcome:
     failure: Failure | None = None
     hard_stop: str = ""  # why a write went to HUMAN_REVIEW before the table: missing_provider_ref, ...
     provider_ref: str = ""
+    error_code: str | None = None  # the provider's code as classified: read by the registry's paths, else reported
 
 
 # --- the decision card ----------------------------------------------------------------------------------------------

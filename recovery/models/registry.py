@@ -51,6 +51,10 @@ class Provider(models.Model):
     idempotency_conflict_codes = models.JSONField(default=list, blank=True)
     # The provider's status endpoint has a breaker of its own (window_s, min_calls, failure_rate, cooldown_s).
     status_breaker = models.JSONField(default=dict, blank=True)
+    # Its wire format (docs/providers.md): where a reply's error code is (paths such as "errors[0].code", the first
+    # that holds one wins; none: the code the runtime reported), and the reply header with its request id.
+    error_code_paths = models.JSONField(default=list, blank=True)
+    request_id_header = models.CharField(max_length=100, default="X-Request-Id", blank=True)  # blank: the default
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

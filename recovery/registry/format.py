@@ -13,7 +13,6 @@ from recovery.models import Provider, Tool
 from recovery.registry.checks import (
     CALL_PLACEHOLDERS,
     COMPENSATION_ROOTS,
-    HEADER_RE,
     KINDS,
     METHODS,
     OBSERVATIONS,
@@ -37,12 +36,12 @@ from recovery.registry.checks import (
     name,
     number,
     placeholders,
-    show,
     string,
     string_list,
     template_path,
     template_strings,
 )
+from recovery.registry.wire import ENCODINGS, answer_path, check_request_wire, header_name, key_place, query_template
 
 
 def _nested(spec: dict[str, Key], what: str, *, required: bool = False) -> Key:
@@ -87,13 +86,6 @@ def _tenant_tools(ctx: Context, value: Any, path: str) -> bool:
         else:
             seen.add(tool)
     return ok
-
-
-def _header_name(ctx: Context, value: Any, path: str) -> bool:
-    if not isinstance(value, str) or not HEADER_RE.fullmatch(value) or len(value) > 100:
-        ctx.error(path, f"must be an HTTP header name such as X-Api-Key (got {show(value)})")
-        return False
-    return True
 
 
 def _auth(ctx: Context, value: Any, path: str) -> bool:
@@ -188,7 +180,7 @@ TENANT = {
 AUTH = {
     "kind": Key(choice("none", "bearer", "header", "basic"), required=True),
     "secret_env": Key(env_name),
-    "header": Key(_header_name),
+    "header": Key(header_name),
 }
 STATUS_BREAKER = {
     "window_s": Key(integer(1)),
@@ -205,12 +197,19 @@ PROVIDER = {
     "callback_secret_env": Key(env_name),
     "idempotency_conflict_codes": Key(CODES),
     "status_breaker": _nested(STATUS_BREAKER, "status_breaker"),
+    # Where a reply carries its error code, first match wins (default: code, then error.code), and the header that
+    # carries the provider's request id (default X-Request-Id): docs/providers.md.
+    "error_code_paths": Key(string_list(answer_path, nonempty=True)),
+    "request_id_header": Key(header_name),
 }
 
 REQUEST = {
     "method": Key(choice(*METHODS), required=True),
     "path": Key(template_path, required=True),
+    "encoding": Key(choice(*ENCODINGS)),  # the body's: json (default), form (Stripe's), none (query parameters only)
     "body": Key(body_template),
+    "query": Key(query_template),
+    "key": Key(key_place),  # default: the Idempotency-Key header for a write, nowhere for a read
 }
 STATUS_QUERY = {
     "method": Key(choice("GET", "POST"), required=True),
@@ -329,10 +328,10 @@ def _check_key_template(ctx: Context, template: str, path: str, args: frozenset[
 def _check_request(ctx: Context, tool: dict, path: str, args: frozenset[str] | None) -> None:
     request = tool["request"]
     _check_placeholders(ctx, request.get("path", ""), child(path, "path"), args, CALL_PLACEHOLDERS)
-    if "body" in request:
-        if request.get("method") == "GET":
-            ctx.error(child(path, "body"), "a GET request has no body: put the arguments in the path")
-        _check_placeholders(ctx, request["body"], child(path, "body"), args, CALL_PLACEHOLDERS)
+    check_request_wire(ctx, request, path, args)
+    for key in ("body", "query"):
+        if key in request:
+            _check_placeholders(ctx, request[key], child(path, key), args, CALL_PLACEHOLDERS)
 
 
 def _check_status_query(ctx: Context, query: dict, path: str) -> None:

@@ -26,6 +26,8 @@ PROVIDER_FIELDS = (
     "callback_secret_env",
     "idempotency_conflict_codes",
     "status_breaker",
+    "error_code_paths",
+    "request_id_header",
 )
 TOOL_FIELDS = (
     "description",

@@ -87,6 +87,7 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         approvable_codes=frozenset(tool.approvable_codes),
         refusal_codes=frozenset(tool.refusal_codes),
         idempotency_conflict_codes=frozenset(tool.provider.idempotency_conflict_codes),
+        error_code_paths=tuple(tool.provider.error_code_paths),
         alternates=with_alternates(tool).alternate_names,
         outcome_timeout_s=tool.outcome_timeout_s,
         key_retention_s=tool.key_retention_s,

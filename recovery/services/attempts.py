@@ -22,6 +22,7 @@ from recovery.engine.states import UNSETTLED, CallState, is_allowed
 from recovery.engine.types import APPROVAL_GRANTED, REPLAY_RECONCILE, Candidate, Facts, FieldError
 from recovery.engine.types import GateDecision as Gate
 from recovery.models import ActionRequest, Attempt, Call, GateDecision, Tool
+from recovery.providers.requests import wire_of
 from recovery.registry import tool_policy
 from recovery.selectors.context import AdmissionRead, approval_for, gate_context
 from recovery.services.answers import checks_json, gate_json, outcome_json
@@ -372,6 +373,7 @@ def _admission(admitting: _Admitting) -> dict:
         "attempt_number": attempt.number,
         "call_state": call.state,
         "gate": gate_json(admitting.gate, attempt.gate_row),
+        "wire": wire_of(admitting.tool),
     }
     attempt.save(update_fields=["response"])
     return attempt.response

@@ -239,7 +239,7 @@ def read_reply(entry: CompensationEntry, attempt: CompensationAttempt, wire: dic
         attempt.facts = redact_data({k: v for k, v in wire.items() if k != "error"} | {"error": error})
         attempt.http_status = wire.get("http_status")
         attempt.error_kind = (error.get("kind") or "")[:32]
-        attempt.error_code = (error.get("code") or "")[:100]
+        attempt.error_code = (outcome.error_code or error.get("code") or "")[:100]
         attempt.provider_ref = (outcome.provider_ref or "")[:255]
         attempt.row, attempt.label, attempt.state_after, attempt.finished_at = outcome.row, outcome.error, state, now
         attempt.save()

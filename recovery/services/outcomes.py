@@ -197,7 +197,7 @@ def set_facts(attempt: Attempt, facts: Facts, outcome: Outcome, *, call: Call, n
     attempt.sent = facts.sent
     attempt.http_status = facts.http_status
     attempt.error_kind = error.kind or ""
-    attempt.error_code = (error.code or "")[:100]
+    attempt.error_code = (outcome.error_code or error.code or "")[:100]
     attempt.provider_request_id = (facts.provider_request_id or "")[:255]
     attempt.retry_after_ms = facts.retry_after_ms
     attempt.tokens_used = facts.tokens_used

@@ -70,6 +70,7 @@ DRILL_ACTION_LEASE_S = 10
 # loading the drill registry voids both retry paths again (back to unprobed).
 REPLAYED_REFUND = "refund.replayed"
 KEYLESS_REFUND = "refund.ignores-keys"
+SQUARE_REFUND = "refund.square-wire"  # a refund sent as Square's wire format: form body, the key in a body field
 DRILL_KEY_RETENTION_S = 86_400
 # Who acts in the drills that need an approved action: one reviewer and two approvers (four eyes, two at once).
 DRILL_REVIEWER = "drill-reviewer"
@@ -182,8 +183,22 @@ def drill_registry(sandbox_url: str) -> dict:
         twin["reconcile"] = DRILL_RECONCILE | {"replay_when_status_down": True}
         by_name[twin["name"]] = twin
         tools.append(twin)
+    square = _square_wire(refund)
+    by_name[square["name"]] = square
+    tools.append(square)
+    # Square's error shape first; the sandbox's own ({"error": {"code"}}) and a bare code read as before.
+    provider["error_code_paths"] = ["errors[0].code", "error.code", "code"]
     tenant = {"name": DRILL_TENANT, "display_name": "Fault drills", "sandbox": True, "tools": sorted(by_name)}
     return {"tenants": [tenant], "providers": [provider], "tools": tools}
+
+
+def _square_wire(refund: dict) -> dict:
+    """A refund on another provider's wire format (docs/providers.md): form-encoded, its key in the body's
+    idempotency_key field, a card decline read from Square's {"errors": [{"code"}]} body as a refusal."""
+    square = copy.deepcopy(refund) | {"name": DRILL_PREFIX + SQUARE_REFUND, "refusal_codes": ["CARD_DECLINED"]}
+    square["description"] = "A refund of the drills' own on Square's wire format (form body, the key in a field)."
+    square["request"] = {**refund["request"], "encoding": "form", "key": {"field": "idempotency_key"}}
+    return square
 
 
 # The pieces ---------------------------------------------------------------------------------------------------------

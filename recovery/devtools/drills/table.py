@@ -417,6 +417,19 @@ DRILLS: dict[str, Drill] = {
                 "the task compensated: created, then cancelled",
             ),
         ),
+        Drill(
+            slug="square-wire",
+            name="square wire",
+            injected="a refund sent on Square's wire format (form-encoded, its key in the body's idempotency_key"
+            " field), declined 402 with Square's error body, code CARD_DECLINED",
+            expected_end="FAILED_PERMANENT as a refusal (the code read from errors[0].code); never retried",
+            ends=(End(path=(S.SENT, S.FAILED_PERMANENT)),),
+            effects=0,
+            checks=(
+                "the key travelled in the body of a form-encoded request",
+                "Square's error code read and classified as a refusal",
+            ),
+        ),
     )
 }
 

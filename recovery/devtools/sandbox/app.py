@@ -19,12 +19,13 @@ from recovery.devtools.sandbox import admin
 from recovery.devtools.sandbox.callbacks import CallbackConfig, CallbackDispatcher, Event
 from recovery.devtools.sandbox.faults import FaultBook, Target
 from recovery.devtools.sandbox.kinds import ORDER_ID, WRITE_KINDS, Rejection, WriteKind, synthetic_total_cents
-from recovery.devtools.sandbox.messages import Drop, Request, Response, error, rejected
+from recovery.devtools.sandbox.messages import Drop, Request, Response, error, rejected, shaped_error
 from recovery.devtools.sandbox.store import Store, WriteObject, now_iso
 
 log = logging.getLogger(__name__)
 
 REPLICA_LAG = timedelta(minutes=2)
+BODY_KEY = "idempotency_key"  # where a write's key may come instead of the Idempotency-Key header (Square's way)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +57,19 @@ class Route:
             elif part != segment:
                 return None
         return params
+
+
+def _write_key(request: Request) -> str | None:
+    """A write's idempotency key: the Idempotency-Key header, else the body's `idempotency_key` (JSON or form)."""
+    key = request.headers.get("Idempotency-Key")
+    if key:
+        return key
+    try:
+        body = request.json()
+    except Rejection:
+        return None  # the write itself rejects the body
+    found = body.get(BODY_KEY) if isinstance(body, dict) else None
+    return found if isinstance(found, str) and found else None
 
 
 def _pattern(path: str) -> tuple[str, ...]:
@@ -144,11 +158,12 @@ class Sandbox:
             allowed = ", ".join(sorted({route.method for route, _ in matches}))
             return error(405, "method_not_allowed", f"Use {allowed} on {request.path}."), None
         route, params = found
-        key = request.headers.get("Idempotency-Key") if route.category == "write" else params.get("idempotency_key")
+        key = _write_key(request) if route.category == "write" else params.get("idempotency_key")
         if not self._authorized(request):
             return error(401, "unauthorized", "Send Authorization: Bearer <the sandbox API key>."), key
         if route.category == "write" and not key:
-            return error(400, "idempotency_key_required", "Send an Idempotency-Key header with every write."), None
+            message = "Send an Idempotency-Key header (or an idempotency_key field) with every write."
+            return error(400, "idempotency_key_required", message), None
         x = Exchange(request=request, route=route, params=params, key=key)
         result = self._gated(x)
         x.pause()
@@ -176,7 +191,8 @@ class Sandbox:
             response.headers["Retry-After"] = str(math.ceil(seconds))
             return response
         if fault := self.faults.take("error", x.target):
-            return error(fault.params["status"], fault.params["code"], "Injected failure.", outcome="error_injected")
+            status, code, shape = fault.params["status"], fault.params["code"], fault.params["shape"]
+            return shaped_error(status, code, "Injected failure.", shape, outcome="error_injected")
         if x.route.category == "status" and (fault := self.faults.take("status_down", x.target)):
             return error(fault.params["status"], "status_unavailable", "Status API down.", outcome="status_down")
         try:
@@ -265,6 +281,10 @@ class Sandbox:
         body = request.json()
         if not isinstance(body, dict):
             raise Rejection(400, "invalid_request", "The body must be a JSON object.", "body")
+        if (
+            "Idempotency-Key" not in request.headers
+        ):  # the key came in the body (Square's way): not a field of the write
+            body = {name: value for name, value in body.items() if name != BODY_KEY}
         canonical = json.dumps([request.method, request.path, body], sort_keys=True, separators=(",", ":"))
         fingerprint = hashlib.sha256(canonical.encode()).hexdigest()
         # Broken mode: keys are neither checked nor claimed, so every request executes anew.

@@ -38,10 +38,17 @@ def _fields(value: Any) -> bool:
     return isinstance(value, dict)
 
 
+ERROR_SHAPES = ("sandbox", "square", "stripe", "paypal")
 PARAMS: dict[str, dict[str, tuple[Any, Any]]] = {
     "latency": {"ms": (None, _int_between(0, 600_000))},
     "rate_limit": {"retry_after_s": (1, _number_at_least(0))},
-    "error": {"status": (503, _int_between(400, 599)), "code": ("injected_error", lambda v: isinstance(v, str))},
+    # `shape`: the error body as the sandbox writes it ({"error": {"code"}}), or as Square ({"errors": [{"category",
+    # "code", "detail"}]}), Stripe ({"error": {"type", "code"}}) or PayPal ({"name", "details": [{"issue"}]}) do.
+    "error": {
+        "status": (503, _int_between(400, 599)),
+        "code": ("injected_error", lambda v: isinstance(v, str)),
+        "shape": ("sandbox", lambda v: v in ERROR_SHAPES),
+    },
     "commit_then_drop": {},
     "drop_before_commit": {},
     "pending": {"checks": (1, _int_between(0, 10_000)), "final": ("committed", lambda v: v in ("committed", "failed"))},

@@ -26,7 +26,7 @@ before a misread answer can steer a retry.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"  # the distribution's version (pyproject.toml reads it from here)
+__version__ = "0.2.0"  # the distribution's version (pyproject.toml reads it from here)
 
 import random
 import re
@@ -63,6 +63,7 @@ from recovery_client.types import (  # the answers' types, re-exported: `from re
     StepSummary,
     Task,
     TaskBudget,
+    Wire,
     _answer,
 )
 
@@ -491,6 +492,7 @@ __all__ = [
     "StepSummary",
     "Task",
     "TaskBudget",
+    "Wire",
     "facts_from_exception",
     "facts_from_response",
     "recovered",

@@ -15,8 +15,9 @@
 The decorated function keeps its name, signature, annotations and docstring, so `function_tool` (OpenAI Agents SDK)
 and `@tool` (LangChain) derive the same schema from it; only its return annotation says what it now returns
 (RecoveredResult). Each call of it adds (or finds again) one call of the open task, asks the console to admit each
-attempt, runs the function with `http()` — a session that retries nothing, sends the call's Idempotency-Key and
-records what really happened on the wire — reports the facts of the last exchange, and obeys `required_next`
+attempt, runs the function with `http()` — a session that retries nothing, puts the call's idempotency key where
+the registry says (the admission's `wire`) and records what really happened on the wire; a provider SDK can be handed
+it (docs/providers.md) — reports the facts of the last exchange, and obeys `required_next`
 (Runtime.drive_call: wait out a Retry-After, wait for reconciliation, degrade, ask a person, stop). It never raises:
 what the model sees is described in `tool`'s docstring.
 """
@@ -38,11 +39,21 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, TypedDict
+from urllib.parse import parse_qsl, urlencode
 
 import requests
 from requests.adapters import HTTPAdapter
 
-from recovery_client import Failure, RecoveryClient, RecoveryError, Task, facts_from_exception, facts_from_response
+from recovery_client import (
+    Admission,
+    Failure,
+    RecoveryClient,
+    RecoveryError,
+    Task,
+    Wire,
+    facts_from_exception,
+    facts_from_response,
+)
 from recovery_client.runtime import (
     BLOCKED,
     COMMITTED,
@@ -202,9 +213,11 @@ _EXCHANGE: ContextVar[_Exchange | None] = ContextVar("recovered_exchange", defau
 def http() -> requests.Session:
     """The session for the provider request(s) of the attempt being made, inside a recovered tool's function only.
 
-    It retries nothing (the console decides every retry), adds the call's Idempotency-Key to every request (replacing
-    one the function set), applies the tool's timeout when the request names none, records each exchange's real facts
-    (status, headers, a timeout, a refused or reset connection) and refuses to send again after a request of the
+    It retries nothing (the console decides every retry), puts the call's idempotency key where the registry says
+    (the admission's `wire`: a header such as Idempotency-Key or PayPal-Request-Id, a body field such as Square's
+    idempotency_key, or nowhere), replacing one the function or its SDK set, applies the tool's timeout when the
+    request names none, records each exchange's real facts (status, headers, a timeout, a refused or reset
+    connection) and refuses to send again after a request of the
     attempt failed (no reply, 429 or 5xx): RequestRefused."""
     exchange = _EXCHANGE.get()
     if exchange is None:
@@ -212,11 +225,15 @@ def http() -> requests.Session:
     return exchange.session
 
 
+# Where the key goes when the console does not say (API 1.0): a write's Idempotency-Key header, X-Request-Id back.
+DEFAULT_WIRE: Wire = {"key_header": "Idempotency-Key", "key_field": "", "request_id_header": "X-Request-Id"}
+
+
 class _Exchange:
     """One admitted attempt's provider requests, as `requests` saw them: the last one is what gets reported."""
 
-    def __init__(self, *, key: str, timeout: Any, provider_ref_header: str) -> None:
-        self.key, self.timeout, self.provider_ref_header = key, timeout, provider_ref_header
+    def __init__(self, *, key: str, timeout: Any, provider_ref_header: str, wire: Wire) -> None:
+        self.key, self.timeout, self.provider_ref_header, self.wire = key, timeout, provider_ref_header, wire
         self.requests = 0
         self.response: requests.Response | None = None
         self.error: BaseException | None = None
@@ -275,7 +292,7 @@ class _RecordingAdapter(HTTPAdapter):
         refused = exchange.refusal()
         if refused:
             raise RequestRefused(refused, request=request)
-        request.headers["Idempotency-Key"] = exchange.key
+        _place_key(request, exchange.wire, exchange.key)
         exchange.requests += 1
         exchange.response, exchange.error = None, None
         try:
@@ -296,6 +313,32 @@ class _RecordingAdapter(HTTPAdapter):
         return response
 
 
+def _place_key(request: requests.PreparedRequest, wire: Wire, key: str) -> None:
+    """The call's key where the registry says: a header, or a field of a JSON or form body (replacing any value)."""
+    if wire.get("key_header"):
+        request.headers[wire["key_header"]] = key
+        return
+    name = wire.get("key_field")
+    if not name:
+        return
+    body = request.body.encode() if isinstance(request.body, str) else request.body
+    kind = request.headers.get("Content-Type", "")
+    if kind.startswith("application/x-www-form-urlencoded"):
+        pairs = [(k, v) for k, v in parse_qsl((body or b"").decode(), keep_blank_values=True) if k != name]
+        request.body = urlencode([*pairs, (name, key)], safe="[]")
+    elif isinstance(body, bytes) and body:
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return  # not JSON: the function's own body is sent as it is
+        if not isinstance(data, dict):
+            return
+        request.body = json.dumps({**data, name: key}).encode()
+    else:
+        return
+    request.headers["Content-Length"] = str(len(request.body))
+
+
 # --- the decorator --------------------------------------------------------------------------------------------------
 
 
@@ -307,7 +350,7 @@ class _Spec:
     key: str | Callable[[dict[str, Any]], str] | None
     arguments: Callable[[dict[str, Any]], dict[str, Any]] | None
     timeout: Any
-    provider_ref_header: str
+    provider_ref_header: str | None
     framework_params: frozenset[str]
 
     def call_arguments(self, bound: inspect.BoundArguments) -> dict[str, Any]:
@@ -340,7 +383,7 @@ def tool(
     key: str | Callable[[dict[str, Any]], str] | None = None,
     arguments: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     timeout: Any = (3.05, 10.0),
-    provider_ref_header: str = "X-Request-Id",
+    provider_ref_header: str | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., RecoveredResult]]:
     """Make `function` the recovered tool registered as `name` (e.g. "refund.create").
 
@@ -350,7 +393,8 @@ def tool(
     with other arguments repairs it while nothing was executed. A read tool's every call is a new observation (its key
     gets a suffix of its own). `arguments` maps the function's arguments to the call's
     (default: all of them, defaults applied, without the frameworks' context parameters). `timeout` applies to a
-    provider request that names none; `provider_ref_header` is the reply header carrying the provider's reference.
+    provider request that names none; `provider_ref_header` is the reply header carrying the provider's reference
+    (default: the registry's request_id_header, as the admission names it). The key goes where the registry says.
 
     What the model sees is the whole return value, a JSON-serialisable `RecoveredResult`, never an exception; the
     table of its statuses, and what each tells the model to do, is in docs/recovered-tools.md.
@@ -427,6 +471,7 @@ class _Run:
         self.nonce = secrets.token_hex(6)  # attempt ids of this run: never an earlier run's stored admission
         self.exchanges: list[_Exchange] = []
         self.read = False
+        self.wire: Wire = DEFAULT_WIRE
 
     def go(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RecoveredResult:
         try:
@@ -488,13 +533,19 @@ class _Run:
             send=lambda number: self.send(bound, key),
             patience_s=self.opened.patience_s,
             attempt_id=lambda number: f"rt-{self.nonce}-a{number}",
+            admitted=self.admitted,
             **repair,
         )
         return self.answer(result)
 
+    def admitted(self, admission: Admission) -> None:
+        """The attempt's wire as the console answered it (an older console names none: the defaults)."""
+        self.wire = admission.wire or DEFAULT_WIRE
+
     def send(self, bound: inspect.BoundArguments, key: str) -> tuple[dict[str, Any], Any]:
         """One admitted attempt: the function, with `http()` recording its exchanges; its facts and its value."""
-        exchange = _Exchange(key=key, timeout=self.spec.timeout, provider_ref_header=self.spec.provider_ref_header)
+        header = self.spec.provider_ref_header or self.wire.get("request_id_header") or "X-Request-Id"
+        exchange = _Exchange(key=key, timeout=self.spec.timeout, provider_ref_header=header, wire=self.wire)
         self.exchanges.append(exchange)
         token = _EXCHANGE.set(exchange)
         raised, value = None, None
@@ -502,7 +553,8 @@ class _Run:
             value = self.spec.function(*bound.args, **bound.kwargs)
         except Exception as exc:  # reported as what the wire saw; the text stays in the log and the Diagnostic
             raised = exc
-            bug = not isinstance(exc, requests.RequestException)  # a transport failure is an outcome, not a bug
+            # A transport failure is an outcome, not a bug; so is an SDK's exception for an error reply it received.
+            bug = not isinstance(exc, requests.RequestException) and exchange.response is None
             logger.warning("recovered tool %s: its function raised %r", self.spec.name, exc, exc_info=bug)
         finally:
             _EXCHANGE.reset(token)

@@ -24,7 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from recovery_client import DecisionCard, Failure, NotAdmitted, OutcomeAnswer, RecoveryClient, RequiredNext, Task
+from recovery_client import (
+    Admission,
+    DecisionCard,
+    Failure,
+    NotAdmitted,
+    OutcomeAnswer,
+    RecoveryClient,
+    RequiredNext,
+    Task,
+)
 
 __all__ = [
     "BLOCKED",
@@ -177,12 +186,14 @@ class Runtime:
         arguments: dict[str, Any] | None = None,
         evidence: tuple[str, ...] = (),
         attempt_id: Callable[[int], str] | None = None,
+        admitted: Callable[[Admission], None] | None = None,
     ) -> CallResult:
         """Drive an added call (`call_id`, last seen in `state`) until it is settled, degraded, left for a person, or
         refused: admit each attempt, let `send` make its request, report the facts, obey the answer.
 
         `arguments` (None: the call's) are repaired arguments the attempts carry, with `evidence` claimed by the first
-        admission (`args_changed`); `attempt_id(number)` names each attempt (default "<key>-a<number>")."""
+        admission (`args_changed`); `attempt_id(number)` names each attempt (default "<key>-a<number>");
+        `admitted(admission)` is told each admission before `send` runs (its `wire`: where the key goes)."""
         calls = self.calls.setdefault(task_id, [])
         if call_id not in calls:
             calls.append(call_id)
@@ -192,7 +203,7 @@ class Runtime:
         for number in range(1, self.max_rounds + 1):
             attempt = name(number)
             try:
-                self.client.admit(call_id, attempt, arguments=arguments, evidence=evidence)
+                admission = self.client.admit(call_id, attempt, arguments=arguments, evidence=evidence)
             except NotAdmitted as denied:
                 record = AttemptRecord(
                     attempt_id=attempt,
@@ -211,6 +222,8 @@ class Runtime:
                 if outcome.outcome:
                     return outcome
                 continue
+            if admitted is not None:
+                admitted(admission)
             record, answer = self._send_and_report(call_id, tool, key, attempt, number, send)
             outcome.attempts.append(record)
             outcome.state = answer.call_state

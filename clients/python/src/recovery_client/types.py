@@ -37,6 +37,7 @@ __all__ = [
     "StepSummary",
     "Task",
     "TaskBudget",
+    "Wire",
 ]
 
 # --- what the API answers ---------------------------------------------------------------------------------------------
@@ -304,6 +305,14 @@ class CallRef:
     raw: dict[str, Any] = field(repr=False)
 
 
+class Wire(TypedDict):
+    """How to send an admitted attempt as the registry describes its tool (API 1.1, docs/providers.md)."""
+
+    key_header: str  # the header that carries the call's idempotency key ("": not a header)
+    key_field: str  # the body field that carries it instead ("": not a field; both "": no key at all)
+    request_id_header: str  # the reply header with the provider's request id
+
+
 @dataclass(frozen=True)
 class Admission:
     """An admitted attempt: send the provider request now, then report its outcome."""
@@ -314,6 +323,7 @@ class Admission:
     attempt_number: int
     call_state: str
     gate: Gate
+    wire: Wire | None  # None from a console answering API 1.0: the key in Idempotency-Key, X-Request-Id
     raw: dict[str, Any] = field(repr=False)
 
 

@@ -16,6 +16,7 @@ from recovery.devtools.drills.cases import (
     rate_limit,
     refused_before_send,
     saga_aborted,
+    square_wire,
     status_api_down,
     timeout_after_send,
     two_approvers,
@@ -40,5 +41,6 @@ CASES: dict[str, Callable[[Run], None]] = {
     "compensation-refused": compensation_refused.play,
     "saga-aborted": saga_aborted.play,
     "saga-aborted-unknown-step": saga_aborted.play_unknown_step,
+    "square-wire": square_wire.play,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"
