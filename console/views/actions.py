@@ -254,7 +254,10 @@ PAGE = RequestPage(
     redraw=_render,
     after=lambda req: reverse("console:action", args=[req.pk]),
     hints=(
-        ("approve", "Why it is right to run it. Enter or the Approve button sends it once you confirm (key a jumps here)."),
+        (
+            "approve",
+            "Why it is right to run it. Enter or the Approve button sends it once you confirm (key a jumps here).",
+        ),
         ("reject", "Why it must not run. Enter or the Reject button sends it once you confirm (key r jumps here)."),
         ("withdraw", "Why you take it back (the approvers and the audit trail read it)."),
     ),
