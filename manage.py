@@ -16,8 +16,8 @@ def main() -> None:
     except ImproperlyConfigured as error:
         if len(sys.argv) > 1 and not HELP.intersection(sys.argv[1:]):
             sys.exit(
-                f"manage.py: {error}. Production settings (DEBUG off) need it from the environment "
-                "(README.md, Configuration); for development set DEBUG=1 (make run does)."
+                f"manage.py: ImproperlyConfigured: {error}. Production settings (DEBUG off) need it from the "
+                "environment (README.md, Configuration); for development set DEBUG=1 (make run does)."
             )
         # Help reads no secret: the development defaults load the commands to describe them.
         os.environ["DEBUG"] = "1"
