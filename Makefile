@@ -43,8 +43,12 @@ localstripe: $(LOCALSTRIPE)
 install: $(VENV)/.installed-run
 
 # Embedded default: SQLite under var/ and in-process jobs. Set DATABASE_URL / REDIS_URL for PostgreSQL / RQ.
+# ADDR=host:port serves the console elsewhere (manage.py run --addr), SANDBOX_ADDR=host:port the sandbox provider
+# (RECOVERY_SANDBOX_ADDR): `make run ADDR=127.0.0.1:8100 SANDBOX_ADDR=127.0.0.1:8101`.
+ADDR ?=
+SANDBOX_ADDR ?=
 run: $(VENV)/.installed-run
-	DEBUG=$${DEBUG:-1} $(PY) manage.py run
+	$(if $(SANDBOX_ADDR),RECOVERY_SANDBOX_ADDR=$(SANDBOX_ADDR)) DEBUG=$${DEBUG:-1} $(PY) manage.py run $(if $(ADDR),--addr $(ADDR))
 
 # The whole suite. Tests needing PostgreSQL, Redis or Chromium skip with the reason when those are missing;
 # REQUIRE_SERVICES=1 turns each such skip into a failure.

@@ -133,7 +133,14 @@ class ThrottleMixin:
 
 
 class ThrottledSignInForm(ThrottleMixin, AuthenticationForm):
-    """The console's sign-in."""
+    """The console's sign-in. Drawn again after a refusal with the username kept, it focuses the password: what a
+    person types again."""
+
+    def full_clean(self) -> None:
+        super().full_clean()
+        if self.is_bound and self.errors and self.data.get("username"):
+            self.fields["username"].widget.attrs.pop("autofocus", None)
+            self.fields["password"].widget.attrs["autofocus"] = True
 
 
 class ThrottledAdminSignInForm(ThrottleMixin, AdminAuthenticationForm):

@@ -433,6 +433,7 @@ def test_the_dry_run_page_shows_the_figures_and_the_form(people, tool, make_call
     assert "It blocks 2 open calls in 1 task" in text
     assert "Total 2 calls in 1 task" in text and "4 calls, 4 failed" in text
     assert 'id="operation-form"' in response.content.decode()
+    assert "nobody approves it" in text and "for the approver" not in text  # a force open needs no second person
     assert Breaker.objects.get(tool=tool).state == "open"
 
 

@@ -285,6 +285,8 @@ def test_an_approver_approves_with_a_reason_and_the_page_follows_the_execution(p
     client = signed_in(people, APPROVER)
     decide = _section(_html(client.get(f"/actions/{made.pk}/")), "decide-h")
     assert 'id="approve-form"' in decide and 'id="reject-form"' in decide and "request-form" not in decide
+    # One plain hint: the button and Enter send it alike, each after the same confirmation (static/console/console.js).
+    assert "Enter or the Approve button sends it once you confirm (key a jumps here)" in page_text(decide)
 
     empty = client.post(f"/actions/{made.pk}/approve/", {"approve-reason": ""})
     assert empty.status_code == 400

@@ -146,6 +146,7 @@ def test_a_reviewer_and_an_approver_replay_a_refund_in_human_review_exactly_once
         row.locator("a.open").click()
     assert "Bearer [REDACTED]" in bob.page.locator("#plan").inner_text()
     bob.page.locator("#id_approve-reason").fill("Ledger checked: one refund at most, the key is kept.")
+    bob.page.once("dialog", lambda dialog: dialog.accept())  # approving asks for a confirmation, however sent
     with bob.page.expect_navigation():
         bob.page.get_by_role("button", name="Approve", exact=True).click()
 

@@ -71,6 +71,7 @@ def test_a_reviewer_forces_a_breaker_open_and_an_approver_resets_it(runtime, ope
     with bob.page.expect_navigation():
         bob.page.locator("#resets a.open").first.click()
     bob.page.locator("#approve-form textarea").fill("Checked their status page")
+    bob.page.once("dialog", lambda dialog: dialog.accept())  # approving asks for a confirmation, however sent
     with bob.page.expect_navigation():
         bob.page.get_by_role("button", name="Approve reset").click()
     assert Breaker.objects.get(tool=tool).state == "closed"

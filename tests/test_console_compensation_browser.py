@@ -112,6 +112,7 @@ def test_a_reviewer_opens_a_failed_compensation_from_its_queue_reads_the_chain_a
     with bob.page.expect_navigation():
         row.locator("a.open").click()
     bob.page.locator("#id_approve-reason").fill("Checked with the provider: one cancellation, under its own key.")
+    bob.page.once("dialog", lambda dialog: dialog.accept())  # approving asks for a confirmation, however sent
     with bob.page.expect_navigation():
         bob.page.get_by_role("button", name="Approve", exact=True).click()
     assert runner.wait_idle(timeout=30)

@@ -4,8 +4,14 @@ action's preview state the same facts about it — its state, its outcome, its l
 page, the overview and the breakers page the same state of its tool's and its provider's status-endpoint breakers.
 
 Each page marks what it states with `data-fact` and `data-value` (recovery.selectors.facts), inside an element
-carrying `data-call` (or `data-tool`, `data-provider` on a breaker). After every step of every path this reads all
-of them off every page and compares them: one value per fact, and that value the database's.
+carrying `data-call` (or `data-tool`, `data-provider` on a breaker, `data-subject` on anything else: a task, a queue,
+the approvals, the breakers). After every step of every path this reads all of them off every page and compares them:
+one value per fact, and that value the database's. Beyond a call's state, outcome, last receipt and effects: its
+tool's retry path (safe, unsafe or unprobed: the call page, its recommendation, the breakers and the tool page),
+whether it waits (its queue rows: never a settled call), its task's next action (accounting for the saga) and the
+story of its undo, each queue's open items (overview, navigation, metrics), the approvals pending of every kind
+(overview, navigation, Approvals page), the breakers that are not closed (overview, breakers page), a tool's window
+(breakers page, a reset's dry run) and an executed bulk item's new version (an expected move, not an error).
 
 The histories are made by the real services: a runtime through the JSON API (recovery_client over Django's test
 client), the receipts' own service (what the reconciliation job applies), operator actions previewed, requested,
@@ -24,12 +30,31 @@ from django.utils import timezone
 from recovery_client import RecoveryClient
 
 from recovery.audit.chain import Actor
-from recovery.models import ActionRequest, ActionStatus, Call, Provider
+from recovery.engine.states import CallState as S
+from recovery.models import (
+    ActionRequest,
+    ActionStatus,
+    BreakerBucket,
+    BreakerOperation,
+    BulkAction,
+    BulkItemStatus,
+    Call,
+    CompensationEntry,
+    Provider,
+    StatusBreaker,
+    Task,
+    Tool,
+)
+from recovery.models.approvals import REQUESTED
 from recovery.models.roles import APPROVER, REVIEWER, VIEWER
 from recovery.providers.status import StatusAnswer
 from recovery.registry import load_registry
+from recovery.selectors.facts import retry_path_of
+from recovery.selectors.queues import QUEUES
 from recovery.services.action_execution import action_execute
 from recovery.services.actions import action_approve, action_preview, action_request
+from recovery.services.breaker_operations import breaker_preview, breaker_request_reset
+from recovery.services.bulk import bulk_approve, bulk_execute, bulk_preview, bulk_request
 from recovery.services.reconcile import apply_answer
 from recovery.services.sagas import saga_advance
 from recovery.services.status_breakers import status_breaker_record
@@ -69,6 +94,7 @@ REGISTRY = {
             "side_effect": "write",
             "request": {"method": "POST", "path": "/reversals"},
             "args_schema": ARGS,
+            "refusal_codes": ["not_cancellable"],
             "provider_ref_field": "reversal_id",
             "required_result_fields": ["reversal_id"],
             "status_query": {
@@ -96,6 +122,12 @@ BUSY = SENT | {"http_status": 503}
 NEEDS_APPROVAL = SENT | {"http_status": 403, "error": {"code": "needs_approval"}}
 ACCEPTED = SENT | {"http_status": 202, "provider_request_id": "p-9"}
 REVERSED = SENT | {"http_status": 200, "result": {"reversal_id": "rv_1"}}
+NOT_REVERSIBLE = SENT | {"http_status": 409, "error": {"code": "not_cancellable"}}
+NAV_QUEUES = ("unknown", "human-review", "compensation-problems")
+# States in which a call waits for someone: the queues' "why it waits" is for these only.
+WAITING = {S.UNKNOWN, S.STILL_UNKNOWN, S.HUMAN_REVIEW, S.COMPENSATING, S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED}
+# A task whose calls are in one of these is not done with: its next action is never "none".
+UNFINISHED = WAITING | {S.ACCEPTED, S.SENT}
 
 _n = itertools.count(1)
 
@@ -120,7 +152,9 @@ class _Facts(HTMLParser):
         if tag not in _VOID:
             self.stack.append((tag, scope))
         if "data-fact" in attrs:
-            if attrs.get("data-tool"):
+            if attrs.get("data-subject"):
+                subject = attrs["data-subject"]
+            elif attrs.get("data-tool"):
                 subject = f"tool:{attrs['data-tool']}"
             elif attrs.get("data-provider"):
                 subject = f"provider:{attrs['data-provider']}"
@@ -153,7 +187,10 @@ class World:
         self.runtime = RecoveryClient("http://testserver", token)
         self.runtime.session = InProcessSession(token)
         self.viewer = signed_in(people, VIEWER)
+        self.approver = signed_in(people, APPROVER)
+        self.reviewer = signed_in(people, REVIEWER)
         self.previews: dict[int, list[int]] = defaultdict(list)  # call -> its action requests
+        self.extra: dict[str, str] = {}  # more pages a reviewer reads after every step: name -> URL (a reset, a bulk)
 
     def call(self, tool: str = "refund.create") -> tuple[int, int]:
         n = next(_n)
@@ -193,29 +230,39 @@ class World:
         self.previews[call_id].append(made.pk)
 
     def pages(self, call_id: int, task_id: int) -> dict[str, str]:
+        tool_id = Call.objects.values_list("tool_id", flat=True).get(pk=call_id)
         urls = {
             "call page": f"/calls/{call_id}/",
             "task page": f"/tasks/{task_id}/",
             "All calls": "/queues/calls/",
             "Unknown queue": "/queues/unknown/",
             "Human review queue": "/queues/human-review/",
+            "Compensation problems queue": "/queues/compensation-problems/",
             "overview": "/overview/",
+            "metrics page": "/overview/metrics/",
             "breakers page": "/operations/breakers/",
+            "tool page": f"/operations/tools/{tool_id}/",
             **{f"action {pk}": f"/actions/{pk}/" for pk in self.previews[call_id]},
         }
         pages = {}
-        for name, url in urls.items():
-            response = self.viewer.get(url)
+        for who, name, url in [(self.viewer, *page) for page in urls.items()] + [
+            (self.reviewer, *page) for page in self.extra.items()
+        ]:
+            response = who.get(url)
             assert response.status_code == 200, (name, response.status_code)
             pages[name] = response.content.decode()
         live = self.viewer.get(f"/calls/{call_id}/", headers={"HX-Request": "true"})
         pages["call page's live refresh"] = live.content.decode()
+        # The approvals' count in the approver's navigation and on their Approvals page.
+        pages["Approvals page"] = self.approver.get("/approvals/").content.decode()
+        pages["navigation's live counts"] = self.approver.get("/queues/counts/").content.decode()
         return pages
 
     def check(self, call_id: int, task_id: int, step: str) -> dict[tuple[str, str], str]:
         """Every fact every page states agrees with every other page's, and the call's with the database."""
         seen: dict[tuple[str, str], dict[str, set[str]]] = defaultdict(dict)
-        for page, html in self.pages(call_id, task_id).items():
+        pages = self.pages(call_id, task_id)
+        for page, html in pages.items():
             for key, values in facts_of(html).items():
                 seen[key][page] = values
         told = {}
@@ -236,7 +283,65 @@ class World:
             assert "Unknown queue" in stating_state, step
         if call.state == "HUMAN_REVIEW":
             assert "Human review queue" in stating_state, step
+        if call.state in (S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED):
+            assert "Compensation problems queue" in stating_state, step
+        self.check_the_rest(call, told, seen, step)
+        # The overview's open items: a card for every queue the navigation counts, not only the navigation's count.
+        tiles = pages["overview"].split('id="open-items"', 1)[1].split("</section>", 1)[0]
+        assert {who for who, fact in facts_of(tiles) if fact == "open"} == {f"queue:{slug}" for slug in NAV_QUEUES}
         return {fact: value for (who, fact), value in told.items() if who == subject}
+
+    def check_the_rest(self, call: Call, told: dict, seen: dict, step: str) -> None:
+        """What the pages state beyond the call's own columns, against the database."""
+        subject = f"call:{call.pk}"
+        # Why it waits: only a call that waits says why, on every queue that lists it.
+        assert told[(subject, "waits")] == ("yes" if call.state in WAITING else "no"), (step, call.state)
+        # Its tool's retry path, in one vocabulary on every page (the call page, its recommendation, breakers, tool).
+        tool = Tool.objects.get(pk=call.tool_id)
+        assert told[(f"tool:{tool.name}", "retry-path")] == retry_path_of(tool.side_effect, tool.retry_path), step
+        assert {"call page", "breakers page", "tool page"} <= set(seen[(f"tool:{tool.name}", "retry-path")]), step
+        # Its task's next action accounts for the saga and for every call still waiting.
+        task = Task.objects.get(pk=call.task_id)
+        action = told[(f"task:{task.pk}", "next-action")]
+        if task.saga == "stopped":
+            assert action == "wait_for_compensation_review", (step, action)
+        unfinished = Call.objects.filter(task=task, state__in=UNFINISHED).exists()
+        if action.startswith("none"):
+            assert not unfinished and task.saga in ("", "done"), (step, action, task.saga)
+        # The story of its undo follows the undo's outcome.
+        story = told.get((subject, "effect-story"))
+        if call.state == S.COMPENSATION_FAILED:
+            assert story and "failed" in story and ", then " not in story, (step, story)
+        if call.state == S.COMPENSATED:
+            assert story and ", then " in story and "failed" not in story, (step, story)
+        # Each queue's open items: the overview's, the navigation's and the metrics' figure, and the database's.
+        counts = {
+            slug: Call.objects.filter(state__in=QUEUES[slug].states).count() for slug in ("unknown", "human-review")
+        }
+        lasting = Call.objects.filter(state__in=(S.PARTIAL_COMPENSATED, S.COMPENSATION_FAILED)).count()
+        in_review = Call.objects.filter(state=S.COMPENSATING, compensations__state="review").distinct().count()
+        counts["compensation-problems"] = lasting + in_review
+        assert set(counts) == set(NAV_QUEUES)
+        for slug, n in counts.items():
+            assert told[(f"queue:{slug}", "open")] == str(n), (step, slug)
+            assert {"overview", "call page"} <= set(seen[(f"queue:{slug}", "open")]), (step, slug)
+        assert "metrics page" in seen[("queue:unknown", "open")], step
+        # Approvals of every kind: the overview, the approver's navigation and Approvals page say one number.
+        now = timezone.now()
+        pending = sum(
+            model.objects.filter(status=REQUESTED, expires_at__gt=now).count()
+            for model in (ActionRequest, BulkAction, BreakerOperation)
+        )
+        assert told[("approvals", "pending")] == str(pending), step
+        assert {"overview", "Approvals page", "navigation's live counts"} <= set(seen[("approvals", "pending")])
+        # The breakers not closed: the overview's list and the breakers page's, and the status endpoint's row.
+        endpoint = StatusBreaker.objects.filter(provider__name="shop").values_list("state", flat=True).first()
+        assert ("status:shop" in told[("breakers", "not-closed")]) == (endpoint not in (None, "closed")), step
+        assert {"overview", "breakers page"} <= set(seen[("breakers", "not-closed")]), step
+        # A tool's window: no bucket without a call in it.
+        for (who, fact), value in told.items():
+            if fact == "window-calls" and value == "0":
+                assert told[(who, "window-buckets")] == "0", (step, who)
 
 
 @pytest.fixture
@@ -398,3 +503,103 @@ def test_a_tool_breaker_reads_the_same_on_the_call_page_the_overview_and_the_bre
     time.sleep(COOLDOWN_S + 0.1)
     world.check(call_id, task_id, "the cooldown ended")
     assert facts_of(world.pages(call_id, task_id)["overview"])[("tool:order.lookup", "tool-breaker")] == {"half_open"}
+
+
+# --- the facts beyond one call's columns ----------------------------------------------------------------------------
+
+
+def test_a_saga_whose_undo_fails_waits_for_a_person_on_every_page(world):
+    def compensate(call_id, task_id):
+        world.runtime.compensate_task(task_id, executor="runtime", reason="the payment was declined")
+        saga_advance(task_id)
+
+    def refused(call_id, task_id):
+        compensation_id = f"comp-{call_id}-1"
+        world.runtime.admit_compensation(compensation_id, "u1")
+        world.runtime.report_compensation(compensation_id, "u1", NOT_REVERSIBLE)
+        saga_advance(task_id)
+
+    told = walk(
+        world,
+        [("the 2xx", lambda c, t: world.attempt(c, REFUNDED)), ("aborted", compensate), ("undo refused", refused)],
+    )
+    assert [facts["state"] for _, facts in told] == ["READY", "COMMITTED", "COMPENSATING", "COMPENSATION_FAILED"]
+    call = Call.objects.latest("pk")
+    task = Task.objects.get(pk=call.task_id)
+    assert task.saga == "stopped" and CompensationEntry.objects.get(call=call).state != "committed"
+    page = world.viewer.get(f"/tasks/{task.pk}/").content.decode()
+    facts = facts_of(page)
+    assert facts[(f"task:{task.pk}", "next-action")] == {"wait_for_compensation_review"}
+    assert facts[(f"call:{call.pk}", "effect-story")] == {"created, not reversed: the undo failed"}, facts
+    assert "then cancelled" not in page and "Nothing: the task is closed" not in page
+    # Counted on the overview as in the navigation, and listed in its queue, saying why it waits.
+    assert facts_of(world.viewer.get("/overview/").content.decode())[("queue:compensation-problems", "open")] == {"1"}
+
+
+def test_a_pending_breaker_reset_counts_as_an_approval_everywhere(world):
+    call_id, task_id = world.call("order.lookup")
+    assert world.attempt(call_id, BUSY) == "RETRYABLE"  # one failure opens order.lookup's breaker
+    tool = Tool.objects.get(name="order.lookup")
+    # A bucket from before the window, which the breaker prunes only when the next bucket starts: no page counts it.
+    BreakerBucket.objects.create(tool=tool, bucket_start=int(time.time()) - 3600, successes=5, failures=0)
+    world.extra["reset's dry run"] = f"/operations/breakers/{tool.pk}/reset/"
+    world.check(call_id, task_id, "the breaker opened")
+    reviewer = world.people[REVIEWER]
+    shown = breaker_preview(tool_id=tool.pk, operation="reset")
+    op = breaker_request_reset(
+        tool_id=tool.pk, user=reviewer, actor=Actor.for_user(reviewer), reason="it is back", seen=shown.version
+    )
+    world.extra["the reset"] = f"/operations/breaker-operations/{op.pk}/"
+    world.check(call_id, task_id, "a reset requested")  # one approval pending: overview, navigation, Approvals page
+    approvals = world.approver.get("/approvals/").content.decode()
+    assert facts_of(approvals)[("approvals", "pending")] == {"1"}
+    assert "Nothing waits for an approval" not in approvals and f'id="reset-{op.pk}"' in approvals
+    # Its window reads the same on the breakers page and the reset's dry run: one call, one bucket.
+    told = facts_of(world.reviewer.get(f"/operations/breakers/{tool.pk}/reset/").content.decode())
+    assert told[("tool:order.lookup", "window-calls")] == {"1"}
+    assert told[("tool:order.lookup", "window-buckets")] == {"1"}
+
+
+def test_a_declared_but_unprobed_retry_path_reads_unprobed_wherever_a_replay_is_recommended(world):
+    load_registry(
+        {**REGISTRY, "tools": [{**REGISTRY["tools"][0], "replay_safe": True}, *REGISTRY["tools"][1:]]},
+        actor=Actor.system("tests"),
+    )
+    told = walk(
+        world,
+        [("a lost reply", lambda c, t: world.attempt(c, LOST)), ("escalated", lambda c, t: world.act(c, "escalate"))],
+    )
+    assert told[-1][1]["state"] == "HUMAN_REVIEW"
+    call = Call.objects.latest("pk")
+    page = world.reviewer.get(f"/calls/{call.pk}/").content.decode()  # what a reviewer may do: the recommendation
+    recommendation = page.split('id="recommended"', 1)[1].split("</p>", 1)[0]
+    assert 'data-value="unprobed"' in recommendation and "retry path unprobed" in recommendation, recommendation
+    breakers = facts_of(world.viewer.get("/operations/breakers/").content.decode())
+    assert breakers[("tool:refund.create", "retry-path")] == {"unprobed"}
+    assert "not safe" not in world.viewer.get("/operations/breakers/").content.decode()
+
+
+def test_an_executed_bulk_items_new_version_is_not_an_error(world):
+    calls = [world.call() for _ in range(2)]
+    for call_id, _ in calls:
+        world.attempt(call_id, LOST)
+    reviewer, approver = world.people[REVIEWER], world.people[APPROVER]
+    bulk = bulk_preview(
+        action="escalate", queue=QUEUES["unknown"], user=reviewer, actor=Actor.for_user(reviewer),
+        call_ids=[c for c, _ in calls],
+    )  # fmt: skip
+    hashed = bulk.selection_hash
+    bulk = bulk_request(
+        bulk_id=bulk.pk, user=reviewer, actor=Actor.for_user(reviewer), reason="stuck", selection_hash=hashed
+    )
+    world.extra["bulk page"] = f"/bulk/{bulk.pk}/"
+    call_id, task_id = calls[0]
+    world.check(call_id, task_id, "a bulk requested")  # a bulk waits: one approval pending everywhere
+    bulk_approve(bulk_id=bulk.pk, user=approver, actor=Actor.for_user(approver), reason="read every item")
+    bulk_execute(bulk.pk, worker="bulk-w1")
+    assert set(bulk.items.values_list("status", flat=True)) == {BulkItemStatus.EXECUTED}
+    world.check(call_id, task_id, "the bulk executed")  # the bulk page states the call's state as every page does
+    page = world.viewer.get(f"/bulk/{bulk.pk}/").content.decode()
+    moved = {who: v for (who, fact), v in facts_of(page).items() if fact == "version-change"}
+    assert moved == {f"call:{c}": {"by-this-bulk"} for c, _ in calls}, moved
+    assert 'class="bad"' not in page.split('id="items"', 1)[1].split("</table>", 1)[0]

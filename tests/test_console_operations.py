@@ -206,21 +206,24 @@ def test_it_states_every_tools_retry_path_safety(people, registry):
 
     body = signed_in(people, VIEWER).get("/operations/breakers/").content.decode()
     refund_row = row(body, f'id="retry-{refund.pk}"')
-    assert "not safe: not replay-safe: only an attempt that provably was not sent is retried" in refund_row
+    assert "unprobed: not declared replay-safe: only an attempt that provably was not sent is retried" in refund_row
+    assert "not safe" not in body  # one vocabulary: safe, unsafe or unprobed
     assert "never swapped to another tool while degraded (high risk)" in refund_row
     assert "status API: GET /refunds/by-key/{idempotency_key}" in refund_row
     assert "3 attempts; 1 write retry" in refund_row and "1 d" in refund_row
     assert "none: a degraded call stops" in refund_row
     assert 'data-safe="no"' in body.split(f'id="retry-{keyed.pk}"', 1)[1][:40]  # no probe has proved it
-    assert "replay-safe by the registry, not proved: no duplicate probe has run" in row(body, f'id="retry-{keyed.pk}"')
+    assert "unprobed: declared replay-safe by its registry entry, not proved: no duplicate probe has run" in row(
+        body, f'id="retry-{keyed.pk}"'
+    )
     assert 'data-safe="yes"' in body.split(f'id="retry-{proved.pk}"', 1)[1][:40]
-    assert "proved replay-safe: a duplicate probe saw an idempotent replay with one effect (keys up to 120 s old)" in (
+    assert "safe: a duplicate probe saw an idempotent replay with one effect (keys up to 120 s old)" in (
         row(body, f'id="retry-{proved.pk}"')
     )
     assert "order.queue" in row(body, f'id="retry-{keyed.pk}"')
     assert "no status API: an unknown outcome goes to human review" in row(body, f'id="retry-{keyed.pk}"')
     probed_row = row(body, f'id="retry-{probed.pk}"')
-    assert "unsafe: a duplicate probe saw the provider ignore the key" in probed_row and "not safe" in probed_row
+    assert "unsafe: a duplicate probe saw the provider ignore the key" in probed_row
     lookup_row = row(body, f'id="retry-{registry["lookup"].pk}"')
     assert "safe: a read: repeating it changes nothing" in lookup_row and "order.search" in lookup_row
     assert "an accepted alternate may replace it" in lookup_row
@@ -294,11 +297,11 @@ def test_idle_tools_fold_into_one_line_with_a_link_each(people, registry):
             f'data-fact="tool-breaker" data-tool="{name}" data-value="closed">{name}</a>'
         )
         assert link in line, name
-    assert "Nothing: every breaker is closed" in text(body)  # nothing needs attention: no row for it
+    assert "Nothing: every tool breaker is closed" in text(body)  # nothing needs attention: no row for it
     calling_rows = re.findall(r'<tr id="tool-(\d+)"', body.split("<tbody>", 1)[1].split("</table>")[0])
     assert calling_rows == [str(calling.pk)] and body.count('<tr id="tool-') == 1
     assert "3 calls: 0 failed, 3 succeeded" in row(body, f'id="tool-{calling.pk}"')
-    assert "0 need attention · 1 closed with calls · 9 idle" in text(body)
+    assert "0 need attention · 1 closed with calls or a recent operation · 9 idle" in text(body)
     # A viewer reads no operation; a reviewer finds each idle tool's force open under the line.
     assert "Force open an idle tool" not in body
     reviewer = signed_in(people, "reviewer").get("/operations/breakers/").content.decode()
@@ -329,7 +332,7 @@ def test_breakers_that_need_attention_lead_with_their_badge_and_bar(people, regi
     ids = re.findall(r'<tr id="tool-(\d+)" data-state="(\w+)"', table)
     assert ids == [(str(tripped.pk), "open"), (str(cooled.pk), "half_open"), (str(failing.pk), "closed")]
     assert body.index('id="breakers"') < body.index('id="idle-tools"') < body.index('id="history"')
-    assert "3 need attention · 0 closed with calls · 2 idle" in text(body)
+    assert "3 need attention · 0 closed with calls or a recent operation · 2 idle" in text(body)
 
     opened = body.split(f'id="tool-{tripped.pk}"', 1)[1].split("</tr>", 1)[0]
     assert 'class="breaker badge breaker-open" data-fact="tool-breaker"' in opened and ">open</span>" in opened

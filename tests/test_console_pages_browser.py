@@ -200,6 +200,16 @@ def test_every_page_passes_axe_and_clips_nothing(width, pages, open_console, axe
     assert viewer.page.get_by_role("heading", level=1).inner_text().startswith("Not allowed")
     problems += problems_on(viewer, width, "403", axe_source)
     viewer.assert_clean()
+    # The API docs (django-ninja's Swagger UI, not the console's markup: no axe here) fit a phone's screen too: a
+    # mobile context, where a page without a viewport meta is laid out 980 px wide.
+    phone = viewer.context.browser.new_context(base_url=viewer.base_url, viewport=VIEWPORTS[width], is_mobile=True)
+    docs = phone.new_page()
+    docs.goto("/api/v1/docs")
+    docs.locator("#swagger-ui .opblock").first.wait_for()
+    wide, seen = docs.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    if max(wide, seen) > width:
+        problems.append(f"api-docs at {width}px: laid out {seen}px wide, content {wide}px")
+    phone.close()
 
     # A person with the reviewer and approver roles: every other page, with its forms.
     both = open_console()

@@ -161,7 +161,7 @@ def test_the_call_page_says_the_tools_retry_path_and_has_no_probe_panel_without_
     client = signed_in(people, VIEWER)
     html = _html(client.get(f"/calls/{call.pk}/"))
     intent = page_text(_section(html, "intent-h"))
-    assert "retry path unprobed (no duplicate probe decided it)" in intent
+    assert "retry path unprobed (declared replay-safe by its registry entry; no duplicate probe decided it)" in intent
     assert "unsafe" not in intent  # unprobed is neither safe nor unsafe
     assert 'id="probes-h"' not in html and "kind-probe" not in html
     Tool.objects.filter(pk=refunds.pk).update(retry_path=RetryPath.UNSAFE)
@@ -249,8 +249,9 @@ def test_a_tool_never_probed_says_so(people, refunds, registry):
     assert 'data-path="unprobed"' in html and "never counted as safe" in page_text(html)
     assert "No duplicate probe of this tool yet" in page_text(html)
     assert "No recorded change" in page_text(html)
-    read = page_text(_html(signed_in(people, VIEWER).get(f"/operations/tools/{registry['lookup'].pk}/")))
-    assert "a read: repeating it changes nothing, its retry path needs no probe" in read
+    read = _html(signed_in(people, VIEWER).get(f"/operations/tools/{registry['lookup'].pk}/"))
+    assert 'data-path="safe"' in read  # one vocabulary: a read's retry path is safe
+    assert "a read, repeating it changes nothing; its retry path needs no probe" in page_text(read)
 
 
 def test_the_breakers_page_shows_each_tools_retry_path_and_latest_probe(people, refunds, registry, make_call):
@@ -264,7 +265,8 @@ def test_the_breakers_page_shows_each_tools_retry_path_and_latest_probe(people, 
     html = _html(signed_in(people, VIEWER).get("/operations/breakers/"))
     row = _row(html, f"retry-{refunds.pk}")
     shown = text(row)
-    assert "retry path unsafe since" in shown and f"duplicate probe #{bad.pk}: {UNSAFE_DETAIL}" in shown
+    assert "unsafe: a duplicate probe saw the provider ignore the key" in shown and "since" in shown
+    assert f"duplicate probe #{bad.pk}: {UNSAFE_DETAIL}" in shown
     assert "inconclusive" in shown and "idempotent_replay → unreadable, ? of 1 effect" in shown  # the newest probe
     assert f"key {call.idempotency_key}, 1 h 30 min old" in shown
     assert f'href="/calls/{call.pk}/#probe-{latest.pk}"' in row and f'href="/operations/tools/{refunds.pk}/"' in row

@@ -213,6 +213,16 @@ def test_each_row_says_why_it_waits_and_links_to_the_call_by_its_name(people, ma
     assert f">call {checking.pk}</a>" in row and "outcome unknown: 2 status checks so far" in row
     assert "status checks used up without an answer" in review[review.index(f'id="call-{used_up.pk}"') :]
     assert "the recovery engine asks a person" in review[review.index(f'id="call-{asked.pk}"') :]
+    # The row's task is a link to its page.
+    task = checking.task
+    assert f'<a class="task-name" href="/tasks/{task.pk}/">{html.escape(task.external_id)}</a>' in row
+
+
+def test_a_settled_call_on_all_calls_does_not_say_why_it_waits(people, make_call):
+    settled = make_call("COMMITTED", outcome="poll_budget_exhausted")  # reached a person, then committed
+    body = signed_in(people, "viewer").get("/queues/calls/").content.decode()
+    row = body[body.index(f'id="call-{settled.pk}"') :].split("</tr>", 1)[0]
+    assert "status checks used up" not in row and "not waiting (COMMITTED)" in row
 
 
 def test_an_empty_unknown_queue_says_what_left_it_in_the_last_hour(people, make_call):

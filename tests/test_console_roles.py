@@ -265,6 +265,16 @@ def test_sign_in_refuses_to_send_anyone_to_another_site(people, db):
     assert response.status_code == 302 and response["Location"] == "/"
 
 
+def test_after_a_wrong_password_the_password_field_has_the_focus(people, db):
+    fresh = Client().get("/sign-in/").content.decode()
+    assert re.search(r'<input[^>]*name="username"[^>]*autofocus', fresh)  # a first visit starts at the username
+    wrong = Client().post("/sign-in/", {"username": VIEWER, "password": "not-it"}).content.decode()
+    assert re.search(r'<input[^>]*name="password"[^>]*autofocus', wrong), wrong
+    assert not re.search(r'<input[^>]*name="username"[^>]*autofocus', wrong) and f'value="{VIEWER}"' in wrong
+    empty = Client().post("/sign-in/", {"username": "", "password": ""}).content.decode()
+    assert re.search(r'<input[^>]*name="username"[^>]*autofocus', empty)  # nothing typed: start at the top
+
+
 def test_a_claim_needs_the_csrf_token(people, make_call):
     """The console's POSTs are CSRF-protected (htmx sends the token from the page's hx-headers)."""
     call = make_call("UNKNOWN")

@@ -94,6 +94,30 @@ def test_make_run_refuses_a_sandbox_address_in_use_before_starting_anything(tmp_
         )
     assert result.returncode != 0
     assert f"cannot serve on 127.0.0.1:{port}" in result.stderr and "set RECOVERY_SANDBOX_ADDR" in result.stderr
+    assert "make run SANDBOX_ADDR=host:port" in result.stderr  # what a make user can do
+
+
+def test_make_run_passes_the_console_and_sandbox_addresses_on():
+    shown = subprocess.run(
+        ["make", "-n", "run", "ADDR=127.0.0.1:8100", "SANDBOX_ADDR=127.0.0.1:8101"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60,
+    ).stdout.splitlines()[-1]  # fmt: skip
+    assert shown.startswith("RECOVERY_SANDBOX_ADDR=127.0.0.1:8101 ") and shown.endswith(
+        "manage.py run --addr 127.0.0.1:8100"
+    )
+    plain = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    assert plain.splitlines()[-1].strip().endswith("manage.py run") and "RECOVERY_SANDBOX_ADDR" not in plain
+
+
+def test_manage_py_help_needs_no_secret_and_a_missing_one_is_one_line(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "DJANGO_SETTINGS_MODULE"}}
+    env["RECOVERY_VAR_DIR"] = str(tmp_path)
+    run = [sys.executable, "manage.py", "run"]
+    helped = subprocess.run([*run, "--help"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert helped.returncode == 0 and "--addr ADDR" in helped.stdout and "Traceback" not in helped.stderr
+    refused = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "Traceback" not in refused.stderr
+    assert "SECRET_KEY must be set" in refused.stderr and "DEBUG=1" in refused.stderr
 
 
 def test_the_database_rules_hold_on_sqlite_too(db):

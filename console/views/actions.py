@@ -255,8 +255,11 @@ PAGE = RequestPage(
     redraw=_render,
     after=lambda req: reverse("console:action", args=[req.pk]),
     hints=(
-        ("approve", "Why it is right to run it (a: here; Enter approves, after a confirmation)."),
-        ("reject", "Why it must not run (r: here; Enter rejects, after a confirmation)."),
+        (
+            "approve",
+            "Why it is right to run it. Enter or the Approve button sends it once you confirm (key a jumps here).",
+        ),
+        ("reject", "Why it must not run. Enter or the Reject button sends it once you confirm (key r jumps here)."),
         ("withdraw", "Why you take it back (the approvers and the audit trail read it)."),
     ),
     approve_note="A worker then executes it exactly once.",

@@ -22,7 +22,7 @@ from console.views.common import APPROVE, age_text, place_refusal, render_page, 
 from recovery.audit.chain import Actor
 from recovery.engine.actions import ACTIONS
 from recovery.models.approvals import REQUESTED
-from recovery.selectors.approvals import QUEUE_LIMIT, approvals_waiting
+from recovery.selectors.approvals import QUEUE_LIMIT, approvals_waiting, pending_approvals_count
 from recovery.services.approvals import PREVIEWED
 from recovery.services.errors import Refusal
 
@@ -147,6 +147,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     waiting = approvals_waiting(now=now)
     context = {
+        "pending": pending_approvals_count(now=now),  # the navigation's and the overview's figure, every kind
         "rows": [_action_row(req, request.user, now) for req in waiting["action"]],
         "resets": waiting["breaker_reset"],
         "bulks": [(bulk, LABELS.get(bulk.action, bulk.action)) for bulk in waiting["bulk"]],

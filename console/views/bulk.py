@@ -128,12 +128,29 @@ def _render(request: HttpRequest, bulk_id: int, *, status: int = 200, **forms_) 
     return render_page(request, "console/bulk.html", _context(request, page, **forms_), status=status)
 
 
+# Why an item's call is at another version than at the freeze, and how the page marks it: this bulk's own action moved
+# it (what was asked for), it had moved before its turn (skipped: the one case to notice), or it moved afterwards.
+MOVED = {
+    BulkItemStatus.EXECUTED: ("by-this-bulk", "moved", "by this bulk's action"),
+    BulkItemStatus.EXECUTING: ("by-this-bulk", "moved", "by this bulk's action"),
+    BulkItemStatus.SKIPPED_STALE: ("stale", "bad", "moved before its turn: skipped"),
+}
+
+
+def _moved(item) -> tuple[str, str, str] | None:
+    """(fact value, CSS class, words) for an item whose call's version changed since the freeze; None if it did not."""
+    if item.call.version == item.call_version:
+        return None
+    return MOVED.get(item.status, ("since", "muted", "moved since"))
+
+
 def _context(request, page, *, request_form=None, error="", **forms_) -> dict:
     bulk, user, now = page.bulk, request.user, timezone.now()
     four_eyes = decision(PAGE, request, bulk, now=now, **forms_)
     for item in page.items:
         item.label = ITEM_LABELS.get(item.status, item.status)
         item.failed = [c for c in item.checks if not c.get("passed")]
+        item.moved = _moved(item)
     total = len(page.items)
     done = sum(n for status, n in page.counts.items() if status not in (BulkItemStatus.PENDING, "executing"))
     return {

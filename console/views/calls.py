@@ -23,7 +23,7 @@ from recovery.models import Call
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
 from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status
-from recovery.selectors.facts import shown_facts
+from recovery.selectors.facts import retry_path_of, shown_facts
 from recovery.selectors.observed import admission_of, call_spans
 from recovery.selectors.waiting import required_action
 from recovery.services.action_plans import call_facts, options_for
@@ -116,6 +116,7 @@ def _actions_context(request: HttpRequest, page: CallPage, now) -> dict:
         if a.allowed
     )
     return {
+        "retry_path": retry_path_of(tool.side_effect, tool.retry_path),
         "actions": actions,
         "allowed_actions": sorted(offered, key=lambda offer: not offer["recommended"]),
         "recommendation": advice,

@@ -117,6 +117,8 @@ def _queues(sizes: dict[str, int], *, tool_id: int | None, tenant_id: int | None
             "title": QUEUES[name][0],
             "open": n,
             "url": reverse("console:queue", args=[QUEUES[name][1]]) + (f"?{scope}" if scope else ""),
+            # The same queue as the navigation's and the overview's count (the whole queue, unfiltered): its fact.
+            "fact": QUEUES[name][1] if name != "compensation" and not scope else "",
         }
         for name, n in sizes.items()
     ]

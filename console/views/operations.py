@@ -22,6 +22,7 @@ from console.views.common import APPROVE, REVIEW, VIEW, age_text, place_refusal,
 from recovery.audit.chain import Actor
 from recovery.engine.types import CLOSED, FORCED_OPEN, HALF_OPEN, OPEN
 from recovery.models import BreakerOperation, BreakerOperationKind, Tool
+from recovery.selectors.facts import not_closed_value
 from recovery.selectors.observed import runtimes
 from recovery.selectors.operations import (
     ToolBreaker,
@@ -58,6 +59,9 @@ def breakers(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     page = breakers_page(now=now)
     attention, calling, idle = _grouped(page.tools, now)
+    endpoints = [p for p in page.providers if p.state != CLOSED or p.stored != CLOSED]
+    not_closed = [("tool", t.tool) for t in attention if t.state != CLOSED]
+    not_closed += [("status", p.provider) for p in endpoints]
     quiet = [tool.tool for tool in page.tools if not tool.history]
     windows = {tool.policy.window_s for tool in idle}
     context = {
@@ -65,6 +69,8 @@ def breakers(request: HttpRequest) -> HttpResponse:
         "attention": attention,
         "calling": calling,
         "idle": idle,
+        "endpoints": endpoints,  # status-endpoint breakers not closed
+        "not_closed": not_closed_value(not_closed),
         # The idle tools' common window, when they share one ("idle in the last 1 min"); else each its own.
         "idle_window_s": windows.pop() if len(windows) == 1 else None,
         "runtimes": runtimes(),
@@ -78,8 +84,8 @@ def breakers(request: HttpRequest) -> HttpResponse:
 
 def _grouped(tools: list[ToolBreaker], now) -> tuple[list[ToolBreaker], list[ToolBreaker], list[ToolBreaker]]:
     """The tools as the page lists them: those that need attention (a breaker not closed, failures in the window, a
-    reset waiting for its decision), most urgent first; the closed ones with calls in their window (or a recent
-    operator operation); and the idle ones (closed, no call in the window), which the page folds into one line."""
+    reset waiting for its decision), most urgent first; the closed ones with calls in their window or a recent
+    operator operation; and the idle ones (closed, no call in the window), which the page folds into one line."""
     attention, calling, idle = [], [], []
     for tool in tools:
         if _needs_attention(tool, now):

@@ -17,12 +17,14 @@ from django.views.decorators.http import require_GET
 from console.charts import Chart, bar_chart
 from console.views.common import VIEW, age_text, render_page, requires
 from console.views.metrics import figure_text, seconds_text
+from recovery.selectors.facts import not_closed_value
 from recovery.selectors.job_processes import job_processes
 from recovery.selectors.metrics import FigureValue
 from recovery.selectors.overview import HourFlow
 from recovery.selectors.overview import overview as read_overview
 
-QUEUE_TITLES = {"unknown": "Unknown outcome", "human-review": "Human review"}
+QUEUE_TITLES = {"unknown": "Unknown outcome", "human-review": "Human review"}  # the SLA table's columns
+TILE_TITLES = QUEUE_TITLES | {"compensation-problems": "Compensation problems"}
 
 
 @require_GET
@@ -34,7 +36,7 @@ def overview(request: HttpRequest) -> HttpResponse:
     queues = [
         {
             "slug": load.slug,
-            "title": QUEUE_TITLES[load.slug],
+            "title": TILE_TITLES[load.slug],
             "open": load.open,
             "url": reverse("console:queue", args=[load.slug]),
             "oldest_age": age_text(now - load.oldest_at) if load.oldest_at else "",
@@ -65,6 +67,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "queues": queues,
         "sla": sla,
         "breakers": data.breakers,
+        "not_closed": not_closed_value((b.kind, b.name) for b in data.breakers),
         "failures": [{"name": name, "count": n, "share": _share(n, failed)} for name, n in data.failures],
         "failed": failed,
         "attempts": data.attempts,

@@ -139,8 +139,8 @@ def _decorate(
     receipt's age, whether it is held, the claim button the user gets (claim if free, release if theirs, none if
     a colleague holds it) and, in the compensation problems queue, its latest entry. The claim buttons name the
     queue, so the row drawn again after a claim has the same cells."""
-    open_url, claim_url, release_url = (
-        url_pattern(name) for name in ("console:call", "console:claim", "console:release")
+    open_url, claim_url, release_url, task_url = (
+        url_pattern(name) for name in ("console:call", "console:claim", "console:release", "console:task")
     )
     if queue.compensation:
         claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
@@ -149,6 +149,7 @@ def _decorate(
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
+        row["task_url"] = task_url.format(row["task_id"])
         row["tool_name"], row["tenant_name"] = tools.get(row["tool_id"], ""), tenants.get(row["tenant_id"], "")
         row["age"] = age_text(now - row["state_changed_at"])
         row["since"] = f"{row['state_changed_at']:%Y-%m-%d %H:%M:%S} UTC"
@@ -182,8 +183,8 @@ def _entry_text(row: dict) -> str:
 
 # What a row shows as text (agents' and providers' text among it: external ids, names, statuses).
 _SHOWN = (
-    "id", "open_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk", "state",
-    "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
+    "id", "open_url", "task_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk",
+    "state", "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
     "button_label", "entry", "admission", "why", "idempotency_key",
 )  # fmt: skip
 

@@ -424,6 +424,7 @@ def actions_for(
 class Recommendation:
     name: str  # an action allowed now
     why: str
+    retry_path: str = ""  # a same-key replay's: the tool's retry path it rests on (safe, or unprobed but declared)
 
 
 def recommended(
@@ -447,11 +448,15 @@ def recommended(
         return Recommendation(name="reconcile_now", why="a status check by its key settles it without a resend")
     if exhausted or state == S.HUMAN_REVIEW:
         if "replay_same_key" in allowed and (retry_path == "safe" or replay_safe):
-            proof = "proven by a duplicate probe" if retry_path == "safe" else "as its registry entry declares"
+            if retry_path == "safe":
+                proof = "retry path safe: proved by a duplicate probe"
+            else:
+                proof = "retry path unprobed: its registry entry declares it, no duplicate probe has proved it yet"
             return Recommendation(
                 name="replay_same_key",
                 why=f"the provider deduplicates by this key ({proof}): a same-key replay settles it with no second "
                 "effect",
+                retry_path="safe" if retry_path == "safe" else "unprobed",
             )
         if state != S.HUMAN_REVIEW and "escalate" in allowed:
             return Recommendation(name="escalate", why="its status checks are used up: a person decides")

@@ -37,6 +37,14 @@ def window_totals(
     return calls, failures
 
 
+def window_buckets(buckets: Iterable[tuple[int, int, int]], policy: BreakerPolicy, now_epoch_s: float) -> int:
+    """How many buckets inside the window window_totals() counts hold an outcome: what every page calls the window's
+    buckets (an empty row, or one outside the window, is none of them)."""
+    current = policy.bucket_of(now_epoch_s)
+    oldest_excluded = current - policy.window_s
+    return sum(1 for start, successes, failed in buckets if oldest_excluded < start <= current and successes + failed)
+
+
 def should_open(calls: int, failures: int, policy: BreakerPolicy) -> bool:
     """Whether a closed breaker opens: at least min_calls in the window and a failure rate at or above the threshold."""
     if calls <= 0 or calls < policy.min_calls:

@@ -1,11 +1,12 @@
 """What every page states about a call, from one reading of its own columns (docs/console.md, "The call page").
 The call page, its refresh, the task page, a queue row and an action's preview all draw from `shown_facts`; a status
-endpoint's breaker is read by `status_breaker_state`, a tool's by recovery.selectors.breakers.breaker_view.
+endpoint's breaker is read by `status_breaker_state`, a tool's by recovery.selectors.breakers.breaker_view; a tool's
+retry path by `retry_path_of`, in one vocabulary: safe, unsafe or unprobed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -95,3 +96,21 @@ def status_breaker_state(stored: str, opened_at: datetime | None, cooldown_s: fl
     if stored == "open" and opened_at is not None and now >= opened_at + timedelta(seconds=cooldown_s):
         return "half_open"
     return stored
+
+
+RETRY_PATHS = ("safe", "unsafe", "unprobed")
+
+
+def retry_path_of(side_effect: str, stored: str) -> str:
+    """A tool's retry path as every page states it (docs/replay.md): a read's is safe (repeating it changes nothing);
+    a write's is what its latest deciding probe or an approved action left, unprobed until one did. A registry entry
+    that declares the tool replay-safe proves nothing by itself: its path stays unprobed."""
+    if side_effect != "write":
+        return "safe"
+    return stored if stored in RETRY_PATHS else "unprobed"
+
+
+def not_closed_value(breakers: Iterable[tuple[str, str]]) -> str:
+    """The breakers that are not closed, as every page that lists them states it: "tool:<name>" and
+    "status:<provider>", sorted, comma-separated ("none" when every breaker is closed)."""
+    return ",".join(sorted(f"{kind}:{name}" for kind, name in breakers)) or "none"

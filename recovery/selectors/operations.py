@@ -26,7 +26,7 @@ from recovery.models import (
     Tool,
 )
 from recovery.registry.policy import breaker_policy, status_breaker_policy
-from recovery.selectors.facts import status_breaker_state
+from recovery.selectors.facts import retry_path_of, status_breaker_state
 from recovery.selectors.probes import RetryPathChange, latest_probe_per_tool, retry_path_changes, tool_probes
 
 HISTORY_DAYS = 7  # a breaker's history: its events of the last week ...
@@ -70,8 +70,8 @@ class RetryPath:
     """What the registry lets recovery do again with a tool, each line in words (docs/design/gate.md, docs/breakers.md,
     docs/replay.md)."""
 
-    safe: bool  # a same-key replay may run automatically (reads, or writes the provider dedupes by key)
-    replay: str
+    safe: bool  # a same-key replay may run automatically: the retry path is safe (a read, or proved by a probe)
+    replay: str  # why, in words
     alternates: tuple[str, ...]
     swap: str
     fallback: str
@@ -80,8 +80,8 @@ class RetryPath:
     write_retry: int | None
     key_retention_s: int
     exhausted: str
-    # The tool's retry path (docs/replay.md) as its latest deciding probe or an approved action left it, and why.
-    path: str = "unprobed"  # unprobed, safe, unsafe
+    # The tool's retry path (docs/replay.md, recovery.selectors.facts.retry_path_of), and why it is what it is.
+    path: str = "unprobed"  # safe, unsafe, unprobed
     reason: str = ""
     changed_at: datetime | None = None
     probe_id: int | None = None  # the probe that decided it (none: an approved action, or voided)
@@ -275,7 +275,6 @@ def _tool_breaker(
     cooling = stored in (OPEN, HALF_OPEN) and opened_at is not None
     calls, failures = rules.window_totals(buckets, policy, now_s)
     current = policy.bucket_of(now_s)
-    inside = [b for b in buckets if current - policy.window_s < b[0] <= current]
     return ToolBreaker(
         tool_id=tool.pk,
         tool=tool.name,
@@ -293,7 +292,7 @@ def _tool_breaker(
         window=SlidingWindow(
             calls=calls,
             failures=failures,
-            buckets=len(inside),
+            buckets=rules.window_buckets(buckets, policy, now_s),
             start=datetime.fromtimestamp(current - policy.window_s + policy.bucket_s, tz=UTC),
         ),
         history=history.get(("tool", tool.name), ()),
@@ -309,7 +308,8 @@ def retry_path(tool: Tool) -> RetryPath:
     write = tool.side_effect == WRITE
     budgets = tool.budgets if isinstance(tool.budgets, dict) else {}
     alternates = tuple(other.name for other in tool.alternates.all())
-    safe, replay = _replay_words(tool, write)
+    path = retry_path_of(tool.side_effect, tool.retry_path)
+    replay = _replay_words(tool, path)
     if write and tool.risk == "high":
         swap = "never swapped to another tool while degraded (high risk)"
     elif alternates:
@@ -318,7 +318,7 @@ def retry_path(tool: Tool) -> RetryPath:
         swap = ""
     replay_reconciliation = write and bool((tool.reconcile or {}).get("replay_when_status_down"))
     return RetryPath(
-        safe=safe,
+        safe=path == "safe",
         replay=replay,
         alternates=alternates,
         swap=swap,
@@ -328,7 +328,7 @@ def retry_path(tool: Tool) -> RetryPath:
         write_retry=budgets.get("write_retry") if write else None,
         key_retention_s=tool.key_retention_s,
         exhausted="human review" if tool.exhausted_to_review else "FAILED_PERMANENT (retry_exhausted)",
-        path=tool.retry_path,
+        path=path,
         reason=tool.retry_path_reason,
         changed_at=tool.retry_path_changed_at,
         probe_id=tool.retry_path_probe_id,
@@ -338,28 +338,25 @@ def retry_path(tool: Tool) -> RetryPath:
     )
 
 
-def _replay_words(tool: Tool, write: bool) -> tuple[bool, str]:
-    """Whether a same-key replay of the tool is safe, and why, in words."""
-    if not write:
-        return True, "a read: repeating it changes nothing"
-    if tool.retry_path == "unsafe":
-        return False, (
-            "unsafe: a duplicate probe saw the provider ignore the key; every same-key replay is refused until a "
-            "passing probe or an approved action turns it back on"
+def _replay_words(tool: Tool, path: str) -> str:
+    """What the retry path `path` means for a same-key replay of the tool, in words."""
+    if tool.side_effect != WRITE:
+        return "a read: repeating it changes nothing"
+    if path == "unsafe":
+        return (
+            "a duplicate probe saw the provider ignore the key; every same-key replay is refused until a passing probe "
+            "or an approved action turns it back on"
         )
-    if tool.replay_safe and tool.retry_path == "safe":
+    if path == "safe":
         covered = tool.retry_path_key_age_s or 0
-        return True, (
-            "proved replay-safe: a duplicate probe saw an idempotent replay with one effect "
-            f"(keys up to {covered} s old)"
-        )
+        return f"a duplicate probe saw an idempotent replay with one effect (keys up to {covered} s old)"
     if tool.replay_safe:
-        return False, (
-            "replay-safe by the registry, not proved: no duplicate probe has run, so reconciliation never replays "
-            "it (a person or the runtime may, with evidence)"
+        return (
+            "declared replay-safe by its registry entry, not proved: no duplicate probe has run, so reconciliation "
+            "never replays it (a person or the runtime may, with evidence)"
         )
-    return False, (
-        "not replay-safe: only an attempt that provably was not sent is retried; an unknown outcome is "
+    return (
+        "not declared replay-safe: only an attempt that provably was not sent is retried; an unknown outcome is "
         "reconciled, never replayed"
     )
 

@@ -1,5 +1,5 @@
 """Reads of the overview (docs/console.md, "The overview"): open items, SLA breaches, open breakers, pending approvals,
-and the last day's metrics. Six statements whatever the history's size: the day's figures come from the metrics
+and the last day's metrics. Seven statements whatever the history's size: the day's figures come from the metrics
 rollups (recovery.selectors.metrics), never from the attempts or the audit trail.
 """
 
@@ -19,10 +19,12 @@ from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.approvals import pending_approvals_count
 from recovery.selectors.facts import status_breaker_state
 from recovery.selectors.metrics import FigureValue, MetricsReport, metrics_report
+from recovery.selectors.queues import queue_counts
 
 S = CallState
 UNKNOWN_STATES = (S.UNKNOWN, S.STILL_UNKNOWN)  # the UNKNOWN queue (states.UNSETTLED), in the index's order
 QUEUE_STATES = {"unknown": UNKNOWN_STATES, "human-review": (S.HUMAN_REVIEW,)}
+EXACT = 10**12  # a count cap no backlog reaches: the overview counts exactly
 WINDOW = "24h"  # recovery.selectors.metrics.WINDOWS: 24 hourly points, the current (partial) hour last
 # The figures of docs/metrics.md the overview heads with, each a link to its section of the metrics page.
 HEADLINES = (
@@ -86,6 +88,10 @@ class Overview:
 def overview(*, now: datetime, sla: dict[str, int]) -> Overview:
     """The overview at `now`; `sla` is the seconds an open item of each risk may wait (settings.RECOVERY_SLA_S)."""
     queues, breaches = _queues(now, sla)
+    # The compensation problems queue as the navigation counts it (its COMPENSATING calls only while an entry needs a
+    # person): the same membership, uncapped. Its SLA is not the unknown outcomes' (no risk column to split by).
+    problems = queue_counts(EXACT, now=now)["compensation_problems"]
+    queues.append(QueueLoad(slug="compensation-problems", open=problems, oldest_at=None))
     report = metrics_report(now=now, window=WINDOW, with_queues=False)
     return Overview(
         now=now,

@@ -34,7 +34,7 @@ _GROUPS = (
     ("not_executed", "Not executed", "Confirmed not done (failed permanently or not committed).", True),
     ("in_flight", "In flight", "An attempt was sent; its outcome is not reported yet.", False),
     ("pending", "Pending", "Not attempted yet, or waiting for a retry.", False),
-    ("compensated", "Compensation", "A committed effect being or having been undone: created, then cancelled.", False),
+    ("compensated", "Compensation", "Committed effects a saga undoes: each call says what became of its undo.", False),
 )
 
 _OUTCOME_MEANING = {
@@ -206,6 +206,15 @@ def _next_action_text(summary: dict) -> str:
     unsettled = len(summary["unknown"]) + len(summary["accepted_in_progress"])
     stay = _is(len(blocked), "stays", "stay")
     still_blocked = f" {_steps_text(blocked).capitalize()} {stay} blocked until then." if blocked else ""
+    if code == "wait_for_compensation_review":
+        n = sum(1 for c in summary["compensated"] if c["state"] in ("COMPENSATION_FAILED", "PARTIAL_COMPENSATED"))
+        waiting = f"{_plural(n, 'failed undo')} {_is(n, 'waits', 'wait')}" if n else "its stopped undo waits"
+        return (
+            f"A person settles the saga: {waiting} in the compensation problems queue; the saga goes on once "
+            f"{_is(n, 'it is', 'they are')} settled."
+        )
+    if code == "wait_for_compensation":
+        return "Wait: the saga's committed steps are being undone, one at a time, the last step first."
     if code == "wait_for_human_review":
         n = len(summary["needs_review"])
         waiting = f"{_plural(n, 'call')} {_is(n, 'waits', 'wait')}"

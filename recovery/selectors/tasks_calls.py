@@ -245,6 +245,11 @@ def _step_effect(calls: list[Call], undone: dict) -> str:
 
 
 def _next_action(task: Task, groups: dict, blocked: list[int], no_submission: bool) -> str:
+    # An aborted saga's undos come first, open task or closed: being sent, or stopped for a person.
+    if task.saga == "stopped":
+        return "wait_for_compensation_review"
+    if task.saga == "running":
+        return "wait_for_compensation"
     if task.status != TaskStatus.OPEN:
         return "none: the task is closed" if not groups["unknown"] else "wait_for_reconcile"
     if groups["needs_review"]:

@@ -20,6 +20,11 @@ OUTCOMES = {
     "no_budget": "the task's budget ran out",
     "abandoned": "abandoned",
 }
+UNDOING = {  # a compensation state: what its undo waits for (the compensation problems queue names the entry)
+    S.COMPENSATING: "its undo is being sent or confirmed",
+    S.PARTIAL_COMPENSATED: "its undo undid less than expected: a person decides",
+    S.COMPENSATION_FAILED: "its undo failed: a person decides",
+}
 ASKED = {  # a decision card's required_next action, for a HUMAN_REVIEW call
     "request_approval": "the provider needs an approval before it may run again",
     "request_permission": "the provider refused for want of a permission",
@@ -47,7 +52,8 @@ def asked_for(call_ids: Iterable[int]) -> dict[int, str]:
 
 
 def why_waiting(state: str, outcome: str, checks_made: int, asked: str = "") -> str:
-    """One line: why a call in `state` waits (empty for a state no person waits on)."""
+    """One line: why a call in `state` waits (empty for a state nothing waits in: a settled call's outcome is how it
+    got to a person before, not why it waits now). The compensation problems queue says why by its latest entry."""
     if state == S.UNKNOWN:
         return f"outcome unknown: {checks_made} status check{'s' if checks_made != 1 else ''} so far, more to come"
     if state == S.STILL_UNKNOWN:
@@ -56,7 +62,7 @@ def why_waiting(state: str, outcome: str, checks_made: int, asked: str = "") -> 
         if outcome == "poll_budget_exhausted":
             return OUTCOMES[outcome]
         return ASKED.get(asked) or OUTCOMES.get(outcome) or "sent to a person"
-    return OUTCOMES.get(outcome, outcome.replace("_", " "))
+    return UNDOING.get(state, "")
 
 
 UNKNOWN_QUEUE = (S.UNKNOWN, S.STILL_UNKNOWN)

@@ -62,7 +62,7 @@ class BreakerPreview:
     probes_reserved: int
     window_calls: int
     window_failures: int
-    window_buckets: int  # bucket rows a reset deletes
+    window_buckets: int  # buckets in the window holding an outcome (rules.window_buckets), which a reset forgets
     window_s: int
     calls_by_state: dict[str, int] = field(default_factory=dict)  # open calls of the tool, OPEN_CALL_STATES order
     tasks: int = 0  # tasks with at least one of those calls
@@ -131,7 +131,7 @@ def breaker_preview(*, tool_id: int, operation: str, now: datetime | None = None
         probes_reserved=row.probes_reserved if row is not None else 0,
         window_calls=calls,
         window_failures=failures,
-        window_buckets=len(buckets),
+        window_buckets=rules.window_buckets(buckets, policy, now.timestamp()),
         window_s=policy.window_s,
         calls_by_state={str(s): counted[s] for s in OPEN_CALL_STATES if counted.get(s)},
         tasks=tasks,

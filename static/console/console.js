@@ -33,18 +33,21 @@
     return rows().find(function (r) { return r.dataset.id === currentId; }) || null;
   }
 
-  // Enter in a reason sends its form (Shift+Enter: a new line); approving or rejecting asks first.
+  // Enter in a reason sends its form (Shift+Enter: a new line). Approving or rejecting asks first, however it is
+  // sent (Enter, a click on the button, the keyboard on the button): the question is asked on the submit itself.
   const CONFIRM = { "approve-form": "Approve this request? A worker then executes it once.",
                     "reject-form": "Reject this request? Nothing will run." };
   document.addEventListener("keydown", function (event) {
     const box = event.target;
     if (event.key !== "Enter" || event.shiftKey || event.isComposing) return;
     if (!box.matches || !box.matches("form.action-form textarea")) return;
-    const form = box.form;
     event.preventDefault();
     if (!box.value.trim()) { box.reportValidity(); return; }
-    if (CONFIRM[form.id] && !window.confirm(CONFIRM[form.id])) return;
-    form.requestSubmit();
+    box.form.requestSubmit();
+  });
+  document.addEventListener("submit", function (event) {
+    const question = CONFIRM[event.target.id];
+    if (question && !window.confirm(question)) event.preventDefault();
   });
 
   // Page keys: p previews the call page's recommended action; a / r go to the approve / reject reason; ? lists keys.

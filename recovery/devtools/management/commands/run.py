@@ -211,7 +211,11 @@ def _terminate(child: subprocess.Popen, timeout: float = 15) -> None:
 def _check_free(addr: str, *, setting: str = "") -> None:
     host, _, port = addr.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    fix = f"set {setting} to another host:port" if setting else "pass --addr"
+    # `make run` passes them on as SANDBOX_ADDR= and ADDR= (a make target takes no --option).
+    if setting:
+        fix = f"set {setting} to another host:port (make run SANDBOX_ADDR=host:port)"
+    else:
+        fix = "pass --addr host:port (make run ADDR=host:port)"
     try:
         with socket.create_server((host, int(port)), family=socket.AF_INET6 if ":" in host else socket.AF_INET):
             pass
