@@ -7,6 +7,7 @@ import html
 import re
 from datetime import timedelta
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
@@ -82,6 +83,38 @@ def test_search_finds_a_call_by_key_task_or_provider_ref(people, make_call, task
         body = client.get("/queues/unknown/", {"q": q}).content.decode()
         found = {c.pk for c in (call, other) if f'data-id="{c.pk}"' in body}
         assert found == expected, q
+
+
+def test_search_finds_a_call_by_part_of_its_key_or_its_tasks_external_id(people, make_call, task):
+    (call,) = _unknown_calls(make_call, 1)
+    other = make_call("UNKNOWN", on_task=None)
+    Call.objects.filter(pk=other.pk).update(idempotency_key="refund-order-7781-step-2")
+    client = signed_in(people, "viewer")
+    for q, expected in [
+        ("order-7781", {other.pk}),  # part of a key
+        (call.idempotency_key[1:], {call.pk}),
+        (task.external_id[1:-1], {call.pk, other.pk}),  # part of the task's external id
+        ("ord", {other.pk}),  # three characters are enough
+        ("or", set()),  # two match only whole: nothing is "or"
+    ]:
+        body = client.get("/queues/unknown/", {"q": q}).content.decode()
+        found = {c.pk for c in (call, other) if f'data-id="{c.pk}"' in body}
+        assert found == expected, q
+
+
+@pytest.mark.postgres
+def test_a_search_by_part_reads_the_trigram_indexes(db):
+    """A part of a key or an external id is found through an index, not by reading every call: the plan names the
+    trigram indexes (a sequential scan is ruled out so the planner shows what it can use on a small table)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        for table, column, index in [
+            ("recovery_call", "idempotency_key", "recovery_call_idempotency_key_trgm"),
+            ("recovery_task", "external_id", "recovery_task_external_id_trgm"),
+        ]:
+            cursor.execute(f"EXPLAIN SELECT id FROM {table} WHERE {column} LIKE %s LIMIT 100", ["%order-77%"])
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            assert index in plan, plan
 
 
 def test_keyset_pages_run_the_same_statements_whatever_the_size_or_depth(people, make_call):

@@ -148,6 +148,8 @@ def _reference(filters: QueueFilters, now) -> list[int]:
         calls = calls.filter(state_changed_at__lte=now - filters.older_than)
     if filters.q:
         found = Q(task__external_id=filters.q) | Q(idempotency_key=filters.q) | Q(provider_ref=filters.q)
+        if len(filters.q) >= 3:  # by part: a task's external id, an idempotency key
+            found |= Q(task__external_id__contains=filters.q) | Q(idempotency_key__contains=filters.q)
         if filters.q.isdigit():
             found |= Q(task_id=int(filters.q))
         calls = calls.filter(found)
@@ -172,7 +174,9 @@ def _walk(filters: QueueFilters, now, size: int) -> list[dict]:
 def _filter_sets(backlog, registry) -> list[QueueFilters]:
     tools = [None, registry["refund"].pk, registry["lookup"].pk]
     tenants = [None, registry["tenant"].pk, backlog["globex"].pk]
-    searches = ["", "ext-1", str(backlog["tasks"][2].pk), "re_14", Call.objects.order_by("pk")[9].idempotency_key]
+    key = Call.objects.order_by("pk")[9].idempotency_key
+    searches = ["", "ext-1", str(backlog["tasks"][2].pk), "re_14", key]
+    parts = [key[1:], "xt"]  # by part (3 characters or more), and too short a part, which matches only whole
     every = itertools.product(
         [
             (QUEUES["unknown"].states, False),
@@ -198,7 +202,7 @@ def _filter_sets(backlog, registry) -> list[QueueFilters]:
             ("tenant_id", tenants[1:]),
             ("risk", ["high", "low"]),
             ("older_than", [timedelta(minutes=60)]),
-            ("q", searches[1:]),
+            ("q", searches[1:] + parts),
             ("newest_first", [True]),
         ]
         for value in values

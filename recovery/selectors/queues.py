@@ -230,7 +230,7 @@ def _rows(sql: str, params: list, keys: tuple[str, ...] = _ROW_KEYS) -> list[dic
 
 def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
     """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
-    one for the rows, plus one to resolve a search by task id or external id."""
+    one for the rows, plus two to resolve a search (tasks by external id, calls by key)."""
     at = connection.ops.adapt_datetimefield_value
     membership, params = _sql_membership(filters, now)
     where = [membership]
@@ -242,12 +242,14 @@ def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
         where.append(f"{_c('state_changed_at')} <= %s")
         params.append(at(now - filters.older_than))
     if filters.q:
-        task_ids = _search_tasks(filters.q)
+        task_ids, call_ids = _search(filters.q)
         search = [f"{_c('idempotency_key')} = %s", f"{_c('provider_ref')} = %s"]
-        if task_ids:
-            search.insert(0, f"{_c('task')} IN ({', '.join(['%s'] * len(task_ids))})")
+        params += [filters.q, filters.q]
+        for column, ids in (("task", task_ids), ("id", call_ids)):
+            if ids:
+                search.append(f"{_c(column)} IN ({', '.join(['%s'] * len(ids))})")
+                params += ids
         where.append(f"({' OR '.join(search)})")
-        params += [*task_ids, filters.q, filters.q]
     direction = "DESC" if filters.newest_first else "ASC"
     if filters.after:
         # The keyset: the same (state_changed_at, id) order as the queue indexes, the first column as a range.
@@ -292,13 +294,23 @@ def _options_sql() -> str:
     )
 
 
-def _search_tasks(q: str) -> list[int]:
-    """A search matches exactly what a reviewer pastes: a task's id or external id, an idempotency key, a provider
-    ref. Each side of the OR has its own index; the tasks are looked up first so the OR never spans a join."""
-    task_ids = list(Task.objects.filter(external_id=q).values_list("id", flat=True)[:100])
+SEARCH_LIMIT = 100  # matches of each kind a search resolves: it narrows a queue, it never lists a table
+SEARCH_PART_MIN = 3  # a shorter part has no trigram to be found by in an index, so it must match whole
+
+
+def _search(q: str) -> tuple[list[int], list[int]]:
+    """The (task ids, call ids) a search names, looked up first so the queue's OR never spans a join: a task's id
+    and a provider ref match whole (the queue's own statement); a task's external id and an idempotency key match by
+    any part of 3 characters or more (trigram indexes on PostgreSQL, migration 0031), at most SEARCH_LIMIT each."""
+    if len(q) >= SEARCH_PART_MIN:
+        tasks = Task.objects.filter(external_id__contains=q)
+        call_ids = list(Call.objects.filter(idempotency_key__contains=q).values_list("id", flat=True)[:SEARCH_LIMIT])
+    else:
+        tasks, call_ids = Task.objects.filter(external_id=q), []
+    task_ids = list(tasks.values_list("id", flat=True)[:SEARCH_LIMIT])
     if q.isdigit() and len(q) < 19:
         task_ids.append(int(q))
-    return task_ids
+    return task_ids, call_ids
 
 
 COUNT_CAP = 1000
@@ -364,8 +376,11 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
         calls = calls.filter(state_changed_at__lte=now - filters.older_than)
     if filters.q:
         found = Q(idempotency_key=filters.q) | Q(provider_ref=filters.q)
-        if task_ids := _search_tasks(filters.q):
+        task_ids, call_ids = _search(filters.q)
+        if task_ids:
             found |= Q(task_id__in=task_ids)
+        if call_ids:
+            found |= Q(id__in=call_ids)
         calls = calls.filter(found)
     if filters.after:
         last_at, last_pk = filters.after
@@ -408,7 +423,7 @@ def _raw() -> bool:
 
 def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
     """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
-    one for the rows, plus one to resolve a search by task id or external id."""
+    one for the rows, plus two to resolve a search (tasks by external id, calls by key)."""
     return (_sql_queue_page if _raw() else _orm_queue_page)(filters, now=now, size=size)
 
 
