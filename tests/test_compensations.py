@@ -4,11 +4,15 @@ holds is the judge (its ledger and request log) — never a count of our own row
 
 from __future__ import annotations
 
+import json
 import threading
+from datetime import timedelta
 
 import pytest
 import requests
 from django.db import IntegrityError, connection, connections, transaction
+from django.test import Client as DjangoClient
+from django.utils import timezone
 from recovery_client import NotAdmitted, RecoveryClient, facts_from_exception, facts_from_response
 from rq.worker import SimpleWorker
 
@@ -17,8 +21,9 @@ from recovery.audit.chain import Actor
 from recovery.engine.compensation_states import ALLOWED_PAIRS, EDGES, EntryState
 from recovery.jobs import queueing
 from recovery.jobs import tasks as jobs
-from recovery.models import AuditEvent, Call, CompensationEntry, CompensationReceipt
+from recovery.models import AuditEvent, Call, CompensationEntry, CompensationReceipt, Receipt
 from recovery.registry import load_registry
+from recovery.services.callbacks import sign
 from recovery.services.compensation_plans import derive_key
 from recovery.services.compensations import (
     compensation_check,
@@ -131,6 +136,46 @@ def test_a_cancellation_whose_reply_is_lost_is_settled_by_a_receipt_without_a_se
     assert entry.state == "committed" and _state(Call, call.pk) == "COMPENSATED"
     assert len(_cancel_posts(sandbox, entry)) == 1  # the undo was never sent twice
     assert sandbox.ledger(entry.idempotency_key)["effects"] == 1
+
+
+def _signed_callback(entry: CompensationEntry, status: str):
+    body = json.dumps({"event_id": f"evt-{entry.pk}-{status}", "idempotency_key": entry.idempotency_key,
+                       "status": status}).encode()  # fmt: skip
+    return DjangoClient().post(
+        "/api/v1/providers/sandbox/callbacks",
+        body,
+        content_type="application/json",
+        headers={"Recovery-Signature": sign(CALLBACK_SECRET, body)},
+    )
+
+
+def test_a_providers_callback_about_an_undo_brings_its_check_forward_and_stores_nothing_of_its_own(world):
+    """The sandbox tells of a cancellation as of any write: the callback names the entry's own key. It is not a 404
+    (nothing of the call's matches it), nor taken at its word: the entry's status check, due at once, settles it."""
+    sandbox = world["sandbox"]
+    call, _ = _committed_order(world)
+    entry = compensation_start(call, actor=ACTOR, send=False)
+    sandbox.fault(route=f"/orders/{call.provider_ref}/cancel", kind="commit_then_drop", times=1)
+    compensation_send(entry.pk, worker="w1")
+    later = timezone.now() + timedelta(hours=1)
+    CompensationEntry.objects.filter(pk=entry.pk).update(next_check_at=later)
+    receipts = Receipt.objects.count()
+
+    reply = _signed_callback(entry, "cancelled")
+
+    assert reply.status_code == 202, reply.content
+    assert reply.json() == {"compensation_entry_id": entry.pk, "call_id": call.pk, "entry_state": "unknown",
+                            "check_brought_forward": True}  # fmt: skip
+    entry.refresh_from_db()
+    assert entry.next_check_at <= timezone.now()
+    assert not CompensationReceipt.objects.filter(entry=entry).exists() and Receipt.objects.count() == receipts
+    compensations_run_due(worker="w1")
+    entry.refresh_from_db()
+    assert entry.state == "committed" and _state(Call, call.pk) == "COMPENSATED"
+    assert len(_cancel_posts(sandbox, entry)) == 1
+    again = _signed_callback(entry, "cancelled")  # about a settled entry: acknowledged, nothing to bring forward
+    assert again.status_code == 202 and again.json()["check_brought_forward"] is False
+    assert _signed_callback(entry, "bogus").status_code == 400  # its tool's status_map still decides
 
 
 def test_a_refused_cancellation_fails_the_entry_is_never_retried_and_nothing_is_undone(world):

@@ -65,6 +65,16 @@ def settling_receipt(call_id: int, observed: str = "committed") -> Receipt:
     return Receipt.objects.get(call_id=call_id, applied=True, observed=observed)
 
 
+def delivered_callbacks(stage, key: str, wait_s: float = 5) -> list[dict]:
+    """The callbacks the sandbox delivered about `key` (it sends them from a thread of its own: waits for one)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = [c for c in stage.sandbox.callbacks() if c["idempotency_key"] == key and c["status"] is not None]
+        if found or time.monotonic() > deadline:
+            return found
+        time.sleep(0.05)
+
+
 def writes(stage, key: str) -> list[dict]:
     return [r for r in stage.sandbox.requests(key=key) if r["method"] != "GET"]
 
@@ -230,6 +240,8 @@ def test_an_aborted_saga_cancels_the_order_whose_payment_was_declined_and_the_ta
     assert stage.sandbox.ledger(result.keys["payment"])["effects"] == 0
     task = Task.objects.get(pk=result.task_id)
     assert (task.saga, task.saga_executor, task.outcome) == ("done", "console", "compensated")
+    # The sandbox tells of the cancellation too, by the entry's own key: acknowledged, never a 404 in the demo's log.
+    assert {c["status"] for c in delivered_callbacks(stage, entry.idempotency_key)} == {202}
 
 
 def test_an_aborted_saga_whose_cancel_is_refused_stops_for_a_person_in_the_compensation_problems_queue(stage):

@@ -487,6 +487,16 @@ class CallbackOut(Answer):
     call_state: str = _("The call's state after it.")
 
 
+class CompensationCallbackOut(Answer):
+    """A provider callback about a compensation's own request (202): not stored as a receipt; the entry's status
+    check, brought forward, records what the provider's records say."""
+
+    compensation_entry_id: int = _("The compensation entry whose key the callback carried.")
+    call_id: int = _("The call the entry undoes.")
+    entry_state: str = _("The entry's state now.")
+    check_brought_forward: bool = _("Whether the entry waited for a status check and it is now due at once.")
+
+
 # --- capabilities ---------------------------------------------------------------------------------------------------
 
 

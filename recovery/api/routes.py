@@ -22,6 +22,7 @@ from recovery.api.answers import (
     CallOut,
     CapabilitiesOut,
     CompensationAttemptOut,
+    CompensationCallbackOut,
     ErrorOut,
     GateOut,
     MetricsOut,
@@ -360,7 +361,7 @@ def reconcile_call(request, call_id: int):
 @api.post(
     "/providers/{name}/callbacks",
     auth=None,
-    response={200: CallbackOut, **ERRORS},
+    response={200: CallbackOut, 202: CompensationCallbackOut, **ERRORS},
     tags=["reconciliation"],
     include_in_schema=False,
     **TYPED,
@@ -370,6 +371,17 @@ def provider_callback(request, name: str):
     result = callbacks.callback_receive(
         provider_name=name, raw=request.body, signature=request.headers.get("Recovery-Signature", "")
     )
+    if isinstance(result, callbacks.CompensationCallback):
+        entry = result.entry
+        return Status(
+            202,
+            {
+                "compensation_entry_id": entry.pk,
+                "call_id": entry.call_id,
+                "entry_state": entry.state,
+                "check_brought_forward": result.check_brought_forward,
+            },
+        )
     receipt = result.receipt
     return Status(
         200,

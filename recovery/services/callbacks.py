@@ -20,8 +20,9 @@ from recovery.engine.redact import echo_received, redact_data
 from recovery.engine.storable import check_storable, loads
 from recovery.engine.types import FieldError
 from recovery.engine.validation import MISSING, resolve
-from recovery.models import Call, Provider, Receipt, ReceiptSource
+from recovery.models import Call, CompensationEntry, Provider, Receipt, ReceiptSource, Tool
 from recovery.providers.status import StatusAnswer
+from recovery.services.compensations import compensation_check_soon
 from recovery.services.errors import Refusal
 from recovery.services.reconcile import apply_answer
 
@@ -34,6 +35,15 @@ MAX_NAMED = 20  # the statuses a refusal lists, at most
 class CallbackResult:
     receipt: Receipt
     duplicate: bool
+
+
+@dataclass(frozen=True)
+class CompensationCallback:
+    """A callback about a compensation's own request: not stored as the call's receipt; it brings the entry's
+    status check forward when the entry waits for one, and that check records the provider's answer."""
+
+    entry: CompensationEntry
+    check_brought_forward: bool
 
 
 def signature_valid(secret: str, header: str, raw: bytes, *, now: float | None = None) -> bool:
@@ -60,14 +70,16 @@ def _refused() -> Refusal:
     return Refusal("bad_signature", "the callback's signature is missing, wrong or outside the time window", status=401)
 
 
-def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> CallbackResult:
+def callback_receive(*, provider_name: str, raw: bytes, signature: str) -> CallbackResult | CompensationCallback:
     provider = Provider.objects.filter(name=provider_name).first()
     secret = os.environ.get(provider.callback_secret_env, "") if provider and provider.callback_secret_env else ""
     if provider is None or not secret or not signature_valid(secret, signature, raw):
         raise _refused()  # an unknown provider answers like a bad signature: nothing to probe with
     body = _parse(raw)
     call = _match(provider, body)
-    answer = _answer(call, body)  # every field checked before anything is looked up by event id or stored
+    answer = _answer(call.tool, body)  # every field checked before anything is looked up by event id or stored
+    if isinstance(call, CompensationEntry):
+        return CompensationCallback(call, check_brought_forward=compensation_check_soon(call.pk))
     event_id = body["event_id"]
     seen = Receipt.objects.filter(provider=provider, event_id=event_id).first()
     if seen is not None:
@@ -120,27 +132,34 @@ def _parse(raw: bytes) -> dict:
     return body
 
 
-def _match(provider: Provider, body: dict) -> Call:
+def _match(provider: Provider, body: dict) -> Call | CompensationEntry:
+    """The call the callback's key (or provider ref) names; else the compensation whose own request carried the key
+    (a provider tells of an undo as of any write)."""
     key, ref = body.get("idempotency_key"), body.get("provider_ref")
     by = Q(idempotency_key=key) if isinstance(key, str) and key else Q(provider_ref=ref)
     calls = list(Call.objects.filter(by, tool__provider=provider).select_related("tool")[:2])
+    if not calls and isinstance(key, str) and key:
+        entries = CompensationEntry.objects.filter(idempotency_key=key, tool__provider=provider)
+        entry = entries.select_related("tool").order_by("-pk").first()
+        if entry is not None:
+            return entry
     if len(calls) != 1:
         what = "no call" if not calls else "more than one call"
         raise Refusal("unknown_call", f"{what} of this provider matches the callback", status=404 if not calls else 409)
     return calls[0]
 
 
-def _answer(call: Call, body: dict) -> StatusAnswer:
+def _answer(tool: Tool, body: dict) -> StatusAnswer:
     """What the callback says, read through the tool's status_map: a status the map does not name is refused (400),
     as a poll's answer outside it is not guessed at either (providers.status)."""
-    status_map = (call.tool.status_query or {}).get("status_map") or {}
+    status_map = (tool.status_query or {}).get("status_map") or {}
     status = body["status"]
     if status not in status_map:
         named = ", ".join(sorted(status_map)[:MAX_NAMED]) or "none: the tool has no status_map"
-        raise _bad("status", f"a status the tool {call.tool.name}'s status_map names ({named})", status)
+        raise _bad("status", f"a status the tool {tool.name}'s status_map names ({named})", status)
     observed = status_map[status]
     effects = body.get("effects")
-    ref_field = call.tool.provider_ref_field
+    ref_field = tool.provider_ref_field
     ref = body.get("provider_ref") or (resolve(body, ref_field) if ref_field else MISSING)
     return StatusAnswer(
         observed=observed,

@@ -21,7 +21,7 @@ from recovery.engine.reconcile import LEARNED_NOTHING, Observation, next_check
 from recovery.engine.redact import redact_data
 from recovery.engine.states import CallState
 from recovery.engine.types import ClassifyContext
-from recovery.jobs.queueing import enqueue
+from recovery.jobs.queueing import enqueue, kick
 from recovery.models import (
     Call,
     CompensationAttempt,
@@ -35,7 +35,7 @@ from recovery.providers.status import query_status
 from recovery.registry import tool_policy
 from recovery.services.compensation_plans import entry_plan
 from recovery.services.errors import Refusal
-from recovery.services.outcomes import facts_of
+from recovery.services.outcomes import RECONCILE_NOW, facts_of
 from recovery.statemachine.transitions import TransitionConflict, transition_call, transition_entry
 
 logger = logging.getLogger("recovery.compensations")
@@ -296,6 +296,15 @@ def _settle_call(entry: CompensationEntry, *, actor: Actor) -> None:
 
 
 # --- reconciling an unknown entry -------------------------------------------------------------------------------
+
+
+def compensation_check_soon(entry_id: int) -> bool:
+    """A provider's callback about an entry's own request: an UNKNOWN entry's status check is due at once (the
+    check records the receipt from the provider's records; the callback's word is not taken alone). Whether it was."""
+    due = CompensationEntry.objects.filter(pk=entry_id, state=E.UNKNOWN).update(next_check_at=timezone.now())
+    if due:
+        kick("recovery.jobs.tasks.reconcile_now", RECONCILE_NOW)
+    return bool(due)
 
 
 def compensation_check(entry_id: int, *, worker: str, now: datetime | None = None, force: bool = False):
