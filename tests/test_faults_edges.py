@@ -17,6 +17,7 @@ from recovery.registry import load_registry
 from recovery.services.callbacks import sign
 from recovery.services.tokens import token_create
 from tests.test_api import REGISTRY
+from tests.test_callbacks import REGISTRY as CALLBACK_REGISTRY
 
 pytestmark = pytest.mark.django_db
 TASK = {"tenant": "acme", "external_id": "probe-1", "agent": "tests", "goal": "g"}
@@ -144,20 +145,7 @@ def test_echo_received_masks_a_sensitive_field_and_drops_what_json_cannot_carry(
 
 # --- signed callbacks with bad values -------------------------------------------------------------------------------
 
-SHOP = {
-    "tenants": [{"name": "acme", "tools": "*"}],
-    "providers": [{"name": "shop", "base_url": "http://127.0.0.1:9", "callback_secret_env": "SHOP_CALLBACK_SECRET"}],
-    "tools": [
-        {
-            "name": "refund.create",
-            "provider": "shop",
-            "side_effect": "write",
-            "request": {"method": "POST", "path": "/refunds"},
-            "args_schema": {"type": "object"},
-            "status_query": {"method": "GET", "path": "/s/{idempotency_key}", "status_map": {"ok": "committed"}},
-        }
-    ],
-}
+SHOP = CALLBACK_REGISTRY  # the shop of tests/test_callbacks.py: one tool with a status_map naming "ok"
 
 
 @pytest.fixture
