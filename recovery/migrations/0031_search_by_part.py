@@ -13,6 +13,8 @@ INDEXES = (
 def create(apps, schema_editor):
     if schema_editor.connection.vendor != "postgresql":
         return
+    # Raw DDL, not django.contrib.postgres's GinIndex in the models' Meta: a model index would be built on the
+    # embedded SQLite too, which has no GIN nor trigrams; the queries stay the ORM's (`__contains`).
     schema_editor.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
     for name, table, column in INDEXES:
         schema_editor.execute(f"CREATE INDEX IF NOT EXISTS {name} ON {table} USING gin ({column} gin_trgm_ops)")
