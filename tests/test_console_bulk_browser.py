@@ -95,6 +95,7 @@ def test_a_reviewer_bulk_escalates_ticked_rows_an_approver_approves_and_results_
     with bob.page.expect_navigation():
         bob.page.locator(f"#bulk-{bulk.pk} a.open").click()
     bob.page.locator("#id_approve-reason").fill("Both checked on the queue.")
+    bob.page.once("dialog", lambda dialog: dialog.accept())  # approving asks for a confirmation, however sent
     with bob.page.expect_navigation():
         bob.page.get_by_role("button", name=f"Approve bulk #{bulk.pk}").click()
 

@@ -97,16 +97,23 @@ def test_make_run_refuses_a_sandbox_address_in_use_before_starting_anything(tmp_
     assert "make run SANDBOX_ADDR=host:port" in result.stderr  # what a make user can do
 
 
-def test_make_run_passes_the_console_and_sandbox_addresses_on():
+def _make_run_shown(*variables: str) -> str:
+    """The command `make run` would serve with (`make -n`), as a user's shell runs it: not inside the make that
+    runs the suite (whose MAKEFLAGS would add "Entering/Leaving directory" lines)."""
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MAKELEVEL", "MFLAGS"}}
     shown = subprocess.run(
-        ["make", "-n", "run", "ADDR=127.0.0.1:8100", "SANDBOX_ADDR=127.0.0.1:8101"],
-        cwd=ROOT, capture_output=True, text=True, timeout=60,
-    ).stdout.splitlines()[-1]  # fmt: skip
+        ["make", "-n", "run", *variables], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    ).stdout
+    return [line.strip() for line in shown.splitlines() if "manage.py run" in line][-1]
+
+
+def test_make_run_passes_the_console_and_sandbox_addresses_on():
+    shown = _make_run_shown("ADDR=127.0.0.1:8100", "SANDBOX_ADDR=127.0.0.1:8101")
     assert shown.startswith("RECOVERY_SANDBOX_ADDR=127.0.0.1:8101 ") and shown.endswith(
         "manage.py run --addr 127.0.0.1:8100"
     )
-    plain = subprocess.run(["make", "-n", "run"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
-    assert plain.splitlines()[-1].strip().endswith("manage.py run") and "RECOVERY_SANDBOX_ADDR" not in plain
+    plain = _make_run_shown()
+    assert plain.endswith("manage.py run") and "RECOVERY_SANDBOX_ADDR" not in plain
 
 
 def test_manage_py_help_needs_no_secret_and_a_missing_one_is_one_line(tmp_path):
