@@ -476,27 +476,6 @@ class ReconcileAcceptedOut(Answer):
     poll: str = _("Where to read the call's state.")
 
 
-class CallbackOut(Answer):
-    """A provider callback's receipt."""
-
-    receipt_id: int = _("The receipt it made (or the one it repeats).")
-    duplicate: bool = _("Whether this event was received before.")
-    call_id: int = _("The call it is about.")
-    observed: ObservationName = _("What it says happened.")
-    applied: bool = _("Whether it moved the call.")
-    call_state: str = _("The call's state after it.")
-
-
-class CompensationCallbackOut(Answer):
-    """A provider callback about a compensation's own request (202): not stored as a receipt; the entry's status
-    check, brought forward, records what the provider's records say."""
-
-    compensation_entry_id: int = _("The compensation entry whose key the callback carried.")
-    call_id: int = _("The call the entry undoes.")
-    entry_state: str = _("The entry's state now.")
-    check_brought_forward: bool = _("Whether the entry waited for a status check and it is now due at once.")
-
-
 # --- capabilities ---------------------------------------------------------------------------------------------------
 
 

@@ -18,11 +18,9 @@ from ninja.security import HttpBearer
 from recovery.api.answers import (
     AdmittedOut,
     CallAddedOut,
-    CallbackOut,
     CallOut,
     CapabilitiesOut,
     CompensationAttemptOut,
-    CompensationCallbackOut,
     ErrorOut,
     GateOut,
     MetricsOut,
@@ -51,6 +49,7 @@ from recovery.api.inputs import (
 )
 from recovery.api.metrics import SCOPES, metrics_answer, metrics_scope
 from recovery.api.otlp import router as otlp_router
+from recovery.api.provider_answers import CallbackOut, CompensationCallbackOut
 from recovery.api.versions import VersionedNinjaAPI
 from recovery.audit.chain import Actor
 from recovery.engine.redact import echo_received
