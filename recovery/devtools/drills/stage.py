@@ -355,6 +355,10 @@ class JobWorkers:
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
+            # Then whatever its session's group still holds: a worker killed before it stopped its scheduler
+            # process leaves that process running, with no parent to stop it.
+            with suppress(ProcessLookupError, PermissionError):
+                os.killpg(child.pid, signal.SIGKILL)
 
 
 def parent_pid(pid: int) -> int | None:
