@@ -23,6 +23,7 @@ from recovery.engine.validation import MISSING, resolve
 from recovery.engine.wire import form_encode, form_scalar
 from recovery.models import Call, Tool
 from recovery.providers.status import outbound_headers
+from recovery.registry.lookup import marker_paths
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -120,12 +121,14 @@ def _key_place(template: dict, side_effect: str) -> dict | None:
 
 def wire_of(tool: Tool) -> dict[str, str]:
     """What a runtime needs to send an admitted attempt of `tool` as the registry describes it (the admission answer's
-    `wire`, docs/api.md): the header or body field of the key (empty: not that way) and the request id's header."""
+    `wire`, docs/api.md): the header or body field of the key (empty: not that way), the body paths that carry the
+    key as a marker a listing lookup matches (docs/providers.md) and the request id's header."""
     template = tool.request if isinstance(tool.request, dict) else {}
     place = _key_place(template, tool.side_effect) or {}
     return {
         "key_header": place.get("header", ""),
         "key_field": place.get("field", ""),
+        "key_markers": marker_paths(template),
         "request_id_header": tool.provider.request_id_header or "X-Request-Id",
     }
 
