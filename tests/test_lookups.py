@@ -69,11 +69,16 @@ def test_each_kind_needs_its_own_keys(db):
     assert 'only for a status_query of kind "list"' in errors["$.tools[0].status_query.visible_after_s"]
 
     data = stripe_registry()
-    data["tools"][0]["status_query"] = {"kind": "replay", "method": "POST", "path": "/v1/refunds"}
+    data["tools"][0]["status_query"] = {"kind": "replay", "path": "/v1/refunds"}
     data["tools"][0]["reconcile"]["replay_when_status_down"] = False
-    assert "replay_when_status_down" in errors_of(data)["$.tools[0].status_query.kind"]
+    errors = errors_of(data)
+    assert "replay_when_status_down" in errors["$.tools[0].status_query.kind"]
+    assert "re-sends the tool's own request" in errors["$.tools[0].status_query.path"]
+    data["tools"][0]["status_query"] = {"kind": "replay"}
     data["tools"][0]["reconcile"]["replay_when_status_down"] = True
     assert errors_of(data) == {}
+    del data["tools"][0]["status_query"]["kind"]  # kind "key" by default, which needs its request
+    assert "required" in errors_of(data)["$.tools[0].status_query.path"]
 
 
 # --- a listing against the sandbox ----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from recovery.engine.storable import loads
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Tool
 from recovery.providers.requests import TemplateError, _fill_body, _fill_text, _query
-from recovery.providers.status import MAX_BODY, StatusAnswer, _session, outbound_headers
+from recovery.providers.status import MAX_BODY, Reply, StatusAnswer, _session, fetch_status, outbound_headers
 
 DEFAULT_PAGES = 5
 MAX_REFS = 50  # matched references kept on a receipt
@@ -50,6 +50,17 @@ def finished_at(call: Call) -> datetime | None:
     if last is None:
         return call.sent_at or call.state_changed_at
     return last[0] or last[1] or call.sent_at or call.state_changed_at
+
+
+def fetch_lookup(tool: Tool, call: Call) -> Reply | StatusAnswer:
+    """The tool's status lookup, whatever its kind: a listing read and judged here, a query by key's reply (read
+    later by status.read_status), or, for a lookup that is a same-key replay, nothing learned by a query."""
+    kind = (tool.status_query or {}).get("kind") or "key"
+    if kind == "list":
+        return list_status(tool, call)
+    if kind == "replay":
+        return StatusAnswer(observed=Observation.AMBIGUOUS, error="the lookup is a same-key replay (no status query)")
+    return fetch_status(tool, call)
 
 
 def list_status(tool: Tool, call: Call, *, now: datetime | None = None) -> StatusAnswer:

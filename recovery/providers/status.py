@@ -101,15 +101,11 @@ def query_status(tool: Tool, call: Call) -> StatusAnswer:
 
 
 def fetch_status(tool: Tool, call: Call) -> Reply | StatusAnswer:
-    """The HTTP exchange alone: the reply, or a StatusAnswer when there was none to read (or when the lookup is a
-    listing, recovery.providers.listing, whose pages are read as they come)."""
+    """The HTTP exchange alone of a lookup by key: the reply, or a StatusAnswer when there was none to read. The other
+    kinds of lookup go through recovery.providers.listing.fetch_lookup; here they learn nothing."""
     kind = (tool.status_query or {}).get("kind") or "key"
-    if kind == "list":
-        from recovery.providers.listing import list_status  # it builds on this module's session and headers
-
-        return list_status(tool, call)
-    if kind == "replay":
-        return StatusAnswer(observed=Observation.AMBIGUOUS, error="the lookup is a same-key replay (no status query)")
+    if kind != "key":
+        return StatusAnswer(observed=Observation.AMBIGUOUS, error=f"a lookup of kind {kind!r} is no query by key")
     url = status_url(tool, call)
     method = (tool.status_query or {}).get("method", "GET")
     if url is None:

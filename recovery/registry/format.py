@@ -212,8 +212,8 @@ REQUEST = {
     "key": Key(key_place),  # default: the Idempotency-Key header for a write, nowhere for a read
 }
 STATUS_QUERY = {
-    "method": Key(choice("GET", "POST"), required=True),
-    "path": Key(template_path, required=True),
+    "method": Key(choice("GET", "POST")),  # method and path: required unless the lookup is a replay
+    "path": Key(template_path),
     "status_map": Key(_status_map),  # required for a lookup of kind "key" (recovery.registry.lookup)
     "status_field": Key(dotted),  # where the provider's status string is in the answer (default "status")
     "effects_field": Key(dotted),  # where it reports how many business effects the key has (optional)

@@ -84,7 +84,13 @@ def check_status_query(ctx: Context, tool: dict, path: str, args: frozenset[str]
     for key in _LIST_ONLY if kind != "list" else ():
         if key in query:
             ctx.error(child(path, key), f'only for a status_query of kind "list" (this one is {kind!r})')
+    for key in ("method", "path") if kind != "replay" else ():
+        if key not in query:
+            ctx.error(child(path, key), f"required for a status_query of kind {kind!r}")
     if kind == "replay":
+        for key in ("method", "path", "status_map"):
+            if key in query:
+                ctx.error(child(path, key), "a replay lookup re-sends the tool's own request: nothing to set here")
         reconcile = tool.get("reconcile")
         if not (isinstance(reconcile, dict) and reconcile.get("replay_when_status_down") is True):
             what = "a replay lookup is replay reconciliation: set reconcile.replay_when_status_down"
@@ -115,8 +121,10 @@ def _check_list_lookup(ctx: Context, tool: dict, query: dict, path: str, args: f
 def _check_key_lookup(ctx: Context, query: dict, path: str) -> None:
     if "status_map" not in query:
         ctx.error(child(path, "status_map"), "required: it maps the provider's status strings to observations")
+    if not isinstance(query.get("path"), str):
+        return  # required, said above
     where = child(path, "path")
-    names = set(placeholders(query.get("path", "")))
+    names = set(placeholders(query["path"]))
     if not names & STATUS_PLACEHOLDERS:
         ctx.error(where, "must contain {idempotency_key} or {provider_ref}: status is looked up by the call's key")
     for placeholder in sorted(names - STATUS_PLACEHOLDERS):

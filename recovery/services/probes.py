@@ -13,8 +13,9 @@ from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine import probe as judgement
 from recovery.engine.reconcile import Observation
 from recovery.models import ActionRequest, Call, DuplicateProbe, RetryPath, Tool
+from recovery.providers.listing import fetch_lookup
 from recovery.providers.requests import send, tool_request
-from recovery.providers.status import fetch_status, read_status
+from recovery.providers.status import read_status
 
 _PATH = {judgement.SAFE: RetryPath.SAFE, judgement.UNSAFE: RetryPath.UNSAFE}
 _ANSWERED = frozenset({Observation.COMMITTED, Observation.NOT_COMMITTED, Observation.PENDING})
@@ -30,7 +31,7 @@ def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None)
     tool = call.tool
     outgoing = tool_request(tool, call)
     facts = send(outgoing)
-    answer = read_status(tool, fetch_status(tool, call)) if tool.status_query else None  # the ledger, or a listing
+    answer = read_status(tool, fetch_lookup(tool, call)) if tool.status_query else None  # the ledger, or a listing
     now = timezone.now()
     result = facts.get("result") if isinstance(facts.get("result"), dict) else {}
     second_ref = result.get(tool.provider_ref_field) if tool.provider_ref_field else None

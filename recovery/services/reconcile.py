@@ -20,7 +20,8 @@ from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
 from recovery.engine.states import RECONCILABLE, UNSETTLED, CallState
 from recovery.models import Call, Receipt, ReceiptSource, Tool
-from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
+from recovery.providers.listing import fetch_lookup
+from recovery.providers.status import Reply, StatusAnswer, read_status
 from recovery.registry.policy import reconcile_policy
 from recovery.services import replay_reconcile
 from recovery.services.reconcile_runner import run_checks
@@ -186,7 +187,7 @@ def _ask(call: Call, breakers: StatusBreakerGate) -> Reply | StatusAnswer:
     verdict = breakers.ask(tool.provider, now)
     if verdict == SKIP:
         return StatusAnswer(observed=O.UNREACHABLE, error="skipped: the provider's status endpoint breaker is open")
-    reply = fetch_status(tool, call)
+    reply = fetch_lookup(tool, call)
     breakers.record(tool.provider, failed=reply.endpoint_failed, probe=verdict == PROBE)
     return reply
 
