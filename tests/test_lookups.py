@@ -8,12 +8,13 @@ from __future__ import annotations
 import copy
 import json
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import pytest
 import requests
 
 from recovery.models import Call, Provider, Tool
-from recovery.providers.listing import list_status
+from recovery.providers.listing import list_status, shown_lookup
 from recovery.registry import validate_registry
 from recovery.services.reconcile import reconcile_call
 from tests.sandbox import SANDBOX_API_KEY_FOR_TESTS
@@ -193,3 +194,17 @@ def test_a_listing_that_fails_is_a_failed_check(listed, sandbox, make_call):
     answer = list_status(listed, call)
 
     assert (answer.observed, answer.http_status, answer.endpoint_failed) == ("failed", 503, True)
+
+
+def test_a_plan_shows_the_listing_it_would_read_with_the_credential_masked(listed, sandbox, make_call):
+    call = unknown(make_call, listed, "O-7")
+
+    shown = shown_lookup(listed, call)
+
+    url, _, params = shown["url"].partition("?")
+    assert (shown["method"], url) == ("GET", f"{sandbox.url}/refunds/list")
+    assert dict(parse_qsl(params)) == {"order_id": "O-7", "limit": "1"}
+    assert shown["headers"]["Authorization"] == "Bearer [REDACTED]"
+    Tool.objects.filter(pk=listed.pk).update(status_query={"kind": "replay"})
+    listed.status_query = {"kind": "replay"}
+    assert shown_lookup(listed, call) is None  # a replay lookup sends the tool's own request, shown as the replay

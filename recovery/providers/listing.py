@@ -23,7 +23,15 @@ from recovery.engine.storable import loads
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Tool
 from recovery.providers.requests import TemplateError, _fill_body, _fill_text, _query
-from recovery.providers.status import MAX_BODY, Reply, StatusAnswer, _session, fetch_status, outbound_headers
+from recovery.providers.status import (
+    MAX_BODY,
+    Reply,
+    StatusAnswer,
+    _session,
+    fetch_status,
+    outbound_headers,
+    status_url,
+)
 
 DEFAULT_PAGES = 5
 MAX_REFS = 50  # matched references kept on a receipt
@@ -63,14 +71,37 @@ def fetch_lookup(tool: Tool, call: Call) -> Reply | StatusAnswer:
     return fetch_status(tool, call)
 
 
+def shown_lookup(tool: Tool, call: Call) -> dict | None:
+    """The lookup's (first) request as a plan shows it, credentials masked; None when there is none to send."""
+    query = tool.status_query or {}
+    kind = query.get("kind") or "key"
+    if kind == "list":
+        try:
+            url, params, _ = _listing_request(tool, call)
+        except TemplateError:
+            return None
+        url += f"?{params}" if params else ""
+    else:
+        url = status_url(tool, call) if kind == "key" else None
+    if url is None:
+        return None
+    return {"method": query.get("method") or "GET", "url": url, "headers": outbound_headers(tool.provider)[1]}
+
+
+def _listing_request(tool: Tool, call: Call) -> tuple[str, str, dict[str, str]]:
+    """The listing's URL and query string, and the match's fields with the values the call's marker must have."""
+    query = tool.status_query or {}
+    values = _values(call)
+    url = tool.provider.base_url.rstrip("/") + _fill_text(str(query.get("path") or ""), values, quoted=True)
+    wanted = {name: str(_fill_body(template, values)) for name, template in (query.get("match") or {}).items()}
+    return url, _query(query.get("query"), values), wanted
+
+
 def list_status(tool: Tool, call: Call, *, now: datetime | None = None) -> StatusAnswer:
     """Read the listing and say what it proves. Never raises for what the network or the provider does."""
     query = tool.status_query or {}
-    values = _values(call)
     try:
-        url = tool.provider.base_url.rstrip("/") + _fill_text(str(query.get("path") or ""), values, quoted=True)
-        params = _query(query.get("query"), values)
-        wanted = {name: str(_fill_body(template, values)) for name, template in (query.get("match") or {}).items()}
+        url, params, wanted = _listing_request(tool, call)
     except TemplateError as exc:
         return StatusAnswer(observed=Observation.AMBIGUOUS, error=str(exc))
     headers, shown = outbound_headers(tool.provider)
