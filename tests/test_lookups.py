@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from recovery.models import Call, Provider, Tool
-from recovery.providers.listing import list_status, shown_lookup
+from recovery.providers.listing import _cursor, _more, list_status, shown_lookup
 from recovery.registry import validate_registry
 from recovery.services.reconcile import reconcile_call
 from tests.sandbox import SANDBOX_API_KEY_FOR_TESTS
@@ -62,6 +62,17 @@ def test_each_kind_needs_its_own_keys(db):
     assert 'kind "list"' in errors["$.tools[0].status_query.match"]
     assert "neither an argument" in errors["$.tools[0].status_query.query.amount"]
 
+    data = stripe_registry()
+    listing = data["tools"][0]["status_query"]
+    listing["next"] = {"param": "starting_after", "cursor": "id", "page_cursor": "next_page", "more": "has_more"}
+    assert "exactly one of cursor" in errors_of(data)["$.tools[0].status_query.next"]
+    listing["next"] = {"param": "starting_after", "cursor": "id"}
+    assert "required with cursor" in errors_of(data)["$.tools[0].status_query.next.more"]
+    listing["next"] = {"param": "page", "page_cursor": "next_page"}  # Stripe Search's token: no `more` needed
+    assert errors_of(data) == {}
+    del listing["next"]
+    assert 'kind "list"' in errors_of(data)["$.tools[0].status_query.next"]  # one page alone proves no absence
+
     by_key = {"method": "GET", "path": "/v1/refunds/{provider_ref}", "visible_after_s": 5}
     data = stripe_registry()
     data["tools"][0]["status_query"] = by_key
@@ -80,6 +91,15 @@ def test_each_kind_needs_its_own_keys(db):
     assert errors_of(data) == {}
     del data["tools"][0]["status_query"]["kind"]  # kind "key" by default, which needs its request
     assert "required" in errors_of(data)["$.tools[0].status_query.path"]
+
+
+def test_a_page_token_pages_until_the_page_has_none():
+    by_token = {"param": "cursor", "page_cursor": "cursor"}  # Square's: the next page's token in the page
+    assert _more({"payments": [], "cursor": "c2"}, by_token) and _cursor({"cursor": "c2"}, [], by_token) == "c2"
+    assert not _more({"payments": [{"id": "p"}]}, by_token)
+    by_item = {"param": "starting_after", "cursor": "id", "more": "has_more"}  # Stripe's: the last item's id
+    assert _more({"has_more": True}, by_item) and _cursor({}, [{"id": "re_1"}, {"id": "re_2"}], by_item) == "re_2"
+    assert not _more({"has_more": False}, by_item) and not _more({}, {})
 
 
 # --- a listing against the sandbox ----------------------------------------------------------------------------------

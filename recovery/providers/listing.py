@@ -121,7 +121,7 @@ def list_status(tool: Tool, call: Call, *, now: datetime | None = None) -> Statu
 
 def _read_pages(tool, query, url, params, headers, wanted, listing: Listing) -> tuple[int | None, str] | None:
     """Page through the listing into `listing`; (http status, error) when a page could not be read."""
-    pages = int(query.get("max_pages") or DEFAULT_PAGES) if query.get("next") else 1
+    pages = int(query.get("max_pages") or DEFAULT_PAGES)
     timeout = (tool.provider.connect_timeout_s, tool.provider.read_timeout_s)
     ref_field = query.get("ref_field") or tool.provider_ref_field or "id"
     following, cursor = query.get("next") or {}, None
@@ -141,14 +141,28 @@ def _read_pages(tool, query, url, params, headers, wanted, listing: Listing) -> 
             return reply.status_code, f"no list of items at {query.get('items')!r} in the listing"
         listing.pages, listing.items = listing.pages + 1, listing.items + len(items)
         listing.matched += [_text(resolve(item, ref_field))[:255] for item in items if _matches(item, wanted)]
-        more = following and resolve(body, following["more"]) is True and items
-        if not more:
+        if not _more(body, following):
             return None
-        cursor = _text(resolve(items[-1], following["cursor"])) if isinstance(items[-1], dict) else ""
+        cursor = _cursor(body, items, following)
         if not cursor:
-            return reply.status_code, "the listing says more follow but its last item has no cursor"
+            return reply.status_code, "the listing says more follow but gives no cursor to ask for them"
     listing.cut = True
     return None
+
+
+def _more(body: object, following: dict) -> bool:
+    """Whether the page says another follows: its `more` flag, or (paged by a token in the page) a token."""
+    if not following:
+        return False  # the registry requires `next` on a listing; without it nothing says more follow
+    if "more" in following and resolve(body, following["more"]) is not True:
+        return False
+    return "more" in following or bool(_text(resolve(body, following["page_cursor"])))
+
+
+def _cursor(body: object, items: list, following: dict) -> str:
+    if "page_cursor" in following:
+        return _text(resolve(body, following["page_cursor"]))
+    return _text(resolve(items[-1], following["cursor"])) if items and isinstance(items[-1], dict) else ""
 
 
 def _page(reply: requests.Response, query: dict) -> tuple[object, list | None]:

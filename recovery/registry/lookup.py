@@ -48,14 +48,23 @@ def _match(ctx: Context, value: Any, path: str) -> bool:
 
 NEXT_PAGE = {
     "param": Key(name(100), required=True),  # the query parameter that asks for the next page (starting_after)
-    "cursor": Key(dotted, required=True),  # the field of a page's last item it is given (id)
-    "more": Key(dotted, required=True),  # the page's field that says another page follows (has_more)
+    "cursor": Key(dotted),  # what it is given: this field of a page's last item (Stripe: id), or
+    "page_cursor": Key(dotted),  # this field of the page itself (Square's cursor, Stripe Search's next_page)
+    "more": Key(dotted),  # the page's field that says another page follows (has_more); needed with `cursor`
 }
 
 
 def _next_page(ctx: Context, value: Any, path: str) -> bool:
     passed = check_object(ctx, value, path, NEXT_PAGE, "the next page")
-    return passed is not None and passed == set(value)
+    if passed is None or passed != set(value):
+        return False
+    if ("cursor" in value) == ("page_cursor" in value):
+        ctx.error(path, "needs exactly one of cursor (a field of the last item) or page_cursor (a field of the page)")
+        return False
+    if "cursor" in value and "more" not in value:
+        ctx.error(child(path, "more"), "required with cursor: the page's field that says more follow (has_more)")
+        return False
+    return True
 
 
 # The keys a status_query may carry besides method, path and status_map (recovery.registry.format.STATUS_QUERY).
@@ -103,11 +112,10 @@ def check_status_query(ctx: Context, tool: dict, path: str, args: frozenset[str]
 
 
 def _check_list_lookup(ctx: Context, tool: dict, query: dict, path: str, args: frozenset[str] | None) -> None:
-    for key in ("items", "match"):
+    for key in ("items", "match", "next"):
         if key not in query:
+            # Without `next` a listing could not tell a complete answer from a first page: "not listed" would lie.
             ctx.error(child(path, key), 'required for a status_query of kind "list"')
-    if "max_pages" in query and "next" not in query:
-        ctx.error(child(path, "max_pages"), "pages beyond the first need `next`: how to ask for the next page")
     allowed = LOOKUP_PLACEHOLDERS | (args or frozenset())
     for key in ("path", "query", "match"):
         for where, text in template_strings(query.get(key), child(path, key)):
