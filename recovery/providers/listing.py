@@ -53,11 +53,11 @@ def _values(call: Call) -> dict:
 
 
 def finished_at(call: Call) -> datetime | None:
-    """When the call's last attempt finished (its outcome reported): the visibility window counts from it."""
-    last = call.attempts.order_by("-number").values_list("reported_at", "admitted_at").first()
-    if last is None:
-        return call.sent_at or call.state_changed_at
-    return last[0] or last[1] or call.sent_at or call.state_changed_at
+    """When the call's last attempt finished (its outcome reported): the visibility window counts from it. An attempt
+    never reported (swept to UNKNOWN after its outcome timeout) counts from the call's last change of state, the later
+    moment: the window is never short. One indexed read, made by the query's thread (which closes its connection)."""
+    reported = call.attempts.order_by("-number").values_list("reported_at", flat=True).first()
+    return reported or call.state_changed_at or call.sent_at
 
 
 def fetch_lookup(tool: Tool, call: Call) -> Reply | StatusAnswer:
