@@ -215,7 +215,8 @@ def http() -> requests.Session:
 
     It retries nothing (the console decides every retry), puts the call's idempotency key where the registry says
     (the admission's `wire`: a header such as Idempotency-Key or PayPal-Request-Id, a body field such as Square's
-    idempotency_key, or nowhere), replacing one the function or its SDK set, applies the tool's timeout when the
+    idempotency_key, or nowhere) and at each of its `key_markers` (a body path such as metadata.recovery_key, which
+    a listing lookup matches), replacing one the function or its SDK set, applies the tool's timeout when the
     request names none, records each exchange's real facts (status, headers, a timeout, a refused or reset
     connection) and refuses to send again after a request of the
     attempt failed (no reply, 429 or 5xx): RequestRefused."""
