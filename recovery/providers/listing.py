@@ -22,14 +22,14 @@ from recovery.engine.redact import redact
 from recovery.engine.storable import loads
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Tool
-from recovery.providers.requests import TemplateError, _fill_body, _fill_text, _query
+from recovery.providers.requests import TemplateError, fill_body, fill_text, query_string
 from recovery.providers.status import (
     MAX_BODY,
     Reply,
     StatusAnswer,
-    _session,
     fetch_status,
     outbound_headers,
+    status_session,
     status_url,
 )
 
@@ -92,9 +92,9 @@ def _listing_request(tool: Tool, call: Call) -> tuple[str, str, dict[str, str]]:
     """The listing's URL and query string, and the match's fields with the values the call's marker must have."""
     query = tool.status_query or {}
     values = _values(call)
-    url = tool.provider.base_url.rstrip("/") + _fill_text(str(query.get("path") or ""), values, quoted=True)
-    wanted = {name: str(_fill_body(template, values)) for name, template in (query.get("match") or {}).items()}
-    return url, _query(query.get("query"), values), wanted
+    url = tool.provider.base_url.rstrip("/") + fill_text(str(query.get("path") or ""), values, quoted=True)
+    wanted = {name: str(fill_body(template, values)) for name, template in (query.get("match") or {}).items()}
+    return url, query_string(query.get("query"), values), wanted
 
 
 def list_status(tool: Tool, call: Call, *, now: datetime | None = None) -> StatusAnswer:
@@ -131,7 +131,7 @@ def _read_pages(tool, query, url, params, headers, wanted, listing: Listing) -> 
             page_params = "&".join(p for p in (params, urlencode({following["param"]: cursor})) if p)
         target = url + (f"?{page_params}" if page_params else "")
         try:
-            reply = _session().request(query.get("method") or "GET", target, headers=headers, timeout=timeout)
+            reply = status_session().request(query.get("method") or "GET", target, headers=headers, timeout=timeout)
         except requests.RequestException as exc:
             return None, redact(f"{type(exc).__name__}: {exc}")
         if reply.status_code >= 400:

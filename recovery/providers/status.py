@@ -39,7 +39,7 @@ class StatusAnswer:
 _local = threading.local()
 
 
-def _session() -> requests.Session:
+def status_session() -> requests.Session:
     """One keep-alive session per thread (checks run on worker threads); retries off: max_retries=0."""
     session = getattr(_local, "session", None)
     if session is None:
@@ -114,7 +114,7 @@ def fetch_status(tool: Tool, call: Call) -> Reply | StatusAnswer:
     record = {"method": method, "url": url, "headers": shown}
     timeout = (tool.provider.connect_timeout_s, tool.provider.read_timeout_s)
     try:
-        reply = _session().request(method, url, headers=headers, timeout=timeout, allow_redirects=False)
+        reply = status_session().request(method, url, headers=headers, timeout=timeout, allow_redirects=False)
     except requests.RequestException as exc:
         error = redact(f"{type(exc).__name__}: {exc}")
         return StatusAnswer(observed=Observation.FAILED, request=record, error=error, endpoint_failed=True)
