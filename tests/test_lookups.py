@@ -15,6 +15,7 @@ import requests
 
 from recovery.models import Call, Provider, Tool
 from recovery.providers.listing import _cursor, _more, list_status, shown_lookup
+from recovery.providers.status import status_url
 from recovery.registry import validate_registry
 from recovery.services.reconcile import reconcile_call
 from tests.sandbox import SANDBOX_API_KEY_FOR_TESTS
@@ -73,6 +74,18 @@ def test_each_kind_needs_its_own_keys(db):
     del listing["next"]
     assert 'kind "list"' in errors_of(data)["$.tools[0].status_query.next"]  # one page alone proves no absence
 
+    data = stripe_registry()  # a lookup by key may carry the key in its query string instead of its path
+    data["tools"][0]["status_query"] = {
+        "method": "GET",
+        "path": "/v1/lookup",
+        "query": {"key": "{idempotency_key}", "expand": "{amount}"},
+        "status_field": "data.status",
+        "status_map": {"succeeded": "committed"},
+    }
+    assert "{amount} is not available" in errors_of(data)["$.tools[0].status_query.query.expand"]
+    del data["tools"][0]["status_query"]["query"]["expand"]
+    assert errors_of(data) == {}
+
     by_key = {"method": "GET", "path": "/v1/refunds/{provider_ref}", "visible_after_s": 5}
     data = stripe_registry()
     data["tools"][0]["status_query"] = by_key
@@ -91,6 +104,15 @@ def test_each_kind_needs_its_own_keys(db):
     assert errors_of(data) == {}
     del data["tools"][0]["status_query"]["kind"]  # kind "key" by default, which needs its request
     assert "required" in errors_of(data)["$.tools[0].status_query.path"]
+
+
+def test_a_lookup_by_key_may_send_the_key_in_its_query_string(listed, make_call):
+    call = unknown(make_call, listed, "O-8")
+    listed.status_query = {"method": "GET", "path": "/refunds/lookup", "query": {"key": "{idempotency_key}", "v": "2"}}
+    base = listed.provider.base_url.rstrip("/")
+    assert status_url(listed, call) == f"{base}/refunds/lookup?key={call.idempotency_key}&v=2"
+    listed.status_query["query"] = {"ref": "{provider_ref}"}
+    assert status_url(listed, call) is None  # no reference yet: nothing to ask by
 
 
 def test_a_page_token_pages_until_the_page_has_none():

@@ -9,7 +9,7 @@ import os
 import threading
 import urllib.request
 from dataclasses import dataclass, field
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -70,14 +70,21 @@ def outbound_headers(provider: Provider) -> tuple[dict[str, str], dict[str, str]
 
 
 def status_url(tool: Tool, call: Call) -> str | None:
-    """The status endpoint's URL for this call, or None when its template needs a provider reference we lack."""
+    """The status endpoint's URL for this call, its query string included (the key or reference may travel in either),
+    or None when its template needs a provider reference we lack."""
     query = tool.status_query or {}
     path = query.get("path", "")
-    if "{provider_ref}" in path and not call.provider_ref:
+    params = query.get("query") if isinstance(query.get("query"), dict) else {}
+    if "{provider_ref}" in path + "".join(map(str, params.values())) and not call.provider_ref:
         return None
     path = path.replace("{idempotency_key}", quote(call.idempotency_key, safe=""))
     path = path.replace("{provider_ref}", quote(call.provider_ref, safe=""))
-    return tool.provider.base_url.rstrip("/") + path
+    pairs = [(name, _filled(str(value), call)) for name, value in params.items()]
+    return tool.provider.base_url.rstrip("/") + path + (f"?{urlencode(pairs)}" if pairs else "")
+
+
+def _filled(text: str, call: Call) -> str:
+    return text.replace("{idempotency_key}", call.idempotency_key).replace("{provider_ref}", call.provider_ref)
 
 
 @dataclass(frozen=True)

@@ -78,7 +78,7 @@ LOOKUP_KEYS = {
     "max_pages": Key(integer(1, MAX_PAGES)),  # list: pages read at most; a listing cut there proves nothing
     "visible_after_s": Key(integer(0, 86_400)),  # list: how long a new item may take to appear (a search's lag)
 }
-_LIST_ONLY = ("query", "items", "match", "ref_field", "next", "max_pages", "visible_after_s")
+_LIST_ONLY = ("items", "match", "ref_field", "next", "max_pages", "visible_after_s")
 
 
 def lookup_kind(query: Any) -> str:
@@ -127,18 +127,26 @@ def _check_list_lookup(ctx: Context, tool: dict, query: dict, path: str, args: f
 
 
 def _check_key_lookup(ctx: Context, query: dict, path: str) -> None:
+    """A lookup by key names the call's key or reference in its path or its query, and nothing else of the call."""
     if "status_map" not in query:
         ctx.error(child(path, "status_map"), "required: it maps the provider's status strings to observations")
     if not isinstance(query.get("path"), str):
         return  # required, said above
-    where = child(path, "path")
-    names = set(placeholders(query["path"]))
-    if not names & STATUS_PLACEHOLDERS:
-        ctx.error(where, "must contain {idempotency_key} or {provider_ref}: status is looked up by the call's key")
-    for placeholder in sorted(names - STATUS_PLACEHOLDERS):
-        ctx.error(
-            where, f"{{{placeholder}}} is not available to a status query (only {{idempotency_key}}, {{provider_ref}})"
+    found: set[str] = set()
+    for where, text in [
+        (child(path, "path"), query["path"]),
+        *template_strings(query.get("query"), child(path, "query")),
+    ]:
+        names = set(placeholders(text))
+        found |= names
+        for placeholder in sorted(names - STATUS_PLACEHOLDERS):
+            what = f"{{{placeholder}}} is not available to a status query (only {{idempotency_key}}, {{provider_ref}})"
+            ctx.error(where, what)
+    if not found & STATUS_PLACEHOLDERS:
+        what = (
+            "must contain {idempotency_key} or {provider_ref} (here or in query): status is looked up by the call's key"
         )
+        ctx.error(child(path, "path"), what)
 
 
 def _check_markers(ctx: Context, request: Any, match: dict, path: str) -> None:
