@@ -250,3 +250,13 @@ def test_a_plan_shows_the_listing_it_would_read_with_the_credential_masked(liste
     Tool.objects.filter(pk=listed.pk).update(status_query={"kind": "replay"})
     listed.status_query = {"kind": "replay"}
     assert shown_lookup(listed, call) is None  # a replay lookup sends the tool's own request, shown as the replay
+
+
+def test_a_page_in_a_shape_the_registry_does_not_describe_is_unreadable_not_an_outage(listed, sandbox, make_call):
+    call = unknown(make_call, listed, "O-9")
+    listed.status_query = listed.status_query | {"items": "records"}  # the sandbox's pages hold `data`
+
+    answer = list_status(listed, call)
+
+    assert (answer.observed, answer.http_status, answer.endpoint_failed) == ("ambiguous", 200, False)
+    assert "no list of items at 'records'" in answer.error

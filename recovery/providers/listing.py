@@ -43,6 +43,7 @@ class Listing:
 
     matched: list[str] = field(default_factory=list)
     pages: int = 0
+    status: int | None = None  # the last page's HTTP status
     items: int = 0
     cut: bool = False
 
@@ -111,11 +112,17 @@ def list_status(tool: Tool, call: Call, *, now: datetime | None = None) -> Statu
     response = {"pages": listing.pages, "items": listing.items, "cut": listing.cut, "matched": listing.matched}
     if failed is not None:
         status, error = failed
-        response["status"] = status
-        return StatusAnswer(
-            observed=Observation.FAILED, http_status=status, request=record, response=response, error=error,
-            endpoint_failed=True,
-        )  # fmt: skip
+        response.update(status=status, error=error)
+        if not listing.matched:
+            # A page that failed (no reply, 4xx, 5xx) counts against the status breaker; a page that answered in a
+            # shape the registry does not describe is unreadable, as an unmapped status is.
+            unreadable = status is not None and status < 400
+            observed = Observation.AMBIGUOUS if unreadable else Observation.FAILED
+            return StatusAnswer(
+                observed=observed, http_status=status, request=record, response=response, error=error,
+                endpoint_failed=not unreadable,
+            )  # fmt: skip
+        response["cut"] = True  # what was matched stands; the count is of the pages read
     return _verdict(tool, call, listing, record, response, now or timezone.now())
 
 
@@ -131,7 +138,8 @@ def _read_pages(tool, query, url, params, headers, wanted, listing: Listing) -> 
             page_params = "&".join(p for p in (params, urlencode({following["param"]: cursor})) if p)
         target = url + (f"?{page_params}" if page_params else "")
         try:
-            reply = status_session().request(query.get("method") or "GET", target, headers=headers, timeout=timeout)
+            method = query.get("method") or "GET"
+            reply = status_session().request(method, target, headers=headers, timeout=timeout, allow_redirects=False)
         except requests.RequestException as exc:
             return None, redact(f"{type(exc).__name__}: {exc}")
         if reply.status_code >= 400:
@@ -139,7 +147,7 @@ def _read_pages(tool, query, url, params, headers, wanted, listing: Listing) -> 
         body, items = _page(reply, query)
         if items is None:
             return reply.status_code, f"no list of items at {query.get('items')!r} in the listing"
-        listing.pages, listing.items = listing.pages + 1, listing.items + len(items)
+        listing.pages, listing.items, listing.status = listing.pages + 1, listing.items + len(items), reply.status_code
         listing.matched += [_text(resolve(item, ref_field))[:255] for item in items if _matches(item, wanted)]
         if not _more(body, following):
             return None
@@ -184,7 +192,7 @@ def _text(value) -> str:
 
 
 def _verdict(tool: Tool, call: Call, listing: Listing, record: dict, response: dict, now: datetime) -> StatusAnswer:
-    common = {"request": record, "response": response, "http_status": 200}
+    common = {"request": record, "response": response, "http_status": listing.status}
     if listing.matched:
         return StatusAnswer(
             observed=Observation.COMMITTED,
