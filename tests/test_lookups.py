@@ -260,3 +260,13 @@ def test_a_page_in_a_shape_the_registry_does_not_describe_is_unreadable_not_an_o
 
     assert (answer.observed, answer.http_status, answer.endpoint_failed) == ("ambiguous", 200, False)
     assert "no list of items at 'records'" in answer.error
+
+
+def test_a_match_on_a_value_the_call_lacks_matches_nothing(listed, sandbox, make_call):
+    call = unknown(make_call, listed, "O-10")
+    refund(sandbox, "O-10", "")  # an item whose marker is empty, as one without the field reads
+    listed.status_query = listed.status_query | {"match": {"metadata.recovery_key": "{provider_ref}"}}  # none yet
+
+    answer = list_status(listed, call)
+
+    assert answer.observed == "ambiguous" and "needs {provider_ref}" in answer.error

@@ -94,7 +94,13 @@ def _listing_request(tool: Tool, call: Call) -> tuple[str, str, dict[str, str]]:
     query = tool.status_query or {}
     values = _values(call)
     url = tool.provider.base_url.rstrip("/") + fill_text(str(query.get("path") or ""), values, quoted=True)
-    wanted = {name: str(fill_body(template, values)) for name, template in (query.get("match") or {}).items()}
+    wanted = {}
+    for name, template in (query.get("match") or {}).items():
+        value = fill_body(template, values)
+        if value is None or value == "":
+            # An empty marker would match every item that lacks the field: no match is ever made on nothing.
+            raise TemplateError(f"the match on {name} needs {template}, which the call lacks")
+        wanted[name] = str(value)
     return url, query_string(query.get("query"), values), wanted
 
 
