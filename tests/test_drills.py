@@ -440,7 +440,8 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
     every = (
         "refused-before-send, timeout-after-send, lost-before-commit, duplicate-callbacks, rate-limit, dependency-5xx, "
         "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, provider-ignores-keys, "
-        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, square-wire"
+        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, lookup-by-listing, "
+        "eventually-consistent-search, square-wire"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")

@@ -243,6 +243,7 @@ class WireOut(Answer):
 
     key_header: str = _("The request header that carries the call's idempotency key (empty: not a header).")
     key_field: str = _("The body field that carries it instead (empty: not a body field; both empty: no key).")
+    key_markers: list[str] = _("Body paths that also carry the key, a marker a listing lookup matches (metadata.x).")
     request_id_header: str = _("The reply header with the provider's request id, to report as provider_request_id.")
 
 

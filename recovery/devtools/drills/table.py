@@ -418,6 +418,27 @@ DRILLS: dict[str, Drill] = {
             ),
         ),
         Drill(
+            slug="lookup-by-listing",
+            name="lookup by listing",
+            injected="refund.listed (no lookup by key: its request carries the key in metadata.recovery_key)"
+            " committed, reply dropped",
+            expected_end="UNKNOWN → COMMITTED by a receipt of the order's refund listing; no second request",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("settled by a receipt", "found by the marker its request carried", "no second request"),
+        ),
+        Drill(
+            slug="eventually-consistent-search",
+            name="eventually consistent search",
+            injected="refund.listed committed, reply dropped, and the sandbox lists a new refund only 3 s later"
+            " (the tool's lookup declares 8 s)",
+            expected_end="UNKNOWN, pending while not listed, → COMMITTED once listed; never NOT_COMMITTED, never"
+            " re-sent",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("not listed at first: pending, nothing concluded", "settled by a receipt", "no second request"),
+        ),
+        Drill(
             slug="square-wire",
             name="square wire",
             injected="a refund sent on Square's wire format (form-encoded, its key in the body's idempotency_key"

@@ -215,7 +215,8 @@ def http() -> requests.Session:
 
     It retries nothing (the console decides every retry), puts the call's idempotency key where the registry says
     (the admission's `wire`: a header such as Idempotency-Key or PayPal-Request-Id, a body field such as Square's
-    idempotency_key, or nowhere), replacing one the function or its SDK set, applies the tool's timeout when the
+    idempotency_key, or nowhere) and at each of its `key_markers` (a body path such as metadata.recovery_key, which
+    a listing lookup matches), replacing one the function or its SDK set, applies the tool's timeout when the
     request names none, records each exchange's real facts (status, headers, a timeout, a refused or reset
     connection) and refuses to send again after a request of the
     attempt failed (no reply, 429 or 5xx): RequestRefused."""
@@ -226,7 +227,12 @@ def http() -> requests.Session:
 
 
 # Where the key goes when the console does not say (API 1.0): a write's Idempotency-Key header, X-Request-Id back.
-DEFAULT_WIRE: Wire = {"key_header": "Idempotency-Key", "key_field": "", "request_id_header": "X-Request-Id"}
+DEFAULT_WIRE: Wire = {
+    "key_header": "Idempotency-Key",
+    "key_field": "",
+    "key_markers": [],
+    "request_id_header": "X-Request-Id",
+}
 
 
 class _Exchange:
@@ -314,18 +320,24 @@ class _RecordingAdapter(HTTPAdapter):
 
 
 def _place_key(request: requests.PreparedRequest, wire: Wire, key: str) -> None:
-    """The call's key where the registry says: a header, or a field of a JSON or form body (replacing any value)."""
+    """The call's key where the registry says: a header, or a field of a JSON or form body (replacing any value),
+    and at each marker path of the body (`metadata.recovery_key`), by which a listing finds the call's effect."""
+    paths = [path.split(".") for path in wire.get("key_markers") or []]
     if wire.get("key_header"):
         request.headers[wire["key_header"]] = key
-        return
-    name = wire.get("key_field")
-    if not name:
-        return
+    elif wire.get("key_field"):
+        paths.append([wire["key_field"]])
+    if paths:
+        _set_body_fields(request, paths, key)
+
+
+def _set_body_fields(request: requests.PreparedRequest, paths: list[list[str]], key: str) -> None:
     body = request.body.encode() if isinstance(request.body, str) else request.body
     kind = request.headers.get("Content-Type", "")
     if kind.startswith("application/x-www-form-urlencoded"):
-        pairs = [(k, v) for k, v in parse_qsl((body or b"").decode(), keep_blank_values=True) if k != name]
-        request.body = urlencode([*pairs, (name, key)], safe="[]")
+        names = {path[0] + "".join(f"[{part}]" for part in path[1:]) for path in paths}
+        pairs = [(k, v) for k, v in parse_qsl((body or b"").decode(), keep_blank_values=True) if k not in names]
+        request.body = urlencode([*pairs, *((name, key) for name in sorted(names))], safe="[]")
     elif isinstance(body, bytes) and body:
         try:
             data = json.loads(body)
@@ -333,7 +345,12 @@ def _place_key(request: requests.PreparedRequest, wire: Wire, key: str) -> None:
             return  # not JSON: the function's own body is sent as it is
         if not isinstance(data, dict):
             return
-        request.body = json.dumps({**data, name: key}).encode()
+        for path in paths:
+            node = data
+            for part in path[:-1]:
+                node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+            node[path[-1]] = key
+        request.body = json.dumps(data).encode()
     else:
         return
     request.headers["Content-Length"] = str(len(request.body))

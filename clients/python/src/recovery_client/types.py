@@ -310,6 +310,7 @@ class Wire(TypedDict):
 
     key_header: str  # the header that carries the call's idempotency key ("": not a header)
     key_field: str  # the body field that carries it instead ("": not a field; both "": no key at all)
+    key_markers: list[str]  # body paths that also carry the key, the marker a listing lookup matches (API 1.1)
     request_id_header: str  # the reply header with the provider's request id
 
 

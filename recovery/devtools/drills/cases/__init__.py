@@ -10,6 +10,7 @@ from recovery.devtools.drills.cases import (
     compensation_reply_lost,
     dependency_5xx,
     duplicate_callbacks,
+    lookup_by_listing,
     lost_before_commit,
     provider_ignores_keys,
     queue_backlog,
@@ -41,6 +42,8 @@ CASES: dict[str, Callable[[Run], None]] = {
     "compensation-refused": compensation_refused.play,
     "saga-aborted": saga_aborted.play,
     "saga-aborted-unknown-step": saga_aborted.play_unknown_step,
+    "lookup-by-listing": lookup_by_listing.play,
+    "eventually-consistent-search": lookup_by_listing.play_lagging,
     "square-wire": square_wire.play,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"
