@@ -17,7 +17,6 @@ from ninja.security import HttpBearer
 
 from recovery.api.answers import (
     AdmittedOut,
-    CallAddedOut,
     CallOut,
     CapabilitiesOut,
     CompensationAttemptOut,
@@ -30,6 +29,7 @@ from recovery.api.answers import (
     SagaOut,
     TaskOut,
 )
+from recovery.api.call_admission import CallAdmittedOut, admit_added
 from recovery.api.errors import envelope, exception_response, unreadable_body
 from recovery.api.inputs import (
     AbandonIn,
@@ -277,7 +277,10 @@ def abandon_task(request, task_id: int, payload: AbandonIn):
 
 
 @api.post(
-    "/tasks/{id:task_id}/calls", response={200: CallAddedOut, 201: CallAddedOut, **ERRORS}, tags=["calls"], **TYPED
+    "/tasks/{id:task_id}/calls",
+    response={200: CallAdmittedOut, 201: CallAdmittedOut, **ERRORS},
+    tags=["calls"],
+    **TYPED,
 )
 def add_call(request, task_id: int, payload: CallIn):
     added = calls.call_add(
@@ -302,6 +305,10 @@ def add_call(request, task_id: int, payload: CallIn):
         "blocked_by_steps": added.blocked_by_steps,
         "poll": f"/api/v1/calls/{added.call.pk}",
     }
+    if payload.admit is not None:  # API 1.2: its first attempt admitted in the same round trip
+        body.update(admit_added(request, added, payload.admit, _actor(request)))
+        answered = body["admission"] or body["not_admitted"]
+        body["state"] = answered["call_state"] if answered else body["state"]
     return Status(201 if added.created else 200, body)
 
 
