@@ -5,10 +5,15 @@ key finds the same call, and the same attempt id answers the admission it stored
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from django.db import transaction
 from pydantic import Field
 
 from recovery.api.answers import AdmittedOut, CallAddedOut, NotAdmittedDetail
 from recovery.api.inputs import AdmitIn
+from recovery.audit.chain import appends_at_commit
 from recovery.engine.states import CallState
 from recovery.models import Attempt
 from recovery.services.attempts import AttemptRequest, attempt_admit
@@ -25,6 +30,17 @@ class CallAdmittedOut(CallAddedOut):
     not_admitted: NotAdmittedDetail | None = Field(
         None, description="The stored denial, when the attempt asked for was not admitted (null otherwise)."
     )
+
+
+@contextmanager
+def one_transaction(enabled: bool) -> Iterator[None]:
+    """With `enabled`, the block's writes in one transaction, its audit events appended once, at its end
+    (recovery.audit.chain.appends_at_commit: the heads locked for the appends and the commit only)."""
+    if not enabled:
+        yield
+        return
+    with transaction.atomic(), appends_at_commit():
+        yield
 
 
 def _admissible(added: CallAdded, attempt_id: str) -> bool:

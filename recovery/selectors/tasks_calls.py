@@ -33,6 +33,16 @@ def call_in_tenants(call_id: int, tenant_ids: Collection[int]) -> Call | None:
     return calls.first() if calls is not None else None
 
 
+def attempt_in_tenants(call_id: int, attempt_id: str, tenant_ids: Collection[int]) -> Attempt | None:
+    """The call's attempt `attempt_id` with its tool (and provider) and its call, if the call belongs to one of
+    `tenant_ids`: what reporting an outcome reads, in one statement."""
+    low, high = connection.ops.integer_field_range("BigAutoField")
+    if not tenant_ids or not low <= call_id <= high:
+        return None
+    attempts = Attempt.objects.select_related("tool__provider", "call")
+    return attempts.filter(call_id=call_id, call__tenant_id__in=tenant_ids, attempt_id=attempt_id).first()
+
+
 def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: str) -> Call | None:
     """call_in_tenants() with what admitting `attempt_id` reads besides, in the same statement
     (docs/design/quality-targets.md: the single-shot attempt in at most 15 statements): whether the call has that

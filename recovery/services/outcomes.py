@@ -149,6 +149,8 @@ def attempt_report(*, call: Call, attempt: Attempt, facts: Facts, actor: Actor) 
         # comes second sees what the first wrote (a late outcome is then kept as evidence) instead of conflicting.
         calls = Call.objects.select_for_update(of=("self",)).select_related("tool__provider", "task")
         call = calls.get(pk=call.pk)
+        if call.tool_id == attempt.tool_id:  # the alternates its judgement read: not read again for the decision
+            call.tool.alternate_names = attempt.tool.alternate_names
         response = _record(call, attempt, facts, judgement, actor=actor, now=now)
         Attempt.objects.filter(pk=attempt.pk).update(outcome_request_hash=digest, outcome_response=response)
     return response

@@ -21,6 +21,7 @@ from recovery.audit.chain import Actor
 from recovery.devtools.benchmarks.ingest import bench_ingest
 from recovery.devtools.benchmarks.metrics import bench_metrics
 from recovery.devtools.benchmarks.otlp import bench_otlp
+from recovery.devtools.benchmarks.protected import bench_protected
 from recovery.devtools.benchmarks.queue import CALLS, bench_queue
 from recovery.devtools.benchmarks.reconcile import bench_reconcile
 from recovery.devtools.benchmarks.replay import bench_replay
@@ -248,6 +249,7 @@ BENCHMARKS = {
     "replay": bench_replay,
     "metrics": bench_metrics,
     "otlp": bench_otlp,
+    "protected": bench_protected,
 }
 SIZED = ("queue", "metrics")  # the benchmarks that `--calls` sizes
 
