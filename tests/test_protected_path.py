@@ -150,3 +150,17 @@ def test_the_report_may_wait_for_neither_a_half_open_probe_nor_a_tool_whose_unkn
     assert report_terms(tool, probe=False)["within_s"] == 2.0  # min(5 s, outcome_timeout_s / 3)
     tool.outcome_timeout_s = 60
     assert report_terms(tool, probe=False)["within_s"] == 5.0
+
+
+def test_with_a_console_before_api_1_2_the_client_registers_then_admits_as_before(stage, settings):
+    settings.RECOVERY_API_VERSION = "1.1"  # the console answers as a 1.1 one: `admit` is not sent to it
+    refund = refund_tool(stage)
+    with open_task(stage, "older-console") as (opened, client):
+        opened.side_effect(stage.tool(REFUND))
+        sent: list[str] = []
+        client.session.hooks["response"].append(lambda response, *a, **k: sent.append(response.request.path_url))
+        answer = refund(order_id="O-4406", amount_cents=250)
+
+    call = Call.objects.get(task_id=opened.id)
+    assert answer["status"] == "committed" and call.state == "COMMITTED"
+    assert [path.rsplit("/", 1)[-1] for path in sent] == ["calls", "attempts", "outcome"]

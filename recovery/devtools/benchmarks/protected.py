@@ -52,12 +52,21 @@ class _CountingClient(RecoveryClient):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.round_trips = 0
+        self.waited: list[
+            float
+        ] = []  # the caller's own thread's time in round trips, per call (a deferred report's not)
         self._lock = threading.Lock()
+        self._caller = threading.get_ident()
 
     def _exchange(self, method: str, path: str, **kwargs: Any):
         with self._lock:
             self.round_trips += 1
-        return super()._exchange(method, path, **kwargs)
+        start = time.perf_counter()
+        try:
+            return super()._exchange(method, path, **kwargs)
+        finally:
+            if threading.get_ident() == self._caller and self.waited:
+                self.waited[-1] += time.perf_counter() - start
 
 
 class _Agent:
@@ -87,6 +96,7 @@ class _Agent:
         self.refund = refund
 
     def protected(self, order_id: str) -> tuple[float, str]:
+        self.client.waited.append(0.0)
         with self.task.active():
             start = time.perf_counter()
             answer = self.refund(order_id=order_id, amount_cents=CENTS)
@@ -113,6 +123,8 @@ def _sequential(consoles: list[Console], agents: dict[str, _Agent], run: str, la
     statuses: dict[str, list[str]] = {c.name: [] for c in consoles}
     cpu_before = {c.name: c.cpu_s() for c in consoles}
     trips_before = {c.name: agents[c.name].client.round_trips for c in consoles}
+    for agent in agents.values():
+        agent.client.waited.clear()
     order = ["bare", *(c.name for c in consoles)]
     for n in range(CALLS):
         turn = order[n % len(order) :] + order[: n % len(order)]
@@ -144,6 +156,7 @@ def _figures(consoles, seconds, statuses, cpu_before, trips_before, agents) -> d
             "committed": statuses[console.name].count("committed"),
             "calls": len(mine),
             "server_cpu_ms_per_call": round((console.cpu_s() - cpu_before[console.name]) * 1000 / len(mine), 2),
+            "console_wait_median_ms": _ms(statistics.median(agents[console.name].client.waited)),
             "round_trips_per_call": round(
                 (agents[console.name].client.round_trips - trips_before[console.name]) / len(mine), 2
             ),

@@ -644,7 +644,11 @@ class _Run:
 
 def _verdict(answer: OutcomeAnswer) -> dict[str, Any]:
     """A deferred report's verdict that disagreed with the early `committed`: the call, its state, the public text."""
-    said = (answer.decision or {}).get("public_message") or (answer.failure or {}).get("public_message") or ""
+    said = ""
+    if answer.decision is not None:
+        said = answer.decision.get("public_message") or ""
+    if not said and answer.failure is not None:
+        said = answer.failure.get("public_message") or ""
     return {"call_id": answer.call_id, "call_state": answer.call_state, "message": said[:MAX_MESSAGE]}
 
 

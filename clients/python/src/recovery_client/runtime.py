@@ -216,15 +216,7 @@ class Runtime:
             try:
                 admission = self._admit(task_id, call_id, attempt, arguments, evidence, first if number == 1 else None)
             except NotAdmitted as denied:
-                record = AttemptRecord(
-                    attempt_id=attempt,
-                    admitted=False,
-                    denied=denied.gate.get("reason", ""),
-                    required_next=denied.required_next,
-                    call_state=denied.detail.get("call_state", ""),
-                    breaker_state=(denied.required_next.get("detail") or {}).get("breaker", ""),
-                    public_message=denied.gate.get("public_message", ""),
-                )
+                record = _denial(attempt, denied)
                 outcome.attempts.append(record)
                 self.log(f"  {tool} [{key}] not admitted: {record.denied} → {_action(record.required_next)}")
                 if record.denied == "committed":  # it took effect before this run: it is never sent again
@@ -381,6 +373,19 @@ class Runtime:
         if state:
             outcome.state = state
         return outcome
+
+
+def _denial(attempt: str, denied: NotAdmitted) -> AttemptRecord:
+    """A round whose attempt was not admitted, as the denial says it."""
+    return AttemptRecord(
+        attempt_id=attempt,
+        admitted=False,
+        denied=denied.gate.get("reason", ""),
+        required_next=denied.required_next,
+        call_state=denied.detail.get("call_state", ""),
+        breaker_state=(denied.required_next.get("detail") or {}).get("breaker", ""),
+        public_message=denied.gate.get("public_message", ""),
+    )
 
 
 def _action(required_next: RequiredNext | dict[str, Any]) -> str:
