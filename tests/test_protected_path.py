@@ -113,6 +113,7 @@ def test_a_deferred_report_answers_the_caller_in_one_round_trip_and_lands_before
 def test_a_reply_that_fails_the_handed_checks_is_reported_before_the_caller_is_answered(stage):
     refund = refund_tool(stage)
     stage.sandbox.fault(route="/refunds", kind="bad_result", drop=["refund_id"], times=1)
+    stage.sandbox.fault(route="/refunds", kind="delayed_callbacks", ms=600_000, times=1)  # no settling callback
     with open_task(stage, "checks-fail", defer_reports=True) as (opened, _client):
         answer = refund(order_id="O-4403", amount_cents=250)
         call = Call.objects.get(task_id=opened.id)
@@ -127,6 +128,8 @@ def test_a_verdict_that_disagrees_with_an_early_answer_comes_back_with_the_tasks
     refund = refund_tool(stage)
     # A 2xx whose body says another amount than asked: it has the reference and the required fields.
     stage.sandbox.fault(route="/refunds", kind="bad_result", set={"amount_cents": 1}, times=1)
+    # Its signed callback held back: it would settle the call COMMITTED if it came before the report.
+    stage.sandbox.fault(route="/refunds", kind="delayed_callbacks", ms=600_000, times=1)
     with open_task(stage, "disagrees", defer_reports=True) as (opened, _):
         first = refund(order_id="O-4404", amount_cents=250)
         second = refund(order_id="O-4405", amount_cents=250)
