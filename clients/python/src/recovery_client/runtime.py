@@ -204,7 +204,8 @@ class Runtime:
         admission (`args_changed`); `attempt_id(number)` names each attempt (default "<key>-a<number>");
         `admitted(admission)` is told each admission before `send` runs (its `wire`: where the key goes). `first`: the
         call's registration when it carried the first attempt's admission (add_call(admit=<attempt 1's id>), API 1.2):
-        that admission is used instead of asking again."""
+        that admission is used instead of asking again (with deferred reports, call `reports.settle(task_id)` before
+        that registration, as recovery_client.recovered does)."""
         calls = self.calls.setdefault(task_id, [])
         if call_id not in calls:
             calls.append(call_id)
