@@ -117,8 +117,8 @@ class _Agent:
         self.stack.close()
 
 
-def _sequential(consoles: list[Console], agents: dict[str, _Agent], run: str, latency: int) -> dict:
-    """CALLS rounds, each a bare call and a protected call per console, the order rotating round by round."""
+def _sequential(consoles: list[Console], agents: dict[str, _Agent], run: str, latency: int, count: int) -> dict:
+    """`count` rounds, each a bare call and a protected call per console, the order rotating round by round."""
     seconds: dict[str, list[float]] = {"bare": [], **{c.name: [] for c in consoles}}
     statuses: dict[str, list[str]] = {c.name: [] for c in consoles}
     cpu_before = {c.name: c.cpu_s() for c in consoles}
@@ -126,7 +126,7 @@ def _sequential(consoles: list[Console], agents: dict[str, _Agent], run: str, la
     for agent in agents.values():
         agent.client.waited.clear()
     order = ["bare", *(c.name for c in consoles)]
-    for n in range(CALLS):
+    for n in range(count):
         turn = order[n % len(order) :] + order[: n % len(order)]
         for who in turn:
             order_id = f"O-{int(run, 16) % 10**6}{latency:03d}{n:04d}"
@@ -199,8 +199,6 @@ def _concurrent(console: Console, token: str, sandbox: SandboxProcess, run: str)
 
 
 def bench_protected(count: int = CALLS) -> dict:
-    global CALLS
-    CALLS = count
     load_before = os.getloadavg()[0]
     sandbox_env_defaults()
     run = uuid.uuid4().hex[:8]
@@ -232,7 +230,7 @@ def bench_protected(count: int = CALLS) -> dict:
             sandbox.clear_faults()
             if latency:
                 sandbox.fault(route="/refunds", kind="latency", ms=latency, method="POST")
-            sequential[f"{latency}ms"] = _sequential(consoles, agents, run, latency)
+            sequential[f"{latency}ms"] = _sequential(consoles, agents, run, latency, count)
         sandbox.clear_faults()
         concurrent = {c.name: _concurrent(c, token, sandbox, run) for c in consoles}
         statements = statements_per_call(sandbox.url, token, api_key, run)
