@@ -140,6 +140,8 @@ def test_a_verdict_that_disagrees_with_an_early_answer_comes_back_with_the_tasks
     assert verdict != "COMMITTED"  # the console's verdict: the amount in the result is not the one asked for
     assert second["status"] == "committed"
     assert [(e["call_id"], e["call_state"]) for e in second["earlier"]] == [(disputed.pk, verdict)]
+    following = Attempt.objects.get(call__task_id=opened.id, call__arguments__order_id="O-4405")
+    assert Attempt.objects.get(call=disputed).reported_at < following.admitted_at  # reported before it was admitted
     assert "earlier" not in first
 
 
