@@ -14,7 +14,9 @@ from ninja import NinjaAPI
 
 from recovery.api.errors import error_response
 
-API_VERSION = "1.1"  # the API this console answers: 1.<minor> (1.1: the admission's `wire`)
+API_VERSION = (
+    "1.2"  # the API this console answers: 1.<minor> (1.1: the admission's `wire`; 1.2: admit on add, `report`)
+)
 OLDEST_CLIENT = "0.1.0"  # the oldest recovery-console-client it serves
 HEADER = "Recovery-Api-Version"
 CLIENT_NAME = "recovery-console-client"

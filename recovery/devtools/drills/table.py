@@ -173,6 +173,15 @@ DRILLS: dict[str, Drill] = {
             checks=("settled by a receipt", "no second request"),
         ),
         Drill(
+            slug="deferred-report-lost",
+            name="deferred report lost",
+            injected="refund committed and answered at once; the runtime dies before its deferred report leaves",
+            expected_end="UNKNOWN (swept after the outcome timeout) → COMMITTED by a receipt; no second request",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("the caller was answered before any report", "settled by a receipt", "no second request"),
+        ),
+        Drill(
             slug="lost-before-commit",
             name="lost before commit",
             injected="refund request dropped before the provider executed it, client timed out",

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from recovery.devtools.drills.cases import (
     compensation_refused,
     compensation_reply_lost,
+    deferred_report_lost,
     dependency_5xx,
     duplicate_callbacks,
     lookup_by_listing,
@@ -29,6 +30,7 @@ from recovery.devtools.drills.table import DRILLS
 CASES: dict[str, Callable[[Run], None]] = {
     "refused-before-send": refused_before_send.play,
     "timeout-after-send": timeout_after_send.play,
+    "deferred-report-lost": deferred_report_lost.play,
     "lost-before-commit": lost_before_commit.play,
     "duplicate-callbacks": duplicate_callbacks.play,
     "rate-limit": rate_limit.play,
