@@ -12,12 +12,15 @@ from urllib.parse import parse_qsl
 
 import pytest
 import requests
+from django.test import Client
 
-from recovery.models import Call, Provider, Tool
+from recovery.audit.chain import Actor
+from recovery.models import Attempt, Call, Provider, Tool
 from recovery.providers.listing import _cursor, _more, list_status, shown_lookup
 from recovery.providers.status import status_url
 from recovery.registry import validate_registry
 from recovery.services.reconcile import reconcile_call
+from recovery.services.tokens import token_create
 from tests.sandbox import SANDBOX_API_KEY_FOR_TESTS
 
 STRIPE = Path(__file__).resolve().parent.parent / "recovery" / "fixtures" / "stripe.registry.json"
@@ -270,3 +273,35 @@ def test_a_match_on_a_value_the_call_lacks_matches_nothing(listed, sandbox, make
     answer = list_status(listed, call)
 
     assert answer.observed == "ambiguous" and "needs {provider_ref}" in answer.error
+
+
+# --- a runtime that sends no marker ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("agent", "admitted"), [("0.2.0", False), ("0.3.0", True), (None, True)])
+def test_a_client_that_puts_no_marker_is_refused_a_listed_tool_before_anything_is_admitted(
+    listed, make_call, registry, agent, admitted
+):
+    """A 0.2.0 client sends no metadata.recovery_key: the listing would never find its refund and would call it not
+    committed after the window. It gets 426 and nothing is stored; a client that places markers, and any other
+    runtime (which reads `key_markers` itself), is admitted."""
+    _, token = token_create(name="runtime", tenants=[registry["tenant"].name], actor=Actor.system("tests"))
+    call = make_call("READY", tool=listed)
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    if agent:
+        headers["HTTP_USER_AGENT"] = f"recovery-console-client/{agent} python-requests/2.32.3"
+    body = {"attempt_id": "a1", "tool": listed.name, "arguments": call.arguments}
+    answer = Client().post(f"/api/v1/calls/{call.pk}/attempts", body, content_type="application/json", **headers)
+    if admitted:
+        assert answer.status_code == 201, answer.content
+        assert answer.json()["wire"]["key_markers"] == ["metadata.recovery_key"]
+    else:
+        assert answer.status_code == 426, answer.content
+        error = answer.json()["error"]
+        assert error["code"] == "client_too_old" and "metadata.recovery_key" in error["message"]
+        assert not Attempt.objects.filter(call=call).exists()
+        assert Call.objects.get(pk=call.pk).state == "READY"
+    plain = make_call("READY", tool=registry["lookup"])  # a tool without a marker: the same old client is admitted
+    body = {"attempt_id": "a1", "tool": plain.tool.name, "arguments": plain.arguments}
+    answer = Client().post(f"/api/v1/calls/{plain.pk}/attempts", body, content_type="application/json", **headers)
+    assert answer.status_code == 201, answer.content

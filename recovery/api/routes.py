@@ -50,7 +50,7 @@ from recovery.api.inputs import (
 from recovery.api.metrics import SCOPES, metrics_answer, metrics_scope
 from recovery.api.otlp import router as otlp_router
 from recovery.api.provider_answers import CallbackOut, CompensationCallbackOut
-from recovery.api.versions import VersionedNinjaAPI
+from recovery.api.versions import VersionedNinjaAPI, refuse_markerless_client
 from recovery.audit.chain import Actor
 from recovery.engine.redact import echo_received
 from recovery.engine.states import RECONCILABLE
@@ -440,6 +440,7 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
 )
 def create_attempt(request, call_id: int, payload: CandidateIn):
     call, read = _call_to_admit(request, call_id, payload.attempt_id)
+    refuse_markerless_client(request, call.tool)
     admission = attempt_admit(call=call, read=read, request=_attempt_request(payload), actor=_actor(request))
     if admission.status == 409:
         gate = admission.response["gate"]
