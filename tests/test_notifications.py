@@ -269,3 +269,101 @@ def test_a_sender_killed_mid_delivery_is_re_sent_under_the_same_id(notify_settin
     delivery.refresh_from_db()
     assert delivery.maybe_sent and delivery.status == "sent" and delivery.attempts == 2
     assert time.time()  # the receiver shut down with the hanging handler still asleep: a daemon thread
+
+
+# --- e-mail through a real SMTP server, Slack through a stand-in of its Web API -------------------------------------
+
+
+@pytest.fixture
+def smtp_server(notify_settings):
+    from aiosmtpd.controller import Controller
+
+    from tests.servers import free_port
+
+    class Inbox:
+        def __init__(self):
+            self.messages = []
+
+        async def handle_DATA(self, server, session, envelope):
+            self.messages.append((envelope.rcpt_tos, envelope.content))
+            return "250 OK"
+
+    inbox = Inbox()
+    controller = Controller(inbox, hostname="127.0.0.1", port=free_port())
+    controller.start()
+    notify_settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    notify_settings.EMAIL_HOST, notify_settings.EMAIL_PORT = "127.0.0.1", controller.port
+    yield inbox
+    controller.stop()
+
+
+def test_e_mail_is_plain_and_html_under_a_stable_message_id_and_threads_its_follow_up(smtp_server, make_call, actor):
+    from email import message_from_bytes
+
+    channel = NotificationChannel.objects.create(name="mail", kind="email", email_to="oncall@example.com")
+    rule = NotificationRule.objects.create(name="mail", channel=channel, events=["human_review", "resolved"])
+    call = to_review(make_call(S.STILL_UNKNOWN), actor)
+    assert run_once(timezone.now() + timedelta(seconds=rule.window_s)) == ["sent"]
+    transition_call(call, S.COMMITTED, actor=actor, reason="approved action with evidence")
+    assert run_once(timezone.now() + timedelta(seconds=3 * rule.window_s)) == ["sent"]
+    first, second = (message_from_bytes(content) for _, content in smtp_server.messages)
+    assert smtp_server.messages[0][0] == ["oncall@example.com"]
+    original = NotificationDelivery.objects.get(follows__isnull=True)
+    assert first["Message-ID"] == f"<{original.delivery_id}@recovery-console>" == original.thread_ref
+    assert first.get_content_type() == "multipart/alternative"
+    plain, html = (part.get_payload(decode=True).decode() for part in first.get_payload())
+    assert f"{BASE}/calls/{call.pk}/" in plain and f'href="{BASE}/calls/{call.pk}/"' in html
+    assert "poll_budget_exhausted" in plain
+    assert second["In-Reply-To"] == first["Message-ID"] and second["Subject"].startswith("Re: ")
+
+
+def test_slack_posts_block_kit_threads_the_follow_up_and_updates_the_original(
+    notify_settings, make_call, actor, monkeypatch
+):
+    monkeypatch.setenv("TEST_SLACK_TOKEN", "xoxb-test-token")
+    with Receiver(slack=True) as slack:
+        channel = NotificationChannel.objects.create(
+            name="slack",
+            kind="slack",
+            url=slack.url + "/api",
+            slack_channel="C0TEST",
+            secret_env="TEST_SLACK_TOKEN",
+            allow_private=True,
+        )
+        rule = NotificationRule.objects.create(name="slack", channel=channel, events=["human_review", "resolved"])
+        call = to_review(make_call(S.STILL_UNKNOWN), actor)
+        assert run_once(timezone.now() + timedelta(seconds=rule.window_s)) == ["sent"]
+        transition_call(call, S.COMMITTED, actor=actor, reason="approved action with evidence")
+        assert run_once(timezone.now() + timedelta(seconds=3 * rule.window_s)) == ["sent"]
+        post, reply, update = slack.wait_for(3)
+    assert [r["path"] for r in (post, reply, update)] == [
+        "/api/chat.postMessage",
+        "/api/chat.postMessage",
+        "/api/chat.update",
+    ]
+    assert post["headers"]["authorization"] == "Bearer xoxb-test-token"
+    original = NotificationDelivery.objects.get(follows__isnull=True)
+    assert original.thread_ref == "1700000001.000100"  # the ts Slack answered
+    assert "thread_ts" not in post["body"] and reply["body"]["thread_ts"] == original.thread_ref
+    assert update["body"]["ts"] == original.thread_ref and update["body"]["channel"] == "C0TEST"
+    assert_block_kit(post["body"])
+    assert post["body"]["blocks"][1]["accessory"]["url"] == f"{BASE}/calls/{call.pk}/"
+    assert post["body"]["metadata"]["event_payload"]["delivery_id"] == str(original.delivery_id)
+
+
+def assert_block_kit(payload: dict) -> None:
+    """The documented shape (api.slack.com/reference/block-kit): a fallback text, at most 50 blocks, a header of
+    plain_text up to 150 characters, sections of mrkdwn up to 3000 with a button accessory (text up to 75, url)."""
+    assert payload["channel"] and isinstance(payload["text"], str) and payload["text"]
+    blocks = payload["blocks"]
+    assert 1 <= len(blocks) <= 50
+    assert blocks[0]["type"] == "header" and blocks[0]["text"]["type"] == "plain_text"
+    assert len(blocks[0]["text"]["text"]) <= 150
+    for block in blocks[1:]:
+        assert block["type"] in ("section", "context")
+        if block["type"] == "section":
+            assert block["text"]["type"] == "mrkdwn" and len(block["text"]["text"]) <= 3000
+            button = block["accessory"]
+            assert button["type"] == "button" and button["text"]["type"] == "plain_text"
+            assert len(button["text"]["text"]) <= 75 and button["url"].startswith("http")
+            assert len(button["action_id"]) <= 255
