@@ -14,6 +14,7 @@ console_patterns = [
     path("queues/<slug:slug>/", queues.queue, name="queue"),
     path("calls/<int:call_id>/claim/", queues.claim, name="claim"),
     path("calls/<int:call_id>/release/", queues.release, name="release"),
+    path("calls/<int:call_id>/assign/", queues.assign, name="assign"),
     *calls.urlpatterns,
     *tasks.urlpatterns,
     *overview.urlpatterns,

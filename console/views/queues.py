@@ -24,19 +24,33 @@ from django.views.decorators.http import require_GET, require_POST
 from console.forms import QueueFilterForm, cursor_param
 from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, requires, url_pattern
 from recovery.audit.chain import Actor
+from recovery.engine.due import due_times
 from recovery.engine.states import CallState
 from recovery.models import Call
+from recovery.selectors.assignments import assignees
 from recovery.selectors.facts import row_facts
 from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import QUEUES, Queue, QueueFilters, call_row, queue_options, queue_page
 from recovery.selectors.waiting import asked_for, left_unknown_since, why_waiting
 from recovery.services.action_plans import ACTION_BY_NAME
+from recovery.services.assignments import call_assign, call_unassign
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
+from recovery.services.errors import Refusal
+from recovery.statemachine.notices import NEEDS_PERSON
 
 REFRESH_S = 5
 BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
-BULK_FILTERS = ("state", "tool", "tenant", "risk", "age", "q", "sort")  # what a bulk of "every row matching" keeps
+BULK_FILTERS = (
+    "state",
+    "tool",
+    "tenant",
+    "risk",
+    "age",
+    "q",
+    "sort",
+    "assigned",
+)  # what a bulk of "every row matching" keeps
 
 
 @require_GET
@@ -54,7 +68,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     if current is None:
         raise Http404("No such queue.")
     tools, tenants = queue_options()
-    form = QueueFilterForm(request.GET, queue=current, tools=tools, tenants=tenants)
+    form = QueueFilterForm(request.GET, queue=current, tools=tools, tenants=tenants, user_id=request.user.pk)
     now = timezone.now()
     if form.is_valid():
         filters = form.filters()
@@ -131,6 +145,24 @@ def release(request: HttpRequest, call_id: int) -> HttpResponse:
     return _after_claim(request, call_id, f"You do not hold call {call_id}.", error=True)
 
 
+@require_POST
+@login_required
+@requires(REVIEW)
+def assign(request: HttpRequest, call_id: int) -> HttpResponse:
+    """Assign the call to the named reviewer (`assignee`; "me" or nothing: the signed-in user), or unassign it."""
+    actor = Actor.for_user(request.user)
+    if request.POST.get("unassign"):
+        done = call_unassign(call_id=call_id, user=request.user, actor=actor)
+        return _after_claim(request, call_id, f"Call {call_id} is unassigned." if done else "It was not assigned.")
+    name = (request.POST.get("assignee") or "me").strip()
+    name = request.user.get_username() if name == "me" else name
+    try:
+        call_assign(call_id=call_id, assignee=name, user=request.user, actor=actor)
+    except Refusal as refused:
+        return _after_claim(request, call_id, refused.message, error=True)
+    return _after_claim(request, call_id, f"Call {call_id} is assigned to {name}.")
+
+
 def _decorate(
     rows: list, now, user, can_review: bool, *, tools: dict[int, str], tenants: dict[int, str], queue: Queue
 ) -> None:
@@ -146,6 +178,8 @@ def _decorate(
         claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
     answers = admission_answers(row["id"] for row in rows if row["observed"])  # one statement, if any is observed
     asked = asked_for(row["id"] for row in rows if row["state"] == CallState.HUMAN_REVIEW)  # one, if any
+    owners = assignees(row["id"] for row in rows)  # one, if any row
+    assign_url = url_pattern("console:assign")
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
@@ -161,6 +195,9 @@ def _decorate(
         answer = answers.get(pk)
         row["admission"] = answer.text if answer else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
+        row["due"], row["overdue"] = _due(row, now, held)
+        row["assignee"] = owners.get(pk, "")
+        row["assign_url"] = assign_url.format(pk) if can_review and row["assignee"] != user.get_username() else ""
         if can_review and not held:
             row["button"], row["button_label"], row["button_url"] = "claim", "Claim", claim_url.format(pk)
         elif can_review and row["claimed_by_id"] == user.pk:
@@ -185,8 +222,22 @@ def _entry_text(row: dict) -> str:
 _SHOWN = (
     "id", "open_url", "task_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk",
     "state", "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label", "entry", "admission", "why", "idempotency_key",
+    "button_label", "entry", "admission", "why", "idempotency_key", "due", "assignee", "assign_url",
 )  # fmt: skip
+
+
+def _due(row: dict, now, held: bool) -> tuple[str, bool]:
+    """The item's due time as the row says it (docs/notifications.md#due-times): "" for a state nobody waits on."""
+    if row["state"] not in NEEDS_PERSON:
+        return "", False
+    due = due_times(
+        row["state_changed_at"], row["risk"], sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S
+    )
+    at = due.next_due(claimed=held)
+    what = "resolution" if held or at == due.resolve_by else "claim"
+    if at <= now:
+        return f"{what} overdue {age_text(now - at)}", True
+    return f"{what} due in {age_text(at - now)}", False
 
 
 def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: bool = False) -> HttpResponse:

@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
 from recovery.engine.states import CallState
-from recovery.models import Call, CompensationEntry, Step, Task, Tenant, Tool
+from recovery.models import Assignment, Call, CompensationEntry, Step, Task, Tenant, Tool
 
 S, E = CallState, EntryState
 # The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always
@@ -63,6 +63,8 @@ class QueueFilters:
     newest_first: bool = False
     after: tuple[datetime, int] | None = None  # keyset cursor: the last row of the previous page
     compensation: bool = False  # the compensation problems queue's condition on its states (and its entry columns)
+    assignee_id: int | None = None  # only the items assigned to this user (docs/notifications.md#assignment)
+    unassigned: bool = False  # only the items assigned to nobody
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +243,12 @@ def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
     if filters.older_than:
         where.append(f"{_c('state_changed_at')} <= %s")
         params.append(at(now - filters.older_than))
+    if filters.assignee_id or filters.unassigned:
+        assigned = f"SELECT 1 FROM {Assignment._meta.db_table} a WHERE {_column(Assignment, 'call', 'a')} = {_c('id')}"
+        if filters.assignee_id:
+            assigned += f" AND {_column(Assignment, 'assignee', 'a')} = %s"
+            params.append(filters.assignee_id)
+        where.append(f"{'NOT ' if filters.unassigned else ''}EXISTS ({assigned})")
     if filters.q:
         task_ids, call_ids = _search(filters.q)
         search = [f"{_c('idempotency_key')} = %s", f"{_c('provider_ref')} = %s"]
@@ -374,6 +382,7 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
             calls = calls.filter(**{name: value})
     if filters.older_than:
         calls = calls.filter(state_changed_at__lte=now - filters.older_than)
+    calls = _orm_assigned(calls, filters)
     if filters.q:
         found = Q(idempotency_key=filters.q) | Q(provider_ref=filters.q)
         task_ids, call_ids = _search(filters.q)
@@ -393,6 +402,15 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
     more = len(rows) > size
     rows = rows[:size]
     return QueuePage(rows=rows, next_cursor=(rows[-1]["state_changed_at"], rows[-1]["id"]) if more else None)
+
+
+def _orm_assigned(calls, filters: QueueFilters):
+    """The assignment filter: assigned to one user, or to nobody."""
+    if filters.assignee_id:
+        return calls.filter(Exists(Assignment.objects.filter(call=OuterRef("pk"), assignee_id=filters.assignee_id)))
+    if filters.unassigned:
+        return calls.filter(~Exists(Assignment.objects.filter(call=OuterRef("pk"))))
+    return calls
 
 
 def _orm_call_row(call_id: int, compensation: bool = False) -> dict | None:
