@@ -82,3 +82,18 @@ def test_rows_say_when_they_are_due_and_overdue(people, make_call, settings):
     fresh_row = page[page.index(f'id="call-{fresh.pk}"') :].split("</tr>")[0]
     assert 'data-value="overdue"' in late_row and "claim overdue 5 min" in late_row
     assert 'data-value="due"' in fresh_row and ("claim due in 3 min" in fresh_row or "claim due in 4 min" in fresh_row)
+
+
+def test_the_call_page_shows_due_and_assignee_and_assigns_a_named_reviewer(people, make_call):
+    (call,) = _review_items(make_call, 1, minutes_ago=30)
+    reviewer = signed_in(people, "reviewer")
+    page = reviewer.get(f"/calls/{call.pk}/").content.decode()
+    assert 'data-fact="due" data-value="overdue"' in page and "claim overdue" in page
+    assert '<option value="reviewer2">reviewer2</option>' in page and '<option value="viewer">' not in page
+    response = reviewer.post(f"/calls/{call.pk}/assign/", {"assignee": "reviewer2", "next": f"/calls/{call.pk}/"})
+    assert response.status_code == 302 and response["Location"] == f"/calls/{call.pk}/"
+    page = reviewer.get(f"/calls/{call.pk}/").content.decode()
+    assert '<strong class="assignee">reviewer2</strong>' in page
+    reviewer.post(f"/calls/{call.pk}/assign/", {"unassign": "1"})
+    assert not Assignment.objects.exists()
+    assert AuditEvent.objects.filter(action="call.unassigned", call_id=call.pk).count() == 1

@@ -3,15 +3,18 @@ htmx partial, and how ages and row links are written."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import wraps
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest
 from django.shortcuts import render
 from django.urls import reverse
 
+from recovery.engine.due import due_times
 from recovery.selectors.queues import COUNT_CAP, queue_counts
+from recovery.statemachine.notices import NEEDS_PERSON
 
 VIEW = "recovery.view_call"  # every role
 REVIEW = "recovery.review_call"  # reviewers: claims, previews, action requests
@@ -85,3 +88,16 @@ def by_reason(pairs) -> list[dict]:
     for reason, item in pairs:
         groups.setdefault(reason, []).append(item)
     return [{"reason": reason, "members": members} for reason, members in groups.items()]
+
+
+def due_text(state: str, risk: str, entered_at: datetime, now: datetime, *, held: bool) -> tuple[str, bool]:
+    """When an item is due, as a row and the call page say it (docs/notifications.md#due-times): its first claim's
+    due time while nobody holds it, else its resolution's; ("", False) for a state nobody waits on."""
+    if state not in NEEDS_PERSON:
+        return "", False
+    due = due_times(entered_at, risk, sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S)
+    at = due.next_due(claimed=held)
+    what = "resolution" if held or at == due.resolve_by else "claim"
+    if at <= now:
+        return f"{what} overdue {age_text(now - at)}", True
+    return f"{what} due in {age_text(at - now)}", False

@@ -22,9 +22,8 @@ from django.utils.safestring import SafeString
 from django.views.decorators.http import require_GET, require_POST
 
 from console.forms import QueueFilterForm, cursor_param
-from console.views.common import REVIEW, VIEW, age_text, nav_counts, render_page, requires, url_pattern
+from console.views.common import REVIEW, VIEW, age_text, due_text, nav_counts, render_page, requires, url_pattern
 from recovery.audit.chain import Actor
-from recovery.engine.due import due_times
 from recovery.engine.states import CallState
 from recovery.models import Call
 from recovery.selectors.assignments import assignees
@@ -37,7 +36,6 @@ from recovery.services.assignments import call_assign, call_unassign
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
 from recovery.services.errors import Refusal
-from recovery.statemachine.notices import NEEDS_PERSON
 
 REFRESH_S = 5
 BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
@@ -227,17 +225,7 @@ _SHOWN = (
 
 
 def _due(row: dict, now, held: bool) -> tuple[str, bool]:
-    """The item's due time as the row says it (docs/notifications.md#due-times): "" for a state nobody waits on."""
-    if row["state"] not in NEEDS_PERSON:
-        return "", False
-    due = due_times(
-        row["state_changed_at"], row["risk"], sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S
-    )
-    at = due.next_due(claimed=held)
-    what = "resolution" if held or at == due.resolve_by else "claim"
-    if at <= now:
-        return f"{what} overdue {age_text(now - at)}", True
-    return f"{what} due in {age_text(at - now)}", False
+    return due_text(row["state"], row["risk"], row["state_changed_at"], now, held=held)
 
 
 def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: bool = False) -> HttpResponse:
