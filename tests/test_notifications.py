@@ -12,9 +12,11 @@ import time
 from datetime import timedelta
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from django.db import connection, transaction
 from django.utils import timezone
 
+from recovery.api.prometheus import scrape
 from recovery.engine.notify import host_refusal
 from recovery.engine.states import CallState as S
 from recovery.models import (
@@ -25,6 +27,7 @@ from recovery.models import (
     NotificationEvent,
     NotificationRule,
 )
+from recovery.selectors.notifications import notification_figures
 from recovery.services.notifications import notifications_due_sweep, notifications_route
 from recovery.services.notify_send import deliveries_due, delivery_send
 from recovery.statemachine.transitions import transition_call
@@ -135,6 +138,18 @@ def test_500_then_timeout_after_reading_then_accepted_is_one_delivery_id(notify_
     ]
     delivery.refresh_from_db()
     assert delivery.status == "sent" and delivery.attempts == 3
+    exported = {
+        (sample.name, tuple(sample.labels.values())): sample.value
+        for family in text_string_to_metric_families(scrape(now=timezone.now()).decode())
+        for sample in family.samples
+        if sample.name.startswith("recovery_notification_")
+    }
+    assert exported[("recovery_notification_deliveries", ("sent",))] == 1
+    tried = {
+        outcome: exported[("recovery_notification_tries_total", (outcome,))]
+        for outcome in ("sent", "failed", "unknown")
+    }
+    assert tried == {"sent": 1, "failed": 1, "unknown": 1}
 
 
 def test_a_storm_of_200_items_is_one_message_per_rule_window(notify_settings, make_call, actor):
@@ -177,6 +192,7 @@ def test_unclaimed_past_due_escalates_once(notify_settings, make_call, actor):
         assert notifications_due_sweep(now=timezone.now()) == 0
         later = timezone.now() + timedelta(seconds=61)
         assert notifications_due_sweep(now=later) == 1
+        assert notification_figures(now=later).overdue == {"claim": 1, "resolution": 0}  # the metrics' breaches
         assert notifications_due_sweep(now=later) == 0  # once per state entered
         assert run_once(later + timedelta(seconds=10)) == ["sent"]
         [got] = receiver.wait_for(1)

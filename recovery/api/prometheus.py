@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 from recovery.engine import metrics as m
 from recovery.models import BreakerState
 from recovery.selectors.metrics import SHARED_SERIES, Totals, metrics_totals
+from recovery.selectors.notifications import NotificationFigures, notification_figures
 
 PREFIX = "recovery_"
 # The breaker gauge's values, in the order of how little gets through.
@@ -283,9 +284,46 @@ class RecoveryCollector(Collector):
         )
 
 
+class NotificationCollector(Collector):
+    """Notifications (docs/notifications.md): deliveries by status, tries by outcome, items past their due times."""
+
+    def __init__(self, figures: NotificationFigures):
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = GaugeMetricFamily(
+            PREFIX + "notification_deliveries",
+            "Notification deliveries by status now (pending, sending, sent, failed after their last try).",
+            labels=["status"],
+        )
+        for status in ("pending", "sending", "sent", "failed"):
+            deliveries.add_metric([status], self.figures.deliveries.get(status, 0))
+        yield deliveries
+        tries = CounterMetricFamily(
+            PREFIX + "notification_tries",
+            "Tries of notification deliveries by outcome (sent; failed: refused or an error answer; unknown: the "
+            "receiver may have it, re-sent under the same delivery id).",
+            labels=["outcome"],
+        )
+        for outcome in ("sent", "failed", "unknown"):
+            tries.add_metric([outcome], self.figures.tries.get(outcome, 0))
+        yield tries
+        overdue = GaugeMetricFamily(
+            PREFIX + "overdue_items",
+            "Items waiting for a person past a due time now: claim (nobody holds it past RECOVERY_CLAIM_DUE_S) and "
+            "resolution (past RECOVERY_SLA_S).",
+            labels=["due"],
+        )
+        for due in ("claim", "resolution"):
+            overdue.add_metric([due], self.figures.overdue.get(due, 0))
+        yield overdue
+
+
 def scrape(*, now: datetime, tenant_ids: tuple[int, ...] | None = None, tools: set[int] | None = None) -> bytes:
     """The Prometheus text of the metrics, summed over `tenant_ids` (None: every tenant), showing the breakers of
     `tools` (None: every tool)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RecoveryCollector(metrics_totals(now=now, tenant_ids=tenant_ids), now=now, tools=tools))
+    if tenant_ids is None:  # deliveries and due times span tenants: only an unscoped scrape shows them
+        registry.register(NotificationCollector(notification_figures(now=now)))
     return generate_latest(registry)
