@@ -12,9 +12,9 @@ import time
 from datetime import timedelta
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from django.db import connection, transaction
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
 from recovery.api.prometheus import scrape
 from recovery.engine.notify import host_refusal
