@@ -8,12 +8,15 @@ from functools import wraps
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 
+from console.forms import QueueFilterForm
 from recovery.engine.due import due_times
-from recovery.selectors.queues import COUNT_CAP, queue_counts
+from recovery.selectors.assignments import saved_views
+from recovery.selectors.queues import COUNT_CAP, QUEUES, queue_count, queue_counts, queue_options
 from recovery.statemachine.notices import NEEDS_PERSON
 
 VIEW = "recovery.view_call"  # every role
@@ -40,9 +43,20 @@ def requires(permission: str):
     return decorator
 
 
-def nav_counts() -> dict[str, str]:
-    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"."""
-    return {name: f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n) for name, n in queue_counts().items()}
+def shown_count(n: int) -> str:
+    return f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n)
+
+
+def nav_counts(request: HttpRequest | None = None) -> dict:
+    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"; and the user's saved views with
+    theirs (read only when their session says they have some: console/views/saved_views.py keeps it)."""
+    counts: dict = {name: shown_count(n) for name, n in queue_counts().items()}
+    if request is not None and request.session.get(SAVED_VIEWS_KEY):
+        counts["views"] = view_counts(request.user)
+    return counts
+
+
+SAVED_VIEWS_KEY = "saved_views"  # the session's note that its user has saved views (how many)
 
 
 def render_page(request: HttpRequest, template: str, context: dict, *, partial: str = "", status: int = 200):
@@ -50,7 +64,7 @@ def render_page(request: HttpRequest, template: str, context: dict, *, partial: 
     the same markup in place)."""
     if partial and request.htmx:
         return render(request, f"{template}#{partial}", context, status=status)
-    return render(request, template, context | {"counts": nav_counts()}, status=status)
+    return render(request, template, context | {"counts": nav_counts(request)}, status=status)
 
 
 def place_refusal(form, refused) -> str:
@@ -101,3 +115,22 @@ def due_text(state: str, risk: str, entered_at: datetime, now: datetime, *, held
     if at <= now:
         return f"{what} overdue {age_text(now - at)}", True
     return f"{what} due in {age_text(at - now)}", False
+
+
+def view_counts(user) -> list[dict]:
+    """The user's saved views as the navigation lists them: name, link and live count (capped like the queues'): one
+    statement for the views, one for the filters' choices, one count per view."""
+    views = saved_views(user.pk)
+    if not views:
+        return []
+    tools, tenants = queue_options()
+    now, shown = timezone.now(), []
+    for view in views:
+        queue = QUEUES.get(view.queue)
+        if queue is None:
+            continue
+        form = QueueFilterForm(QueryDict(view.query), queue=queue, tools=tools, tenants=tenants, user_id=user.pk)
+        count = shown_count(queue_count(form.filters(), now=now)) if form.is_valid() else "?"
+        url = reverse("console:queue", args=[view.queue]) + (f"?{view.query}" if view.query else "")
+        shown.append({"id": view.pk, "name": view.name, "url": url, "count": count})
+    return shown

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 from html import escape
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -106,6 +107,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         "bulk_actions": BULK_CHOICES,
         "bulk_max": BULK_MAX,
         "filter_query": [(name, request.GET[name]) for name in BULK_FILTERS if request.GET.get(name)],
+        "view_query": urlencode([(name, request.GET[name]) for name in BULK_FILTERS if request.GET.get(name)]),
         "stuck_after": age_text(timedelta(seconds=settings.RECOVERY_COMPENSATION_STUCK_S)),
         # Named even when empty: a name missing from the context costs the template engine a caught exception per
         # lookup, once per row here (about a third of the rows' rendering time).
@@ -120,7 +122,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
 @requires(VIEW)
 def counts(request: HttpRequest) -> HttpResponse:
     """The navigation's live queue counts (an htmx partial)."""
-    return render(request, "console/base.html#counts", {"counts": nav_counts()})
+    return render(request, "console/base.html#counts", {"counts": nav_counts(request)})
 
 
 @require_POST

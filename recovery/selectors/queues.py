@@ -6,7 +6,7 @@ A new queue is a `Queue` in QUEUES and, when its states alone do not say it, a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache
 
@@ -375,7 +375,8 @@ def _orm_membership(filters: QueueFilters, now: datetime) -> Q:
     return Q(state__in=filters.states) & found
 
 
-def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+def _orm_matching(filters: QueueFilters, now: datetime):
+    """The calls a queue's filters match, unordered and from its first row (no keyset)."""
     calls = Call.objects.filter(_orm_membership(filters, now))
     for name, value in (("tool_id", filters.tool_id), ("tenant_id", filters.tenant_id), ("risk", filters.risk)):
         if value:
@@ -391,6 +392,11 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
         if call_ids:
             found |= Q(id__in=call_ids)
         calls = calls.filter(found)
+    return calls
+
+
+def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+    calls = _orm_matching(filters, now)
     if filters.after:
         last_at, last_pk = filters.after
         if filters.newest_first:
@@ -449,6 +455,12 @@ def call_row(call_id: int, *, compensation: bool = False) -> dict | None:
     """One call as a queue row (after a claim, the row is drawn again as it now stands); `compensation`: as the
     compensation problems queue draws it, with its latest entry."""
     return (_sql_call_row if _raw() else _orm_call_row)(call_id, compensation)
+
+
+def queue_count(filters: QueueFilters, *, now: datetime, cap: int = COUNT_CAP) -> int:
+    """How many calls a filtered queue holds, up to `cap` + 1 (a saved view's count in the navigation: one
+    statement, reading at most `cap` + 1 matches)."""
+    return _orm_matching(replace(filters, after=None), now).order_by()[: cap + 1].count()
 
 
 def queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:
