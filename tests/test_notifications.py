@@ -383,3 +383,51 @@ def assert_block_kit(payload: dict) -> None:
             assert button["type"] == "button" and button["text"]["type"] == "plain_text"
             assert len(button["text"]["text"]) <= 75 and button["url"].startswith("http")
             assert len(button["action_id"]) <= 255
+
+
+# --- the other events: a breaker opened or forced open, an approval requested ----------------------------------------
+
+
+def test_breakers_and_approval_requests_write_their_events(people, registry):
+    from recovery.audit.chain import Actor
+    from recovery.models import Tool
+    from recovery.services.breaker_operations import breaker_force_open, breaker_preview, breaker_request_reset
+    from recovery.services.breakers import breaker_record
+
+    policy = {"window_s": 60, "min_calls": 4, "failure_rate": 0.5, "cooldown_s": 30, "half_open_probes": 1,
+              "probe_lease_s": 60}  # fmt: skip
+    failing = Tool.objects.create(
+        name="order.search", provider=registry["provider"], side_effect="read", breaker=policy
+    )
+    for _ in range(4):
+        breaker_record(failing, counts_as_failure=True, probe=False, now=timezone.now())
+    [opened] = NotificationEvent.objects.filter(kind="breaker_opened")
+    assert (opened.subject, opened.tool_id, opened.reason) == (f"breaker:{failing.pk}", failing.pk, "opened")
+    assert opened.title == "The circuit breaker of order.search opened"
+
+    reviewer, refund = people["reviewer"], registry["refund"]
+    breaker_force_open(tool_id=refund.pk, user=reviewer, actor=Actor.for_user(reviewer), reason="incident INC-7")
+    forced = NotificationEvent.objects.get(kind="breaker_opened", subject=f"breaker:{refund.pk}")
+    assert forced.title == "The circuit breaker of refund.create was forced open by an operator"
+    assert "INC-7" not in forced.title  # an operator's words stay in the audit trail, not in messages
+
+    seen = breaker_preview(tool_id=refund.pk, operation="reset").version
+    op = breaker_request_reset(
+        tool_id=refund.pk, user=reviewer, actor=Actor.for_user(reviewer), reason="fixed", seen=seen
+    )
+    asked = NotificationEvent.objects.get(kind="approval_requested")
+    assert asked.subject == f"approval:breakeroperation:{op.pk}" and asked.path == "/approvals/"
+
+
+def test_a_failed_event_insert_never_undoes_the_change_it_describes(make_call, actor):
+    from recovery.statemachine.notices import notice
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite does not refuse an over-long value: the failing insert needs PostgreSQL")
+    call = make_call(S.STILL_UNKNOWN)
+    with transaction.atomic():
+        to_review(call, actor)
+        assert notice("k" * 40, subject="call:x", title="too long a kind for its column") is False
+    call.refresh_from_db()
+    assert call.state == S.HUMAN_REVIEW  # the transaction went on and committed
+    assert NotificationEvent.objects.filter(subject=f"call:{call.pk}").count() == 1
