@@ -8,6 +8,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from recovery.audit.chain import Actor
 from recovery.models import Assignment, AuditEvent, Call, NotificationEvent
 from recovery.selectors.queues import QUEUES, QueueFilters, queue_page
 from tests.console import signed_in
@@ -97,3 +98,27 @@ def test_the_call_page_shows_due_and_assignee_and_assigns_a_named_reviewer(peopl
     reviewer.post(f"/calls/{call.pk}/assign/", {"unassign": "1"})
     assert not Assignment.objects.exists()
     assert AuditEvent.objects.filter(action="call.unassigned", call_id=call.pk).count() == 1
+
+
+def test_time_to_first_claim_counts_each_queue_entry_s_first_claim_once(people, make_call, actor):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from recovery.api.prometheus import scrape
+    from recovery.services.claims import call_claim, call_release
+    from recovery.services.metrics import metrics_fold
+    from recovery.statemachine.transitions import transition_call
+
+    call = transition_call(make_call("STILL_UNKNOWN"), "HUMAN_REVIEW", actor=actor, reason="poll budget spent")
+    reviewer = people["reviewer"]
+    for _ in range(2):  # claimed, released, claimed again: one first claim
+        call_claim(call_id=call.pk, user=reviewer, actor=Actor.for_user(reviewer))
+        call_release(call_id=call.pk, user=reviewer, actor=Actor.for_user(reviewer))
+    metrics_fold()
+    samples = {
+        (sample.name, sample.labels.get("queue")): sample.value
+        for family in text_string_to_metric_families(scrape(now=timezone.now()).decode())
+        for sample in family.samples
+        if sample.name.startswith("recovery_time_to_first_claim_seconds")
+    }
+    assert samples[("recovery_time_to_first_claim_seconds_count", "human_review")] == 1
+    assert samples[("recovery_time_to_first_claim_seconds_count", "unknown")] == 0  # STILL_UNKNOWN: never claimed

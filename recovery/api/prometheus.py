@@ -206,6 +206,7 @@ class RecoveryCollector(Collector):
         for spec in COUNTERS:
             yield self._counter(spec)
         yield self._resolution()
+        yield self._first_claim()
         yield self._queues()
         yield self._breakers()
         yield from self._fold()
@@ -224,18 +225,31 @@ class RecoveryCollector(Collector):
         return family
 
     def _resolution(self) -> HistogramMetricFamily:
-        family = HistogramMetricFamily(
-            PREFIX + "time_to_resolution_seconds",
+        return self._waits(
+            "time_to_resolution_seconds",
             "How long queue items waited, from entering the queue's states to leaving them, counted when they "
             "left (every tool); use histogram_quantile for the median and the 95th percentile.",
-            labels=["queue"],
+            m.RESOLUTIONS,
+            m.RESOLUTION_MS,
         )
+
+    def _first_claim(self) -> HistogramMetricFamily:
+        return self._waits(
+            "time_to_first_claim_seconds",
+            "How long queue items waited, from entering the queue's states to a reviewer's first claim on them "
+            "there, counted at that claim (every tool; docs/notifications.md#due-times).",
+            m.FIRST_CLAIMS,
+            m.FIRST_CLAIM_MS,
+        )
+
+    def _waits(self, name: str, doc: str, series: str, ms_series: str) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(PREFIX + name, doc, labels=["queue"])
         exact: dict[str, dict[float, int]] = {queue: defaultdict(int) for queue in m.QUEUES}
-        for _, label, n in self._rows(m.RESOLUTIONS):
+        for _, label, n in self._rows(series):
             queue, le = m.split_bucket_label(label)
             exact.setdefault(queue, defaultdict(int))[math.inf if le == "+Inf" else float(le)] += n
         waited_ms: dict[str, int] = defaultdict(int)
-        for _, queue, ms in self._rows(m.RESOLUTION_MS):
+        for _, queue, ms in self._rows(ms_series):
             waited_ms[queue] += ms
         for queue, counts in sorted(exact.items()):
             running, buckets = 0, []
