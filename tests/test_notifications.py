@@ -431,3 +431,21 @@ def test_a_failed_event_insert_never_undoes_the_change_it_describes(make_call, a
     call.refresh_from_db()
     assert call.state == S.HUMAN_REVIEW  # the transaction went on and committed
     assert NotificationEvent.objects.filter(subject=f"call:{call.pk}").count() == 1
+
+
+def test_a_follow_up_is_never_sent_before_the_message_it_follows(notify_settings, make_call, actor):
+    with Receiver(secret=SECRET) as receiver:
+        rule = webhook_rule(receiver.url)
+        call = to_review(make_call(S.STILL_UNKNOWN), actor)
+        transition_call(call, S.COMMITTED, actor=actor, reason="approved action with evidence")  # the same window
+        notifications_route()
+        first = NotificationDelivery.objects.get(rule=rule, follows__isnull=True)
+        follow_up = NotificationDelivery.objects.get(rule=rule, follows=first)
+        at = timezone.now() + timedelta(seconds=rule.window_s)
+        assert delivery_send(follow_up.pk, now=at) == ""  # its first message is not sent yet: it waits, uncounted
+        follow_up.refresh_from_db()
+        assert (follow_up.status, follow_up.attempts) == ("pending", 0)
+        assert run_once(at) == ["sent"]
+        assert run_once(at + timedelta(seconds=6)) == ["sent"]
+        got = receiver.wait_for(2)
+    assert [r["body"]["follows"] for r in got] == [None, str(first.delivery_id)]

@@ -111,7 +111,8 @@ def delivery_send(delivery_id: int, *, now: datetime | None = None) -> str:
     if delivery is None:
         return ""
     first = delivery.follows
-    if first is not None and first.status != DeliveryStatus.SENT:
+    if first is not None and first.status in (DeliveryStatus.PENDING, DeliveryStatus.SENDING):
+        # A follow-up goes after the message it threads under (one that failed for good is not waited for).
         _put_back(delivery, now + timedelta(seconds=WAIT_FOR_FIRST_S), count=False)
         return ""
     message = message_of(delivery, now)
