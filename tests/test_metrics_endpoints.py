@@ -250,16 +250,15 @@ def per_tool(name: str, values: dict[str, float]) -> list:
     return [counter(name, value, tool=tool) for tool, value in values.items()]
 
 
-def resolution(waited: dict[str, list[float]]) -> list:
+def resolution(waited: dict[str, list[float]], name: str = "time_to_resolution_seconds") -> list:
     """The histogram's samples for these waits (seconds) per queue; every queue appears, empty or not."""
     found = []
     for queue in QUEUES:
         times = waited.get(queue, [])
         for le in BOUNDS:
-            found.append(counter("time_to_resolution_seconds_bucket", sum(t <= float(le) for t in times), le=le,
-                                 queue=queue))  # fmt: skip
-        found.append(counter("time_to_resolution_seconds_count", len(times), queue=queue))
-        found.append(counter("time_to_resolution_seconds_sum", sum(times), queue=queue))
+            found.append(counter(f"{name}_bucket", sum(t <= float(le) for t in times), le=le, queue=queue))
+        found.append(counter(f"{name}_count", len(times), queue=queue))
+        found.append(counter(f"{name}_sum", sum(times), queue=queue))
     return found
 
 
@@ -294,6 +293,7 @@ def expected_acme(fold_seq: int) -> dict:
             *per_tool("breaker_open_seconds_total", {EMAIL: 660, REFUND: 0, LOOKUP: 0}),
             *per_tool("breaker_openings_total", {EMAIL: 1, REFUND: 0, LOOKUP: 0}),
             *resolution({"unknown": [90]}),  # c2: 90 s in UNKNOWN
+            *resolution({}, "time_to_first_claim_seconds"),  # nobody claimed anything
             *(
                 counter("queue_items", n, queue=q)
                 for q, n in {"unknown": 1, "human_review": 1, "compensation": 0}.items()
@@ -324,6 +324,7 @@ def expected_globex(fold_seq: int) -> dict:
             *per_tool("breaker_open_seconds_total", {REFUND: 0}),
             *per_tool("breaker_openings_total", {REFUND: 0}),
             *resolution({}),
+            *resolution({}, "time_to_first_claim_seconds"),
             *(
                 counter("queue_items", n, queue=q)
                 for q, n in {"unknown": 1, "human_review": 0, "compensation": 0}.items()
