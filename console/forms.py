@@ -21,7 +21,7 @@ AGE_CHOICES = [
     ("1h", "older than 1 hour"),
     ("24h", "older than 1 day"),
 ]
-SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first")]
+SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first"), ("due", "due first")]
 ASSIGNED_CHOICES = [("", "anyone or nobody"), ("me", "assigned to me"), ("none", "unassigned")]
 
 
@@ -95,6 +95,7 @@ class QueueFilterForm(forms.Form):
             older_than=AGES.get(data.get("age") or ""),
             q=data.get("q") or "",
             newest_first=data.get("sort") == "newest",
+            due_first=data.get("sort") == "due",
             after=data.get("after"),
             compensation=self.queue.compensation,
             assignee_id=self.user_id if data.get("assigned") == "me" else None,

@@ -3,6 +3,7 @@ queues filter by assignee in both readings of the page, a refusal writes nothing
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -122,3 +123,30 @@ def test_time_to_first_claim_counts_each_queue_entry_s_first_claim_once(people, 
     }
     assert samples[("recovery_time_to_first_claim_seconds_count", "human_review")] == 1
     assert samples[("recovery_time_to_first_claim_seconds_count", "unknown")] == 0  # STILL_UNKNOWN: never claimed
+
+
+def test_a_queue_sorts_by_due_time_and_pages_through_it(people, make_call, settings):
+    settings.RECOVERY_SLA_S = {"high": 900, "low": 14_400}
+    now = timezone.now()
+    entered = {"high": [10, 1], "low": [120]}  # minutes ago
+    made = {}
+    for risk, ages in entered.items():
+        for minutes in ages:
+            call = make_call("HUMAN_REVIEW")
+            Call.objects.filter(pk=call.pk).update(risk=risk, state_changed_at=now - timedelta(minutes=minutes))
+            made[(risk, minutes)] = call.pk
+    # due: high 10 min ago → in 5 min; high 1 min ago → in 14 min; low 2 h ago → in 2 h (first by age, last by due)
+    expected = [made[("high", 10)], made[("high", 1)], made[("low", 120)]]
+    filters = QueueFilters(states=QUEUES["human-review"].states, due_first=True)
+    seen, after = [], None
+    while True:
+        page = queue_page(replace(filters, after=after), now=now, size=1)
+        seen += [row["id"] for row in page.rows]
+        if page.next_cursor is None:
+            break
+        after = page.next_cursor
+    assert seen == expected
+    html = signed_in(people, "viewer").get("/queues/human-review/?sort=due").content.decode()
+    assert [html.index(f'data-id="{pk}"') for pk in expected] == sorted(
+        html.index(f'data-id="{pk}"') for pk in expected
+    )

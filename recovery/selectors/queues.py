@@ -13,7 +13,7 @@ from functools import cache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, Subquery, Value, When
 from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
@@ -61,6 +61,7 @@ class QueueFilters:
     older_than: timedelta | None = None
     q: str = ""
     newest_first: bool = False
+    due_first: bool = False  # by resolution due time (RECOVERY_SLA_S by risk), soonest first; the cursor is a due time
     after: tuple[datetime, int] | None = None  # keyset cursor: the last row of the previous page
     compensation: bool = False  # the compensation problems queue's condition on its states (and its entry columns)
     assignee_id: int | None = None  # only the items assigned to this user (docs/notifications.md#assignment)
@@ -446,9 +447,35 @@ def _raw() -> bool:
 
 
 def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
-    """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
-    one for the rows, plus two to resolve a search (tasks by external id, calls by key)."""
+    """One page of a queue, oldest first (or newest, or soonest due), by keyset: the same statements whatever the
+    page's depth — one for the rows, plus two to resolve a search (tasks by external id, calls by key)."""
+    if filters.due_first:
+        return _due_page(filters, now=now, size=size)
     return (_sql_queue_page if _raw() else _orm_queue_page)(filters, now=now, size=size)
+
+
+def _due_page(filters: QueueFilters, *, now: datetime, size: int) -> QueuePage:
+    """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus the risk's
+    RECOVERY_SLA_S, computed by the database, keyset on (due time, id). Read through the ORM only: a sort reviewers
+    pick, not the page every reviewer polls."""
+    sla = settings.RECOVERY_SLA_S
+    due = Case(
+        *[When(risk=risk, then=F("state_changed_at") + Value(timedelta(seconds=s))) for risk, s in sla.items()],
+        default=F("state_changed_at") + Value(timedelta(seconds=min(sla.values()))),
+        output_field=DateTimeField(),
+    )
+    calls = _orm_matching(filters, now).annotate(due_at=due)
+    if filters.after:
+        last_at, last_pk = filters.after
+        calls = calls.filter(Q(due_at__gt=last_at) | Q(due_at=last_at, id__gt=last_pk))
+    rows = _orm_rows(calls.order_by("due_at", "id")[: size + 1], filters.compensation)
+    more = len(rows) > size
+    rows = rows[:size]
+    if not more:
+        return QueuePage(rows=rows, next_cursor=None)
+    last = rows[-1]
+    last_due = last["state_changed_at"] + timedelta(seconds=sla.get(last["risk"], min(sla.values())))
+    return QueuePage(rows=rows, next_cursor=(last_due, last["id"]))
 
 
 def call_row(call_id: int, *, compensation: bool = False) -> dict | None:
