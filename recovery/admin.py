@@ -185,7 +185,7 @@ class ChannelForm(forms.ModelForm):
             self.add_error("slack_channel", "Slack needs the channel id to post in.")
         if kind == models.ChannelKind.EMAIL:
             addresses = [a.strip() for a in (cleaned.get("email_to") or "").split(",") if a.strip()]
-            if not addresses or any(not re.fullmatch(r"[^@\s]+@[^@\s]+", a) for a in addresses):
+            if not addresses or any(a != "assignee" and not re.fullmatch(r"[^@\s]+@[^@\s]+", a) for a in addresses):
                 self.add_error("email_to", "Give one or more e-mail addresses, comma-separated.")
         return cleaned
 

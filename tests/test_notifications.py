@@ -449,3 +449,23 @@ def test_a_follow_up_is_never_sent_before_the_message_it_follows(notify_settings
         assert run_once(at + timedelta(seconds=6)) == ["sent"]
         got = receiver.wait_for(2)
     assert [r["body"]["follows"] for r in got] == [None, str(first.delivery_id)]
+
+
+def test_an_assignment_e_mails_the_assignee(smtp_server, make_call, actor, people):
+    from email import message_from_bytes
+
+    from recovery.services.assignments import call_assign
+
+    people["reviewer2"].email = "reviewer2@example.com"
+    people["reviewer2"].save()
+    channel = NotificationChannel.objects.create(name="assignees", kind="email", email_to="assignee, lead@example.com")
+    rule = NotificationRule.objects.create(name="assigned", channel=channel, events=["assigned"])
+    call = to_review(make_call(S.STILL_UNKNOWN), actor)
+    reviewer = people["reviewer"]
+    from recovery.audit.chain import Actor
+
+    call_assign(call_id=call.pk, assignee="reviewer2", user=reviewer, actor=Actor.for_user(reviewer))
+    assert run_once(timezone.now() + timedelta(seconds=rule.window_s)) == ["sent"]
+    [(recipients, content)] = smtp_server.messages
+    assert sorted(recipients) == ["lead@example.com", "reviewer2@example.com"]
+    assert "assigned to reviewer2 by reviewer" in message_from_bytes(content)["Subject"]

@@ -19,6 +19,7 @@ from django.utils import timezone
 from recovery.engine import notify as words
 from recovery.engine.due import due_times
 from recovery.models import (
+    Assignment,
     Call,
     ChannelKind,
     DeliveryAttempt,
@@ -221,8 +222,25 @@ def message_id(delivery_id: str) -> str:
     return f"<{delivery_id}@recovery-console>"
 
 
+ASSIGNEE = "assignee"  # in an e-mail channel's addresses: the assignee of each item assigned in the message
+
+
+def _recipients(delivery: NotificationDelivery, channel) -> list[str]:
+    """The channel's addresses; `assignee` among them stands for the e-mail of whoever the message's assigned items
+    are assigned to now (their own notification)."""
+    named = [address.strip() for address in channel.email_to.split(",") if address.strip()]
+    to = [address for address in named if address != ASSIGNEE]
+    if ASSIGNEE in named:
+        calls = NotificationEvent.objects.filter(items__delivery=delivery, kind=EventKind.ASSIGNED).values("call_id")
+        emails = Assignment.objects.filter(call_id__in=calls).values_list("assignee__email", flat=True)
+        to += sorted({email for email in emails if email} - set(to))
+    return to
+
+
 def _email(delivery: NotificationDelivery, channel, message: words.Message) -> outside.Sent:
-    to = [address.strip() for address in channel.email_to.split(",") if address.strip()]
+    to = _recipients(delivery, channel)
+    if not to:
+        return outside.Sent(outcome=outside.SENT, reason="nobody to write to (no assignee with an e-mail address)")
     ref = message_id(message.delivery_id)
     sent = outside.send_email(
         to=to,
