@@ -15,7 +15,7 @@ from recovery.models import (
     NotificationRule,
     SavedView,
 )
-from tests.console import signed_in
+from tests.console import PASSWORD, signed_in
 
 
 def test_a_saved_view_is_listed_in_the_navigation_with_its_live_count(people, make_call, registry):
@@ -64,3 +64,9 @@ def test_the_delivery_log_shows_every_try_and_the_receivers_answer(people, db):
     assert str(delivery.delivery_id) in page and "reviews" in page and "hook (webhook)" in page
     assert "failed (500): HTTP 500" in page and "answer: <code>{&quot;error&quot;: &quot;boom&quot;}</code>" in page
     assert "unknown: timed out after sending" in page
+
+
+def test_saved_views_are_listed_again_after_signing_in_anew(people, client):
+    SavedView.objects.create(user=people["viewer"], name="High risk", queue="unknown", query="risk=high")
+    assert client.post("/sign-in/", {"username": "viewer", "password": PASSWORD}).status_code == 302
+    assert ">High risk <span" in client.get("/queues/counts/").content.decode()
