@@ -21,7 +21,8 @@ AGE_CHOICES = [
     ("1h", "older than 1 hour"),
     ("24h", "older than 1 day"),
 ]
-SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first")]
+SORT_CHOICES = [("oldest", "oldest first"), ("newest", "newest first"), ("due", "due first")]
+ASSIGNED_CHOICES = [("", "anyone or nobody"), ("me", "assigned to me"), ("none", "unassigned")]
 
 
 class QueueFilterForm(forms.Form):
@@ -35,11 +36,14 @@ class QueueFilterForm(forms.Form):
     age = forms.ChoiceField(required=False, choices=AGE_CHOICES)
     q = forms.CharField(required=False, max_length=255, strip=True, label="Search")
     sort = forms.ChoiceField(required=False, choices=SORT_CHOICES)
+    assigned = forms.ChoiceField(required=False, choices=ASSIGNED_CHOICES, label="Assigned")
     after = forms.CharField(required=False, max_length=100, widget=forms.HiddenInput)
 
-    def __init__(self, data, *, queue: Queue, tools: list[tuple[int, str]], tenants: list[tuple[int, str]]):
+    def __init__(
+        self, data, *, queue: Queue, tools: list[tuple[int, str]], tenants: list[tuple[int, str]], user_id: int | None
+    ):
         super().__init__(data)
-        self.queue = queue
+        self.queue, self.user_id = queue, user_id
         self.fields["state"].choices = [("", "every state here")] + [(state, state) for state in queue.states]
         self.fields["tool"].choices = [("", "every tool"), *((str(pk), name) for pk, name in tools)]
         self.fields["tenant"].choices = [("", "every tenant"), *((str(pk), name) for pk, name in tenants)]
@@ -91,8 +95,11 @@ class QueueFilterForm(forms.Form):
             older_than=AGES.get(data.get("age") or ""),
             q=data.get("q") or "",
             newest_first=data.get("sort") == "newest",
+            due_first=data.get("sort") == "due",
             after=data.get("after"),
             compensation=self.queue.compensation,
+            assignee_id=self.user_id if data.get("assigned") == "me" else None,
+            unassigned=data.get("assigned") == "none",
         )
 
 

@@ -174,6 +174,29 @@ RECOVERY_COMPENSATION_STUCK_S = env_int("RECOVERY_COMPENSATION_STUCK_S", 300, mi
 # How long an UNKNOWN or HUMAN_REVIEW item may wait, per call risk (recovery.models.Risk), before the overview counts
 # it as an SLA breach: "high=900,low=14400" (seconds; every risk once).
 RECOVERY_SLA_S = env_seconds_by_key("RECOVERY_SLA_S", {"high": 900, "low": 14_400}, keys=("high", "low"))
+# The same items' first claim is due this long after they entered their state (docs/notifications.md#due-times); an
+# item nobody claimed by then raises the unclaimed_overdue event, which rules send to an escalation channel.
+RECOVERY_CLAIM_DUE_S = env_seconds_by_key("RECOVERY_CLAIM_DUE_S", {"high": 300, "low": 3_600}, keys=("high", "low"))
+
+# Notifications (docs/notifications.md): links in messages start with CONSOLE_BASE_URL; webhook and Slack hosts must be
+# on RECOVERY_NOTIFY_HOSTS (a name, or ".suffix" for its subdomains); the notifications job runs every
+# RECOVERY_NOTIFY_EVERY_S and retries a failed delivery with backoff up to RECOVERY_NOTIFY_MAX_TRIES times.
+CONSOLE_BASE_URL = env_str("CONSOLE_BASE_URL", "http://127.0.0.1:8000").rstrip("/")
+RECOVERY_NOTIFY_HOSTS = env_list("RECOVERY_NOTIFY_HOSTS", ["slack.com"])
+RECOVERY_NOTIFY_EVERY_S = env_int("RECOVERY_NOTIFY_EVERY_S", 5, minimum=1)
+RECOVERY_NOTIFY_MAX_TRIES = env_int("RECOVERY_NOTIFY_MAX_TRIES", 8, minimum=1)
+RECOVERY_NOTIFY_BACKOFF_S = env_int("RECOVERY_NOTIFY_BACKOFF_S", 10, minimum=1)
+RECOVERY_NOTIFY_LEASE_S = env_int("RECOVERY_NOTIFY_LEASE_S", 60, minimum=5)
+RECOVERY_NOTIFY_CONNECT_TIMEOUT_S = env_int("RECOVERY_NOTIFY_CONNECT_TIMEOUT_S", 5, minimum=1)
+RECOVERY_NOTIFY_READ_TIMEOUT_S = env_int("RECOVERY_NOTIFY_READ_TIMEOUT_S", 10, minimum=1)
+# E-mail (Django's SMTP backend): EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, EMAIL_USE_TLS.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT_S", 10, minimum=1)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "recovery-console@localhost")
 
 # Content-Security-Policy (django-csp): scripts and styles only from this site (htmx is served from static files),
 # inline scripts only with the per-response nonce, no frames, no plugins, forms post only here.

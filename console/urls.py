@@ -5,7 +5,20 @@ from django.templatetags.static import static
 from django.urls import include, path
 
 from console.forms import ThrottledAdminSignInForm
-from console.views import actions, approvals, audit, auth, bulk, calls, metrics, operations, overview, queues, tasks
+from console.views import (
+    actions,
+    approvals,
+    audit,
+    auth,
+    bulk,
+    calls,
+    metrics,
+    notifications,
+    operations,
+    overview,
+    queues,
+    tasks,
+)
 from recovery.api.routes import api
 
 console_patterns = [
@@ -14,6 +27,7 @@ console_patterns = [
     path("queues/<slug:slug>/", queues.queue, name="queue"),
     path("calls/<int:call_id>/claim/", queues.claim, name="claim"),
     path("calls/<int:call_id>/release/", queues.release, name="release"),
+    path("calls/<int:call_id>/assign/", queues.assign, name="assign"),
     *calls.urlpatterns,
     *tasks.urlpatterns,
     *overview.urlpatterns,
@@ -23,6 +37,7 @@ console_patterns = [
     *actions.urlpatterns,
     *bulk.urlpatterns,
     *approvals.urlpatterns,
+    *notifications.urlpatterns,
 ]
 
 

@@ -14,6 +14,7 @@ from django.utils.html import format_html
 from recovery import models
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event
+from recovery.providers.notify import url_refusal
 from recovery.registry import validate_registry
 from recovery.registry.loader import PROVIDER_FIELDS, TOOL_FIELDS
 from recovery.services.tokens import token_revoke
@@ -89,10 +90,12 @@ class ToolForm(RegistryForm):
 class RegistryAdmin(admin.ModelAdmin):
     """Registry edits are operator actions: each one is an audit event, in the admin's own transaction."""
 
+    audit_action = AuditAction.REGISTRY_EDITED
+
     def _record(self, request, obj, op: str, fields: list[str]) -> None:
         kind = self.model._meta.model_name
         append_event(
-            action=AuditAction.REGISTRY_EDITED,
+            action=self.audit_action,
             actor=Actor.for_user(request.user),
             reason=f"{op} {kind} {obj.name} in the admin",
             evidence={"kind": kind, "name": obj.name, "op": op, "fields": sorted(fields)},
@@ -152,6 +155,72 @@ class ToolAdmin(RegistryAdmin):
     search_fields = ["name"]
     filter_horizontal = ["alternates"]
     readonly_fields = ["created_at", "updated_at"]
+
+
+class ChannelForm(forms.ModelForm):
+    """A channel is an outbound request an admin types in: its URL is checked against RECOVERY_NOTIFY_HOSTS now (and
+    again at every send), the secret is named by an environment variable, never stored."""
+
+    url = forms.URLField(
+        required=False, assume_scheme="https", help_text=models.NotificationChannel.url.field.help_text
+    )
+
+    class Meta:
+        model = models.NotificationChannel
+        fields = ["name", "kind", "url", "slack_channel", "email_to", "secret_env", "allow_private", "enabled"]
+
+    def clean(self):
+        cleaned = super().clean()
+        kind = cleaned.get("kind")
+        if kind in (models.ChannelKind.WEBHOOK, models.ChannelKind.SLACK):
+            url = cleaned.get("url") or ("https://slack.com/api" if kind == models.ChannelKind.SLACK else "")
+            cleaned["url"] = url
+            if not url:
+                self.add_error("url", "A webhook needs the receiver's URL.")
+            elif refusal := url_refusal(url, allow_private=bool(cleaned.get("allow_private"))):
+                self.add_error("url", f"Not allowed: {refusal}.")
+            if not re.fullmatch(r"[A-Z][A-Z0-9_]*", cleaned.get("secret_env") or ""):
+                self.add_error("secret_env", "Name the environment variable holding the secret (A-Z, 0-9, _).")
+        if kind == models.ChannelKind.SLACK and not cleaned.get("slack_channel"):
+            self.add_error("slack_channel", "Slack needs the channel id to post in.")
+        if kind == models.ChannelKind.EMAIL:
+            addresses = [a.strip() for a in (cleaned.get("email_to") or "").split(",") if a.strip()]
+            if not addresses or any(a != "assignee" and not re.fullmatch(r"[^@\s]+@[^@\s]+", a) for a in addresses):
+                self.add_error("email_to", "Give one or more e-mail addresses, comma-separated.")
+        return cleaned
+
+
+class RuleForm(forms.ModelForm):
+    class Meta:
+        model = models.NotificationRule
+        fields = ["name", "channel", "events", "tenant", "tool", "risk", "window_s", "enabled"]
+
+    def clean_events(self):
+        events = self.cleaned_data.get("events")
+        known = set(models.EventKind.values)
+        if not isinstance(events, list) or not events or any(e not in known for e in events):
+            raise forms.ValidationError(f"A list of event kinds among: {', '.join(sorted(known))}.")
+        return events
+
+    def clean_window_s(self):
+        window = self.cleaned_data.get("window_s")
+        if not window or window < 1 or window > 86_400:
+            raise forms.ValidationError("Between 1 and 86400 seconds.")
+        return window
+
+
+@admin.register(models.NotificationChannel)
+class NotificationChannelAdmin(RegistryAdmin):
+    audit_action = AuditAction.NOTIFICATIONS_EDITED
+    form = ChannelForm
+    list_display = ["name", "kind", "url", "slack_channel", "email_to", "enabled"]
+
+
+@admin.register(models.NotificationRule)
+class NotificationRuleAdmin(RegistryAdmin):
+    audit_action = AuditAction.NOTIFICATIONS_EDITED
+    form = RuleForm
+    list_display = ["name", "channel", "events", "tenant", "tool", "risk", "window_s", "enabled"]
 
 
 @admin.register(models.ApiToken)

@@ -18,6 +18,8 @@ from recovery.models import (
     Diagnostic,
     DrillRun,
     GateDecision,
+    NotificationChannel,
+    NotificationRule,
     Provider,
     Receipt,
     Step,
@@ -31,7 +33,7 @@ from recovery.statemachine.transitions import transition_call
 PASSWORD = "correct-horse-battery-9"
 RECOVERY_MODELS = {
     Tenant, Provider, Tool, ApiToken, Task, Step, Call, Attempt, Decision, GateDecision, Receipt, Diagnostic,
-    AuditEvent, AuditChainHead, DrillRun, ActionRequest,
+    AuditEvent, AuditChainHead, DrillRun, ActionRequest, NotificationChannel, NotificationRule,
 }  # fmt: skip
 RECORDED = [AuditEvent, Call, Attempt, Receipt]
 
@@ -73,6 +75,8 @@ def recorded(registry, make_call, actor):
     )
     ApiToken.objects.create(name="runtime", prefix="rc_abc", digest="d" * 64)
     DrillRun.objects.create(drills=["timeout after send"])
+    mail = NotificationChannel.objects.create(name="oncall", kind="email", email_to="oncall@example.com")
+    NotificationRule.objects.create(name="reviews", channel=mail, events=["human_review"])
     ActionRequest.objects.create(
         call=call, action="reconcile_now", plan_hash="h" * 64, call_version=call.version, expires_at=call.created_at
     )
@@ -178,3 +182,29 @@ def test_a_signed_out_request_is_sent_to_the_login(client, db):
     response = client.get("/admin/recovery/call/")
     assert response.status_code == 302
     assert response.url == "/admin/login/?next=/admin/recovery/call/"
+
+
+def test_an_admin_adds_a_webhook_channel_and_a_rule_each_audited(admin_client, settings):
+    settings.RECOVERY_NOTIFY_HOSTS = ["127.0.0.1"]
+    channel = {"name": "hook", "kind": "webhook", "url": "http://127.0.0.1:9/hook", "secret_env": "HOOK_SECRET"}
+    response = admin_client.post(_url(NotificationChannel, "add"), {**channel, "url": "https://127.0.0.1:9/hook"})
+    assert "private or loopback" in str(response.context["adminform"].form.errors["url"])  # not without allowing it
+    response = admin_client.post(_url(NotificationChannel, "add"), {**channel, "url": "https://other.example/hook"})
+    assert "not on RECOVERY_NOTIFY_HOSTS" in str(response.context["adminform"].form.errors["url"])
+    response = admin_client.post(_url(NotificationChannel, "add"), {**channel, "allow_private": "on", "enabled": "on"})
+    assert response.status_code == 302
+    hook = NotificationChannel.objects.get(name="hook")
+    response = admin_client.post(
+        _url(NotificationRule, "add"),
+        {"name": "reviews", "channel": hook.pk, "events": '["human_review", "nonsense"]', "window_s": "30"},
+    )
+    assert "event kinds" in str(response.context["adminform"].form.errors["events"])
+    response = admin_client.post(
+        _url(NotificationRule, "add"),
+        {"name": "reviews", "channel": hook.pk, "events": '["human_review", "resolved"]', "window_s": "30",
+         "enabled": "on"},
+    )  # fmt: skip
+    assert response.status_code == 302
+    edits = AuditEvent.objects.filter(action="notifications.edited").order_by("id")
+    assert [e.evidence["kind"] for e in edits] == ["notificationchannel", "notificationrule"]
+    assert {e.actor_user.username for e in edits} == {"ada"}

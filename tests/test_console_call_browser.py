@@ -69,7 +69,8 @@ def test_a_reviewer_opens_an_unknown_refund_from_the_queue_and_finds_everything(
     assert reconcile.get_by_role("button", name="Preview: Reconcile now").is_enabled()
     # Each allowed action is a form that previews it (a dry run), never one that executes it.
     targets = page.locator("main form").evaluate_all("fs => fs.map(f => f.getAttribute('action'))")
-    assert targets == [f"/calls/{call.pk}/actions/{name}/preview/" for name in ("reconcile_now", "escalate")]
+    previews = [f"/calls/{call.pk}/actions/{name}/preview/" for name in ("reconcile_now", "escalate")]
+    assert targets == [f"/calls/{call.pk}/assign/", *previews]  # and the owner's form: assigning is not an action
     assert SECRET_DETAIL in page.locator("section", has=page.locator("#diagnostics-h")).inner_text()
     alice.shot("call-page-unknown-refund")
     alice.assert_clean()

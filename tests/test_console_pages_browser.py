@@ -145,6 +145,7 @@ def pages(world, console_people, monkeypatch) -> dict[str, tuple[str, int]]:
         log="== status API down ==\n  provider answered 503\n  FAIL in 12.5 s",
     )
     metrics_fold()
+    delivery_with_tries()
     return {
         "overview": ("/overview/", 200),
         "metrics": ("/overview/metrics/", 200),
@@ -168,8 +169,22 @@ def pages(world, console_people, monkeypatch) -> dict[str, tuple[str, int]]:
         "tool": (f"/operations/tools/{refund.pk}/", 200),
         "drills": ("/operations/drills/", 200),
         "drill": (f"/operations/drills/{run.pk}/", 200),
+        "notifications": ("/notifications/", 200),
         "404": ("/no-such-page/", 404),
     }
+
+
+def delivery_with_tries() -> None:
+    """The delivery log's page needs a delivery retried, with a receiver's long answer (docs/notifications.md)."""
+    from recovery.models import DeliveryAttempt, NotificationChannel, NotificationDelivery, NotificationRule
+
+    channel = NotificationChannel.objects.create(name="oncall-hook", kind="webhook", url="https://hooks.example.com/x")
+    rule = NotificationRule.objects.create(name="reviews-to-oncall", channel=channel, events=["human_review"])
+    now = timezone.now()
+    delivery = NotificationDelivery.objects.create(rule=rule, window_start=now, due_at=now, next_try_at=now)
+    DeliveryAttempt.objects.create(
+        delivery=delivery, number=1, outcome="failed", status_code=500, reason="HTTP 500", answer="x" * 300
+    )
 
 
 def problems_on(console, width: int, name: str, axe_source: str) -> list[str]:

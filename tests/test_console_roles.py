@@ -62,6 +62,12 @@ MATRIX: list[tuple[str, str, dict[str, object]]] = [
     ("POST", "/calls/999999999/claim/", {**EVERY_ROLE, REVIEWER: "->/queues/unknown/", "*": 403}),  # no such call
     ("GET", "/calls/{call}/claim/", {"*": 405}),  # claims change state: POST only, whoever asks
     ("GET", "/calls/{call}/release/", {"*": 405}),
+    ("POST", "/calls/{call}/assign/", {**EVERY_ROLE, REVIEWER: "->/queues/unknown/", "*": 403}),  # to themselves
+    ("GET", "/calls/{call}/assign/", {"*": 405}),
+    ("GET", "/notifications/", {**EVERY_ROLE, "*": 200}),  # the delivery log
+    ("POST", "/views/", {**EVERY_ROLE, "*": "->/overview/"}),  # no name: refused, nothing saved
+    ("POST", "/views/1/delete/", {**EVERY_ROLE, "*": "->/overview/"}),  # not theirs (none is): nothing deleted
+    ("GET", "/views/", {"*": 405}),
     ("GET", "/calls/{call}/", {**EVERY_ROLE, "*": 200}),
     ("GET", "/calls/{call}/?version=x", {**EVERY_ROLE, "*": 400}),  # the live refresh's own parameters, checked
     ("GET", "/calls/999999999/", {**EVERY_ROLE, "*": 404}),
@@ -180,9 +186,9 @@ def test_each_url_answers_each_role_as_the_matrix_says(people, make_call, who):
         if got != want:
             wrong.append(f"{method} {path}: got {got!r}, want {want!r}")
     assert not wrong, f"{who}:\n  " + "\n  ".join(wrong)
-    # A refused claim writes nothing: only the reviewer's claim (and release) reached the audit trail.
+    # A refused claim writes nothing: only the reviewer's claim, release and assignment reached the audit trail.
     actions = list(AuditEvent.objects.filter(call_id=call.pk).order_by("seq").values_list("action", flat=True))
-    expected = ["call.claimed", "call.released", "action.previewed"] if who == REVIEWER else []
+    expected = ["call.claimed", "call.released", "call.assigned", "action.previewed"] if who == REVIEWER else []
     assert actions == expected, who
     # Nobody's POST moved the pending request (each was refused, or its form was, before any service ran).
     pending.refresh_from_db()
@@ -241,6 +247,7 @@ def test_the_matrix_covers_every_console_url():
         sample = sample.replace("<int:request_id>", "{request}").replace("<slug:action>", "escalate")
         sample = sample.replace("<int:tool_id>", "{tool}").replace("<slug:operation>", "force-open")
         sample = sample.replace("<int:operation_id>", "{operation}").replace("<int:bulk_id>", "{bulk}")
+        sample = sample.replace("<int:view_id>", "1")
         assert sample in covered or sample.replace("unknown", "no-such-queue") in covered, route
     assert {"/sign-in/", "/sign-out/", "/admin/", "/api/v1/tasks"} <= covered
 

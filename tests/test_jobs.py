@@ -366,7 +366,7 @@ def test_it_runs_runjobs_burst_in_process(var_dir):
     assert "jobs: in-process (no REDIS_URL)" in result.stdout
     assert (
         "reconcile-due every 2 s, sweep-sent every 5 s, metrics-fold every 10 s, flag-no-submission every 5 s, "
-        "retention every 3600 s, audit-checkpoint every 60 s (once: burst)"
+        "notifications every 5 s, retention every 3600 s, audit-checkpoint every 60 s (once: burst)"
     ) in result.stdout
     assert "failed" not in result.stderr
 

@@ -250,16 +250,15 @@ def per_tool(name: str, values: dict[str, float]) -> list:
     return [counter(name, value, tool=tool) for tool, value in values.items()]
 
 
-def resolution(waited: dict[str, list[float]]) -> list:
+def resolution(waited: dict[str, list[float]], name: str = "time_to_resolution_seconds") -> list:
     """The histogram's samples for these waits (seconds) per queue; every queue appears, empty or not."""
     found = []
     for queue in QUEUES:
         times = waited.get(queue, [])
         for le in BOUNDS:
-            found.append(counter("time_to_resolution_seconds_bucket", sum(t <= float(le) for t in times), le=le,
-                                 queue=queue))  # fmt: skip
-        found.append(counter("time_to_resolution_seconds_count", len(times), queue=queue))
-        found.append(counter("time_to_resolution_seconds_sum", sum(times), queue=queue))
+            found.append(counter(f"{name}_bucket", sum(t <= float(le) for t in times), le=le, queue=queue))
+        found.append(counter(f"{name}_count", len(times), queue=queue))
+        found.append(counter(f"{name}_sum", sum(times), queue=queue))
     return found
 
 
@@ -294,6 +293,7 @@ def expected_acme(fold_seq: int) -> dict:
             *per_tool("breaker_open_seconds_total", {EMAIL: 660, REFUND: 0, LOOKUP: 0}),
             *per_tool("breaker_openings_total", {EMAIL: 1, REFUND: 0, LOOKUP: 0}),
             *resolution({"unknown": [90]}),  # c2: 90 s in UNKNOWN
+            *resolution({}, "time_to_first_claim_seconds"),  # nobody claimed anything
             *(
                 counter("queue_items", n, queue=q)
                 for q, n in {"unknown": 1, "human_review": 1, "compensation": 0}.items()
@@ -324,6 +324,7 @@ def expected_globex(fold_seq: int) -> dict:
             *per_tool("breaker_open_seconds_total", {REFUND: 0}),
             *per_tool("breaker_openings_total", {REFUND: 0}),
             *resolution({}),
+            *resolution({}, "time_to_first_claim_seconds"),
             *(
                 counter("queue_items", n, queue=q)
                 for q, n in {"unknown": 1, "human_review": 0, "compensation": 0}.items()
@@ -356,7 +357,14 @@ def test_a_token_of_two_tenants_gets_their_sum_and_a_viewer_every_tenant(world, 
     for tool in (REFUND, LOOKUP, EMAIL):  # a breaker's state is the tool's, not added up
         summed[("recovery_breaker_state", (("tool", tool),))] = 0
     assert scrape(**bearer(world["tokens"]["both"])) == summed
-    assert scrape(signed_in(people, VIEWER)) == summed  # every tenant: these two are all there are
+    every = scrape(signed_in(people, VIEWER))  # every tenant: these two are all there are
+    notifications = {key for key in every if key[0].startswith(("recovery_notification_", "recovery_overdue_"))}
+    assert {key: every[key] for key in every.keys() - notifications} == summed
+    assert {name for name, _ in notifications} == {  # only an unscoped scrape: they span tenants
+        "recovery_notification_deliveries",
+        "recovery_notification_tries_total",
+        "recovery_overdue_items",
+    }
 
 
 def test_the_text_is_prometheus_text_with_help_and_no_ids(world):

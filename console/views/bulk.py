@@ -81,7 +81,7 @@ def preview(request: HttpRequest, slug: str) -> HttpResponse:
         errors = "; ".join(f"{'' if k == '__all__' else k + ': '}{' '.join(v)}" for k, v in form.errors.items())
         return _back(request, back_url, errors)
     tools, tenants = queue_options()
-    filter_form = QueueFilterForm(query, queue=queue, tools=tools, tenants=tenants)
+    filter_form = QueueFilterForm(query, queue=queue, tools=tools, tenants=tenants, user_id=request.user.pk)
     if not filter_form.is_valid():
         return _back(request, back_url, "The queue's filter is not valid: fix it on the queue page first.")
     matching = form.cleaned_data["selection"] == "matching"

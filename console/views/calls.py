@@ -10,18 +10,20 @@ from datetime import timedelta
 
 from django import forms
 from django.contrib.auth.decorators import login_required
+from django.core.exceptions import ObjectDoesNotExist
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path, reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET
 
 from console.views.actions import EVIDENCE_ACTIONS, LABELS, EvidenceForm
-from console.views.common import DIAGNOSTIC, VIEW, age_text, by_reason, render_page, requires
+from console.views.common import DIAGNOSTIC, REVIEW, VIEW, age_text, by_reason, due_text, render_page, requires
 from recovery.engine.actions import recommended
 from recovery.engine.reconcile import Observation
 from recovery.models import Call
 from recovery.models import Decision as DecisionRow
 from recovery.selectors.approvals import OPEN
+from recovery.selectors.assignments import reviewer_names
 from recovery.selectors.call_page import CallPage, CallStatus, call_page, call_status
 from recovery.selectors.facts import retry_path_of, shown_facts
 from recovery.selectors.observed import admission_of, call_spans
@@ -71,6 +73,7 @@ def _page_context(request: HttpRequest, page: CallPage, now) -> dict:
     numbers = {a.pk: a.number for a in page.attempts}
     latest = page.latest_decision
     return _actions_context(request, page, now) | {
+        "reviewers": reviewer_names() if request.user.has_perm(REVIEW) else [],
         "page": page,
         "task": current.task,
         "action_requests": [
@@ -148,6 +151,14 @@ def _stale(req, current: Call) -> bool:
     return req.status in OPEN and req.call_version != current.version
 
 
+def _assignee(current: Call) -> str:
+    """Who the call is assigned to ("" for nobody): read with the call (recovery.selectors.call_page)."""
+    try:
+        return current.assignment.assignee.get_username()
+    except ObjectDoesNotExist:
+        return ""
+
+
 def _status_context(request: HttpRequest, status: CallStatus, seen: dict, now) -> dict:
     current = status.call
     version = seen.get("version")
@@ -173,6 +184,8 @@ def _status_context(request: HttpRequest, status: CallStatus, seen: dict, now) -
         "refresh_s": REFRESH_S,
         "now": now,
         "facts": shown_facts(current),
+        "due": due_text(current.state, current.risk, current.state_changed_at, now, held=status.claim_live),
+        "assignee": _assignee(current),
     }
 
 

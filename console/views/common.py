@@ -3,15 +3,21 @@ htmx partial, and how ages and row links are written."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import wraps
 
+from django.conf import settings
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.shortcuts import render
 from django.urls import reverse
+from django.utils import timezone
 
-from recovery.selectors.queues import COUNT_CAP, queue_counts
+from console.forms import QueueFilterForm
+from recovery.engine.due import due_times
+from recovery.selectors.assignments import saved_views
+from recovery.selectors.queues import COUNT_CAP, QUEUES, queue_count, queue_counts, queue_options
+from recovery.statemachine.notices import NEEDS_PERSON
 
 VIEW = "recovery.view_call"  # every role
 REVIEW = "recovery.review_call"  # reviewers: claims, previews, action requests
@@ -37,9 +43,20 @@ def requires(permission: str):
     return decorator
 
 
-def nav_counts() -> dict[str, str]:
-    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"."""
-    return {name: f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n) for name, n in queue_counts().items()}
+def shown_count(n: int) -> str:
+    return f"{COUNT_CAP:,}+" if n > COUNT_CAP else str(n)
+
+
+def nav_counts(request: HttpRequest | None = None) -> dict:
+    """The navigation's queue sizes as shown: exact up to COUNT_CAP, then "1,000+"; and the user's saved views with
+    theirs (read only when their session says they have some: console/views/saved_views.py keeps it)."""
+    counts: dict = {name: shown_count(n) for name, n in queue_counts().items()}
+    if request is not None and request.session.get(SAVED_VIEWS_KEY):
+        counts["views"] = view_counts(request.user)
+    return counts
+
+
+SAVED_VIEWS_KEY = "saved_views"  # the session's note that its user has saved views (how many)
 
 
 def render_page(request: HttpRequest, template: str, context: dict, *, partial: str = "", status: int = 200):
@@ -47,7 +64,7 @@ def render_page(request: HttpRequest, template: str, context: dict, *, partial: 
     the same markup in place)."""
     if partial and request.htmx:
         return render(request, f"{template}#{partial}", context, status=status)
-    return render(request, template, context | {"counts": nav_counts()}, status=status)
+    return render(request, template, context | {"counts": nav_counts(request)}, status=status)
 
 
 def place_refusal(form, refused) -> str:
@@ -85,3 +102,35 @@ def by_reason(pairs) -> list[dict]:
     for reason, item in pairs:
         groups.setdefault(reason, []).append(item)
     return [{"reason": reason, "members": members} for reason, members in groups.items()]
+
+
+def due_text(state: str, risk: str, entered_at: datetime, now: datetime, *, held: bool) -> tuple[str, bool]:
+    """When an item is due, as a row and the call page say it (docs/notifications.md#due-times): its first claim's
+    due time while nobody holds it, else its resolution's; ("", False) for a state nobody waits on."""
+    if state not in NEEDS_PERSON:
+        return "", False
+    due = due_times(entered_at, risk, sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S)
+    at = due.next_due(claimed=held)
+    what = "resolution" if held or at == due.resolve_by else "claim"
+    if at <= now:
+        return f"{what} overdue {age_text(now - at)}", True
+    return f"{what} due in {age_text(at - now)}", False
+
+
+def view_counts(user) -> list[dict]:
+    """The user's saved views as the navigation lists them: name, link and live count (capped like the queues'): one
+    statement for the views, one for the filters' choices, one count per view."""
+    views = saved_views(user.pk)
+    if not views:
+        return []
+    tools, tenants = queue_options()
+    now, shown = timezone.now(), []
+    for view in views:
+        queue = QUEUES.get(view.queue)
+        if queue is None:
+            continue
+        form = QueueFilterForm(QueryDict(view.query), queue=queue, tools=tools, tenants=tenants, user_id=user.pk)
+        count = shown_count(queue_count(form.filters(), now=now)) if form.is_valid() else "?"
+        url = reverse("console:queue", args=[view.queue]) + (f"?{view.query}" if view.query else "")
+        shown.append({"id": view.pk, "name": view.name, "url": url, "count": count})
+    return shown

@@ -11,9 +11,10 @@ from html import escape
 
 from django.utils.safestring import SafeString
 
-from console.views.common import age_text, url_pattern
+from console.views.common import age_text, due_text, url_pattern
 from recovery.engine.states import CallState
 from recovery.models import Call
+from recovery.selectors.assignments import assignees
 from recovery.selectors.facts import row_facts
 from recovery.selectors.observed import admission_answers
 from recovery.selectors.queues import Queue
@@ -36,6 +37,8 @@ def decorate(
         claim_url, release_url = (f"{url}?queue={queue.slug}" for url in (claim_url, release_url))
     answers = admission_answers(row["id"] for row in rows if row["observed"])  # one statement, if any is observed
     asked = asked_for(row["id"] for row in rows if row["state"] == CallState.HUMAN_REVIEW)  # one, if any
+    owners = assignees(row["id"] for row in rows)  # one, if any row
+    assign_url = url_pattern("console:assign")
     for row in rows:
         pk = row["id"]
         row["open_url"] = open_url.format(pk)
@@ -51,6 +54,9 @@ def decorate(
         answer = answers.get(pk)
         row["admission"] = answer.text if answer else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
+        row["due"], row["overdue"] = due_text(row["state"], row["risk"], row["state_changed_at"], now, held=held)
+        row["assignee"] = owners.get(pk, "")
+        row["assign_url"] = assign_url.format(pk) if can_review and row["assignee"] != user.get_username() else ""
         if can_review and not held:
             row["button"], row["button_label"], row["button_url"] = "claim", "Claim", claim_url.format(pk)
         elif can_review and row["claimed_by_id"] == user.pk:
@@ -71,7 +77,7 @@ def entry_text(row: dict) -> str:
 _SHOWN = (
     "id", "open_url", "task_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk",
     "state", "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label", "entry", "admission", "why", "idempotency_key",
+    "button_label", "entry", "admission", "why", "idempotency_key", "due", "assignee", "assign_url",
 )  # fmt: skip
 
 
@@ -115,7 +121,7 @@ def row_html(row: dict, *, can_review: bool, notice: str = "", notice_error: boo
         f"<td>{row['step_index']}</td><td>{row['tool_name']}{observed}</td><td>{row['tenant_name']}</td>"
         f'<td><span class="risk risk-{row["risk"]}">{row["risk"]}</span></td>'
         f'<td><span class="state" data-fact="state" data-value="{fact["state"]}">{row["state"]}</span>{entry}</td>'
-        f'<td title="in this state since {row["since"]}">{row["age"]}</td><td>{row["checks_made"]}</td>'
+        f'<td title="in this state since {row["since"]}">{row["age"]}{_due_mark(row)}</td><td>{row["checks_made"]}</td>'
         f'<td data-fact="last-receipt" data-value="{fact["last_receipt"]}">{receipt}</td>'
         f'<td class="claim">{_claim_cell(row, notice, notice_error)}</td>'
         "</tr>"
@@ -133,6 +139,25 @@ def _claim_cell(row: dict, notice: str, notice_error: bool) -> str:
         )
     elif not row["held"]:
         cell += '<span class="muted">—</span>'
+    if row["assignee"]:
+        cell += f'<span class="assignee">assigned to {row["assignee"]}</span>'
+    if row["assign_url"]:
+        url = row["assign_url"]
+        cell += (
+            f'<button type="submit" form="claims" formaction="{url}" hx-post="{url}" hx-vals=\'{{"assignee": "me"}}\' '
+            'hx-target="closest tr" hx-swap="outerHTML" class="assign-me">Assign to me</button>'
+        )
     if notice:
         cell += f'<p class="notice{" error" if notice_error else ""}" role="status">{escape(notice)}</p>'
     return cell
+
+
+def _due_mark(row: dict) -> str:
+    """When the item is due (for its first claim or its resolution, docs/notifications.md) and whether it is late."""
+    if not row["due"]:
+        return ""
+    late = row["overdue"]
+    return (
+        f'<br><span class="due{" overdue" if late else ""}" data-fact="due" '
+        f'data-value="{"overdue" if late else "due"}">{row["due"]}</span>'
+    )

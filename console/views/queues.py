@@ -8,6 +8,7 @@ the permission gets 403. An htmx request gets the page's partial (the same marku
 from __future__ import annotations
 
 from datetime import timedelta
+from urllib.parse import urlencode
 
 from django.conf import settings
 from django.contrib import messages
@@ -26,12 +27,15 @@ from recovery.audit.chain import Actor
 from recovery.selectors.queues import QUEUES, QueueFilters, call_row, queue_options, queue_page
 from recovery.selectors.waiting import left_unknown_since
 from recovery.services.action_plans import ACTION_BY_NAME
+from recovery.services.assignments import call_assign, call_unassign
 from recovery.services.bulk import BULK_ACTIONS, BULK_MAX
 from recovery.services.claims import ClaimRefused, call_claim, call_release
+from recovery.services.errors import Refusal
 
 REFRESH_S = 5
 BULK_CHOICES = [(name, ACTION_BY_NAME[name].label) for name in BULK_ACTIONS]
-BULK_FILTERS = ("state", "tool", "tenant", "risk", "age", "q", "sort")  # what a bulk of "every row matching" keeps
+# What a bulk of "every row matching" keeps, and a saved view.
+BULK_FILTERS = ("state", "tool", "tenant", "risk", "age", "q", "sort", "assigned")
 
 
 @require_GET
@@ -49,7 +53,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
     if current is None:
         raise Http404("No such queue.")
     tools, tenants = queue_options()
-    form = QueueFilterForm(request.GET, queue=current, tools=tools, tenants=tenants)
+    form = QueueFilterForm(request.GET, queue=current, tools=tools, tenants=tenants, user_id=request.user.pk)
     now = timezone.now()
     if form.is_valid():
         filters = form.filters()
@@ -89,6 +93,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
         "bulk_actions": BULK_CHOICES,
         "bulk_max": BULK_MAX,
         "filter_query": [(name, request.GET[name]) for name in BULK_FILTERS if request.GET.get(name)],
+        "view_query": urlencode([(name, request.GET[name]) for name in BULK_FILTERS if request.GET.get(name)]),
         "stuck_after": age_text(timedelta(seconds=settings.RECOVERY_COMPENSATION_STUCK_S)),
     }
     return render_page(request, "console/queue.html", context, partial="rows", status=status)
@@ -99,7 +104,7 @@ def queue(request: HttpRequest, slug: str) -> HttpResponse:
 @requires(VIEW)
 def counts(request: HttpRequest) -> HttpResponse:
     """The navigation's live queue counts (an htmx partial)."""
-    return render(request, "console/base.html#counts", {"counts": nav_counts()})
+    return render(request, "console/base.html#counts", {"counts": nav_counts(request)})
 
 
 @require_POST
@@ -120,6 +125,24 @@ def release(request: HttpRequest, call_id: int) -> HttpResponse:
     if call_release(call_id=call_id, user=request.user, actor=Actor.for_user(request.user)):
         return _after_claim(request, call_id, f"Released call {call_id}.")
     return _after_claim(request, call_id, f"You do not hold call {call_id}.", error=True)
+
+
+@require_POST
+@login_required
+@requires(REVIEW)
+def assign(request: HttpRequest, call_id: int) -> HttpResponse:
+    """Assign the call to the named reviewer (`assignee`; "me" or nothing: the signed-in user), or unassign it."""
+    actor = Actor.for_user(request.user)
+    if request.POST.get("unassign"):
+        done = call_unassign(call_id=call_id, user=request.user, actor=actor)
+        return _after_claim(request, call_id, f"Call {call_id} is unassigned." if done else "It was not assigned.")
+    name = (request.POST.get("assignee") or "me").strip()
+    name = request.user.get_username() if name == "me" else name
+    try:
+        call_assign(call_id=call_id, assignee=name, user=request.user, actor=actor)
+    except Refusal as refused:
+        return _after_claim(request, call_id, refused.message, error=True)
+    return _after_claim(request, call_id, f"Call {call_id} is assigned to {name}.")
 
 
 def _after_claim(request: HttpRequest, call_id: int, message: str, *, error: bool = False) -> HttpResponse:

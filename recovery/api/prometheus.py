@@ -18,6 +18,7 @@ from prometheus_client.utils import floatToGoString
 from recovery.engine import metrics as m
 from recovery.models import BreakerState
 from recovery.selectors.metrics import SHARED_SERIES, Totals, metrics_totals
+from recovery.selectors.notifications import NotificationFigures, notification_figures
 
 PREFIX = "recovery_"
 # The breaker gauge's values, in the order of how little gets through.
@@ -205,6 +206,7 @@ class RecoveryCollector(Collector):
         for spec in COUNTERS:
             yield self._counter(spec)
         yield self._resolution()
+        yield self._first_claim()
         yield self._queues()
         yield self._breakers()
         yield from self._fold()
@@ -223,18 +225,31 @@ class RecoveryCollector(Collector):
         return family
 
     def _resolution(self) -> HistogramMetricFamily:
-        family = HistogramMetricFamily(
-            PREFIX + "time_to_resolution_seconds",
+        return self._waits(
+            "time_to_resolution_seconds",
             "How long queue items waited, from entering the queue's states to leaving them, counted when they "
             "left (every tool); use histogram_quantile for the median and the 95th percentile.",
-            labels=["queue"],
+            m.RESOLUTIONS,
+            m.RESOLUTION_MS,
         )
+
+    def _first_claim(self) -> HistogramMetricFamily:
+        return self._waits(
+            "time_to_first_claim_seconds",
+            "How long queue items waited, from entering the queue's states to a reviewer's first claim on them "
+            "there, counted at that claim (every tool; docs/notifications.md#due-times).",
+            m.FIRST_CLAIMS,
+            m.FIRST_CLAIM_MS,
+        )
+
+    def _waits(self, name: str, doc: str, series: str, ms_series: str) -> HistogramMetricFamily:
+        family = HistogramMetricFamily(PREFIX + name, doc, labels=["queue"])
         exact: dict[str, dict[float, int]] = {queue: defaultdict(int) for queue in m.QUEUES}
-        for _, label, n in self._rows(m.RESOLUTIONS):
+        for _, label, n in self._rows(series):
             queue, le = m.split_bucket_label(label)
             exact.setdefault(queue, defaultdict(int))[math.inf if le == "+Inf" else float(le)] += n
         waited_ms: dict[str, int] = defaultdict(int)
-        for _, queue, ms in self._rows(m.RESOLUTION_MS):
+        for _, queue, ms in self._rows(ms_series):
             waited_ms[queue] += ms
         for queue, counts in sorted(exact.items()):
             running, buckets = 0, []
@@ -283,9 +298,46 @@ class RecoveryCollector(Collector):
         )
 
 
+class NotificationCollector(Collector):
+    """Notifications (docs/notifications.md): deliveries by status, tries by outcome, items past their due times."""
+
+    def __init__(self, figures: NotificationFigures):
+        self.figures = figures
+
+    def collect(self) -> Iterator[Metric]:
+        deliveries = GaugeMetricFamily(
+            PREFIX + "notification_deliveries",
+            "Notification deliveries by status now (pending, sending, sent, failed after their last try).",
+            labels=["status"],
+        )
+        for status in ("pending", "sending", "sent", "failed"):
+            deliveries.add_metric([status], self.figures.deliveries.get(status, 0))
+        yield deliveries
+        tries = CounterMetricFamily(
+            PREFIX + "notification_tries",
+            "Tries of notification deliveries by outcome (sent; failed: refused or an error answer; unknown: the "
+            "receiver may have it, re-sent under the same delivery id).",
+            labels=["outcome"],
+        )
+        for outcome in ("sent", "failed", "unknown"):
+            tries.add_metric([outcome], self.figures.tries.get(outcome, 0))
+        yield tries
+        overdue = GaugeMetricFamily(
+            PREFIX + "overdue_items",
+            "Items waiting for a person past a due time now: claim (nobody holds it past RECOVERY_CLAIM_DUE_S) and "
+            "resolution (past RECOVERY_SLA_S).",
+            labels=["due"],
+        )
+        for due in ("claim", "resolution"):
+            overdue.add_metric([due], self.figures.overdue.get(due, 0))
+        yield overdue
+
+
 def scrape(*, now: datetime, tenant_ids: tuple[int, ...] | None = None, tools: set[int] | None = None) -> bytes:
     """The Prometheus text of the metrics, summed over `tenant_ids` (None: every tenant), showing the breakers of
     `tools` (None: every tool)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RecoveryCollector(metrics_totals(now=now, tenant_ids=tenant_ids), now=now, tools=tools))
+    if tenant_ids is None:  # deliveries and due times span tenants: only an unscoped scrape shows them
+        registry.register(NotificationCollector(notification_figures(now=now)))
     return generate_latest(registry)

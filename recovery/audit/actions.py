@@ -16,6 +16,8 @@ class AuditAction(StrEnum):
     CALL_TRANSITION = "call.transition"
     CALL_CLAIMED = "call.claimed"
     CALL_RELEASED = "call.released"
+    CALL_ASSIGNED = "call.assigned"  # to a named reviewer, beside the short claim (docs/notifications.md)
+    CALL_UNASSIGNED = "call.unassigned"
     CALL_REPLAYED = "call.replayed"  # replay reconciliation sent its one same-key replay (docs/replay.md)
     CALL_CHECKED = "call.checked"  # a reconcile receipt that moved nothing (the metrics count every check)
     # a compensation ledger entry (docs/compensation.md): made, moved by
@@ -78,6 +80,7 @@ class AuditAction(StrEnum):
     API_TOKEN_REVOKED = "api_token.revoked"
     USER_CREATED = "user.created"
     USER_UPDATED = "user.updated"
+    NOTIFICATIONS_EDITED = "notifications.edited"  # a channel or a rule added, changed or deleted in the admin
     # the trail itself
     AUDIT_VERIFIED = "audit.verified"
     AUDIT_MAINTENANCE = "audit.maintenance"

@@ -34,6 +34,8 @@ TASK_OUTCOMES = "task_outcomes"  # [outcome] a task submitted or abandoned
 QUEUE_ENTRIES = "queue_entries"  # [queue] a call entered a queue's states (the overview's flow chart)
 RESOLUTIONS = "resolutions"  # [queue|le] a queue item resolved, in the one bucket it falls in (readers add them up)
 RESOLUTION_MS = "resolution_ms"  # [queue] the milliseconds those items waited, summed
+FIRST_CLAIMS = "first_claims"  # [queue|le] a queue item's first claim since it entered the queue, in its bucket
+FIRST_CLAIM_MS = "first_claim_ms"  # [queue] the milliseconds those items waited for it, summed
 BREAKER_OPEN_MS = "breaker_open_ms"  # [] milliseconds the tool's breaker was not closed within the hour
 BREAKER_OPENINGS = "breaker_openings"  # [] times the tool's breaker opened (or was forced open)
 COMPENSATIONS = "compensations"  # [started | committed | failed] compensation ledger entries
@@ -123,6 +125,7 @@ class CallMark:
     committed: bool = False
     queue: str = ""  # the queue the call is in now ("" for none)
     queue_since: datetime | None = None
+    claimed: bool = False  # claimed since it entered its queue (its first claim counted in FIRST_CLAIMS)
 
 
 @dataclass(kw_only=True)
@@ -194,6 +197,8 @@ def _fold_call_event(event: EventView, ev: Mapping[str, Any], mark: CallMark, ad
         _first_attempt(event, mark, add)
         mark.attempts += 1
         add(ATTEMPTS, "reconcile_replay")
+    elif event.action == "call.claimed":
+        _fold_first_claim(event, mark, add)
     elif event.action == "call.checked":
         if ev.get("source") in CHECK_SOURCES:
             add(RECONCILE_CHECKS, str(ev.get("observed", "")))
@@ -295,7 +300,18 @@ def _fold_queues(event: EventView, mark: CallMark, add) -> None:
         bound = next(b for b in RESOLUTION_BUCKETS_S if waited_s <= b)
         add(RESOLUTIONS, bucket_label(left, bound))
         add(RESOLUTION_MS, left, n=round(waited_s * 1000))
-    mark.queue, mark.queue_since = entered, (event.at if entered else None)
+    mark.queue, mark.queue_since, mark.claimed = entered, (event.at if entered else None), False
+
+
+def _fold_first_claim(event: EventView, mark: CallMark, add) -> None:
+    """Time to first claim: from entering a queue to a reviewer's first claim on the item there."""
+    if not mark.queue or mark.queue_since is None or mark.claimed:
+        return
+    mark.claimed = True
+    waited_s = max((event.at - mark.queue_since).total_seconds(), 0.0)
+    bound = next(b for b in RESOLUTION_BUCKETS_S if waited_s <= b)
+    add(FIRST_CLAIMS, bucket_label(mark.queue, bound))
+    add(FIRST_CLAIM_MS, mark.queue, n=round(waited_s * 1000))
 
 
 _OPENS = ("breaker.opened", "breaker.reopened", "breaker.forced_open")

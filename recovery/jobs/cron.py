@@ -31,6 +31,7 @@ PERIODIC: list[Periodic] = [
     Periodic(name="sweep-sent", every_s=settings.RECOVERY_SWEEP_EVERY_S, func=jobs.sweep_sent),
     Periodic(name="metrics-fold", every_s=settings.RECOVERY_METRICS_FOLD_EVERY_S, func=jobs.metrics_fold),
     Periodic(name="flag-no-submission", every_s=settings.RECOVERY_NO_SUBMISSION_EVERY_S, func=jobs.flag_no_submission),
+    Periodic(name="notifications", every_s=settings.RECOVERY_NOTIFY_EVERY_S, func=jobs.notifications_due),
     Periodic(name="retention", every_s=settings.RECOVERY_RETENTION_EVERY_S, func=jobs.prune_settled_history),
     Periodic(
         name="audit-checkpoint",

@@ -21,6 +21,8 @@ from recovery.services import (
     bulk,
     compensations,
     metrics,
+    notifications,
+    notify_send,
     reconcile,
     retention,
     sagas,
@@ -133,3 +135,20 @@ def audit_checkpoint() -> str:
         logger.error("audit checkpoint refused: %s", refused)
         return ""
     return str(path) if path else ""
+
+
+def notifications_due() -> int:
+    """Periodic: route new notification events to their deliveries, raise the due-time events, and enqueue a send
+    of every delivery that is due (docs/notifications.md); how many sends were enqueued."""
+    notifications.notifications_route()
+    notifications.notifications_due_sweep()
+    notifications.notifications_route()
+    due = notify_send.deliveries_due()
+    for delivery_id in due:
+        enqueue_now(send_notification, delivery_id, job_id=f"notify-send-{delivery_id}")
+    return len(due)
+
+
+def send_notification(delivery_id: int) -> str:
+    """One try of a delivery; its lease makes a second run of this job a no-op."""
+    return notify_send.delivery_send(delivery_id)

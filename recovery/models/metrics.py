@@ -70,6 +70,7 @@ class MetricCallMark(models.Model):
     committed = models.BooleanField(default=False)
     queue = models.CharField(max_length=16, blank=True)
     queue_since = models.DateTimeField(null=True)
+    claimed = models.BooleanField(default=False)  # first claim in its queue counted (time to first claim)
 
     def __str__(self) -> str:
         return f"metrics of call {self.call_id}"

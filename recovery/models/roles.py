@@ -13,6 +13,7 @@ _READABLE = (
     "auditevent", "auditchainhead", "drillrun", "actionrequest",
 )  # fmt: skip
 _REGISTRY = ("tenant", "provider", "tool", "apitoken")
+_NOTIFICATIONS = ("notificationchannel", "notificationrule")  # configured by admins (docs/notifications.md)
 
 _VIEW = [f"recovery.view_{model}" for model in _READABLE] + ["recovery.export_audit"]
 
@@ -23,6 +24,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
     ADMIN: _VIEW
     + ["recovery.view_diagnostic", "recovery.verify_audit", "recovery.view_apitoken"]
     + [f"recovery.{verb}_{model}" for model in _REGISTRY for verb in ("add", "change", "delete")]
+    + [f"recovery.{verb}_{model}" for model in _NOTIFICATIONS for verb in ("view", "add", "change", "delete")]
     + [f"auth.{verb}_{model}" for model in ("user", "group") for verb in ("view", "add", "change")],
 }
 

@@ -125,7 +125,7 @@ class CallPage:
 
 
 def _call(call_id: int) -> Call | None:
-    related = ("task__tenant", "step", "tool__provider__status_breaker_row", "claimed_by")
+    related = ("task__tenant", "step", "tool__provider__status_breaker_row", "claimed_by", "assignment__assignee")
     return Call.objects.select_related(*related).filter(pk=call_id).first()
 
 

@@ -6,19 +6,19 @@ A new queue is a `Queue` in QUEUES and, when its states alone do not say it, a c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, Subquery, Value, When
 from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
 from recovery.engine.states import CallState
-from recovery.models import Call, CompensationEntry, Step, Task, Tenant, Tool
+from recovery.models import Assignment, Call, CompensationEntry, Step, Task, Tenant, Tool
 
 S, E = CallState, EntryState
 # The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always
@@ -61,8 +61,11 @@ class QueueFilters:
     older_than: timedelta | None = None
     q: str = ""
     newest_first: bool = False
+    due_first: bool = False  # by resolution due time (RECOVERY_SLA_S by risk), soonest first; the cursor is a due time
     after: tuple[datetime, int] | None = None  # keyset cursor: the last row of the previous page
     compensation: bool = False  # the compensation problems queue's condition on its states (and its entry columns)
+    assignee_id: int | None = None  # only the items assigned to this user (docs/notifications.md#assignment)
+    unassigned: bool = False  # only the items assigned to nobody
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +244,12 @@ def _sql_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
     if filters.older_than:
         where.append(f"{_c('state_changed_at')} <= %s")
         params.append(at(now - filters.older_than))
+    if filters.assignee_id or filters.unassigned:
+        assigned = f"SELECT 1 FROM {Assignment._meta.db_table} a WHERE {_column(Assignment, 'call', 'a')} = {_c('id')}"
+        if filters.assignee_id:
+            assigned += f" AND {_column(Assignment, 'assignee', 'a')} = %s"
+            params.append(filters.assignee_id)
+        where.append(f"{'NOT ' if filters.unassigned else ''}EXISTS ({assigned})")
     if filters.q:
         task_ids, call_ids = _search(filters.q)
         search = [f"{_c('idempotency_key')} = %s", f"{_c('provider_ref')} = %s"]
@@ -367,13 +376,15 @@ def _orm_membership(filters: QueueFilters, now: datetime) -> Q:
     return Q(state__in=filters.states) & found
 
 
-def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+def _orm_matching(filters: QueueFilters, now: datetime):
+    """The calls a queue's filters match, unordered and from its first row (no keyset)."""
     calls = Call.objects.filter(_orm_membership(filters, now))
     for name, value in (("tool_id", filters.tool_id), ("tenant_id", filters.tenant_id), ("risk", filters.risk)):
         if value:
             calls = calls.filter(**{name: value})
     if filters.older_than:
         calls = calls.filter(state_changed_at__lte=now - filters.older_than)
+    calls = _orm_assigned(calls, filters)
     if filters.q:
         found = Q(idempotency_key=filters.q) | Q(provider_ref=filters.q)
         task_ids, call_ids = _search(filters.q)
@@ -382,6 +393,11 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
         if call_ids:
             found |= Q(id__in=call_ids)
         calls = calls.filter(found)
+    return calls
+
+
+def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
+    calls = _orm_matching(filters, now)
     if filters.after:
         last_at, last_pk = filters.after
         # The bound on state_changed_at alone (ANDed with the tie-break) is what lets the index scan start at the
@@ -401,6 +417,15 @@ def _orm_queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SI
     more = len(rows) > size
     rows = rows[:size]
     return QueuePage(rows=rows, next_cursor=(rows[-1]["state_changed_at"], rows[-1]["id"]) if more else None)
+
+
+def _orm_assigned(calls, filters: QueueFilters):
+    """The assignment filter: assigned to one user, or to nobody."""
+    if filters.assignee_id:
+        return calls.filter(Exists(Assignment.objects.filter(call=OuterRef("pk"), assignee_id=filters.assignee_id)))
+    if filters.unassigned:
+        return calls.filter(~Exists(Assignment.objects.filter(call=OuterRef("pk"))))
+    return calls
 
 
 def _orm_call_row(call_id: int, compensation: bool = False) -> dict | None:
@@ -430,15 +455,47 @@ def _raw() -> bool:
 
 
 def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -> QueuePage:
-    """One page of a queue, oldest first (or newest), by keyset: the same statements whatever the page's depth —
-    one for the rows, plus two to resolve a search (tasks by external id, calls by key)."""
+    """One page of a queue, oldest first (or newest, or soonest due), by keyset: the same statements whatever the
+    page's depth — one for the rows, plus two to resolve a search (tasks by external id, calls by key)."""
+    if filters.due_first:
+        return _due_page(filters, now=now, size=size)
     return (_sql_queue_page if _raw() else _orm_queue_page)(filters, now=now, size=size)
+
+
+def _due_page(filters: QueueFilters, *, now: datetime, size: int) -> QueuePage:
+    """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus the risk's
+    RECOVERY_SLA_S, computed by the database, keyset on (due time, id). Read through the ORM only: a sort reviewers
+    pick, not the page every reviewer polls."""
+    sla = settings.RECOVERY_SLA_S
+    due = Case(
+        *[When(risk=risk, then=F("state_changed_at") + Value(timedelta(seconds=s))) for risk, s in sla.items()],
+        default=F("state_changed_at") + Value(timedelta(seconds=min(sla.values()))),
+        output_field=DateTimeField(),
+    )
+    calls = _orm_matching(filters, now).annotate(due_at=due)
+    if filters.after:
+        last_at, last_pk = filters.after
+        calls = calls.filter(Q(due_at__gt=last_at) | Q(due_at=last_at, id__gt=last_pk))
+    rows = _orm_rows(calls.order_by("due_at", "id")[: size + 1], filters.compensation)
+    more = len(rows) > size
+    rows = rows[:size]
+    if not more:
+        return QueuePage(rows=rows, next_cursor=None)
+    last = rows[-1]
+    last_due = last["state_changed_at"] + timedelta(seconds=sla.get(last["risk"], min(sla.values())))
+    return QueuePage(rows=rows, next_cursor=(last_due, last["id"]))
 
 
 def call_row(call_id: int, *, compensation: bool = False) -> dict | None:
     """One call as a queue row (after a claim, the row is drawn again as it now stands); `compensation`: as the
     compensation problems queue draws it, with its latest entry."""
     return (_sql_call_row if _raw() else _orm_call_row)(call_id, compensation)
+
+
+def queue_count(filters: QueueFilters, *, now: datetime, cap: int = COUNT_CAP) -> int:
+    """How many calls a filtered queue holds, up to `cap` + 1 (a saved view's count in the navigation: one
+    statement, reading at most `cap` + 1 matches)."""
+    return _orm_matching(replace(filters, after=None), now).order_by()[: cap + 1].count()
 
 
 def queue_options() -> tuple[list[tuple[int, str]], list[tuple[int, str]]]:

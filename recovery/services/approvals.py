@@ -20,6 +20,7 @@ from recovery.engine.actions import REVIEW_PERMISSION
 from recovery.models import FourEyesRequest
 from recovery.models.approvals import REQUESTED
 from recovery.services.errors import Refusal
+from recovery.statemachine.notices import notice_approval_requested
 
 APPROVE_PERMISSION = "recovery.approve_action"
 REASON_MAX = 2000
@@ -178,6 +179,7 @@ def request(asked: Asked, *, then: Callable[[], None] | None = None):
         if not moved:
             raise not_pending(kind, row)
         kind.record(row, REQUESTED, asked.actor, reason=asked.reason, was=PREVIEWED, user=asked.user)
+        notice_approval_requested(row, noun=kind.noun)
         if then is not None:
             then()
     return load(kind, row.pk)
@@ -196,6 +198,7 @@ def create_requested(kind: FourEyes, *, user, actor: Actor, reason: str, now: da
             **fields,
         )
         kind.record(row, REQUESTED, actor, reason=reason, was="", user=user)
+        notice_approval_requested(row, noun=kind.noun)
     return row
 
 

@@ -34,6 +34,7 @@ from recovery.selectors.breakers import view_of_state
 from recovery.services import approvals
 from recovery.services.breakers import breaker_create
 from recovery.services.errors import Refusal
+from recovery.statemachine.notices import notice_breaker_opened
 
 K, ST = BreakerOperationKind, BreakerOperationStatus
 REASON_MAX = approvals.REASON_MAX
@@ -235,6 +236,7 @@ def breaker_force_open(*, tool_id: int, user, actor: Actor, reason: str) -> Brea
                 open_calls=shown.open_calls,
                 tasks=shown.tasks,
             )
+            notice_breaker_opened(shown.tool_id, shown.tool, forced=True, reason="forced_open")
         return approvals.load(RESET, op.pk)
     raise Refusal("busy", "The breaker kept changing while it was being forced open: try again.")
 

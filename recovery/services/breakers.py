@@ -18,6 +18,7 @@ from recovery.engine.types import HALF_OPEN, OPEN, BreakerPolicy, BreakerView
 from recovery.models import Breaker, BreakerBucket, Tool
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import breaker_view
+from recovery.statemachine.notices import notice_breaker_opened
 
 # Raw SQL (docs/architecture.md, the data layer), on the path of every outcome: the bucket upsert adds to a counter,
 # which the ORM cannot say (its conflict update sets columns, it does not add to them); the state and the window's sums
@@ -217,6 +218,8 @@ def _write(tool: Tool, step: rules.BreakerStep, *, row_exists: bool, now: dateti
             reason=step.reason,
             evidence={"tool": tool.name, **step.evidence},
         )
+        if step.to_state == OPEN:
+            notice_breaker_opened(tool.pk, tool.name, forced=False, reason=step.event)
     return True
 
 

@@ -17,7 +17,9 @@ from recovery.models import AuditEvent, MetricCallMark, MetricFold, MetricRollup
 
 WATERMARK = "audit"
 BATCH = 2000
-_MARK_FIELDS = ("cohort", "attempts", "unknown", "settled", "human", "duplicate", "committed", "queue", "queue_since")
+_MARK_FIELDS = (
+    "cohort", "attempts", "unknown", "settled", "human", "duplicate", "committed", "queue", "queue_since", "claimed",
+)  # fmt: skip
 _EVENT_FIELDS = (
     "seq",
     "action",

@@ -18,6 +18,7 @@ from recovery.engine.compensation_states import is_allowed as entry_edge_allowed
 from recovery.engine.states import CallState, is_allowed
 from recovery.models import Call, CompensationEntry
 from recovery.statemachine.hot_path import update_call_state
+from recovery.statemachine.notices import NEEDS_PERSON, notice_call_moved
 from recovery.statemachine.watch import announce
 
 _FORBIDDEN_CHANGES = {"id", "state", "version", "state_changed_at", "task", "task_id", "tenant", "tenant_id"}
@@ -76,6 +77,8 @@ def transition_call(
                 reason=reason,
                 evidence=evidence,
             )
+            if src in NEEDS_PERSON or dst in NEEDS_PERSON:  # who must hear of it (recovery.statemachine.notices)
+                notice_call_moved(call, src, dst, outcome=changes.get("outcome", call.outcome))
     if updated != 1:
         raise TransitionConflict(
             f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"

@@ -85,6 +85,9 @@
     } else if (event.key === "c" && current()) {
       const button = current().querySelector(".claim-button");
       if (button) { button.click(); event.preventDefault(); }
+    } else if (event.key === "m" && current()) {
+      const button = current().querySelector(".assign-me");
+      if (button) { button.click(); event.preventDefault(); }
     }
   });
 

@@ -1,0 +1,255 @@
+"""Sending deliveries (docs/notifications.md#delivery): at least once, under a stable delivery id. A sender claims a
+due delivery with a lease (a conditional UPDATE), sends it through its channel, logs the try and either marks it sent
+or puts it back with backoff; a try whose outcome is unknown, or a sender that died holding the lease, makes the next
+try a re-send under the same id (Recovery-Delivery-Id, Message-ID), which the receiver deduplicates.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from recovery.engine import notify as words
+from recovery.engine.due import due_times
+from recovery.models import (
+    Assignment,
+    Call,
+    ChannelKind,
+    DeliveryAttempt,
+    DeliveryStatus,
+    EventKind,
+    NotificationDelivery,
+    NotificationEvent,
+)
+from recovery.providers import notify as outside
+from recovery.services.callbacks import sign
+
+logger = logging.getLogger("recovery.notifications")
+P, SENDING = DeliveryStatus.PENDING, DeliveryStatus.SENDING
+WAIT_FOR_FIRST_S = 5  # a follow-up whose first message is not sent yet waits this long, its try not counted
+BACKOFF_MAX_S = 3600
+
+
+def _due_q(now: datetime) -> Q:
+    return Q(status=P, next_try_at__lte=now) | Q(status=SENDING, lease_until__lt=now)
+
+
+def deliveries_due(*, now: datetime | None = None, limit: int = 200) -> list[int]:
+    """The deliveries a sender may take now: pending ones whose time came, and ones whose sender's lease lapsed."""
+    now = now or timezone.now()
+    return list(
+        NotificationDelivery.objects.filter(_due_q(now)).order_by("next_try_at").values_list("id", flat=True)[:limit]
+    )
+
+
+def backoff_s(tries: int) -> int:
+    return min(settings.RECOVERY_NOTIFY_BACKOFF_S * 2 ** max(0, tries - 1), BACKOFF_MAX_S)
+
+
+def _claim(delivery_id: int, now: datetime) -> NotificationDelivery | None:
+    """Take the delivery for one try; None when it is not due or someone else holds it. A lapsed lease means a
+    sender died mid-try: the receiver may have the message, so this try is a re-send (maybe_sent)."""
+    lease = now + timedelta(seconds=settings.RECOVERY_NOTIFY_LEASE_S)
+    lapsed = NotificationDelivery.objects.filter(pk=delivery_id, status=SENDING, lease_until__lt=now)
+    with transaction.atomic():
+        moved = lapsed.update(lease_until=lease, attempts=F("attempts") + 1, maybe_sent=True)
+        if not moved:
+            moved = NotificationDelivery.objects.filter(pk=delivery_id, status=P, next_try_at__lte=now).update(
+                status=SENDING, lease_until=lease, attempts=F("attempts") + 1
+            )
+    if not moved:
+        return None
+    return NotificationDelivery.objects.select_related("rule__channel", "follows").get(pk=delivery_id)
+
+
+def _items(delivery: NotificationDelivery, now: datetime) -> tuple[words.Item, ...]:
+    events = list(NotificationEvent.objects.filter(items__delivery=delivery).order_by("id"))
+    entered = dict(
+        Call.objects.filter(pk__in=[e.call_id for e in events if e.call_id]).values_list("id", "state_changed_at")
+    )
+    sla, claim = settings.RECOVERY_SLA_S, settings.RECOVERY_CLAIM_DUE_S
+    items = []
+    for event in events:
+        due = None
+        if event.call_id and event.kind != EventKind.RESOLVED and event.risk:
+            due = due_times(entered.get(event.call_id, event.created_at), event.risk, sla=sla, claim=claim).resolve_by
+        link = f"{settings.CONSOLE_BASE_URL}{event.path}" if event.path else settings.CONSOLE_BASE_URL + "/"
+        items.append(
+            words.Item(
+                event=event.kind,
+                subject=event.subject,
+                title=event.title,
+                reason=event.reason,
+                link=link,
+                at=event.created_at,
+                due_at=due,
+            )
+        )
+    return tuple(items)
+
+
+def message_of(delivery: NotificationDelivery, now: datetime) -> words.Message:
+    return words.Message(
+        delivery_id=str(delivery.delivery_id),
+        rule=delivery.rule.name,
+        items=_items(delivery, now),
+        now=now,
+        follows=str(delivery.follows.delivery_id) if delivery.follows_id else "",
+    )
+
+
+def delivery_send(delivery_id: int, *, now: datetime | None = None) -> str:
+    """One try of a delivery: claim, send, log, settle. Its outcome (sent, failed, unknown), "" when not taken."""
+    now = now or timezone.now()
+    delivery = _claim(delivery_id, now)
+    if delivery is None:
+        return ""
+    first = delivery.follows
+    if first is not None and first.status in (DeliveryStatus.PENDING, DeliveryStatus.SENDING):
+        # A follow-up goes after the message it threads under (one that failed for good is not waited for).
+        _put_back(delivery, now + timedelta(seconds=WAIT_FOR_FIRST_S), count=False)
+        return ""
+    message = message_of(delivery, now)
+    try:
+        sent = _send(delivery, message)
+    except Exception:
+        logger.exception("delivery %s: the channel raised", delivery.delivery_id)
+        sent = outside.Sent(outcome=outside.UNKNOWN, reason="the sender failed while sending")
+    _settle(delivery, sent, max(now, timezone.now()))
+    return sent.outcome
+
+
+def _put_back(delivery: NotificationDelivery, at: datetime, *, count: bool) -> None:
+    extra = {} if count else {"attempts": F("attempts") - 1}
+    NotificationDelivery.objects.filter(pk=delivery.pk, status=SENDING, attempts=delivery.attempts).update(
+        status=P, next_try_at=at, lease_until=None, **extra
+    )
+
+
+def _settle(delivery: NotificationDelivery, sent: outside.Sent, now: datetime) -> None:
+    """The try logged and the delivery marked sent, put back with backoff, or failed after the last try; only while
+    this sender still holds it (same status and try number)."""
+    held = NotificationDelivery.objects.filter(pk=delivery.pk, status=SENDING, attempts=delivery.attempts)
+    with transaction.atomic():
+        DeliveryAttempt.objects.create(
+            delivery=delivery,
+            number=delivery.attempts,
+            outcome=sent.outcome,
+            status_code=sent.status_code,
+            reason=sent.reason[:300],
+            answer=sent.answer[:500],
+            at=now,
+        )
+        if sent.outcome == outside.SENT:
+            ref = sent.ref or delivery.thread_ref
+            held.update(status=DeliveryStatus.SENT, sent_at=now, lease_until=None, thread_ref=ref, last_reason="")
+        elif delivery.attempts >= settings.RECOVERY_NOTIFY_MAX_TRIES:
+            held.update(status=DeliveryStatus.FAILED, lease_until=None, last_reason=sent.reason[:300])
+        else:
+            held.update(
+                status=P,
+                next_try_at=now + timedelta(seconds=backoff_s(delivery.attempts)),
+                lease_until=None,
+                last_reason=sent.reason[:300],
+                maybe_sent=sent.outcome == outside.UNKNOWN or delivery.maybe_sent,
+            )
+
+
+# --- channels -------------------------------------------------------------------------------------------------------
+
+
+def _secret(name: str) -> str:
+    return os.environ.get(name, "") if name else ""
+
+
+def _send(delivery: NotificationDelivery, message: words.Message) -> outside.Sent:
+    channel = delivery.rule.channel
+    if channel.kind == ChannelKind.WEBHOOK:
+        return _webhook(channel, message)
+    if channel.kind == ChannelKind.SLACK:
+        return _slack(delivery, channel, message)
+    return _email(delivery, channel, message)
+
+
+def _webhook(channel, message: words.Message) -> outside.Sent:
+    secret = _secret(channel.secret_env)
+    if not secret:
+        return outside.Sent(outcome=outside.FAILED, reason=f"no secret in {channel.secret_env or 'secret_env'}")
+    body = json.dumps(words.webhook_body(message), separators=(",", ":")).encode()
+    headers = {"Recovery-Delivery-Id": message.delivery_id, "Recovery-Signature": sign(secret, body)}
+    sent, _ = outside.post_json(channel.url, body, headers, allow_private=channel.allow_private)
+    return sent
+
+
+def _slack(delivery: NotificationDelivery, channel, message: words.Message) -> outside.Sent:
+    token = _secret(channel.secret_env)
+    if not token:
+        return outside.Sent(outcome=outside.FAILED, reason=f"no bot token in {channel.secret_env or 'secret_env'}")
+    payload = {
+        "channel": channel.slack_channel,
+        "text": message.headline,
+        "blocks": words.slack_blocks(message),
+        "unfurl_links": False,
+        "metadata": {"event_type": "recovery_delivery", "event_payload": {"delivery_id": message.delivery_id}},
+    }
+    first = delivery.follows
+    if first is not None and first.thread_ref:
+        payload["thread_ts"] = first.thread_ref
+    call = outside.slack_call
+    sent = call(channel.url, "chat.postMessage", token, payload, allow_private=channel.allow_private)
+    resolved = all(item.event == EventKind.RESOLVED for item in message.items)
+    if sent.outcome == outside.SENT and first is not None and first.thread_ref and resolved:
+        update = {
+            "channel": channel.slack_channel,
+            "ts": first.thread_ref,
+            "text": f"Resolved: {message.headline}",
+            "blocks": words.slack_blocks(message),
+        }
+        answer = call(channel.url, "chat.update", token, update, allow_private=channel.allow_private)
+        if answer.outcome != outside.SENT:
+            logger.warning("delivery %s: chat.update of the first message: %s", message.delivery_id, answer.reason)
+    return sent
+
+
+def message_id(delivery_id: str) -> str:
+    return f"<{delivery_id}@recovery-console>"
+
+
+ASSIGNEE = "assignee"  # in an e-mail channel's addresses: the assignee of each item assigned in the message
+
+
+def _recipients(delivery: NotificationDelivery, channel) -> list[str]:
+    """The channel's addresses; `assignee` among them stands for the e-mail of whoever the message's assigned items
+    are assigned to now (their own notification)."""
+    named = [address.strip() for address in channel.email_to.split(",") if address.strip()]
+    to = [address for address in named if address != ASSIGNEE]
+    if ASSIGNEE in named:
+        calls = NotificationEvent.objects.filter(items__delivery=delivery, kind=EventKind.ASSIGNED).values("call_id")
+        emails = Assignment.objects.filter(call_id__in=calls).values_list("assignee__email", flat=True)
+        to += sorted({email for email in emails if email} - set(to))
+    return to
+
+
+def _email(delivery: NotificationDelivery, channel, message: words.Message) -> outside.Sent:
+    to = _recipients(delivery, channel)
+    if not to:
+        return outside.Sent(outcome=outside.SENT, reason="nobody to write to (no assignee with an e-mail address)")
+    ref = message_id(message.delivery_id)
+    sent = outside.send_email(
+        to=to,
+        subject=words.email_subject(message),
+        text=words.email_text(message),
+        html=words.email_html(message),
+        message_id=ref,
+        in_reply_to=message_id(message.follows) if message.follows else "",
+    )
+    if sent.outcome == outside.SENT:
+        return outside.Sent(outcome=sent.outcome, reason=sent.reason, ref=ref)
+    return sent
