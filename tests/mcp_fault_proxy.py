@@ -18,7 +18,6 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 
@@ -42,16 +41,19 @@ def main() -> None:
     control = Path(options.control)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
     upstream = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-    dropping: set = set()
+    dropping: set = set()  # answers lost with the stream
+    swallowed: set = set()  # answers never relayed, the stream kept open
     lock = threading.Lock()
 
     def relay_up() -> None:
         for line in upstream.stdout:
             message = json.loads(line)
             with lock:
-                dropped = message.get("id") in dropping
+                dropped, hung = message.get("id") in dropping, message.get("id") in swallowed
             if dropped:
                 os._exit(0)  # the answer came and is lost with the stream
+            if hung:
+                continue
             sys.stdout.buffer.write(line)
             sys.stdout.buffer.flush()
         os._exit(0)
@@ -69,16 +71,14 @@ def main() -> None:
                     json.dumps({"name": message["params"]["name"], "arguments": message["params"].get("arguments")})
                     + "\n"
                 )
-            if fault == "drop_reply":
+            if fault in ("drop_reply", "hang"):
                 with lock:
-                    dropping.add(message.get("id"))
+                    (dropping if fault == "drop_reply" else swallowed).add(message.get("id"))
         upstream.stdin.write(line)
         upstream.stdin.flush()
         if fault == "kill":
             upstream.kill()
             os._exit(0)
-        if fault == "hang":
-            time.sleep(3600)
     upstream.kill()
 
 

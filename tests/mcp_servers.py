@@ -72,13 +72,13 @@ def forwarded(control: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def git_registry(repo: Path, server: dict, *, window_s: int = 300) -> dict:
+def git_registry(repo: Path, server: dict, *, window_s: int = 300, timeout_s: int = 10, **extra: dict) -> dict:
     """The registry entries of docs/mcp-gateway.md for mcp-server-git, with `server` ({command, args}) as its
-    command."""
+    command; `commit={...}` / `log={...}` add or replace keys of those tools."""
     repo_arg = {"type": "string", "minLength": 1}
-    return {
+    registry = {
         "tenants": [{"name": "acme", "tools": "*"}],
-        "providers": [{"name": "git", "mcp": {**server, "reissue_window_s": window_s, "call_timeout_s": 10}}],
+        "providers": [{"name": "git", "mcp": {**server, "reissue_window_s": window_s, "call_timeout_s": timeout_s}}],
         "tools": [
             {
                 "name": "git.commit",
@@ -119,6 +119,9 @@ def git_registry(repo: Path, server: dict, *, window_s: int = 300) -> dict:
             },
         ],
     }
+    for tool, name in ((registry["tools"][0], "commit"), (registry["tools"][1], "log")):
+        tool.update(extra.get(name, {}))
+    return registry
 
 
 def time_registry() -> dict:

@@ -17,6 +17,7 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types import REQUEST_TIMEOUT
 
 from recovery.engine.reconcile import Observation
 from recovery.engine.redact import redact
@@ -28,6 +29,7 @@ from recovery.providers.status import StatusAnswer, outbound_headers
 INVALID_PARAMS = -32602  # JSON-RPC: the arguments were refused, nothing executed
 KEY_META = "io.modelcontextprotocol/idempotency-key"  # the key forwarded to servers that understand it (SEP-3182)
 DEFAULT_TIMEOUT_S = 30
+CONNECT_S = 15  # at least this long for a stdio server to start and answer the handshake
 
 
 def server_of(provider: Provider) -> StdioServerParameters | str:
@@ -72,16 +74,26 @@ class Forwarded:
 async def forward(provider: Provider, name: str, arguments: dict, meta: dict) -> Forwarded:
     """Send one `tools/call`; never retried. Shielded: a client that disconnects does not cancel a forwarded write."""
     done = Forwarded()
+    call_s = timeout_of(provider)
     with anyio.CancelScope(shield=True):
         try:
-            with anyio.fail_after(timeout_of(provider)):
+            # The server's start and handshake have their own allowance; the call's timeout counts from its send.
+            with anyio.fail_after(max(provider.connect_timeout_s, CONNECT_S) + call_s + 1):
                 async with client_for(provider) as client:
                     done.connected = True
-                    done.result = await client.call_tool(name, arguments, meta=meta or None)
+                    with anyio.fail_after(call_s):  # nested in the client's scopes: counted from the send
+                        done.result = await client.call_tool(name, arguments, meta=meta or None)
         except Exception as exc:  # every way the exchange can end is a fact for classification
-            done.error = exc
+            done.error = _leaf(exc)
     done.finished_at = datetime.now(UTC)
     return done
+
+
+def _leaf(exc: BaseException) -> BaseException:
+    """The error itself, out of the task groups the SDK's transports wrap it in."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _text(result: Any) -> str:
@@ -154,7 +166,8 @@ def _error_facts(done: Forwarded) -> Facts:
             error=ErrorFacts(kind="connection_refused", message=message),
             **_timing(done),
         )
-    kind = "read_timeout" if isinstance(exc, TimeoutError) else "reset"
+    timed_out = isinstance(exc, TimeoutError) or (isinstance(exc, MCPError) and exc.error.code == REQUEST_TIMEOUT)
+    kind = "read_timeout" if timed_out else "reset"
     return Facts(connection_opened=True, sent=None, error=ErrorFacts(kind=kind, message=message), **_timing(done))
 
 
