@@ -1,7 +1,7 @@
 """The MCP recovery gateway (docs/mcp-gateway.md) against MCP servers nobody here wrote — mcp-server-git and
 mcp-server-time, pinned and installed by `make test` into .venv-mcp — driven by the official `mcp` client over
-Streamable HTTP, with our fault proxy (tests/mcp_fault_proxy.py) between the gateway and git where a fault is needed.
-Effects are counted from git's own history: one commit per executed call.
+Streamable HTTP, with our fault proxy (recovery/devtools/mcp_fault_proxy.py) between the gateway and git where a
+fault is needed. Effects are counted from git's own history: one commit per executed call.
 """
 
 from __future__ import annotations
@@ -12,34 +12,36 @@ import httpx2
 import pytest
 
 from recovery.audit.chain import Actor
-from recovery.models import Call, Task
-from recovery.registry import load_registry
-from recovery.services.reconcile import reconcile_call
-from recovery.services.tokens import token_create
-from tests.conftest import missing_service
-from tests.mcp_servers import (
+from recovery.devtools.mcp_stage import (
     GIT_SERVER,
     Gateway,
     client,
     commits,
-    env_ready,
     fault_command,
     forwarded,
     git,
     git_registry,
     git_repo,
-    run,
+    missing_servers,
     set_fault,
     stage_file,
     time_registry,
 )
+from recovery.devtools.mcp_stage import (
+    run_async as run,
+)
+from recovery.models import Call, Task
+from recovery.registry import load_registry
+from recovery.services.reconcile import reconcile_call
+from recovery.services.tokens import token_create
+from tests.conftest import missing_service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def servers_installed():
-    reason = env_ready()
+    reason = missing_servers()
     if reason:
         missing_service(reason)
 

@@ -1,7 +1,7 @@
 """The gateway's outcome table and admission (docs/mcp-gateway.md) on mcp-server-git, faults from our proxy
-(tests/mcp_fault_proxy.py): a hang past the timeout, an upstream killed mid-call, a server that never starts, the
-server's own errors on a write and on a read, a refusal code, arguments only the server refuses, a success text the
-registry calls an error, a breaker that opens; and the calls on the console's pages.
+(recovery/devtools/mcp_fault_proxy.py): a hang past the timeout, an upstream killed mid-call, a server that never
+starts, the server's own errors on a write and on a read, a refusal code, arguments only the server refuses, a
+success text the registry calls an error, a breaker that opens; and the calls on the console's pages.
 """
 
 from __future__ import annotations
@@ -9,6 +9,22 @@ from __future__ import annotations
 import pytest
 
 from recovery.audit.chain import Actor
+from recovery.devtools.mcp_stage import (
+    GIT_SERVER,
+    Gateway,
+    client,
+    commits,
+    fault_command,
+    forwarded,
+    git_registry,
+    git_repo,
+    missing_servers,
+    set_fault,
+    stage_file,
+)
+from recovery.devtools.mcp_stage import (
+    run_async as run,
+)
 from recovery.models import Call
 from recovery.models.roles import REVIEWER
 from recovery.registry import load_registry
@@ -16,27 +32,13 @@ from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
 from tests.conftest import missing_service
 from tests.console import make_people, signed_in
-from tests.mcp_servers import (
-    GIT_SERVER,
-    Gateway,
-    client,
-    commits,
-    env_ready,
-    fault_command,
-    forwarded,
-    git_registry,
-    git_repo,
-    run,
-    set_fault,
-    stage_file,
-)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture(autouse=True)
 def servers_installed():
-    reason = env_ready()
+    reason = missing_servers()
     if reason:
         missing_service(reason)
 

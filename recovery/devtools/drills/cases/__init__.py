@@ -11,6 +11,7 @@ from recovery.devtools.drills.cases import (
     dependency_5xx,
     duplicate_callbacks,
     lost_before_commit,
+    mcp_reply_lost,
     provider_ignores_keys,
     queue_backlog,
     rate_limit,
@@ -42,5 +43,6 @@ CASES: dict[str, Callable[[Run], None]] = {
     "saga-aborted": saga_aborted.play,
     "saga-aborted-unknown-step": saga_aborted.play_unknown_step,
     "square-wire": square_wire.play,
+    "mcp-reply-lost": mcp_reply_lost.play,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"

@@ -1,7 +1,7 @@
-"""What the MCP gateway tests share: the pinned MCP servers (`make test` installs them into .venv-mcp and
-tests/mcp-memory),
+"""What the MCP gateway's tests and drill share (docs/mcp-gateway.md): the pinned MCP servers (`make test` installs
+them into .venv-mcp and tests/mcp-memory),
 a throwaway git repository, the registry entries for them, the gateway served on a free port in this process, and
-a small fault-injecting MCP proxy of our own between the gateway and an upstream server.
+the fault-injecting MCP proxy (recovery/devtools/mcp_fault_proxy.py) between the gateway and an upstream server.
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import uvicorn
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 MCP_BIN = ROOT / ".venv-mcp" / "bin"
 GIT_SERVER = MCP_BIN / "mcp-server-git"
 TIME_SERVER = MCP_BIN / "mcp-server-time"
 MEMORY_SERVER = ROOT / "tests" / "mcp-memory" / "node_modules" / ".bin" / "mcp-server-memory"
-FAULT_PROXY = Path(__file__).resolve().parent / "mcp_fault_proxy.py"
+FAULT_PROXY = ROOT / "recovery" / "devtools" / "mcp_fault_proxy.py"
 
 
 def free_port() -> int:
@@ -72,17 +72,20 @@ def forwarded(control: Path) -> list[dict]:
     return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
 
-def git_registry(repo: Path, server: dict, *, window_s: int = 300, timeout_s: int = 10, **extra: dict) -> dict:
+def git_registry(
+    repo: Path, server: dict, *, window_s: int = 300, timeout_s: int = 10, name: str = "git", **extra: dict
+) -> dict:
     """The registry entries of docs/mcp-gateway.md for mcp-server-git, with `server` ({command, args}) as its
-    command; `commit={...}` / `log={...}` add or replace keys of those tools."""
+    command, as provider `name` with tools `<name>.commit` and `<name>.log` for tenant acme; `commit={...}` /
+    `log={...}` add or replace keys of those tools."""
     repo_arg = {"type": "string", "minLength": 1}
     registry = {
         "tenants": [{"name": "acme", "tools": "*"}],
-        "providers": [{"name": "git", "mcp": {**server, "reissue_window_s": window_s, "call_timeout_s": timeout_s}}],
+        "providers": [{"name": name, "mcp": {**server, "reissue_window_s": window_s, "call_timeout_s": timeout_s}}],
         "tools": [
             {
-                "name": "git.commit",
-                "provider": "git",
+                "name": f"{name}.commit",
+                "provider": name,
                 "description": "Record the staged changes as a commit.",
                 "side_effect": "write",
                 "risk": "high",
@@ -105,8 +108,8 @@ def git_registry(repo: Path, server: dict, *, window_s: int = 300, timeout_s: in
                 },
             },
             {
-                "name": "git.log",
-                "provider": "git",
+                "name": f"{name}.log",
+                "provider": name,
                 "description": "Show the commit history.",
                 "side_effect": "read",
                 "replay_safe": True,
@@ -185,11 +188,11 @@ def client(url: str, token: str, *, mode: str = "auto", name: str = "tests") -> 
     )
 
 
-def run(fn, *args):
+def run_async(fn, *args):
     return anyio.run(fn, *args)
 
 
-def env_ready() -> str | None:
+def missing_servers() -> str | None:
     """Why the MCP servers cannot run here, or None."""
     for path in (GIT_SERVER, TIME_SERVER):
         if not path.exists():

@@ -1,6 +1,7 @@
-"""A fault-injecting stdio MCP proxy for the gateway tests: `python mcp_fault_proxy.py --control FILE -- CMD ARGS...`
-runs the upstream server CMD and relays newline-delimited JSON-RPC both ways. Before each `tools/call` it reads FILE
-({"fault", "tool", "once"}) and applies the fault to a call of that tool (any tool when empty):
+"""A fault-injecting stdio MCP proxy for the gateway's tests and drill:
+`python mcp_fault_proxy.py --control FILE -- CMD ARGS...` runs the upstream server CMD and relays newline-delimited
+JSON-RPC both ways. Before each `tools/call` it reads FILE ({"fault", "tool", "once"}) and applies the fault to a call
+of that tool (any tool when empty):
 
 - drop_reply: forward it, wait for the upstream's answer, then drop it and close (the reply is lost);
 - drop_before: close without forwarding it (it never reached the upstream);
