@@ -6,10 +6,14 @@ fault is needed. Effects are counted from git's own history: one commit per exec
 
 from __future__ import annotations
 
+import ssl
 import time
+from pathlib import Path
 
 import httpx2
 import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from recovery.audit.chain import Actor
 from recovery.devtools.mcp_stage import (
@@ -199,3 +203,23 @@ def test_the_task_is_the_one_named_in_meta(gateway, repo, control):
     meta = {"io.recoveryconsole/task": "release-42"}
     _calls(gateway.url, token, ("git_log", {"repo_path": str(repo)}), meta=meta)
     assert Call.objects.get().task == Task.objects.get(external_id="release-42")
+
+
+def test_the_shipped_nginx_location_passes_mcp_to_the_gateway(gateway, tmp_path):
+    from recovery.devtools.drills.servers import Nginx
+
+    if not Path(Nginx.BINARY).exists():
+        missing_service("needs Debian's nginx (apt-get install nginx): the front is tested for real")
+    load_registry(time_registry(), actor=Actor.system("tests"))
+    token = _token()
+    address = f"127.0.0.1:{gateway.port}"
+    with Nginx(["127.0.0.1:9"], static_root=tmp_path, workdir=tmp_path / "nginx", mcp_gateway=address) as front:
+        context = ssl.create_default_context(cafile=str(front.certificate))
+
+        async def go():
+            http = httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, verify=context)
+            async with Client(streamable_http_client(front.tls_url + "/mcp", http_client=http), cache=None) as mcp:
+                return await mcp.call_tool("get_current_time", {"timezone": "UTC"})
+
+        result = run(go)
+    assert not result.is_error and _recovery(result)["call_state"] == "COMMITTED"
