@@ -149,6 +149,47 @@ def time_registry() -> dict:
     }
 
 
+def memory_registry(server: dict) -> dict:
+    """The reference memory server (npm), `server` ({command, args}) its command; its file named by MEMORY_FILE_PATH,
+    passed on by name. It has no status tool: an unknown write goes to a person."""
+    entity = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "minLength": 1},
+            "entityType": {"type": "string"},
+            "observations": {"type": "array", "items": {"type": "string"}},
+        },
+        "required": ["name", "entityType", "observations"],
+    }
+    return {
+        "tenants": [{"name": "acme", "tools": "*"}],
+        "providers": [{"name": "memory", "mcp": {**server, "env_names": ["MEMORY_FILE_PATH"]}}],
+        "tools": [
+            {
+                "name": "memory.create_entities",
+                "provider": "memory",
+                "description": "Create entities in the knowledge graph.",
+                "side_effect": "write",
+                "args_schema": {
+                    "type": "object",
+                    "properties": {"entities": {"type": "array", "items": entity, "minItems": 1}},
+                    "required": ["entities"],
+                },
+                "mcp": {"tool": "create_entities", "ref_path": "entities.0.name"},
+            },
+            {
+                "name": "memory.read_graph",
+                "provider": "memory",
+                "description": "Read the whole knowledge graph.",
+                "side_effect": "read",
+                "replay_safe": True,
+                "args_schema": {"type": "object", "properties": {}},
+                "mcp": {"tool": "read_graph", "annotations": {"readOnlyHint": True}},
+            },
+        ],
+    }
+
+
 class Gateway:
     """The gateway's ASGI app under uvicorn on a free port, in a thread of this process (the test's database)."""
 
@@ -197,6 +238,8 @@ def missing_servers() -> str | None:
     for path in (GIT_SERVER, TIME_SERVER):
         if not path.exists():
             return f"needs {path.name} in .venv-mcp (make test installs it)"
+    if not MEMORY_SERVER.exists():
+        return "needs the memory server in tests/mcp-memory (make test installs it with npm)"
     if not os.access(GIT_SERVER, os.X_OK):
         return "mcp-server-git is not executable"
     return None

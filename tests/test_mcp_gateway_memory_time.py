@@ -1,0 +1,112 @@
+"""The gateway with the reference memory server (npm, writes without keys) and mcp-server-time (reads): each one's
+happy path, a re-issue and one fault (docs/mcp-gateway.md). The memory server deduplicates by content, so its file
+cannot show a double execution: effects are counted from the calls our fault proxy forwarded.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from recovery.audit.chain import Actor
+from recovery.devtools.mcp_stage import (
+    MEMORY_SERVER,
+    TIME_SERVER,
+    Gateway,
+    client,
+    fault_command,
+    forwarded,
+    memory_registry,
+    missing_servers,
+    run_async,
+    set_fault,
+    time_registry,
+)
+from recovery.models import Call
+from recovery.registry import load_registry
+from recovery.services.reconcile import reconcile_call
+from recovery.services.tokens import token_create
+from tests.conftest import missing_service
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ADA = {"entities": [{"name": "Ada", "entityType": "person", "observations": ["likes tea"]}]}
+
+
+@pytest.fixture(autouse=True)
+def servers_installed():
+    reason = missing_servers()
+    if reason:
+        missing_service(reason)
+
+
+@pytest.fixture
+def gateway():
+    with Gateway() as served:
+        yield served
+
+
+@pytest.fixture
+def control(tmp_path):
+    path = tmp_path / "fault.json"
+    path.write_text("{}")
+    return path
+
+
+@pytest.fixture
+def memory(tmp_path, control, monkeypatch) -> str:
+    monkeypatch.setenv("MEMORY_FILE_PATH", str(tmp_path / "memory.jsonl"))
+    load_registry(memory_registry(fault_command([str(MEMORY_SERVER)], control)), actor=Actor.system("tests"))
+    _, token = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
+    return token
+
+
+def _calls(url: str, token: str, *calls):
+    async def go():
+        async with client(url, token) as mcp:
+            return [await mcp.call_tool(name, arguments) for name, arguments in calls]
+
+    return run_async(go)
+
+
+def _recovery(result) -> dict:
+    return result.structured_content["recovery"]
+
+
+def test_a_memory_write_commits_with_its_reference_and_a_reissue_is_answered_not_sent(
+    gateway, memory, control, tmp_path
+):
+    created, again, graph = _calls(
+        gateway.url, memory, ("create_entities", ADA), ("create_entities", ADA), ("read_graph", {})
+    )
+    assert not created.is_error
+    call = Call.objects.get(tool__name="memory.create_entities")
+    assert (call.state, call.provider_ref) == ("COMMITTED", "Ada")
+    assert not again.is_error and _recovery(again)["replayed_from_call"] == call.pk
+    assert [e["name"] for e in graph.structured_content["entities"]] == ["Ada"]
+    assert [f["name"] for f in forwarded(control)] == ["create_entities", "read_graph"]  # the write went once
+    assert [json.loads(line)["name"] for line in (tmp_path / "memory.jsonl").read_text().splitlines()] == ["Ada"]
+
+
+def test_a_memory_write_whose_reply_is_lost_goes_to_a_person_and_is_never_sent_again(gateway, memory, control):
+    set_fault(control, "drop_reply", "create_entities")
+    lost, reissued = _calls(gateway.url, memory, ("create_entities", ADA), ("create_entities", ADA))
+    call = Call.objects.get()
+    assert lost.is_error and call.state == "UNKNOWN"
+    assert reissued.is_error and f"still being confirmed (call {call.pk})" in reissued.content[0].text
+    reconcile_call(call.pk, worker="tests")
+    call.refresh_from_db()
+    assert call.state == "HUMAN_REVIEW"  # no status tool: a person settles it, with the evidence
+    assert [f["name"] for f in forwarded(control)] == ["create_entities"]
+
+
+def test_a_time_read_whose_server_is_killed_mid_call_is_transient_and_the_next_read_runs(gateway, control):
+    registry = time_registry()
+    registry["providers"][0]["mcp"] = fault_command([str(TIME_SERVER), "--local-timezone", "UTC"], control)
+    load_registry(registry, actor=Actor.system("tests"))
+    _, token = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
+    set_fault(control, "kill", "get_current_time")
+    killed, read = _calls(gateway.url, token, *[("get_current_time", {"timezone": "UTC"})] * 2)
+    assert killed.is_error and _recovery(killed)["failure"]["class"] == "transient"
+    assert not read.is_error and read.structured_content["timezone"] == "UTC"
+    assert len(forwarded(control)) == 2  # a read always executes, also after a failure
