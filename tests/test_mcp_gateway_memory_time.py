@@ -1,17 +1,22 @@
 """The gateway with the reference memory server (npm, writes without keys) and mcp-server-time (reads): each one's
-happy path, a re-issue and one fault (docs/mcp-gateway.md). The memory server deduplicates by content, so its file
+happy path, a re-issue and one fault (docs/mcp-gateway.md); and a stdio client through the bridge of the client
+distribution (recovery-mcp-stdio). The memory server deduplicates by content, so its file
 cannot show a double execution: effects are counted from the calls our fault proxy forwarded.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters
 
 from recovery.audit.chain import Actor
 from recovery.devtools.mcp_stage import (
     MEMORY_SERVER,
+    ROOT,
     TIME_SERVER,
     Gateway,
     client,
@@ -110,3 +115,24 @@ def test_a_time_read_whose_server_is_killed_mid_call_is_transient_and_the_next_r
     assert killed.is_error and _recovery(killed)["failure"]["class"] == "transient"
     assert not read.is_error and read.structured_content["timezone"] == "UTC"
     assert len(forwarded(control)) == 2  # a read always executes, also after a failure
+
+
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+def test_a_stdio_client_reaches_the_gateway_through_the_bridge(gateway, mode):
+    load_registry(time_registry(), actor=Actor.system("tests"))
+    _, token = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
+    bridge = StdioServerParameters(
+        command=sys.executable,
+        args=["-m", "recovery_client.mcp_stdio", "--url", gateway.url, "--token-env", "RECOVERY_TOKEN"],
+        env={"RECOVERY_TOKEN": token, "PYTHONPATH": str(ROOT / "clients" / "python" / "src")},
+    )
+
+    async def go():
+        async with Client(bridge, mode=mode, cache=None) as mcp:
+            listed = [tool.name for tool in (await mcp.list_tools()).tools]
+            return listed, await mcp.call_tool("get_current_time", {"timezone": "UTC"})
+
+    listed, result = run_async(go)
+    assert listed == ["get_current_time"]
+    assert not result.is_error and _recovery(result)["call_state"] == "COMMITTED"
+    assert Call.objects.get().state == "COMMITTED"
