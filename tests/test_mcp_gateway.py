@@ -6,12 +6,15 @@ fault is needed. Effects are counted from git's own history: one commit per exec
 
 from __future__ import annotations
 
+import json
 import ssl
 import time
+from io import StringIO
 from pathlib import Path
 
 import httpx2
 import pytest
+from django.core.management import call_command
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -35,7 +38,7 @@ from recovery.devtools.mcp_stage import (
     run_async as run,
 )
 from recovery.models import Call, Task
-from recovery.registry import load_registry
+from recovery.registry import load_registry, validate_registry
 from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
 from tests.conftest import missing_service
@@ -223,3 +226,18 @@ def test_the_shipped_nginx_location_passes_mcp_to_the_gateway(gateway, tmp_path)
 
         result = run(go)
     assert not result.is_error and _recovery(result)["call_state"] == "COMMITTED"
+
+
+def test_load_tools_from_mcp_writes_a_stub_of_the_live_tools_for_review(repo, control):
+    _git_through_proxy(repo, control)
+    out = StringIO()
+    call_command("load_tools", "--from-mcp", "git", stdout=out)
+    stub = json.loads(out.getvalue())
+    tools = {tool["mcp"]["tool"]: tool for tool in stub["tools"]}
+    commit, log = tools["git_commit"], tools["git_log"]
+    assert set(commit["args_schema"]["properties"]) == {"repo_path", "message"}
+    # What the registry does not describe is a high-risk, non-replay-safe write, whatever the server hints.
+    assert (log["side_effect"], log["risk"], log["replay_safe"]) == ("write", "high", False)
+    assert log["mcp"]["annotations"]["readOnlyHint"] is True
+    assert validate_registry(stub) == []
+    assert forwarded(control) == []  # listing calls no tool

@@ -118,3 +118,31 @@ def check_mcp_tool(ctx: Context, tool: dict, path: str) -> None:
         ctx.error(child(path, "request"), "required in a tool (or mcp, for a tool of an MCP server)")
     if "mcp" in tool and "request" in tool:
         ctx.error(child(path, "request"), "an MCP tool is called over MCP: remove request")
+
+
+HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
+def registry_stub(provider: str, listed: list[dict]) -> dict:
+    """Registry tools for an MCP server's tools/list, for an admin to review before loading: each a high-risk,
+    non-replay-safe write (what a tool the registry does not describe is), its args_schema the tool's inputSchema,
+    the server's annotations kept as untrusted hints, never used to choose side_effect."""
+    tools = []
+    for item in listed:
+        hints = {key: value for key, value in (item.get("annotations") or {}).items() if key in HINTS}
+        mcp: dict = {"tool": item["name"]}
+        if hints:
+            mcp["annotations"] = hints
+        tools.append(
+            {
+                "name": f"{provider}.{item['name']}"[:100],
+                "provider": provider,
+                "description": (item.get("description") or "")[:2000],
+                "side_effect": "write",
+                "risk": "high",
+                "replay_safe": False,
+                "args_schema": item.get("inputSchema") or {"type": "object"},
+                "mcp": mcp,
+            }
+        )
+    return {"tools": tools}
