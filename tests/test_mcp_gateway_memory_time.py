@@ -136,3 +136,30 @@ def test_a_stdio_client_reaches_the_gateway_through_the_bridge(gateway, mode):
     assert listed == ["get_current_time"]
     assert not result.is_error and _recovery(result)["call_state"] == "COMMITTED"
     assert Call.objects.get().state == "COMMITTED"
+
+
+def test_the_openai_agents_sdk_calls_the_gateways_tools_as_an_agents_tools(gateway):
+    agents = pytest.importorskip("agents", reason="the OpenAI Agents SDK (requirements-adoption.txt)")
+    from agents.mcp import MCPServerStreamableHttp
+    from agents.tool_context import ToolContext
+
+    load_registry(time_registry(), actor=Actor.system("tests"))
+    _, token = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
+    params = {"url": gateway.url, "headers": {"Authorization": f"Bearer {token}"}}
+
+    async def go():
+        server = MCPServerStreamableHttp(params=params, client_session_timeout_seconds=30)
+        await server.connect()
+        try:
+            agent = agents.Agent(name="clock", mcp_servers=[server])
+            (tool,) = await agent.get_all_tools(agents.RunContextWrapper(context=None))
+            payload = json.dumps({"timezone": "UTC"})
+            context = ToolContext(context=None, tool_name=tool.name, tool_call_id="c-1", tool_arguments=payload)
+            return tool.name, await tool.on_invoke_tool(context, payload)
+        finally:
+            await server.cleanup()
+
+    name, answer = run_async(go)
+    assert name == "get_current_time"
+    assert '"timezone": "UTC"' in str(answer) or "'timezone': 'UTC'" in str(answer)
+    assert Call.objects.get().state == "COMMITTED"
