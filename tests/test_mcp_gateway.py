@@ -37,7 +37,7 @@ from recovery.devtools.mcp_stage import (
 from recovery.devtools.mcp_stage import (
     run_async as run,
 )
-from recovery.models import Call, Task
+from recovery.models import Call, Task, Tool
 from recovery.registry import load_registry, validate_registry
 from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
@@ -241,3 +241,31 @@ def test_load_tools_from_mcp_writes_a_stub_of_the_live_tools_for_review(repo, co
     assert log["mcp"]["annotations"]["readOnlyHint"] is True
     assert validate_registry(stub) == []
     assert forwarded(control) == []  # listing calls no tool
+
+
+@pytest.mark.parametrize("exposed", [False, True])
+def test_unregistered_tools_are_offered_only_when_the_provider_says_so_as_high_risk_writes(
+    gateway, repo, control, exposed
+):
+    server = fault_command([str(GIT_SERVER), "--repository", str(repo)], control)
+    registry = git_registry(repo, {**server, "expose_unregistered": exposed})
+    load_registry(registry, actor=Actor.system("tests"))
+    token = _token()
+
+    async def go():
+        async with client(gateway.url, token) as mcp:
+            listed = [tool.name for tool in (await mcp.list_tools()).tools]
+            return listed, await mcp.call_tool("git_status", {"repo_path": str(repo)})
+
+    listed, status = run(go)
+    assert ("git_status" in listed) is exposed and {"git_commit", "git_log"} <= set(listed)
+    if not exposed:
+        assert status.is_error and "not a tool offered here" in status.content[0].text
+        assert forwarded(control) == [] and not Tool.objects.filter(name="git.git_status").exists()
+        return
+    tool = Tool.objects.get(name="git.git_status")
+    assert (tool.side_effect, tool.risk, tool.replay_safe) == ("write", "high", False)
+    assert tool.mcp["annotations"]["readOnlyHint"] is True  # kept as the server's hint, never acted on
+    # A write with no reference to confirm it by: a person looks at it, whatever the server's hint says.
+    assert Call.objects.get(tool=tool).state == "HUMAN_REVIEW"
+    assert [f["name"] for f in forwarded(control)] == ["git_status"]

@@ -16,8 +16,10 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
+from recovery.audit.chain import Actor
 from recovery.models import Tenant, Tool
 from recovery.providers.mcp import facts_of_forward, forward
+from recovery.providers.mcp import list_tools as upstream_tools
 from recovery.services import mcp_calls
 from recovery.services.tokens import token_authenticate
 
@@ -66,13 +68,29 @@ def _listed(name: str, tool: Tool) -> types.Tool:
     return types.Tool(name=name, description=tool.description or None, input_schema=schema)
 
 
+async def _unregistered(registered: dict[str, Tool], providers: list) -> dict[str, tuple[Any, Any]]:
+    """The tools of `expose_unregistered` servers the registry does not describe, by the name offered: (provider,
+    the server's listing). Their annotations are never passed on or acted on."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for provider in providers:
+        known = {t.mcp["tool"] for t in registered.values() if t.provider_id == provider.pk}
+        for listed in await upstream_tools(provider):
+            if listed.name not in known:
+                clash = listed.name in registered or listed.name in found
+                found[f"{provider.name}_{listed.name}" if clash else listed.name] = (provider, listed)
+    return found
+
+
 async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
     def read():
         caller = _caller(ctx, {})
-        return offered(mcp_calls.offered_tools(caller.tenant))
+        return offered(mcp_calls.offered_tools(caller.tenant)), mcp_calls.exposing_providers(caller.tenant)
 
-    tools = await _db(read)
-    return types.ListToolsResult(tools=[_listed(name, tool) for name, tool in tools.items()])
+    tools, exposing = await _db(read)
+    listed = [_listed(name, tool) for name, tool in tools.items()]
+    for name, (_, tool) in (await _unregistered(tools, exposing)).items():
+        listed.append(types.Tool(name=name, description=tool.description, input_schema=tool.input_schema))
+    return types.ListToolsResult(tools=listed)
 
 
 def _result(text: str, *, is_error: bool, recovery: dict, upstream: Any = None) -> types.CallToolResult:
@@ -111,14 +129,23 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     meta = dict(params.meta or {})
     arguments = params.arguments or {}
 
-    def start():
+    def start(tool: Tool | None = None):
         caller = _caller(ctx, meta)
-        tool = offered(mcp_calls.offered_tools(caller.tenant)).get(params.name)
+        tools = offered(mcp_calls.offered_tools(caller.tenant))
+        tool = tool or tools.get(params.name)
         if tool is None:
-            return caller, mcp_calls.Answer(f"{params.name!r} is not a tool offered here.", True, {})
-        return caller, mcp_calls.begin(caller, tool, arguments, meta)
+            return caller, tools, mcp_calls.exposing_providers(caller.tenant)
+        return caller, tools, mcp_calls.begin(caller, tool, arguments, meta)
 
-    caller, begun = await _db(start)
+    caller, tools, begun = await _db(start)
+    if isinstance(begun, list):  # not a registry tool: one of an expose_unregistered server's, or none
+        found = (await _unregistered(tools, begun)).get(params.name)
+        if found is None:
+            return _absorbed(mcp_calls.Answer(f"{params.name!r} is not a tool offered here.", True, {}))
+        provider, listed = found
+        wire = listed.model_dump(by_alias=True, exclude_none=True)
+        tool = await _db(mcp_calls.register_unregistered, provider, wire, Actor.for_token(caller.token))
+        caller, tools, begun = await _db(start, tool)
     if isinstance(begun, mcp_calls.Answer):
         return _absorbed(begun)
     with anyio.CancelScope(shield=True):  # a client that disconnects does not cancel a forwarded write

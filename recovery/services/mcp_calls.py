@@ -16,10 +16,11 @@ from recovery.audit.chain import Actor
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.states import CallState
 from recovery.engine.types import Facts
-from recovery.models import ApiToken, Attempt, Call, Step, Task, Tenant, Tool
+from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, Tenant, Tool
 from recovery.providers.mcp import KEY_META
 from recovery.providers.requests import filled_key
-from recovery.registry.mcp import REISSUE_WINDOW_S
+from recovery.registry import load_registry
+from recovery.registry.mcp import REISSUE_WINDOW_S, registry_stub
 from recovery.selectors.tasks_calls import allowed_tools
 from recovery.services import calls, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit
@@ -69,6 +70,22 @@ class Begun:
 def offered_tools(tenant: Tenant) -> list[Tool]:
     """The tenant's MCP tools, by the name their server gives them."""
     return [tool for tool in allowed_tools(tenant) if tool.mcp and tool.provider.mcp]
+
+
+def exposing_providers(tenant: Tenant) -> list[Provider]:
+    """The MCP providers whose tools the registry does not describe are offered too (`expose_unregistered`): to a
+    tenant that may use every tool, since no list of its capabilities can name them."""
+    if not tenant.all_tools:
+        return []
+    return [p for p in Provider.objects.exclude(mcp={}) if p.mcp.get("expose_unregistered")]
+
+
+def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Tool:
+    """A registry tool for a tool the server lists and the registry does not describe: a high-risk, non-replay-safe
+    write, its annotations stored as the server's untrusted hints (loaded, and audited, as any registry change)."""
+    stub = registry_stub(provider.name, [listed])
+    load_registry(stub, actor=actor, source=f"mcp:{provider.name} tools/list")
+    return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
 
 def task_name(caller: Caller, meta: dict) -> str:
