@@ -28,6 +28,8 @@ from recovery.devtools.mcp_stage import (
 from recovery.models import Call
 from recovery.models.roles import REVIEWER
 from recovery.registry import load_registry
+from recovery.services.actions import action_preview
+from recovery.services.errors import Refusal
 from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
 from tests.conftest import missing_service
@@ -194,3 +196,16 @@ def test_a_lost_reply_shows_in_the_unknown_queue_and_on_the_call_and_task_pages(
         page = reviewer.get(url)
         assert page.status_code == 200, url
         assert "git.commit" in page.content.decode(), url
+
+
+def test_an_operators_same_key_replay_of_an_mcp_write_is_refused_as_a_blind_resend(gateway, repo, control):
+    token = _load(repo, control, commit={"mcp": {"tool": "git_commit", "error_pattern": "committed successfully"}})
+    stage_file(repo, "h.txt", "h")
+    _call(gateway.url, token, "git_commit", {"repo_path": str(repo), "message": "h"})
+    call = Call.objects.get()
+    assert call.state == "HUMAN_REVIEW"
+    people = make_people()
+    with pytest.raises(Refusal) as refused:
+        action_preview(call_id=call.pk, action="replay_same_key", user=people[REVIEWER], actor=Actor.system("t"))
+    assert "replay is switched off" in refused.value.message
+    assert commits(repo) == 1 and len(forwarded(control)) == 1
