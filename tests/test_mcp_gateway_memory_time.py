@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import pytest
 from mcp import Client
@@ -163,3 +164,75 @@ def test_the_openai_agents_sdk_calls_the_gateways_tools_as_an_agents_tools(gatew
     assert name == "get_current_time"
     assert '"timezone": "UTC"' in str(answer) or "'timezone': 'UTC'" in str(answer)
     assert Call.objects.get().state == "COMMITTED"
+
+
+def test_an_upstream_over_streamable_http_gets_the_providers_auth(gateway, monkeypatch):
+    """An upstream server by URL (here a small one on the SDK, which counts what it executed and which token it
+    saw), with the provider's bearer auth from the environment."""
+    import threading
+
+    import uvicorn
+    from mcp.server.mcpserver import MCPServer
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from recovery.devtools.mcp_stage import free_port
+
+    executed: list[str] = []
+    tokens: set[str] = set()
+    upstream = MCPServer("counter")
+
+    @upstream.tool()
+    def bump(label: str) -> dict:
+        """Count one."""
+        executed.append(label)
+        return {"label": label, "count": len(executed)}
+
+    def with_auth(app):
+        async def check(scope, receive, send):
+            if scope["type"] == "http":
+                headers = dict(scope["headers"])
+                tokens.add(headers.get(b"authorization", b"").decode())
+            return await app(scope, receive, send)
+
+        return check
+
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = with_auth(upstream.streamable_http_app(transport_security=security))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.02)
+        monkeypatch.setenv("COUNTER_TOKEN", "counter-secret")
+        registry = {
+            "tenants": [{"name": "acme", "tools": "*"}],
+            "providers": [
+                {
+                    "name": "counter",
+                    "auth": {"kind": "bearer", "secret_env": "COUNTER_TOKEN"},
+                    "mcp": {"url": f"http://127.0.0.1:{port}/mcp"},
+                }
+            ],
+            "tools": [
+                {
+                    "name": "counter.bump",
+                    "provider": "counter",
+                    "side_effect": "write",
+                    "args_schema": {"type": "object", "properties": {"label": {"type": "string"}}},
+                    "mcp": {"tool": "bump", "ref_path": "count", "ref_regex": '"count": (\\d+)'},
+                }
+            ],
+        }
+        load_registry(registry, actor=Actor.system("tests"))
+        _, token = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
+        first, again = _calls(gateway.url, token, ("bump", {"label": "x"}), ("bump", {"label": "x"}))
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    call = Call.objects.get()
+    assert not first.is_error and (call.state, call.provider_ref) == ("COMMITTED", "1")
+    assert _recovery(again)["replayed_from_call"] == call.pk
+    assert executed == ["x"]  # executed once
+    assert tokens == {"Bearer counter-secret"}
