@@ -6,9 +6,11 @@ success text the registry calls an error, a breaker that opens; and the calls on
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from recovery.audit.chain import Actor
+from recovery.devtools.drills.framework import wait
 from recovery.devtools.mcp_stage import (
     GIT_SERVER,
     Gateway,
@@ -209,3 +211,36 @@ def test_an_operators_same_key_replay_of_an_mcp_write_is_refused_as_a_blind_rese
         action_preview(call_id=call.pk, action="replay_same_key", user=people[REVIEWER], actor=Actor.system("t"))
     assert "replay is switched off" in refused.value.message
     assert commits(repo) == 1 and len(forwarded(control)) == 1
+
+
+def test_a_client_that_gives_up_does_not_cancel_a_forwarded_write(gateway, repo, control):
+    token = _load(repo, control)
+    stage_file(repo, "i.txt", "i")
+    set_fault(control, "delay", "git_commit")
+
+    async def go():
+        async with client(gateway.url, token) as mcp:
+            with anyio.move_on_after(0.5):  # the client stops waiting and closes its connection
+                await mcp.call_tool("git_commit", {"repo_path": str(repo), "message": "i"})
+
+    run(go)
+    call = Call.objects.get()
+    settled = wait(lambda: Call.objects.get(pk=call.pk).state == "COMMITTED", 15)
+    assert settled, Call.objects.get(pk=call.pk).state  # the gateway kept the call and recorded what came back
+    assert commits(repo) == 1 and len(forwarded(control)) == 1
+
+
+def test_the_task_is_the_traceparents_trace_else_the_session(gateway, repo, control):
+    token = _load(repo, control)
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    meta = {"traceparent": f"00-{trace}-00f067aa0ba902b7-01"}
+
+    async def go(mode, meta):
+        async with client(gateway.url, token, mode=mode) as mcp:
+            await mcp.call_tool("git_log", {"repo_path": str(repo)}, meta=meta)
+
+    run(go, "auto", meta)
+    run(go, "legacy", None)  # a handshake-era client: its MCP session names the task
+    first, second = Call.objects.order_by("pk")
+    assert first.task.external_id == f"trace:{trace}"
+    assert second.task.external_id.startswith("mcp-session:")

@@ -6,7 +6,8 @@ of that tool (any tool when empty):
 - drop_reply: forward it, wait for the upstream's answer, then drop it and close (the reply is lost);
 - drop_before: close without forwarding it (it never reached the upstream);
 - hang: forward it and never answer (past the caller's timeout);
-- kill: forward it and kill the upstream before its answer can come back.
+- kill: forward it and kill the upstream before its answer can come back;
+- delay: forward it and hold the upstream's answer for 2 s before relaying it.
 
 Every `tools/call` forwarded upstream is logged, one JSON line each, to FILE with the suffix .log.
 """
@@ -19,7 +20,10 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
+
+DELAY_S = 2.0
 
 
 def _fault(control: Path, name: str) -> str:
@@ -34,6 +38,23 @@ def _fault(control: Path, name: str) -> str:
     return spec["fault"]
 
 
+def _relay_up(upstream: subprocess.Popen, held: dict, lock: threading.Lock) -> None:
+    """The upstream's messages to our stdout, each answer as its request's fault says."""
+    for line in upstream.stdout:
+        message = json.loads(line)
+        with lock:
+            fault = held.pop(message.get("id"), "") if "method" not in message else ""
+        if fault == "drop_reply":
+            os._exit(0)  # the answer came and is lost with the stream
+        if fault == "hang":
+            continue
+        if fault == "delay":
+            time.sleep(DELAY_S)
+        sys.stdout.buffer.write(line)
+        sys.stdout.buffer.flush()
+    os._exit(0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--control", required=True)
@@ -42,24 +63,9 @@ def main() -> None:
     control = Path(options.control)
     command = options.command[1:] if options.command[:1] == ["--"] else options.command
     upstream = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-    dropping: set = set()  # answers lost with the stream
-    swallowed: set = set()  # answers never relayed, the stream kept open
+    held: dict = {}  # request id → the fault its answer gets
     lock = threading.Lock()
-
-    def relay_up() -> None:
-        for line in upstream.stdout:
-            message = json.loads(line)
-            with lock:
-                dropped, hung = message.get("id") in dropping, message.get("id") in swallowed
-            if dropped:
-                os._exit(0)  # the answer came and is lost with the stream
-            if hung:
-                continue
-            sys.stdout.buffer.write(line)
-            sys.stdout.buffer.flush()
-        os._exit(0)
-
-    threading.Thread(target=relay_up, daemon=True).start()
+    threading.Thread(target=_relay_up, args=(upstream, held, lock), daemon=True).start()
     for line in sys.stdin.buffer:
         message = json.loads(line)
         fault = ""
@@ -68,13 +74,10 @@ def main() -> None:
             if fault == "drop_before":
                 os._exit(0)
             with control.with_suffix(".log").open("a") as log:
-                log.write(
-                    json.dumps({"name": message["params"]["name"], "arguments": message["params"].get("arguments")})
-                    + "\n"
-                )
-            if fault in ("drop_reply", "hang"):
-                with lock:
-                    (dropping if fault == "drop_reply" else swallowed).add(message.get("id"))
+                params = message["params"]
+                log.write(json.dumps({"name": params["name"], "arguments": params.get("arguments")}) + "\n")
+            with lock:
+                held[message.get("id")] = fault
         upstream.stdin.write(line)
         upstream.stdin.flush()
         if fault == "kill":
