@@ -6,8 +6,11 @@ success text the registry calls an error, a breaker that opens; and the calls on
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import anyio
 import pytest
+from django.utils import timezone
 
 from recovery.audit.chain import Actor
 from recovery.devtools.drills.framework import wait
@@ -244,3 +247,22 @@ def test_the_task_is_the_traceparents_trace_else_the_session(gateway, repo, cont
     first, second = Call.objects.order_by("pk")
     assert first.task.external_id == f"trace:{trace}"
     assert second.task.external_id.startswith("mcp-session:")
+
+
+def test_a_clients_task_closes_after_fifteen_idle_minutes_and_the_next_call_opens_another(gateway, repo, control):
+    token = _load(repo, control)
+
+    async def go():
+        async with client(gateway.url, token, mode="2026-07-28", name="desk") as mcp:  # no session: (token, client)
+            await mcp.call_tool("git_log", {"repo_path": str(repo)})
+
+    run(go)
+    run(go)
+    first = Call.objects.order_by("pk").first()
+    assert Call.objects.filter(task=first.task).count() == 2
+    Call.objects.filter(task=first.task).update(created_at=timezone.now() - timedelta(minutes=16))
+    run(go)
+    first.task.refresh_from_db()
+    latest = Call.objects.order_by("-pk").first()
+    assert first.task.status == "submitted" and latest.task_id != first.task_id
+    assert (first.task.external_id[-2:], latest.task.external_id[-2:]) == (":1", ":2")

@@ -16,7 +16,7 @@ from recovery.audit.chain import Actor
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.states import CallState
 from recovery.engine.types import Facts
-from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, Tenant, Tool
+from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, TaskStatus, Tenant, Tool
 from recovery.providers.mcp import KEY_META
 from recovery.providers.requests import filled_key
 from recovery.registry import load_registry
@@ -88,9 +88,9 @@ def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Too
     return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
 
-def task_name(caller: Caller, meta: dict) -> str:
+def task_name(caller: Caller, meta: dict, actor: Actor) -> str:
     """The task's external id: named in _meta, else the traceparent's trace, else the MCP session, else the
-    (token, client) pair, a new one after IDLE without a call."""
+    (token, client) pair's current task (_pair_task)."""
     named = meta.get(TASK_META)
     if isinstance(named, str) and named:
         return named[:200]
@@ -99,19 +99,25 @@ def task_name(caller: Caller, meta: dict) -> str:
         return f"trace:{parts[1]}"
     if caller.session_id:
         return f"mcp-session:{caller.session_id[:100]}"
-    base = f"mcp:{caller.token.pk}:{caller.client_name[:60]}"
-    last = Call.objects.filter(task__tenant=caller.tenant, task__external_id__startswith=base).aggregate(
-        Max("created_at")
-    )
-    latest = last["created_at__max"]
-    if latest is None or timezone.now() - latest < IDLE:
-        current = Task.objects.filter(tenant=caller.tenant, external_id__startswith=base).order_by("-pk").first()
-        return current.external_id if current is not None else f"{base}:1"
-    return f"{base}:{Task.objects.filter(tenant=caller.tenant, external_id__startswith=base).count() + 1}"
+    return _pair_task(caller, actor)
+
+
+def _pair_task(caller: Caller, actor: Actor) -> str:
+    """The (token, client) pair's open task; one idle for IDLE is closed (submitted) and the next one begins."""
+    base = f"mcp:{caller.token.pk}:{caller.client_name[:60]}:"
+    current = Task.objects.filter(tenant=caller.tenant, external_id__startswith=base).order_by("-pk").first()
+    if current is None:
+        return f"{base}1"
+    last = Call.objects.filter(task=current).aggregate(Max("created_at"))["created_at__max"] or current.created_at
+    if current.status == TaskStatus.OPEN and timezone.now() - last < IDLE:
+        return current.external_id
+    if current.status == TaskStatus.OPEN:
+        tasks.task_complete(task=current, summary="closed: 15 minutes without a call", deliverable=None, actor=actor)
+    return f"{base}{int(current.external_id.rsplit(':', 1)[1]) + 1}"
 
 
 def _task(caller: Caller, meta: dict, actor: Actor) -> Task:
-    external_id = task_name(caller, meta)
+    external_id = task_name(caller, meta, actor)
     agent = f"mcp:{caller.client_name[:60]}" if caller.client_name else "mcp"
     existing = Task.objects.filter(tenant=caller.tenant, external_id=external_id).first()
     if existing is not None:
