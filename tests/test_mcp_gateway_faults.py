@@ -266,3 +266,27 @@ def test_a_clients_task_closes_after_fifteen_idle_minutes_and_the_next_call_open
     latest = Call.objects.order_by("-pk").first()
     assert first.task.status == "submitted" and latest.task_id != first.task_id
     assert (first.task.external_id[-2:], latest.task.external_id[-2:]) == (":1", ":2")
+
+
+def test_a_reissue_while_the_write_is_in_flight_is_told_it_is_in_progress(gateway, repo, control):
+    token = _load(repo, control)
+    stage_file(repo, "j.txt", "j")
+    set_fault(control, "delay", "git_commit")
+    args = {"repo_path": str(repo), "message": "j"}
+    results = {}
+
+    async def one(label: str, after_s: float):
+        await anyio.sleep(after_s)
+        async with client(gateway.url, token) as mcp:
+            results[label] = await mcp.call_tool("git_commit", args)
+
+    async def go():
+        async with anyio.create_task_group() as group:
+            group.start_soon(one, "first", 0)
+            group.start_soon(one, "reissue", 1.0)  # while the server's answer is held
+
+    run(go)
+    call = Call.objects.get()
+    assert not results["first"].is_error and call.state == "COMMITTED"
+    assert results["reissue"].is_error and f"in progress (call {call.pk})" in results["reissue"].content[0].text
+    assert commits(repo) == 1 and len(forwarded(control)) == 1

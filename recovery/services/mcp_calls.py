@@ -193,12 +193,16 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
         actor=actor,
     )
     call = added.call
+    if not added.created:  # the same intent registered at the same moment by a re-issue: never sent twice
+        return absorbed(call)
     if added.preflight:
         failure, _ = calls.preflight_answer(call, added.preflight)
         return Answer(
             failure["public_message"], True, {"call_id": call.pk, "call_state": call.state, "failure": failure}
         )
     admission = attempt_admit(call=call, request=AttemptRequest(attempt_id="a1"), actor=actor)
+    if admission.status == 200:  # attempt a1 was admitted already, by the re-issue's twin
+        return absorbed(call)
     if admission.status == 409:
         gate = admission.response["gate"]
         required = gate.get("required_next") or {}

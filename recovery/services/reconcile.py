@@ -20,7 +20,6 @@ from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
 from recovery.engine.states import RECONCILABLE, UNSETTLED, CallState
 from recovery.models import Call, Receipt, ReceiptSource, Tool
-from recovery.providers.mcp import query_mcp_status
 from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
 from recovery.registry.policy import reconcile_policy
 from recovery.services import replay_reconcile
@@ -196,6 +195,8 @@ def _ask(call: Call, breakers: StatusBreakerGate) -> Reply | StatusAnswer:
 
 def _ask_mcp(call: Call, breakers: StatusBreakerGate) -> StatusAnswer:
     """An MCP tool's status tool, on a connection of its own, behind the same status breaker (docs/mcp-gateway.md)."""
+    from recovery.providers.mcp import query_mcp_status  # the MCP SDK is loaded by the processes that need it
+
     verdict = breakers.ask(call.tool.provider, timezone.now())
     if verdict == SKIP:
         return StatusAnswer(observed=O.UNREACHABLE, error="skipped: the provider's status endpoint breaker is open")
