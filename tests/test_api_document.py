@@ -57,7 +57,9 @@ MIRRORS: dict[Any, str] = {
     c.ReconcileAccepted: "ReconcileAcceptedOut",
     c.Capability: "CapabilityOut",
     c.Task: "TaskOut",
-    c.CallRef: "CallAddedOut",
+    c.CallRef: "CallAdmittedOut",
+    c.NotAdmittedDetail: "NotAdmittedDetail",
+    c.ReportTerms: "ReportTermsOut",
     c.Admission: "AdmittedOut",
     c.OutcomeAnswer: "OutcomeOut",
 }

@@ -14,7 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from recovery.audit.chain import Actor
-from recovery.models import AuditEvent, Call
+from recovery.models import AuditEvent, Call, Task
 from recovery.models.roles import ROLES
 from recovery.statemachine.transitions import transition_call
 from tests.console import PASSWORD, signed_in
@@ -181,12 +181,20 @@ def test_sign_in_is_throttled_after_repeated_failures(client, people, settings):
 def test_pages_carry_a_nonce_csp_and_escape_hostile_text(people, make_call, registry):
     registry["refund"].name = "<script>alert(1)</script>"
     registry["refund"].save()
-    _unknown_calls(make_call, 1)
-    response = signed_in(people, "viewer").get(reverse("console:queue", kwargs={"slug": "unknown"}))
-    policy = response["Content-Security-Policy"]
-    assert "script-src 'self' 'nonce-" in policy and "object-src 'none'" in policy
-    body = response.content.decode()
-    assert "<script>alert(1)</script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+    (call,) = _unknown_calls(make_call, 1)
+    # An agent's and a provider's text, written into the row's cells and attributes: escaped, quotes too.
+    hostile = '"><img src=x onerror=alert(2)>'
+    Call.objects.filter(pk=call.pk).update(
+        idempotency_key=f"k{hostile}", last_receipt_status=hostile, last_receipt_at=timezone.now()
+    )
+    Task.objects.filter(pk=call.task_id).update(external_id=f"t{hostile}")
+    for name in ("viewer", "reviewer"):
+        response = signed_in(people, name).get(reverse("console:queue", kwargs={"slug": "unknown"}))
+        policy = response["Content-Security-Policy"]
+        assert "script-src 'self' 'nonce-" in policy and "object-src 'none'" in policy
+        body = response.content.decode()
+        assert "<script>alert(1)</script>" not in body and "&lt;script&gt;alert(1)&lt;/script&gt;" in body
+        assert "<img" not in body and body.count(html.escape(hostile)) >= 4, name
 
 
 def test_an_htmx_request_of_an_ended_session_is_sent_to_sign_in_as_a_whole_page(client, db):

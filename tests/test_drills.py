@@ -119,6 +119,17 @@ def test_timeout_after_send_is_settled_by_a_receipt_without_a_second_request(sta
     assert stage.sandbox.ledger(row.key)["effects"] == 1
 
 
+def test_a_deferred_report_that_never_arrives_ends_committed_by_a_receipt_without_a_second_request(stage):
+    (row,) = passed(stage, "deferred-report-lost").keys
+
+    assert transitions(row.call_id) == [S.SENT, S.UNKNOWN, S.COMMITTED]
+    assert Attempt.objects.get(call_id=row.call_id).reported_at is None  # the runtime's report never came
+    (receipt,) = Receipt.objects.filter(call_id=row.call_id, applied=True)
+    assert (receipt.observed, receipt.effects_observed) == ("committed", 1)
+    assert writes(stage, row.key) == [("POST", 200, "answered")]
+    assert stage.sandbox.ledger(row.key)["effects"] == 1
+
+
 def test_lost_before_commit_is_proven_not_committed_then_retried_once_with_the_same_key(stage):
     (row,) = passed(stage, "lost-before-commit").keys
 
@@ -438,10 +449,11 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
         " 1 refund" in listed
     )
     every = (
-        "refused-before-send, timeout-after-send, lost-before-commit, duplicate-callbacks, rate-limit, dependency-5xx, "
+        "refused-before-send, timeout-after-send, deferred-report-lost, lost-before-commit, duplicate-callbacks, "
+        "rate-limit, dependency-5xx, "
         "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, provider-ignores-keys, "
-        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, square-wire, "
-        "mcp-reply-lost"
+        "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, lookup-by-listing, "
+        "eventually-consistent-search, square-wire, mcp-reply-lost"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")

@@ -222,12 +222,14 @@ def test_a_form_request_is_sent_with_stripes_bracketed_nesting_and_shown_as_its_
         call({"payment_intent": "pi_123", "amount": 1250, "order_id": "O-8848"}),
     )
     assert outgoing.url == "https://api.stripe.com/v1/refunds"
-    assert outgoing.data == b"payment_intent=pi_123&amount=1250&metadata[order_id]=O-8848"
+    # The marker the refund's listing lookup matches travels in the body, templated from the key: shown as sent.
+    marked = "payment_intent=pi_123&amount=1250&metadata[order_id]=O-8848&metadata[recovery_key]=order-8848%3Arefund"
+    assert outgoing.data == marked.encode()
     assert outgoing.headers["Content-Type"] == "application/x-www-form-urlencoded"
     assert outgoing.headers["Idempotency-Key"] == "order-8848:refund"
     assert outgoing.request_id_header == "Request-Id"
     shown = outgoing.shown()
-    assert shown["body_text"] == "payment_intent=pi_123&amount=1250&metadata[order_id]=O-8848"
+    assert shown["body_text"] == marked
     assert shown["headers"]["Idempotency-Key"] == "order-8848:refund"
 
 
@@ -240,7 +242,8 @@ def test_the_action_page_shows_a_form_body_as_its_bytes():
         call({"payment_intent": "pi_1", "amount": 5, "order_id": "O-1"}),
     )
     shown = _shown_request(outgoing.shown())
-    assert shown["body_text"] == "payment_intent=pi_1&amount=5&metadata[order_id]=O-1"
+    marked = "payment_intent=pi_1&amount=5&metadata[order_id]=O-1&metadata[recovery_key]=order-8848%3Arefund"
+    assert shown["body_text"] == marked
     json_request = tool_request(tool({"method": "POST", "path": "/x"}), call({"a": 1}))
     assert _shown_request(json_request.shown())["body_text"] == ""
 
@@ -294,7 +297,14 @@ def test_a_json_request_is_sent_as_before():
 def test_the_admission_wire_says_where_the_key_goes():
     assert wire_of(tool({"method": "POST", "path": "/x"})) == DEFAULT_WIRE
     square = tool({"method": "POST", "path": "/x", "key": {"field": "idempotency_key"}}, provider=provider())
-    assert wire_of(square) == {"key_header": "", "key_field": "idempotency_key", "request_id_header": "X-Request-Id"}
+    assert wire_of(square) == {
+        "key_header": "",
+        "key_field": "idempotency_key",
+        "key_markers": [],
+        "request_id_header": "X-Request-Id",
+    }
+    marked = {"method": "POST", "path": "/x", "body": {"metadata": {"order": "{order_id}", "rk": "{idempotency_key}"}}}
+    assert wire_of(tool(marked))["key_markers"] == ["metadata.rk"]
     stripe = tool({"method": "POST", "path": "/x"}, provider=provider(request_id_header="Request-Id"))
     assert wire_of(stripe)["request_id_header"] == "Request-Id"
     assert wire_of(tool({"method": "GET", "path": "/x"}, side_effect="read"))["key_header"] == ""
@@ -330,6 +340,19 @@ def test_the_session_puts_the_key_in_a_json_or_form_body_field():
     before = copy.copy(request.body)
     _place_key(request, nowhere, "k-1")
     assert request.body == before and "Idempotency-Key" not in request.headers
+
+
+def test_the_session_puts_the_key_at_each_marker_path_of_a_form_or_json_body():
+    wire = {**DEFAULT_WIRE, "key_markers": ["metadata.recovery_key"]}
+    request = prepared(data={"amount": 1, "metadata[order_id]": "O-1", "metadata[recovery_key]": "model-made"})
+    _place_key(request, wire, "k-1")
+    assert request.headers["Idempotency-Key"] == "k-1"
+    sent = parse_qsl(request.body)
+    assert sent == [("amount", "1"), ("metadata[order_id]", "O-1"), ("metadata[recovery_key]", "k-1")]
+    request = prepared(json={"amount": 1, "metadata": {"order_id": "O-1"}})
+    _place_key(request, wire, "k-1")
+    assert json.loads(request.body) == {"amount": 1, "metadata": {"order_id": "O-1", "recovery_key": "k-1"}}
+    assert request.headers["Content-Length"] == str(len(request.body))
 
 
 # --- the sandbox speaks them too: form bodies, a key in the body, Square-shaped errors -------------------------------

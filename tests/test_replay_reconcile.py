@@ -255,3 +255,22 @@ def test_the_registry_states_what_replay_reconciliation_needs(sandbox):
     errors = {e.path: e.message for e in validate_registry(registry)}
     assert list(errors) == [f"{where}.status_query"]
     assert errors[f"{where}.status_query"].startswith("null only for a write settled by replay reconciliation")
+
+
+def test_a_replay_lookup_settles_a_lost_reply_by_the_replay_alone_with_no_status_query(world):
+    # A provider that answers a same-key re-send with the original outcome (PayPal's PayPal-Request-Id) and has no
+    # lookup a lost reply could use: its status_query is the replay itself (docs/providers.md).
+    proved(world)
+    Tool.objects.filter(name="refund.create").update(status_query={"kind": "replay"})
+    call = world.refund_call()
+    world.sandbox.fault(route="/refunds", key=call.idempotency_key, kind="commit_then_drop", times=1)
+    assert world.attempt(call) == "UNKNOWN"
+
+    reconcile_due(worker="tests")
+
+    assert fresh(call).state == "COMMITTED"
+    assert outcomes(world, call.idempotency_key) == [(None, "dropped_after_commit"), (200, "replayed")]
+    asked = world.sandbox.requests(path_prefix="/refunds/by-key", key=call.idempotency_key)
+    assert asked == []  # nothing but the replay was asked
+    sources = list(Receipt.objects.filter(call=call).values_list("source", "observed"))
+    assert sources == [("idempotent_replay", "committed")]

@@ -20,8 +20,10 @@ import requests
 from recovery_client import RecoveryClient, recovered
 
 from recovery.audit.chain import Actor
-from recovery.models import Attempt, Call
+from recovery.models import Attempt, Call, Tool
 from recovery.registry import load_registry
+from recovery.services.probes import probe_call
+from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
 from tests.conftest import missing_service
 from tests.servers import ROOT, TcpProxy, free_port
@@ -36,6 +38,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 LOCALSTRIPE = ROOT / ".venv-localstripe" / "bin" / "localstripe"
 REGISTRY = ROOT / "recovery" / "fixtures" / "stripe.registry.json"
 API_KEY = "sk_test_recovery"
+VISIBLE_AFTER_S = 1
 
 
 @pytest.fixture(scope="module")
@@ -89,6 +92,8 @@ def console(live_server, proxy, monkeypatch):
     monkeypatch.setenv("STRIPE_SECRET_KEY", API_KEY)
     registry = json.loads(REGISTRY.read_text())
     registry["providers"][0]["base_url"] = f"http://127.0.0.1:{proxy.port}"
+    # Stripe lists a new refund at once; its Search may take a minute: the window is short here to keep CI fast.
+    registry["tools"][0]["status_query"]["visible_after_s"] = VISIBLE_AFTER_S
     load_registry(registry, actor=Actor.system("tests"))
     _, token = token_create(name="stripe-tests", tenants=["payments"], actor=Actor.system("tests"))
     client = RecoveryClient(live_server.url, token)
@@ -213,3 +218,98 @@ def test_a_refund_refused_at_the_connection_is_retried_once_with_the_same_key(lo
     ]
     assert sent_keys == [call.idempotency_key, call.idempotency_key]  # one key, two attempts
     assert len(refunds_of(localstripe, intent)) == 1
+
+
+# --- finding a lost outcome by listing the charge's refunds (docs/providers.md) ------------------------------------
+
+
+def refund_key(external_id: str, order_id: str) -> str:
+    return f"{external_id}:refund-{order_id}"
+
+
+def lost(console, refund, external_id: str, *args) -> tuple[dict, Call]:
+    """The refund called once in its task, the runtime not waiting for reconciliation; its answer and call."""
+    with recovered.task(console, tenant="payments", external_id=external_id, goal=external_id, patience_s=0):
+        answer = refund(*args)
+    return answer, Call.objects.get(idempotency_key=refund_key(external_id, args[2]))
+
+
+def test_a_refund_whose_reply_is_lost_is_settled_committed_by_the_listing_with_stripes_refund_id(
+    localstripe, proxy, console, sent_keys
+):
+    intent = payment(localstripe)
+    refund = refund_tool(f"http://127.0.0.1:{proxy.port}")
+    proxy.drop_replies(1)  # localstripe makes the refund; its reply never reaches the tool
+
+    answer, call = lost(console, refund, "order-7101", intent, 900, "O-7101")
+
+    assert answer["status"] != "committed" and call.state == "UNKNOWN"
+    made = refunds_of(localstripe, intent)
+    assert [r.metadata["recovery_key"] for r in made] == [call.idempotency_key]  # the marker the wire asked for
+    receipt = reconcile_call(call.pk, worker="tests")
+    call.refresh_from_db()
+    assert (receipt.observed, receipt.effects_observed, receipt.provider_ref) == ("committed", 1, made[0].id)
+    assert receipt.response["matched"] == [made[0].id]
+    assert receipt.request["url"].endswith(f"/v1/refunds?limit=100&payment_intent={intent}")  # the charge's refunds
+    assert (call.state, call.provider_ref) == ("COMMITTED", made[0].id)
+    assert [k for k in sent_keys if k] == [call.idempotency_key]  # settled by a listing (no key), not sent again
+
+
+def test_a_refund_that_never_arrived_is_not_committed_only_after_the_window_and_is_retried_once(
+    localstripe, proxy, console, sent_keys
+):
+    intent = payment(localstripe)
+    refund = refund_tool(f"http://127.0.0.1:{proxy.port}")
+    proxy.cut()  # the connection closes as it opens: whether the request arrived is unknown to the tool
+
+    _, call = lost(console, refund, "order-7102", intent, 800, "O-7102")
+    proxy.restore()
+
+    assert call.state == "UNKNOWN" and refunds_of(localstripe, intent) == []
+    early = reconcile_call(call.pk, worker="tests")
+    assert (early.observed, early.provider_status) == ("pending", "not_listed_yet")  # Stripe may not list it yet
+    assert Call.objects.get(pk=call.pk).state == "UNKNOWN"
+    time.sleep(VISIBLE_AFTER_S + 0.2)
+    late = reconcile_call(call.pk, worker="tests")
+    assert (late.observed, late.provider_status, late.local_state_after) == ("not_committed", "not_listed", "RETRYABLE")
+
+    with recovered.task(console, tenant="payments", external_id="order-7102", goal="order-7102", patience_s=0):
+        again = refund(intent, 800, "O-7102")
+
+    assert again["status"] == "committed"
+    assert [k for k in sent_keys if k] == [call.idempotency_key] * 2  # one key, sent twice (listings carry none)
+    assert [r.metadata["recovery_key"] for r in refunds_of(localstripe, intent)] == [call.idempotency_key]
+    assert Call.objects.get(pk=call.pk).state == "COMMITTED"
+
+
+def test_a_duplicate_probe_finds_two_refunds_listed_for_one_key_and_retries_are_refused_after(
+    localstripe, proxy, console
+):
+    intent = payment(localstripe)
+    refund = refund_tool(f"http://127.0.0.1:{proxy.port}")
+    with recovered.task(console, tenant="payments", external_id="order-7103", goal="order-7103"):
+        assert refund(intent, 500, "O-7103")["status"] == "committed"
+    call = Call.objects.get(idempotency_key=refund_key("order-7103", "O-7103"))
+
+    probe = probe_call(call, actor=Actor.system("tests"))
+
+    # localstripe ignores Idempotency-Key: the replay made a second refund, and the listing shows both for the key.
+    listed = [r for r in refunds_of(localstripe, intent) if r.metadata["recovery_key"] == call.idempotency_key]
+    assert len(listed) == 2
+    assert (probe.decision, probe.observed_effects, probe.downstream_audit) == ("retry_path_unsafe", 2, "second_effect")
+    assert Tool.objects.get(name="stripe.refund.create").retry_path == "unsafe"
+
+    # Afterwards a lost refund of that tool, found not committed, is never sent again by the runtime.
+    proxy.cut()
+    _, other = lost(console, refund, "order-7104", intent, 400, "O-7104")
+    proxy.restore()
+    time.sleep(VISIBLE_AFTER_S + 0.2)
+    assert reconcile_call(other.pk, worker="tests").local_state_after == "RETRYABLE"
+    with recovered.task(console, tenant="payments", external_id="order-7104", goal="order-7104", patience_s=0):
+        refused = refund(intent, 400, "O-7104")
+    assert refused["status"] != "committed"
+    assert Attempt.objects.filter(call=other).count() == 1
+    denial = Call.objects.get(pk=other.pk).gate_decisions.order_by("-pk").first()
+    assert denial is not None and denial.reason == "retry_path_unsafe"
+    markers = [r.metadata.to_dict().get("recovery_key") for r in refunds_of(localstripe, intent)]
+    assert other.idempotency_key not in markers

@@ -243,7 +243,18 @@ class WireOut(Answer):
 
     key_header: str = _("The request header that carries the call's idempotency key (empty: not a header).")
     key_field: str = _("The body field that carries it instead (empty: not a body field; both empty: no key).")
+    key_markers: list[str] = _("Body paths that also carry the key, a marker a listing lookup matches (metadata.x).")
     request_id_header: str = _("The reply header with the provider's request id, to report as provider_request_id.")
+
+
+class ReportTermsOut(Answer):
+    """When the runtime may answer its caller before the report is in (API 1.2, docs/api.md#reporting-off-the-clock)."""
+
+    may_defer: bool = _("Whether a 2xx reply passing these checks may be reported after the caller has its answer.")
+    within_s: float = _("How soon a deferred report is sent at the latest, in seconds.")
+    required_result_fields: list[str] = _("Result fields a deferrable reply must carry (dotted paths).")
+    provider_ref_field: str = _("The result field holding the provider's reference, when no request id header does.")
+    key_echo_header: str = _("A reply header that, when present, must echo the call's idempotency key.")
 
 
 class AdmittedOut(Answer):
@@ -258,6 +269,7 @@ class AdmittedOut(Answer):
     wire: WireOut | None = Field(
         None, description="Where the key goes and where the request id comes back (API 1.1; null: an older answer)."
     )
+    report: ReportTermsOut | None = Field(None, description="When the report may wait (API 1.2; null: it may not).")
 
 
 class OutcomeOut(Answer):

@@ -152,6 +152,13 @@ class CompensationIn(Strict):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class AdmitIn(Strict):
+    """The first attempt to admit with the call's registration (API 1.2): one round trip before the send."""
+
+    attempt_id: AttemptId
+    evidence: list[Literal[EVIDENCE_KINDS]] = Field(default_factory=list, max_length=6)  # type: ignore[valid-type]
+
+
 class CallIn(Strict):
     step: int = Field(ge=1, le=10_000)
     depends_on: list[int] = Field(default_factory=list, max_length=100)
@@ -159,6 +166,7 @@ class CallIn(Strict):
     arguments: dict[str, Any]
     idempotency_key: str = Field(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
     compensation: CompensationIn | None = None
+    admit: AdmitIn | None = None
 
     @field_validator("depends_on")
     @classmethod

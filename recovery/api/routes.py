@@ -17,7 +17,6 @@ from ninja.security import HttpBearer
 
 from recovery.api.answers import (
     AdmittedOut,
-    CallAddedOut,
     CallOut,
     CapabilitiesOut,
     CompensationAttemptOut,
@@ -30,6 +29,7 @@ from recovery.api.answers import (
     SagaOut,
     TaskOut,
 )
+from recovery.api.call_admission import CallAdmittedOut, admit_added, one_transaction
 from recovery.api.errors import envelope, exception_response, unreadable_body
 from recovery.api.inputs import (
     AbandonIn,
@@ -50,17 +50,23 @@ from recovery.api.inputs import (
 from recovery.api.metrics import SCOPES, metrics_answer, metrics_scope
 from recovery.api.otlp import router as otlp_router
 from recovery.api.provider_answers import CallbackOut, CompensationCallbackOut
-from recovery.api.versions import VersionedNinjaAPI
+from recovery.api.versions import VersionedNinjaAPI, refuse_markerless_client
 from recovery.audit.chain import Actor
 from recovery.engine.redact import echo_received
 from recovery.engine.states import RECONCILABLE
 from recovery.jobs import queueing
 from recovery.jobs import tasks as jobs
-from recovery.models import Attempt, Call, Task, Tenant, TokenScope
+from recovery.models import Call, Task, Tenant, TokenScope
 from recovery.registry import with_alternates
 from recovery.selectors.context import AdmissionRead
 from recovery.selectors.metrics import DEFAULT_WINDOW, metrics_report
-from recovery.selectors.tasks_calls import allowed_tools, call_detail, call_in_tenants, task_summary
+from recovery.selectors.tasks_calls import (
+    allowed_tools,
+    attempt_in_tenants,
+    call_detail,
+    call_in_tenants,
+    task_summary,
+)
 from recovery.services import callbacks, calls, sagas, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit, gate_ask
 from recovery.services.compensation_runtime import compensation_admit, compensation_report, entry_of
@@ -277,19 +283,25 @@ def abandon_task(request, task_id: int, payload: AbandonIn):
 
 
 @api.post(
-    "/tasks/{id:task_id}/calls", response={200: CallAddedOut, 201: CallAddedOut, **ERRORS}, tags=["calls"], **TYPED
+    "/tasks/{id:task_id}/calls",
+    response={200: CallAdmittedOut, 201: CallAdmittedOut, **ERRORS},
+    tags=["calls"],
+    **TYPED,
 )
 def add_call(request, task_id: int, payload: CallIn):
-    added = calls.call_add(
-        task=_task(request, task_id),
-        step_index=payload.step,
-        depends_on=payload.depends_on,
-        tool_name=payload.tool,
-        arguments=payload.arguments,
-        idempotency_key=payload.idempotency_key,
-        actor=_actor(request),
-        compensation=payload.compensation.model_dump() if payload.compensation else None,
-    )
+    task, actor = _task(request, task_id), _actor(request)
+    with one_transaction(payload.admit is not None):  # API 1.2: registration and admission commit together
+        added = calls.call_add(
+            task=task,
+            step_index=payload.step,
+            depends_on=payload.depends_on,
+            tool_name=payload.tool,
+            arguments=payload.arguments,
+            idempotency_key=payload.idempotency_key,
+            actor=actor,
+            compensation=payload.compensation.model_dump() if payload.compensation else None,
+        )
+        admitted = admit_added(request, added, payload.admit, actor) if payload.admit is not None else None
     failure, required_next = calls.preflight_answer(added.call, added.preflight)
     body = {
         "call_id": added.call.pk,
@@ -302,6 +314,10 @@ def add_call(request, task_id: int, payload: CallIn):
         "blocked_by_steps": added.blocked_by_steps,
         "poll": f"/api/v1/calls/{added.call.pk}",
     }
+    if admitted is not None:
+        body.update(admitted)
+        answered = admitted["admission"] or admitted["not_admitted"]
+        body["state"] = answered["call_state"] if answered else body["state"]
     return Status(201 if added.created else 200, body)
 
 
@@ -424,6 +440,7 @@ def ask_gate(request, call_id: int, payload: CandidateIn):
 )
 def create_attempt(request, call_id: int, payload: CandidateIn):
     call, read = _call_to_admit(request, call_id, payload.attempt_id)
+    refuse_markerless_client(request, call.tool)
     admission = attempt_admit(call=call, read=read, request=_attempt_request(payload), actor=_actor(request))
     if admission.status == 409:
         gate = admission.response["gate"]
@@ -445,11 +462,12 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
     **TYPED,
 )
 def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: OutcomeIn):
-    call = _call(request, call_id)
-    attempt = get_object_or_404(Attempt.objects.select_related("tool__provider"), call=call, attempt_id=attempt_id)
+    attempt = attempt_in_tenants(call_id, attempt_id, request.tenant_ids)  # the call with it: one statement
+    if attempt is None:
+        raise Http404("no such attempt of a call of this token's tenants")
     with_alternates(attempt.tool)
     facts = facts_of(payload.model_dump(exclude_unset=True))
-    return Status(200, attempt_report(call=call, attempt=attempt, facts=facts, actor=_actor(request)))
+    return Status(200, attempt_report(call=attempt.call, attempt=attempt, facts=facts, actor=_actor(request)))
 
 
 @api.get("/capabilities", response={200: CapabilitiesOut, **ERRORS}, tags=["tasks"], **TYPED)

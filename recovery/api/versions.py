@@ -13,9 +13,14 @@ from django.http import HttpRequest, JsonResponse
 from ninja import NinjaAPI
 
 from recovery.api.errors import error_response
+from recovery.registry.lookup import marker_paths
+from recovery.services.errors import Refusal
 
-API_VERSION = "1.1"  # the API this console answers: 1.<minor> (1.1: the admission's `wire`)
+API_VERSION = (
+    "1.2"  # the API this console answers: 1.<minor> (1.1: the admission's `wire`; 1.2: admit on add, `report`)
+)
 OLDEST_CLIENT = "0.1.0"  # the oldest recovery-console-client it serves
+MARKERS_CLIENT = "0.3.0"  # the first recovery-console-client that puts the key at the admission's `key_markers`
 HEADER = "Recovery-Api-Version"
 CLIENT_NAME = "recovery-console-client"
 _CLIENT_AGENT = re.compile(rf"(?:^|[\s(;]){re.escape(CLIENT_NAME)}/(\d+)\.(\d+)\.(\d+)")
@@ -52,6 +57,22 @@ def refuse_old_client(request: HttpRequest) -> JsonResponse | None:
         f"{CLIENT_NAME} {version} is older than the oldest this console serves ({oldest}; it answers API {served}): "
         f"install {CLIENT_NAME}>={oldest}; nothing was processed",
         detail={"client_version": version, "oldest_client": oldest, "api_version": served},
+    )
+
+
+def refuse_markerless_client(request: HttpRequest, tool: Any) -> None:
+    """Refusal (426, before anything is admitted) of a recovery-console-client older than MARKERS_CLIENT for a tool
+    whose lost outcome is found by a listing matching a marker in its request (docs/providers.md): that client sends
+    no marker, so the listing would never find its refund and, after the visibility window, call it not committed."""
+    markers = marker_paths(tool.request)
+    version = client_version(request.headers.get("User-Agent", ""))
+    if not markers or version is None or _numbers(version) >= _numbers(MARKERS_CLIENT):
+        return
+    raise Refusal(
+        "client_too_old",
+        f"{CLIENT_NAME} {version} does not put the call's key at {', '.join(markers)}, the marker {tool.name}'s "
+        f"status lookup matches: install {CLIENT_NAME}>={MARKERS_CLIENT}; nothing was admitted",
+        status=426,
     )
 
 

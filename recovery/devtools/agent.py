@@ -51,7 +51,9 @@ class ToolBinding:
 
     def keyed(self, arguments: dict, key: str) -> tuple[dict[str, str], dict[str, Any]]:
         """The headers and the `requests` body options of one request, the key where the registry puts it."""
-        headers, body = dict(self.headers), self.json_body(arguments)
+        # A body template may carry the key as a marker a listing lookup matches ({idempotency_key}: docs/providers.md).
+        keyed = {**arguments, "idempotency_key": key} if self.body is not None else arguments
+        headers, body = dict(self.headers), self.json_body(keyed)
         if self.side_effect == "write" and self.key_header:
             headers[self.key_header] = key
         elif self.side_effect == "write" and self.key_field and isinstance(body, dict):

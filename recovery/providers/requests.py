@@ -23,6 +23,7 @@ from recovery.engine.validation import MISSING, resolve
 from recovery.engine.wire import form_encode, form_scalar
 from recovery.models import Call, Tool
 from recovery.providers.status import outbound_headers
+from recovery.registry.lookup import marker_paths
 
 IDEMPOTENCY_HEADER = "Idempotency-Key"
 _PLACEHOLDER = re.compile(r"\{([^{}]*)\}")
@@ -57,7 +58,7 @@ class ProviderRequest:
 def filled_key(template: str, arguments: dict) -> str:
     """A tool's key template (the registry's `key_template`) filled with a call's arguments as a path is filled, not
     quoted; TemplateError when an argument it names is missing or null."""
-    return _fill_text(template, arguments, quoted=False)
+    return fill_text(template, arguments, quoted=False)
 
 
 def _values(call: Call) -> dict:
@@ -69,7 +70,7 @@ def _lookup(values: dict, name: str) -> Any:
     return resolve(values, name.strip())
 
 
-def _fill_text(text: str, values: dict, *, quoted: bool) -> str:
+def fill_text(text: str, values: dict, *, quoted: bool) -> str:
     """Every {placeholder} in `text` replaced by its value ({{ and }} are literal braces)."""
 
     def one(match: re.Match) -> str:
@@ -84,27 +85,27 @@ def _fill_text(text: str, values: dict, *, quoted: bool) -> str:
     return "{".join("}".join(_PLACEHOLDER.sub(one, piece) for piece in part.split("}}")) for part in parts)
 
 
-def _fill_body(template: Any, values: dict) -> Any:
+def fill_body(template: Any, values: dict) -> Any:
     if isinstance(template, dict):
-        return {key: _fill_body(value, values) for key, value in template.items()}
+        return {key: fill_body(value, values) for key, value in template.items()}
     if isinstance(template, list):
-        return [_fill_body(value, values) for value in template]
+        return [fill_body(value, values) for value in template]
     if isinstance(template, str):
         whole = _WHOLE.match(template)
         if whole:
             value = _lookup(values, whole.group(1))
             return None if value is MISSING else value  # a missing optional argument is null, as the runtime sends
         if "{" in template:
-            return _fill_text(template, values, quoted=False)
+            return fill_text(template, values, quoted=False)
     return template
 
 
-def _query(template: Any, values: dict) -> str:
+def query_string(template: Any, values: dict) -> str:
     """The query string of the registry's `query` (lists as repeated parameters), without the '?'."""
     if not isinstance(template, dict):
         return ""
     pairs = []
-    for name, item in _fill_body(template, values).items():
+    for name, item in fill_body(template, values).items():
         for value in item if isinstance(item, list) else [item]:
             if value is not None:
                 pairs.append((name, form_scalar(value)))
@@ -120,12 +121,14 @@ def _key_place(template: dict, side_effect: str) -> dict | None:
 
 def wire_of(tool: Tool) -> dict[str, str]:
     """What a runtime needs to send an admitted attempt of `tool` as the registry describes it (the admission answer's
-    `wire`, docs/api.md): the header or body field of the key (empty: not that way) and the request id's header."""
+    `wire`, docs/api.md): the header or body field of the key (empty: not that way), the body paths that carry the
+    key as a marker a listing lookup matches (docs/providers.md) and the request id's header."""
     template = tool.request if isinstance(tool.request, dict) else {}
     place = _key_place(template, tool.side_effect) or {}
     return {
         "key_header": place.get("header", ""),
         "key_field": place.get("field", ""),
+        "key_markers": marker_paths(template),
         "request_id_header": tool.provider.request_id_header or "X-Request-Id",
     }
 
@@ -151,13 +154,13 @@ def tool_request(tool: Tool, call: Call) -> ProviderRequest:
     method = str(template.get("method") or "POST").upper()
     encoding = template.get("encoding") or "json"
     values = _values(call)
-    path = _fill_text(str(template.get("path") or ""), values, quoted=True)
+    path = fill_text(str(template.get("path") or ""), values, quoted=True)
     if method in NO_BODY or encoding == "none":
         body = None
     elif template.get("body") is None:
         body = dict(call.arguments) if isinstance(call.arguments, dict) else call.arguments
     else:
-        body = _fill_body(template["body"], values)
+        body = fill_body(template["body"], values)
     headers, shown = outbound_headers(tool.provider)
     place = _key_place(template, call.side_effect)
     if place and place.get("header"):
@@ -167,7 +170,7 @@ def tool_request(tool: Tool, call: Call) -> ProviderRequest:
     data, content_type = _encoded(body, encoding)
     if content_type:
         headers["Content-Type"] = shown["Content-Type"] = content_type
-    query = _query(template.get("query"), values)
+    query = query_string(template.get("query"), values)
     if query:
         path += ("&" if "?" in path else "?") + query
     provider = tool.provider

@@ -9,7 +9,7 @@ import os
 import threading
 import urllib.request
 from dataclasses import dataclass, field
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -39,7 +39,7 @@ class StatusAnswer:
 _local = threading.local()
 
 
-def _session() -> requests.Session:
+def status_session() -> requests.Session:
     """One keep-alive session per thread (checks run on worker threads); retries off: max_retries=0."""
     session = getattr(_local, "session", None)
     if session is None:
@@ -70,14 +70,21 @@ def outbound_headers(provider: Provider) -> tuple[dict[str, str], dict[str, str]
 
 
 def status_url(tool: Tool, call: Call) -> str | None:
-    """The status endpoint's URL for this call, or None when its template needs a provider reference we lack."""
+    """The status endpoint's URL for this call, its query string included (the key or reference may travel in either),
+    or None when its template needs a provider reference we lack."""
     query = tool.status_query or {}
     path = query.get("path", "")
-    if "{provider_ref}" in path and not call.provider_ref:
+    params = query.get("query") if isinstance(query.get("query"), dict) else {}
+    if "{provider_ref}" in path + "".join(map(str, params.values())) and not call.provider_ref:
         return None
     path = path.replace("{idempotency_key}", quote(call.idempotency_key, safe=""))
     path = path.replace("{provider_ref}", quote(call.provider_ref, safe=""))
-    return tool.provider.base_url.rstrip("/") + path
+    pairs = [(name, _filled(str(value), call)) for name, value in params.items()]
+    return tool.provider.base_url.rstrip("/") + path + (f"?{urlencode(pairs)}" if pairs else "")
+
+
+def _filled(text: str, call: Call) -> str:
+    return text.replace("{idempotency_key}", call.idempotency_key).replace("{provider_ref}", call.provider_ref)
 
 
 @dataclass(frozen=True)
@@ -101,7 +108,11 @@ def query_status(tool: Tool, call: Call) -> StatusAnswer:
 
 
 def fetch_status(tool: Tool, call: Call) -> Reply | StatusAnswer:
-    """The HTTP exchange alone: the reply, or a StatusAnswer when there was none to read."""
+    """The HTTP exchange alone of a lookup by key: the reply, or a StatusAnswer when there was none to read. The other
+    kinds of lookup go through recovery.providers.listing.fetch_lookup; here they learn nothing."""
+    kind = (tool.status_query or {}).get("kind") or "key"
+    if kind != "key":
+        return StatusAnswer(observed=Observation.AMBIGUOUS, error=f"a lookup of kind {kind!r} is no query by key")
     url = status_url(tool, call)
     method = (tool.status_query or {}).get("method", "GET")
     if url is None:
@@ -110,7 +121,7 @@ def fetch_status(tool: Tool, call: Call) -> Reply | StatusAnswer:
     record = {"method": method, "url": url, "headers": shown}
     timeout = (tool.provider.connect_timeout_s, tool.provider.read_timeout_s)
     try:
-        reply = _session().request(method, url, headers=headers, timeout=timeout, allow_redirects=False)
+        reply = status_session().request(method, url, headers=headers, timeout=timeout, allow_redirects=False)
     except requests.RequestException as exc:
         error = redact(f"{type(exc).__name__}: {exc}")
         return StatusAnswer(observed=Observation.FAILED, request=record, error=error, endpoint_failed=True)

@@ -17,7 +17,6 @@ from recovery.registry.checks import (
     METHODS,
     OBSERVATIONS,
     PLACEHOLDER_NAME_RE,
-    STATUS_PLACEHOLDERS,
     Context,
     Key,
     RegistryError,
@@ -41,6 +40,7 @@ from recovery.registry.checks import (
     template_path,
     template_strings,
 )
+from recovery.registry.lookup import LOOKUP_KEYS, check_status_query
 from recovery.registry.mcp import MCP_PROVIDER, MCP_TOOL, check_mcp_providers, check_mcp_tool
 from recovery.registry.wire import ENCODINGS, answer_path, check_request_wire, header_name, key_place, query_template
 
@@ -214,11 +214,12 @@ REQUEST = {
     "key": Key(key_place),  # default: the Idempotency-Key header for a write, nowhere for a read
 }
 STATUS_QUERY = {
-    "method": Key(choice("GET", "POST"), required=True),
-    "path": Key(template_path, required=True),
-    "status_map": Key(_status_map, required=True),
+    "method": Key(choice("GET", "POST")),  # method and path: required unless the lookup is a replay
+    "path": Key(template_path),
+    "status_map": Key(_status_map),  # required for a lookup of kind "key" (recovery.registry.lookup)
     "status_field": Key(dotted),  # where the provider's status string is in the answer (default "status")
     "effects_field": Key(dotted),  # where it reports how many business effects the key has (optional)
+    **LOOKUP_KEYS,
 }
 RECONCILE = {
     "first_check_s": Key(integer(0)),
@@ -335,17 +336,6 @@ def _check_request(ctx: Context, tool: dict, path: str, args: frozenset[str] | N
     for key in ("body", "query"):
         if key in request:
             _check_placeholders(ctx, request[key], child(path, key), args, CALL_PLACEHOLDERS)
-
-
-def _check_status_query(ctx: Context, query: dict, path: str) -> None:
-    where = child(path, "path")
-    names = set(placeholders(query.get("path", "")))
-    if not names & STATUS_PLACEHOLDERS:
-        ctx.error(where, "must contain {idempotency_key} or {provider_ref}: status is looked up by the call's key")
-    for placeholder in sorted(names - STATUS_PLACEHOLDERS):
-        ctx.error(
-            where, f"{{{placeholder}}} is not available to a status query (only {{idempotency_key}}, {{provider_ref}})"
-        )
 
 
 def _effective(data: dict, defaults: object, key: str):
@@ -482,7 +472,7 @@ def _check_tool(ctx: Context, tool: Any, path: str) -> None:
     if "key_template" in passed:
         _check_key_template(ctx, tool["key_template"], child(path, "key_template"), args)
     if "status_query" in passed and tool["status_query"] is not None:
-        _check_status_query(ctx, tool["status_query"], child(path, "status_query"))
+        check_status_query(ctx, tool, child(path, "status_query"), args)
     _check_replay_reconcile(ctx, tool, path, passed)
     if "invariants" in passed and args is not None:
         for i, invariant in enumerate(tool["invariants"]):

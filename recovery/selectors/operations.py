@@ -366,7 +366,12 @@ def _reconcile_words(tool: Tool, write: bool, replay_reconciliation: bool) -> st
     query = tool.status_query if isinstance(tool.status_query, dict) else {}
     if not write:
         return "nothing to reconcile"
-    if query.get("path"):
+    if query.get("kind") == "list":
+        marker = ", ".join(query.get("match") or {})
+        reconcile = f"listing: {query.get('method', 'GET')} {query.get('path')}, matched on {marker}"
+    elif query.get("kind") == "replay":
+        reconcile = "no status API: the lookup is a same-key replay"
+    elif query.get("path"):
         reconcile = f"status API: {query.get('method', 'GET')} {query['path']}"
     else:
         reconcile = "no status API: an unknown outcome goes to human review"

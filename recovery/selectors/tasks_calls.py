@@ -33,6 +33,21 @@ def call_in_tenants(call_id: int, tenant_ids: Collection[int]) -> Call | None:
     return calls.first() if calls is not None else None
 
 
+def attempt_in_tenants(call_id: int, attempt_id: str, tenant_ids: Collection[int]) -> Attempt | None:
+    """The call's attempt `attempt_id` with its tool (and provider) and its call, if the call belongs to one of
+    `tenant_ids`: what reporting an outcome reads, in one statement."""
+    low, high = connection.ops.integer_field_range("BigAutoField")
+    if not tenant_ids or not low <= call_id <= high:
+        return None
+    attempts = Attempt.objects.select_related("tool__provider", "call").annotate(
+        tool_has_alternates=Exists(Tool.alternates.through.objects.filter(from_tool_id=OuterRef("tool_id")))
+    )
+    attempt = attempts.filter(call_id=call_id, call__tenant_id__in=tenant_ids, attempt_id=attempt_id).first()
+    if attempt is not None and not attempt.tool_has_alternates:
+        with_alternates(attempt.tool, none=True)  # nothing to read for its policy
+    return attempt
+
+
 def call_for_attempt(call_id: int, tenant_ids: Collection[int], *, attempt_id: str) -> Call | None:
     """call_in_tenants() with what admitting `attempt_id` reads besides, in the same statement
     (docs/design/quality-targets.md: the single-shot attempt in at most 15 statements): whether the call has that
@@ -85,6 +100,19 @@ def allowed_tools(tenant: Tenant) -> list[Tool]:
     """The tenant's capabilities, by name, with their providers."""
     tools = Tool.objects.order_by("name") if tenant.all_tools else tenant.tools.order_by("name")
     return list(tools.select_related("provider"))
+
+
+def allowed_tool(tenant: Tenant, name: str) -> Tool | None:
+    """The tenant's capability `name` with its provider, and whether it has alternates, in one statement (None: not
+    one of its capabilities; allowed_tools() lists them)."""
+    tools = Tool.objects if tenant.all_tools else tenant.tools
+    tools = tools.select_related("provider").annotate(
+        has_alternates=Exists(Tool.alternates.through.objects.filter(from_tool_id=OuterRef("pk")))
+    )
+    tool = tools.filter(name=name).first()
+    if tool is not None and not tool.has_alternates:
+        with_alternates(tool, none=True)  # nothing to read for its policy
+    return tool
 
 
 def blocking(call: Call) -> tuple[list[int], list[int]]:

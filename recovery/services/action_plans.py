@@ -19,8 +19,8 @@ from recovery.engine.gate import admit
 from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
 from recovery.models import ActionRequest, BreakerState, Call, RetryPath, StatusBreaker
+from recovery.providers.listing import shown_lookup
 from recovery.providers.requests import TemplateError, tool_request
-from recovery.providers.status import outbound_headers, status_url
 from recovery.registry import tool_policy, with_alternates
 from recovery.registry.policy import status_breaker_policy
 from recovery.selectors.breakers import breaker_view
@@ -250,16 +250,11 @@ def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:
             replay = tool_request(call.tool, call).shown()
         except TemplateError as exc:
             raise PlanError(str(exc)) from None
-        url = status_url(call.tool, call)
-        _, shown = outbound_headers(call.tool.provider)
-        ledger = {"method": (call.tool.status_query or {}).get("method", "GET"), "url": url, "headers": shown}
-        return [replay, ledger] if url else [replay], True
+        ledger = shown_lookup(call.tool, call)  # the ledger by key, or the listing that counts the key's effects
+        return [replay, ledger] if ledger else [replay], True
     if action.name == "reconcile_now":
-        url = status_url(call.tool, call)
-        if url is None:
-            return [], False
-        _, shown = outbound_headers(call.tool.provider)
-        return [{"method": (call.tool.status_query or {}).get("method", "GET"), "url": url, "headers": shown}], True
+        lookup = shown_lookup(call.tool, call)
+        return ([lookup], True) if lookup else ([], False)
     return [], False
 
 

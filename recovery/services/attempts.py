@@ -38,6 +38,7 @@ from recovery.services.outcomes import (
     store_decision,
     store_facts,
 )
+from recovery.services.report_terms import report_terms
 from recovery.statemachine.hot_path import Counters, count_on_task, insert
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
@@ -374,6 +375,7 @@ def _admission(admitting: _Admitting) -> dict:
         "call_state": call.state,
         "gate": gate_json(admitting.gate, attempt.gate_row),
         "wire": wire_of(admitting.tool),
+        "report": report_terms(admitting.tool, probe=admitting.probe),
     }
     attempt.save(update_fields=["response"])
     return attempt.response

@@ -6,8 +6,10 @@ intent the task carries under another key, are refused.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from functools import cache
 
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from recovery.audit.actions import AuditAction
 from recovery.audit.chain import Actor, append_event
@@ -19,7 +21,7 @@ from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
 from recovery.models import Call, Step, Task, TaskStatus, Tool
 from recovery.registry import tool_policy
-from recovery.selectors.tasks_calls import allowed_tools, blocking
+from recovery.selectors.tasks_calls import allowed_tool, allowed_tools, blocking
 from recovery.services.answers import public_failure
 from recovery.services.errors import Refusal
 from recovery.statemachine.transitions import TransitionConflict, transition_call
@@ -36,8 +38,10 @@ class CallAdded:
     blocked_by_steps: list[int] = field(default_factory=list)  # the dependency steps waited for, by index
 
 
-def _added(call: Call, *, created: bool, preflight: tuple[FieldError, ...]) -> CallAdded:
-    calls, steps = blocking(call)
+def _added(call: Call, *, created: bool, preflight: tuple[FieldError, ...], independent: bool = False) -> CallAdded:
+    """The answer's parts; `independent`: the call's step was made by this request with no dependencies, so nothing
+    blocks it (no query)."""
+    calls, steps = ([], []) if independent else blocking(call)
     return CallAdded(call=call, created=created, preflight=preflight, blocked_by=calls, blocked_by_steps=steps)
 
 
@@ -54,7 +58,9 @@ def call_add(
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
     registry default (a saga's abort uses it, docs/compensation.md)."""
-    tools = {t.name: t for t in allowed_tools(task.tenant)}
+    named = allowed_tool(task.tenant, tool_name) if compensation is None else None
+    # All the tenant's tools only where they are read: a refusal lists them, a step's own undo is checked against them.
+    tools = {named.name: named} if named is not None else {t.name: t for t in allowed_tools(task.tenant)}
     tool = _check_admissible(task, tools, tool_name, step_index, depends_on, compensation)
     policy = tool_policy(tool)
     print_ = fingerprint(tool.name, arguments)
@@ -66,7 +72,7 @@ def call_add(
     preflight = validate_args(policy.args_schema, arguments)
     try:
         with transaction.atomic():
-            step = _step(task, step_index, depends_on, compensation)
+            step, made = _step(task, step_index, depends_on, compensation)
             call = call_insert(
                 task=task,
                 step=step,
@@ -85,7 +91,7 @@ def call_add(
         if existing is None:
             raise
         return _same_key(existing, task, print_)
-    return _added(call, created=True, preflight=preflight)
+    return _added(call, created=True, preflight=preflight, independent=made and not depends_on)
 
 
 def _check_admissible(
@@ -155,16 +161,47 @@ def _max_attempts(tool_max: int | None, task: Task) -> int | None:
     return min(tool_max, task_max) if tool_max is not None else task_max
 
 
-def _step(task: Task, step_index: int, depends_on: list[int], compensation: dict | None) -> Step:
-    """The task's step `step_index` (made on first use), with its dependencies and its own undo recorded."""
-    step, _ = Step.objects.get_or_create(task=task, index=step_index)
+def _step(task: Task, step_index: int, depends_on: list[int], compensation: dict | None) -> tuple[Step, bool]:
+    """The task's step `step_index` (made on first use), with its dependencies and its own undo recorded; and
+    whether this request made it."""
+    step, made = _step_row(task, step_index)
     if compensation is not None and step.compensation != compensation:
         Step.objects.filter(pk=step.pk).update(compensation=compensation)
         step.compensation = compensation
     if depends_on:
         deps = [Step.objects.get_or_create(task=task, index=index)[0] for index in depends_on]
         step.depends_on.add(*deps)
-    return step
+    return step, made
+
+
+@cache
+def _insert_step_sql() -> str:
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(Step._meta.get_field(name).column) for name in _STEP_COLUMNS)
+    return (
+        f"INSERT INTO {quote(Step._meta.db_table)} ({columns}) VALUES (%s, %s, %s, %s, %s) "
+        f"ON CONFLICT ({quote('task_id')}, {quote('index')}) DO NOTHING RETURNING {quote('id')}"
+    )
+
+
+def _step_row(task: Task, index: int) -> tuple[Step, bool]:
+    """The step, inserted when missing: raw SQL because INSERT ... ON CONFLICT DO NOTHING RETURNING makes a new step
+    in one statement where get_or_create needs four (a SELECT, a savepoint, the INSERT, its release); a step that
+    exists (or a concurrent insert that won) is read as before."""
+    now = timezone.now()
+    values = {"task_id": task.pk, "index": index, "name": "", "compensation": {}, "created_at": now}
+    params = [Step._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _STEP_COLUMNS]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_step_sql(), params)
+        row = cursor.fetchone()
+    if row is None:
+        return Step.objects.get(task=task, index=index), False
+    step = Step(id=row[0], task=task, **{k: v for k, v in values.items() if k != "task_id"})
+    step._state.adding = False
+    return step, True
+
+
+_STEP_COLUMNS = ("task_id", "index", "name", "compensation", "created_at")
 
 
 def call_insert(

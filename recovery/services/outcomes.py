@@ -149,14 +149,19 @@ def attempt_report(*, call: Call, attempt: Attempt, facts: Facts, actor: Actor) 
         # comes second sees what the first wrote (a late outcome is then kept as evidence) instead of conflicting.
         calls = Call.objects.select_for_update(of=("self",)).select_related("tool__provider", "task")
         call = calls.get(pk=call.pk)
+        if call.tool_id == attempt.tool_id:  # the alternates its judgement read: not read again for the decision
+            call.tool.alternate_names = attempt.tool.alternate_names
         response = _record(call, attempt, facts, judgement, actor=actor, now=now)
-        Attempt.objects.filter(pk=attempt.pk).update(outcome_request_hash=digest, outcome_response=response)
+        # The facts, their classification and the stored answer in one UPDATE of the attempt row.
+        attempt.outcome_request_hash, attempt.outcome_response = digest, response
+        attempt.save(update_fields=(*_FACT_FIELDS, "outcome_request_hash", "outcome_response"))
     return response
 
 
 def _record(call: Call, attempt: Attempt, facts: Facts, judgement: Judgement, *, actor: Actor, now: datetime) -> dict:
-    """Store the facts and move the call, in the caller's transaction."""
-    store_facts(attempt, facts, judgement.outcome, call=call, now=now)
+    """Set the facts on `attempt` (the caller saves them with the answer) and move the call, in the caller's
+    transaction."""
+    set_facts(attempt, facts, judgement.outcome, call=call, now=now)
     breaker = judgement.breaker
     if call.state != S.SENT or attempt.number != call.attempts_count or breaker is None:
         if facts.tokens_used:

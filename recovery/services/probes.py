@@ -13,8 +13,9 @@ from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine import probe as judgement
 from recovery.engine.reconcile import Observation
 from recovery.models import ActionRequest, Call, DuplicateProbe, RetryPath, Tool
+from recovery.providers.listing import fetch_lookup
 from recovery.providers.requests import send, tool_request
-from recovery.providers.status import fetch_status, read_status
+from recovery.providers.status import read_status
 
 _PATH = {judgement.SAFE: RetryPath.SAFE, judgement.UNSAFE: RetryPath.UNSAFE}
 _ANSWERED = frozenset({Observation.COMMITTED, Observation.NOT_COMMITTED, Observation.PENDING})
@@ -30,7 +31,7 @@ def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None)
     tool = call.tool
     outgoing = tool_request(tool, call)
     facts = send(outgoing)
-    answer = read_status(tool, fetch_status(tool, call)) if tool.status_query else None
+    answer = read_status(tool, fetch_lookup(tool, call)) if tool.status_query else None  # the ledger, or a listing
     now = timezone.now()
     result = facts.get("result") if isinstance(facts.get("result"), dict) else {}
     second_ref = result.get(tool.provider_ref_field) if tool.provider_ref_field else None
@@ -85,8 +86,10 @@ def probe_call(call: Call, *, actor: Actor, action: ActionRequest | None = None)
 
 def _verdict(call: Call, facts: dict, answer, second_ref, expected: int) -> judgement.ProbeVerdict:
     """The engine's judgement of the replay (its answer `facts`) and of the ledger read after it (`answer`)."""
-    effects_field = (call.tool.status_query or {}).get("effects_field")
-    ledger_read = bool(effects_field) and answer is not None and answer.observed in _ANSWERED
+    query = call.tool.status_query or {}
+    # A provider with no ledger is read from the tool's listing lookup: the effects it matched for the key.
+    counts = bool(query.get("effects_field")) or query.get("kind") == "list"
+    ledger_read = counts and answer is not None and answer.observed in _ANSWERED
     return judgement.judge(
         judgement.ProbeFacts(
             http_status=facts.get("http_status"),

@@ -20,7 +20,8 @@ from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.reconcile import Observation, ReceiptView, Settlement, next_check, settle
 from recovery.engine.states import RECONCILABLE, UNSETTLED, CallState
 from recovery.models import Call, Receipt, ReceiptSource, Tool
-from recovery.providers.status import Reply, StatusAnswer, fetch_status, read_status
+from recovery.providers.listing import fetch_lookup
+from recovery.providers.status import Reply, StatusAnswer, read_status
 from recovery.registry.policy import reconcile_policy
 from recovery.services import replay_reconcile
 from recovery.services.reconcile_runner import run_checks
@@ -156,7 +157,7 @@ def _settled_by_replay(call: Call, reply: Reply | StatusAnswer, *, worker: str) 
     answer = read_status(call.tool, reply)
     if not replay_reconcile.status_unavailable(call, answer):
         return False
-    if call.tool.status_query:
+    if replay_reconcile.queries_status(call.tool):
         apply_answer(call.pk, answer, worker=worker)
         (call,) = _load([call.pk])
         if call.state in UNSETTLED:
@@ -183,12 +184,12 @@ def _ask(call: Call, breakers: StatusBreakerGate) -> Reply | StatusAnswer:
     tool, now = call.tool, timezone.now()
     if tool.mcp.get("status_tool"):
         return _ask_mcp(call, breakers)
-    if not tool.status_query:
-        return StatusAnswer(observed=O.AMBIGUOUS, error="the tool has no status API: a person must settle it")
+    if not replay_reconcile.queries_status(tool):
+        return StatusAnswer(observed=O.AMBIGUOUS, error="the tool has no status query: a replay or a person settles it")
     verdict = breakers.ask(tool.provider, now)
     if verdict == SKIP:
         return StatusAnswer(observed=O.UNREACHABLE, error="skipped: the provider's status endpoint breaker is open")
-    reply = fetch_status(tool, call)
+    reply = fetch_lookup(tool, call)
     breakers.record(tool.provider, failed=reply.endpoint_failed, probe=verdict == PROBE)
     return reply
 

@@ -46,8 +46,15 @@ def replayable(call: Call) -> bool:
 
 
 def status_unavailable(call: Call, answer: StatusAnswer) -> bool:
-    """The status query cannot answer: it failed, its breaker is open, or the tool declares no status API."""
-    return answer.observed in CANNOT_ANSWER or not call.tool.status_query
+    """The status query cannot answer: it failed, its breaker is open, or the tool declares no status API (or one of
+    kind "replay": the provider answers a same-key re-send with the original outcome, docs/providers.md)."""
+    return answer.observed in CANNOT_ANSWER or not queries_status(call.tool)
+
+
+def queries_status(tool) -> bool:
+    """Whether the tool has a status query to send (by key or by listing), not only a replay to make."""
+    query = tool.status_query
+    return bool(query) and query.get("kind") != "replay"
 
 
 def _rejected(status: int | None) -> bool:

@@ -70,6 +70,9 @@ DRILL_ACTION_LEASE_S = 10
 # loading the drill registry voids both retry paths again (back to unprobed).
 REPLAYED_REFUND = "refund.replayed"
 KEYLESS_REFUND = "refund.ignores-keys"
+LISTED_REFUND = "refund.listed"  # a refund whose lost outcome is found by listing the order's refunds (no key lookup)
+LIST_LAG_MS = 3000  # the eventually-consistent-search drill: how long the sandbox keeps a new refund out of listings
+LIST_VISIBLE_AFTER_S = 8  # and what the tool's lookup declares: not listed proves nothing before that
 SQUARE_REFUND = "refund.square-wire"  # a refund sent as Square's wire format: form body, the key in a body field
 DRILL_KEY_RETENTION_S = 86_400
 # Who acts in the drills that need an approved action: one reviewer and two approvers (four eyes, two at once).
@@ -183,9 +186,9 @@ def drill_registry(sandbox_url: str) -> dict:
         twin["reconcile"] = DRILL_RECONCILE | {"replay_when_status_down": True}
         by_name[twin["name"]] = twin
         tools.append(twin)
-    square = _square_wire(refund)
-    by_name[square["name"]] = square
-    tools.append(square)
+    for extra in (_square_wire(refund), _listed(refund)):
+        by_name[extra["name"]] = extra
+        tools.append(extra)
     # Square's error shape first; the sandbox's own ({"error": {"code"}}) and a bare code read as before.
     provider["error_code_paths"] = ["errors[0].code", "error.code", "code"]
     tenant = {"name": DRILL_TENANT, "display_name": "Fault drills", "sandbox": True, "tools": sorted(by_name)}
@@ -199,6 +202,30 @@ def _square_wire(refund: dict) -> dict:
     square["description"] = "A refund of the drills' own on Square's wire format (form body, the key in a field)."
     square["request"] = {**refund["request"], "encoding": "form", "key": {"field": "idempotency_key"}}
     return square
+
+
+def _listed(refund: dict) -> dict:
+    """A refund with no lookup by key (docs/providers.md): its request carries the key as a marker in its metadata,
+    and a lost outcome is found by listing the order's refunds and matching it, as Stripe's refunds are."""
+    listed = copy.deepcopy(refund) | {"name": DRILL_PREFIX + LISTED_REFUND}
+    listed["description"] = "A refund of the drills' own found by listing the order's refunds (no lookup by key)."
+    body = {**refund["request"]["body"], "metadata": {"recovery_key": "{idempotency_key}"}}
+    listed["request"] = {**refund["request"], "body": body}
+    listed["status_query"] = {
+        "kind": "list",
+        "method": "GET",
+        "path": "/refunds/list",
+        "query": {"order_id": "{order_id}", "limit": 10},
+        "items": "data",
+        "match": {"metadata.recovery_key": "{idempotency_key}"},
+        "ref_field": "refund_id",
+        "next": {"param": "starting_after", "cursor": "refund_id", "more": "has_more"},
+        "max_pages": 5,
+        "visible_after_s": LIST_VISIBLE_AFTER_S,
+    }
+    # Checks a second apart until the window has passed twice over: a search that lags is waited out, not judged.
+    listed["reconcile"] = DRILL_RECONCILE | {"max_checks": 2 * LIST_VISIBLE_AFTER_S}
+    return listed
 
 
 # The pieces ---------------------------------------------------------------------------------------------------------

@@ -173,6 +173,15 @@ DRILLS: dict[str, Drill] = {
             checks=("settled by a receipt", "no second request"),
         ),
         Drill(
+            slug="deferred-report-lost",
+            name="deferred report lost",
+            injected="refund committed and answered at once; the runtime dies before its deferred report leaves",
+            expected_end="UNKNOWN (swept after the outcome timeout) → COMMITTED by a receipt; no second request",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("the caller was answered before any report", "settled by a receipt", "no second request"),
+        ),
+        Drill(
             slug="lost-before-commit",
             name="lost before commit",
             injected="refund request dropped before the provider executed it, client timed out",
@@ -416,6 +425,27 @@ DRILLS: dict[str, Drill] = {
                 "one effect and one undo each in the sandbox ledger",
                 "the task compensated: created, then cancelled",
             ),
+        ),
+        Drill(
+            slug="lookup-by-listing",
+            name="lookup by listing",
+            injected="refund.listed (no lookup by key: its request carries the key in metadata.recovery_key)"
+            " committed, reply dropped",
+            expected_end="UNKNOWN → COMMITTED by a receipt of the order's refund listing; no second request",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("settled by a receipt", "found by the marker its request carried", "no second request"),
+        ),
+        Drill(
+            slug="eventually-consistent-search",
+            name="eventually consistent search",
+            injected="refund.listed committed, reply dropped, and the sandbox lists a new refund only 3 s later"
+            " (the tool's lookup declares 8 s)",
+            expected_end="UNKNOWN, pending while not listed, → COMMITTED once listed; never NOT_COMMITTED, never"
+            " re-sent",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=("not listed at first: pending, nothing concluded", "settled by a receipt", "no second request"),
         ),
         Drill(
             slug="square-wire",

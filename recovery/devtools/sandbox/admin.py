@@ -23,6 +23,7 @@ class Sandbox(Protocol):
     """What the admin routes reach of the sandbox (recovery.devtools.sandbox.app.Sandbox, which routes to them)."""
 
     config: _Settings
+    list_lag_ms: int
     store: Store
     faults: FaultBook
     callbacks: CallbackDispatcher
@@ -52,6 +53,7 @@ def _reset(sandbox: Sandbox, request: Request) -> Response:
     sandbox.callbacks.reset()
     sandbox.faults.clear()
     sandbox.store.reset()
+    sandbox.list_lag_ms = 0
     return _ok({"ok": True})
 
 
@@ -101,6 +103,7 @@ def _config_body(sandbox: Sandbox) -> dict[str, Any]:
         "api_key_required": bool(sandbox.config.api_key),
         "latency_ms": sandbox.config.latency_ms,
         "status_latency_ms": sandbox.config.status_latency_ms,
+        "list_lag_ms": sandbox.list_lag_ms,
     }
 
 
@@ -110,8 +113,12 @@ def _config(sandbox: Sandbox, request: Request) -> Response:
 
 def _configure(sandbox: Sandbox, request: Request) -> Response:
     body = request.json()
-    if not isinstance(body, dict) or set(body) - {"callback_url", "callback_secret"}:
-        return error(400, "invalid_request", "Send a JSON object with callback_url and/or callback_secret.")
+    if not isinstance(body, dict) or set(body) - {"callback_url", "callback_secret", "list_lag_ms"}:
+        return error(400, "invalid_request", "Send a JSON object with callback_url, callback_secret or list_lag_ms.")
+    lag = body.get("list_lag_ms", sandbox.list_lag_ms)
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 0 <= lag <= 600_000:
+        return error(400, "invalid_request", "list_lag_ms must be an integer of 0 to 600000.", field="list_lag_ms")
+    sandbox.list_lag_ms = lag
     changes = {}
     for field, name in (("callback_url", "url"), ("callback_secret", "secret")):
         if field in body:

@@ -91,6 +91,8 @@ def _routes() -> list[Route]:
         if kind.has_ref_route:
             pattern = (*_pattern(kind.status_path)[:-2], "{ref}")
             routes.append(Route(method="GET", pattern=pattern, category="status", handler="by_ref", kind=kind))
+            listing = (*_pattern(kind.status_path)[:-2], "list")
+            routes.append(Route(method="GET", pattern=listing, category="status", handler="listing", kind=kind))
     # Literal segments first, so /orders/by-key/K is never read as an order id.
     return sorted(routes, key=lambda route: sum(part.startswith("{") for part in route.pattern))
 
@@ -127,6 +129,7 @@ class Sandbox:
             self.store, CallbackConfig(url=config.callback_url, secret=config.callback_secret)
         )
         self.routes = _routes()
+        self.list_lag_ms = 0  # how long a new object stays out of the listings (a search's lag): /_sandbox/config
 
     def handle(self, request: Request) -> Response | Drop:
         if request.path == "/_sandbox" or request.path.startswith("/_sandbox/"):
@@ -250,6 +253,29 @@ class Sandbox:
         if obj is None:
             return error(404, "not_found", f"No {kind.ref_field} {x.params['ref']}.")
         return Response(status=200, body=self._status_body(kind, obj.key, obj, obj.status))
+
+    def _listing(self, x: Exchange) -> Response:
+        """`GET /refunds/list?order_id=…&limit=…&starting_after=ref`: the kind's objects in creation order, filtered
+        on item fields, as Stripe lists a charge's refunds; each carries the `metadata` its request sent. An object
+        younger than the list lag is not listed yet (an eventually consistent search)."""
+        kind, query = x.route.kind, dict(x.request.query)
+        try:
+            limit = min(max(int(query.pop("limit", "10")), 1), 100)
+        except ValueError:
+            raise Rejection(400, "invalid_request", "limit must be an integer.", "limit") from None
+        after = query.pop("starting_after", None)
+        visible_before = datetime.now(UTC) - timedelta(milliseconds=self.list_lag_ms)
+        items = []
+        for obj, request_body, created_at in self.store.list_objects(kind.name, after_ref=after):
+            if datetime.fromisoformat(created_at.replace("Z", "+00:00")) > visible_before:
+                continue
+            metadata = request_body.get("metadata") if isinstance(request_body, dict) else None
+            item = {kind.ref_field: obj.ref, **obj.data, "status": obj.status, "created_at": created_at}
+            item["metadata"] = metadata if isinstance(metadata, dict) else {}
+            if all(str(item.get(name)) == value for name, value in query.items()):
+                items.append(item)
+        body = {"object": "list", "data": items[:limit], "has_more": len(items) > limit}
+        return Response(status=200, body=body)
 
     def _checked(self, kind: WriteKind, obj: WriteObject | None) -> WriteObject | None:
         """Count this query against a pending object; the query that resolves it also sends its callback."""

@@ -71,8 +71,9 @@ class SandboxClient:
     def callbacks(self) -> list[dict[str, Any]]:
         return self._admin("GET", "callbacks")
 
-    def configure(self, **config: str | None) -> dict[str, Any]:
-        """callback_url= and/or callback_secret= (None clears); a reset restores the startup values."""
+    def configure(self, **config: str | int | None) -> dict[str, Any]:
+        """callback_url= and/or callback_secret= (None clears), list_lag_ms= (how long a new object stays out of
+        the listings); a reset restores the startup values."""
         return self._admin("POST", "config", json=config)
 
 

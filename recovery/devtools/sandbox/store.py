@@ -239,6 +239,16 @@ class Store:
         )
         return _object(row) if row else None
 
+    def list_objects(self, kind: str, *, after_ref: str | None = None) -> list[tuple[WriteObject, Any, str]]:
+        """The kind's objects in creation order (after the one with `after_ref`), each with its request's body and its
+        creation time."""
+        sql, args = "SELECT * FROM objects WHERE kind = ?", [kind]
+        if after_ref:
+            sql += " AND id > COALESCE((SELECT MAX(id) FROM objects WHERE kind = ? AND ref = ?), 0)"
+            args += [kind, after_ref]
+        rows = self._conn().execute(sql + " ORDER BY id", args).fetchall()
+        return [(_object(row), json.loads(row["request_body"]), row["created_at"]) for row in rows]
+
     def effects(self, kind: str, key: str) -> int:
         return self._conn().execute("SELECT COUNT(*) FROM ledger WHERE kind = ? AND key = ?", (kind, key)).fetchone()[0]
 

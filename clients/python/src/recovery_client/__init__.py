@@ -26,8 +26,9 @@ before a misread answer can steer a retry.
 
 from __future__ import annotations
 
-__version__ = "0.2.0"  # the distribution's version (pyproject.toml reads it from here)
+__version__ = "0.3.0"  # the distribution's version (pyproject.toml reads it from here)
 
+import dataclasses
 import random
 import re
 import time
@@ -54,10 +55,12 @@ from recovery_client.types import (  # the answers' types, re-exported: `from re
     Gate,
     GateRecord,
     NextCompensation,
+    NotAdmittedDetail,
     OutcomeAnswer,
     Preflight,
     ReceiptRecord,
     ReconcileAccepted,
+    ReportTerms,
     RequiredNext,
     Saga,
     StepSummary,
@@ -183,6 +186,12 @@ class RecoveryClient:
         self.session.headers.update(
             {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": USER_AGENT}
         )
+        self.api_version: str | None = None  # the console's, as its last answer named it
+
+    def answers(self, minor: int) -> bool:
+        """Whether the console's last answer named API 1.<minor> or later (False before any answer)."""
+        numbers = _version_numbers(self.api_version) if self.api_version else None
+        return numbers is not None and numbers >= (1, minor)
 
     def _send(
         self, method: str, path: str, *, json: Any = None, params: dict[str, Any] | None = None, timeout: Any = None
@@ -208,6 +217,7 @@ class RecoveryClient:
                 number += 1
                 continue
             _check_console(response, self.base_url.removesuffix("/api/v1"))  # before anything of it is read
+            self.api_version = response.headers.get(API_VERSION_HEADER) or self.api_version
             body, is_json = _json_body(response)
             code = body["error"].get("code") if isinstance(body.get("error"), dict) else None
             if code == "in_flight" and time.monotonic() - started < self.retry.in_flight_s:
@@ -283,8 +293,13 @@ class RecoveryClient:
         idempotency_key: str,
         depends_on: list[int] | tuple[int, ...] = (),
         compensation: dict[str, Any] | None = None,
+        admit: str | None = None,
+        evidence: tuple[str, ...] = (),
     ) -> CallRef:
-        """Register a call; `compensation` ({tool, args}): the step's own undo instead of its tool's default."""
+        """Register a call; `compensation` ({tool, args}): the step's own undo instead of its tool's default.
+        `admit` (an attempt id; API 1.2): its first attempt admitted in the same request, when the call is new or
+        READY — the answer's `admission` (or `not_admitted`). A console before 1.2 refuses the field (422): ask only
+        when `answers(2)`."""
         payload: dict[str, Any] = {
             "step": step,
             "tool": tool,
@@ -294,7 +309,12 @@ class RecoveryClient:
         }
         if compensation is not None:
             payload["compensation"] = compensation
-        return _answer(CallRef, self._send("POST", f"/tasks/{task_id}/calls", json=payload)[1])
+        if admit is not None:
+            payload["admit"] = {"attempt_id": admit, "evidence": list(evidence)}
+        ref = _answer(CallRef, self._send("POST", f"/tasks/{task_id}/calls", json=payload)[1])
+        if isinstance(ref.admission, dict):
+            ref = dataclasses.replace(ref, admission=_answer(Admission, ref.admission))
+        return ref
 
     def get_call(self, call_id: int, *, version: int | None = None, wait_ms: int = 0) -> CallDetail:
         """The call; with `version` and `wait_ms` (up to 20000), answered as soon as its version is another one, or
@@ -481,12 +501,14 @@ __all__ = [
     "IncompatibleConsole",
     "NextCompensation",
     "NotAdmitted",
+    "NotAdmittedDetail",
     "OutcomeAnswer",
     "Preflight",
     "ReceiptRecord",
     "ReconcileAccepted",
     "RecoveryClient",
     "RecoveryError",
+    "ReportTerms",
     "RequiredNext",
     "Saga",
     "StepSummary",

@@ -47,6 +47,7 @@ from requests.adapters import HTTPAdapter
 from recovery_client import (
     Admission,
     Failure,
+    OutcomeAnswer,
     RecoveryClient,
     RecoveryError,
     Task,
@@ -107,6 +108,9 @@ class RecoveredResult(TypedDict, total=False):
     next: str | None  # the required_next action (retry_after, repair_args, wait_for_reconcile, degrade, ...)
     result: Any  # committed only: the function's return value (None when a status check proved the effect)
     fallback: str  # degraded only, when the registry names one: the fallback path to take instead
+    # With deferred reports: an earlier call of the task that was answered `committed` before the console's verdict,
+    # and the console said otherwise — its call state and public message (fixed text), for the model to take back.
+    earlier: list[dict[str, Any]]
 
 
 class RequestRefused(requests.RequestException):
@@ -178,13 +182,17 @@ def task(
     patience_s: float = 30.0,
     max_wait_s: float = 30.0,
     max_rounds: int = 12,
+    defer_reports: bool = False,
 ) -> Iterator[RecoveredTask]:
     """Open the task (created, or found again by its external id) for the recovered tools called inside.
 
     `patience_s` bounds how long one tool call waits for reconciliation (then it answers `unsettled` and the console
     goes on settling it), `max_wait_s` the longest Retry-After it waits out (a longer one answers `retry_later`),
     `max_rounds` the admissions one tool call asks for. The task's own budget (`budget`, `deadline`) is the console's
-    to enforce. Errors opening the task (the console unreachable, a bad token) are raised here, to the runtime."""
+    to enforce. Errors opening the task (the console unreachable, a bad token) are raised here, to the runtime.
+    `defer_reports` (API 1.2): a 2xx that passes the checks its admission handed over is answered at once and
+    reported from the background (recovery_client.deferred), every report in before the task's next admission and
+    before the block ends; a console verdict that disagrees is told with the task's next tool answer."""
     runtime = Runtime(
         client,
         tenant=tenant,
@@ -193,12 +201,16 @@ def task(
         patience_s=patience_s,
         max_rounds=max_rounds,
         max_wait_s=max_wait_s,
+        defer_reports=defer_reports,
     )
     opened = RecoveredTask(
         runtime, runtime.start_task(external_id, goal=goal, deadline=deadline, budget=budget), patience_s=patience_s
     )
-    with opened.active():
-        yield opened
+    try:
+        with opened.active():
+            yield opened
+    finally:
+        runtime.reports.close()
 
 
 def current_task() -> RecoveredTask | None:
@@ -215,7 +227,8 @@ def http() -> requests.Session:
 
     It retries nothing (the console decides every retry), puts the call's idempotency key where the registry says
     (the admission's `wire`: a header such as Idempotency-Key or PayPal-Request-Id, a body field such as Square's
-    idempotency_key, or nowhere), replacing one the function or its SDK set, applies the tool's timeout when the
+    idempotency_key, or nowhere) and at each of its `key_markers` (a body path such as metadata.recovery_key, which
+    a listing lookup matches), replacing one the function or its SDK set, applies the tool's timeout when the
     request names none, records each exchange's real facts (status, headers, a timeout, a refused or reset
     connection) and refuses to send again after a request of the
     attempt failed (no reply, 429 or 5xx): RequestRefused."""
@@ -226,7 +239,12 @@ def http() -> requests.Session:
 
 
 # Where the key goes when the console does not say (API 1.0): a write's Idempotency-Key header, X-Request-Id back.
-DEFAULT_WIRE: Wire = {"key_header": "Idempotency-Key", "key_field": "", "request_id_header": "X-Request-Id"}
+DEFAULT_WIRE: Wire = {
+    "key_header": "Idempotency-Key",
+    "key_field": "",
+    "key_markers": [],
+    "request_id_header": "X-Request-Id",
+}
 
 
 class _Exchange:
@@ -257,9 +275,15 @@ class _Exchange:
             return facts_from_exception(self.error)
         if self.response is not None:
             try:
-                return facts_from_response(self.response, provider_ref_header=self.provider_ref_header)
+                facts = facts_from_response(self.response, provider_ref_header=self.provider_ref_header)
             except requests.RequestException as exc:  # a streamed body cut short while the function read it
                 return facts_from_exception(exc)
+            echoed = (
+                self.response.headers.get(self.wire.get("key_header") or "") if self.wire.get("key_header") else None
+            )
+            if echoed is not None:  # the provider says which key it executed: the console checks it is the call's
+                facts["echoed_idempotency_key"] = echoed[:255]
+            return facts
         if raised is not None:  # the function failed before any request left: provably not sent
             message = f"{type(raised).__name__}: {raised}"[:2000]
             return {
@@ -314,18 +338,24 @@ class _RecordingAdapter(HTTPAdapter):
 
 
 def _place_key(request: requests.PreparedRequest, wire: Wire, key: str) -> None:
-    """The call's key where the registry says: a header, or a field of a JSON or form body (replacing any value)."""
+    """The call's key where the registry says: a header, or a field of a JSON or form body (replacing any value),
+    and at each marker path of the body (`metadata.recovery_key`), by which a listing finds the call's effect."""
+    paths = [path.split(".") for path in wire.get("key_markers") or []]
     if wire.get("key_header"):
         request.headers[wire["key_header"]] = key
-        return
-    name = wire.get("key_field")
-    if not name:
-        return
+    elif wire.get("key_field"):
+        paths.append([wire["key_field"]])
+    if paths:
+        _set_body_fields(request, paths, key)
+
+
+def _set_body_fields(request: requests.PreparedRequest, paths: list[list[str]], key: str) -> None:
     body = request.body.encode() if isinstance(request.body, str) else request.body
     kind = request.headers.get("Content-Type", "")
     if kind.startswith("application/x-www-form-urlencoded"):
-        pairs = [(k, v) for k, v in parse_qsl((body or b"").decode(), keep_blank_values=True) if k != name]
-        request.body = urlencode([*pairs, (name, key)], safe="[]")
+        names = {path[0] + "".join(f"[{part}]" for part in path[1:]) for path in paths}
+        pairs = [(k, v) for k, v in parse_qsl((body or b"").decode(), keep_blank_values=True) if k not in names]
+        request.body = urlencode([*pairs, *((name, key) for name in sorted(names))], safe="[]")
     elif isinstance(body, bytes) and body:
         try:
             data = json.loads(body)
@@ -333,7 +363,12 @@ def _place_key(request: requests.PreparedRequest, wire: Wire, key: str) -> None:
             return  # not JSON: the function's own body is sent as it is
         if not isinstance(data, dict):
             return
-        request.body = json.dumps({**data, name: key}).encode()
+        for path in paths:
+            node = data
+            for part in path[:-1]:
+                node = node.setdefault(part, {}) if isinstance(node.get(part, {}), dict) else {}
+            node[path[-1]] = key
+        request.body = json.dumps(data).encode()
     else:
         return
     request.headers["Content-Length"] = str(len(request.body))
@@ -457,7 +492,11 @@ def _invoke(spec: _Spec, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Recov
         return _said(REFUSED, "This tool runs only inside an open task; nothing was sent. Stop and report it.")
     run = _Run(spec, opened)
     try:
-        return run.go(args, kwargs)
+        answer = run.go(args, kwargs)
+        earlier = opened.agent.reports.disagreed.pop(opened.id, [])
+        if earlier:  # verdicts that came in since the earlier answers: told with this one
+            answer["earlier"] = [_verdict(verdict) for verdict in earlier]
+        return answer
     except Exception:  # the console unreachable past the client's retries, or a bug: the model gets no traceback
         logger.exception("recovered tool %s: the run failed", spec.name)
         return run.broken()
@@ -485,6 +524,9 @@ class _Run:
         if self.read:  # each read is a fresh observation: its own call, never an earlier answer found again
             intent = f"{intent}-{self.nonce}"
         key = self.opened.scoped_key(intent)
+        self.opened.agent.reports.settle(self.opened.id)  # the task's reports are in before it admits anything more
+        # API 1.2: the first attempt admitted with the registration, one round trip before the send.
+        first = f"rt-{self.nonce}-a1" if self.client.answers(2) else None
         try:
             ref = self.client.add_call(
                 self.opened.id,
@@ -492,6 +534,7 @@ class _Run:
                 tool=self.spec.name,
                 arguments=arguments,
                 idempotency_key=key,
+                admit=first,
             )
         except RecoveryError as refused:
             if refused.code == "idempotency_conflict" and refused.detail.get("existing_call"):
@@ -505,7 +548,7 @@ class _Run:
             return self.answer(
                 CallResult(tool=self.spec.name, key=key, call_id=ref.call_id, outcome=COMMITTED, state=ref.state)
             )
-        return self.drive(ref.call_id, ref.state, bound, key)
+        return self.drive(ref.call_id, ref.state, bound, key, first=ref)
 
     def repair(
         self, call_id: int, bound: inspect.BoundArguments, arguments: dict[str, Any], key: str
@@ -614,6 +657,16 @@ class _Run:
             message = f"The {self.noun} may have been executed and its outcome is not recorded yet. Do not repeat it."
             return _said(UNSETTLED, message)
         return _said(FAILED, "The recovery console could not be asked; nothing was sent. Stop and report it.")
+
+
+def _verdict(answer: OutcomeAnswer) -> dict[str, Any]:
+    """A deferred report's verdict that disagreed with the early `committed`: the call, its state, the public text."""
+    said = ""
+    if answer.decision is not None:
+        said = answer.decision.get("public_message") or ""
+    if not said and answer.failure is not None:
+        said = answer.failure.get("public_message") or ""
+    return {"call_id": answer.call_id, "call_state": answer.call_state, "message": said[:MAX_MESSAGE]}
 
 
 def _said(status: str, message: str, next_action: str | None = "", **extra: Any) -> RecoveredResult:

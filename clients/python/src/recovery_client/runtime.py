@@ -26,14 +26,15 @@ from typing import Any
 
 from recovery_client import (
     Admission,
+    CallRef,
     DecisionCard,
     Failure,
     NotAdmitted,
-    OutcomeAnswer,
     RecoveryClient,
     RequiredNext,
     Task,
 )
+from recovery_client.deferred import DeferredReports, passes
 
 __all__ = [
     "BLOCKED",
@@ -139,6 +140,7 @@ class Runtime:
         max_rounds: int = 12,
         before_send: Callable[[str, str, int], None] | None = None,
         max_wait_s: float | None = None,
+        defer_reports: bool = False,
     ) -> None:
         self.client, self.tenant, self.name = client, tenant, name
         self.log, self.sleep = log, sleep
@@ -146,6 +148,10 @@ class Runtime:
         self.before_send = before_send
         self.max_wait_s = max_wait_s
         self.calls: dict[int, list[int]] = {}  # task id → the calls this runtime added to it
+        # With defer_reports, a 2xx its admission's terms let wait is reported off the caller's clock
+        # (recovery_client.deferred); the task's reports are in before its next admission and its end.
+        self.defer_reports = defer_reports
+        self.reports = DeferredReports(client, log)
 
     # Tasks.
 
@@ -162,11 +168,13 @@ class Runtime:
         return task
 
     def submit(self, task_id: int, summary: str, deliverable: dict[str, Any] | None = None) -> Task:
+        self.reports.settle(task_id)
         task = self.client.complete_task(task_id, summary, deliverable)
         self.log(f"task {task_id} submitted: outcome {task.outcome}")
         return task
 
     def abandon(self, task_id: int, reason: str) -> Task:
+        self.reports.settle(task_id)
         task = self.client.abandon_task(task_id, reason)
         self.log(f"task {task_id} abandoned: {reason}")
         return task
@@ -187,13 +195,17 @@ class Runtime:
         evidence: tuple[str, ...] = (),
         attempt_id: Callable[[int], str] | None = None,
         admitted: Callable[[Admission], None] | None = None,
+        first: CallRef | None = None,
     ) -> CallResult:
         """Drive an added call (`call_id`, last seen in `state`) until it is settled, degraded, left for a person, or
         refused: admit each attempt, let `send` make its request, report the facts, obey the answer.
 
         `arguments` (None: the call's) are repaired arguments the attempts carry, with `evidence` claimed by the first
         admission (`args_changed`); `attempt_id(number)` names each attempt (default "<key>-a<number>");
-        `admitted(admission)` is told each admission before `send` runs (its `wire`: where the key goes)."""
+        `admitted(admission)` is told each admission before `send` runs (its `wire`: where the key goes). `first`: the
+        call's registration when it carried the first attempt's admission (add_call(admit=<attempt 1's id>), API 1.2):
+        that admission is used instead of asking again (with deferred reports, call `reports.settle(task_id)` before
+        that registration, as recovery_client.recovered does)."""
         calls = self.calls.setdefault(task_id, [])
         if call_id not in calls:
             calls.append(call_id)
@@ -203,17 +215,9 @@ class Runtime:
         for number in range(1, self.max_rounds + 1):
             attempt = name(number)
             try:
-                admission = self.client.admit(call_id, attempt, arguments=arguments, evidence=evidence)
+                admission = self._admit(task_id, call_id, attempt, arguments, evidence, first if number == 1 else None)
             except NotAdmitted as denied:
-                record = AttemptRecord(
-                    attempt_id=attempt,
-                    admitted=False,
-                    denied=denied.gate.get("reason", ""),
-                    required_next=denied.required_next,
-                    call_state=denied.detail.get("call_state", ""),
-                    breaker_state=(denied.required_next.get("detail") or {}).get("breaker", ""),
-                    public_message=denied.gate.get("public_message", ""),
-                )
+                record = _denial(attempt, denied)
                 outcome.attempts.append(record)
                 self.log(f"  {tool} [{key}] not admitted: {record.denied} → {_action(record.required_next)}")
                 if record.denied == "committed":  # it took effect before this run: it is never sent again
@@ -224,23 +228,54 @@ class Runtime:
                 continue
             if admitted is not None:
                 admitted(admission)
-            record, answer = self._send_and_report(call_id, tool, key, attempt, number, send)
+            record = self._send_and_report(task_id, call_id, (tool, key, attempt), number, send, admission)
             outcome.attempts.append(record)
-            outcome.state = answer.call_state
-            if answer.call_state == "COMMITTED":
+            outcome.state = record.call_state
+            if record.call_state == "COMMITTED":
                 return self._done(outcome, COMMITTED, record.value)
-            evidence = self._follow(outcome, answer.required_next, deadline, task_id)
+            evidence = self._follow(outcome, record.required_next, deadline, task_id)
             if outcome.outcome:
                 return outcome
         return self._done(outcome, FAILED, detail=f"gave up after {self.max_rounds} rounds")
 
+    def _admit(
+        self,
+        task_id: int,
+        call_id: int,
+        attempt: str,
+        arguments: dict[str, Any] | None,
+        evidence: tuple[str, ...],
+        first: CallRef | None,
+    ) -> Admission:
+        """The attempt's admission: the one its registration carried, else asked now — after the task's deferred
+        reports are in, so the console judges them before it admits anything more of the task."""
+        if first is not None and first.admission is not None:
+            return first.admission
+        if first is not None and first.not_admitted is not None:
+            gate = first.not_admitted.get("gate") or {}
+            message = gate.get("public_message") or gate.get("reason", "")
+            raise NotAdmitted(
+                409, {"error": {"code": "not_admitted", "message": message, "detail": first.not_admitted}}
+            )
+        self.reports.settle(task_id)
+        return self.client.admit(call_id, attempt, arguments=arguments, evidence=evidence)
+
     def _send_and_report(
-        self, call_id: int, tool: str, key: str, attempt_id: str, number: int, send: Send
-    ) -> tuple[AttemptRecord, OutcomeAnswer]:
+        self, task_id: int, call_id: int, names: tuple[str, str, str], number: int, send: Send, admission: Admission
+    ) -> AttemptRecord:
+        """Send the admitted attempt and report it: at once, or — with defer_reports, for a 2xx passing the checks
+        the admission handed over (recovery_client.deferred) — from the background, the caller answered now."""
+        tool, key, attempt_id = names
         if self.before_send:
             self.before_send(tool, key, number)
         sent_at = time.time()
         facts, value = send(number)
+        if self.defer_reports and passes(facts, admission.report, key=key):
+            self.reports.defer(task_id, call_id, attempt_id, facts)
+            self.log(f"  {tool} [{key}] attempt {number}: HTTP {facts['http_status']} → COMMITTED (report deferred)")
+            return AttemptRecord(
+                attempt_id=attempt_id, admitted=True, sent_at=sent_at, facts=facts, call_state="COMMITTED", value=value
+            )
         answer = self.client.report(call_id, attempt_id, facts)
         decision: DecisionCard | dict[str, Any] = answer.decision or {}
         failure: Failure | dict[str, Any] = answer.failure or {}
@@ -259,7 +294,7 @@ class Runtime:
         seen = f"HTTP {facts['http_status']}" if "http_status" in facts else facts.get("error", {}).get("kind", "?")
         card = f"; {decision.get('route')}, {_action(answer.required_next)}" if decision else ""
         self.log(f"  {tool} [{key}] attempt {number}: {seen} → {answer.call_state}{card}")
-        return record, answer
+        return record
 
     def _follow(
         self, outcome: CallResult, required_next: RequiredNext | dict[str, Any], deadline: float, task_id: int
@@ -339,6 +374,19 @@ class Runtime:
         if state:
             outcome.state = state
         return outcome
+
+
+def _denial(attempt: str, denied: NotAdmitted) -> AttemptRecord:
+    """A round whose attempt was not admitted, as the denial says it."""
+    return AttemptRecord(
+        attempt_id=attempt,
+        admitted=False,
+        denied=denied.gate.get("reason", ""),
+        required_next=denied.required_next,
+        call_state=denied.detail.get("call_state", ""),
+        breaker_state=(denied.required_next.get("detail") or {}).get("breaker", ""),
+        public_message=denied.gate.get("public_message", ""),
+    )
 
 
 def _action(required_next: RequiredNext | dict[str, Any]) -> str:

@@ -28,10 +28,12 @@ __all__ = [
     "Gate",
     "GateRecord",
     "NextCompensation",
+    "NotAdmittedDetail",
     "OutcomeAnswer",
     "Preflight",
     "ReceiptRecord",
     "ReconcileAccepted",
+    "ReportTerms",
     "RequiredNext",
     "Saga",
     "StepSummary",
@@ -302,7 +304,29 @@ class CallRef:
     blocked_by: list[int]  # ids of the dependencies' calls not COMMITTED yet
     blocked_by_steps: list[int]  # indexes of the dependency steps waited for
     poll: str
+    admission: Admission | None  # API 1.2, asked with add_call(admit=...): the first attempt, admitted
+    not_admitted: NotAdmittedDetail | None  # API 1.2: its stored denial instead (None: admitted or not asked)
     raw: dict[str, Any] = field(repr=False)
+
+
+class NotAdmittedDetail(TypedDict):
+    """A denied admission, as a 409 `not_admitted`'s detail or add_call's `not_admitted` (API 1.2) carries it."""
+
+    admitted: bool
+    call_id: int
+    call_state: str
+    gate: Gate
+
+
+class ReportTerms(TypedDict):
+    """When the runtime may answer its caller before reporting a 2xx (API 1.2, docs/api.md): only with `may_defer`,
+    for a reply that passes these checks, reporting within `within_s`."""
+
+    may_defer: bool
+    within_s: float
+    required_result_fields: list[str]  # dotted paths a deferrable result must carry
+    provider_ref_field: str  # the result field with the provider's reference (when no request id header does)
+    key_echo_header: str  # a reply header that, when present, must echo the call's idempotency key
 
 
 class Wire(TypedDict):
@@ -310,6 +334,7 @@ class Wire(TypedDict):
 
     key_header: str  # the header that carries the call's idempotency key ("": not a header)
     key_field: str  # the body field that carries it instead ("": not a field; both "": no key at all)
+    key_markers: list[str]  # body paths that also carry the key, the marker a listing lookup matches (API 1.1)
     request_id_header: str  # the reply header with the provider's request id
 
 
@@ -324,6 +349,7 @@ class Admission:
     call_state: str
     gate: Gate
     wire: Wire | None  # None from a console answering API 1.0: the key in Idempotency-Key, X-Request-Id
+    report: ReportTerms | None  # None from a console before API 1.2, or when the report may not wait
     raw: dict[str, Any] = field(repr=False)
 
 

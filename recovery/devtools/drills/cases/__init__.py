@@ -8,8 +8,10 @@ from collections.abc import Callable
 from recovery.devtools.drills.cases import (
     compensation_refused,
     compensation_reply_lost,
+    deferred_report_lost,
     dependency_5xx,
     duplicate_callbacks,
+    lookup_by_listing,
     lost_before_commit,
     mcp_reply_lost,
     provider_ignores_keys,
@@ -29,6 +31,7 @@ from recovery.devtools.drills.table import DRILLS
 CASES: dict[str, Callable[[Run], None]] = {
     "refused-before-send": refused_before_send.play,
     "timeout-after-send": timeout_after_send.play,
+    "deferred-report-lost": deferred_report_lost.play,
     "lost-before-commit": lost_before_commit.play,
     "duplicate-callbacks": duplicate_callbacks.play,
     "rate-limit": rate_limit.play,
@@ -42,6 +45,8 @@ CASES: dict[str, Callable[[Run], None]] = {
     "compensation-refused": compensation_refused.play,
     "saga-aborted": saga_aborted.play,
     "saga-aborted-unknown-step": saga_aborted.play_unknown_step,
+    "lookup-by-listing": lookup_by_listing.play,
+    "eventually-consistent-search": lookup_by_listing.play_lagging,
     "square-wire": square_wire.play,
     "mcp-reply-lost": mcp_reply_lost.play,
 }

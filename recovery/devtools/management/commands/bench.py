@@ -1,6 +1,7 @@
-"""`make bench`: the benchmarks (transitions, engine, ingest, reconcile, queue, replay, metrics, otlp), each a ratio
-against a baseline measured in the same run, in a throwaway database created like the test database (test_<NAME> on
-PostgreSQL), so it never touches the console's data. What each measures and the figures: docs/benchmarks.md.
+"""`make bench`: the benchmarks (transitions, engine, ingest, reconcile, queue, replay, metrics, otlp, protected), each
+a ratio against a baseline measured in the same run, in a throwaway database created like the test database
+(test_<NAME> on PostgreSQL), so it never touches the console's data. What each measures and the figures:
+docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from recovery.audit.chain import Actor
 from recovery.devtools.benchmarks.ingest import bench_ingest
 from recovery.devtools.benchmarks.metrics import bench_metrics
 from recovery.devtools.benchmarks.otlp import bench_otlp
+from recovery.devtools.benchmarks.protected import bench_protected
 from recovery.devtools.benchmarks.queue import CALLS, bench_queue
 from recovery.devtools.benchmarks.reconcile import bench_reconcile
 from recovery.devtools.benchmarks.replay import bench_replay
@@ -248,6 +250,7 @@ BENCHMARKS = {
     "replay": bench_replay,
     "metrics": bench_metrics,
     "otlp": bench_otlp,
+    "protected": bench_protected,
 }
 SIZED = ("queue", "metrics")  # the benchmarks that `--calls` sizes
 
@@ -261,7 +264,8 @@ class Command(BaseCommand):
             "--count",
             type=int,
             help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800; "
-            "queue 30 requests per page; replay 50 intents per case; metrics 30 requests per read; otlp 1000 spans)",
+            "queue 30 requests per page; replay 50 intents per case; metrics 30 requests per read; otlp 1000 spans; "
+            "protected 60 sequential calls per console and latency)",
         )
         parser.add_argument(
             "--calls",
