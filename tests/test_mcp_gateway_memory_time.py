@@ -236,3 +236,13 @@ def test_an_upstream_over_streamable_http_gets_the_providers_auth(gateway, monke
     assert _recovery(again)["replayed_from_call"] == call.pk
     assert executed == ["x"]  # executed once
     assert tokens == {"Bearer counter-secret"}
+
+
+def test_a_read_whose_text_matches_the_error_pattern_is_not_used(gateway):
+    registry = time_registry()
+    registry["tools"][0]["mcp"]["error_pattern"] = '"timezone": "UTC"'
+    load_registry(registry, actor=Actor.system("tests"))
+    _, token = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
+    (result,) = _calls(gateway.url, token, ("get_current_time", {"timezone": "UTC"}))
+    assert result.is_error and _recovery(result)["failure"]["class"] == "transient"
+    assert Call.objects.get().state != "COMMITTED"

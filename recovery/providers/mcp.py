@@ -139,8 +139,11 @@ def facts_of_forward(tool: Tool, done: Forwarded) -> Facts:
             sent=True, http_status=502, error=ErrorFacts(code="mcp_is_error", message=redact(text)), **_timing(done)
         )
     if tool.mcp.get("error_pattern") and re.search(tool.mcp["error_pattern"], text):
-        # A success whose text says it failed: no reference is trusted from it (missing-reference hard stop on a
-        # write, a rejected result on a read).
+        # A success whose text says it failed: a write's reference is not trusted from it (the missing-reference hard
+        # stop: invalid result, a person looks); a read's answer is not used (transient).
+        if tool.side_effect == "read":
+            error = ErrorFacts(code="mcp_error_text", message=redact(text))
+            return Facts(sent=True, http_status=502, error=error, **_timing(done))
         return Facts(sent=True, http_status=200, result={"mcp_error_text": True}, **_timing(done))
     return Facts(
         sent=True,
