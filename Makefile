@@ -40,6 +40,19 @@ $(LOCALSTRIPE): requirements-localstripe.txt
 
 localstripe: $(LOCALSTRIPE)
 
+# The MCP servers the gateway tests call (tests/test_mcp_gateway.py, docs/mcp-gateway.md): mcp-server-git and
+# mcp-server-time in a virtualenv of their own, the reference memory server under tests/mcp-memory (its lock pinned).
+# Without them those tests skip with the reason (REQUIRE_SERVICES=1 makes the skip a failure).
+MCP_SERVERS := .venv-mcp/.installed
+$(MCP_SERVERS): requirements-mcp-servers.txt
+	$(PYTHON) -m venv .venv-mcp
+	.venv-mcp/bin/pip install --quiet --disable-pip-version-check -r requirements-mcp-servers.txt
+	touch $@
+MCP_MEMORY := tests/mcp-memory/node_modules/.installed
+$(MCP_MEMORY): tests/mcp-memory/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/mcp-memory --no-audit --no-fund && touch $@; \
+	else echo "npm not found: the MCP memory server tests will skip (apt-get install nodejs npm)"; fi
+
 install: $(VENV)/.installed-run
 
 # Embedded default: SQLite under var/ and in-process jobs. Set DATABASE_URL / REDIS_URL for PostgreSQL / RQ.
@@ -55,7 +68,7 @@ run: $(VENV)/.installed-run
 # The suite on TEST_WORKERS processes (one per core by default), each module whole in one of them; the slowest
 # tests named at the end, so CI's time budget shows where it goes.
 TEST_WORKERS ?= auto
-test: $(VENV)/.installed-dev $(AXE) $(LOCALSTRIPE)
+test: $(VENV)/.installed-dev $(AXE) $(LOCALSTRIPE) $(MCP_SERVERS) $(MCP_MEMORY)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The API, job, reconcile, action and drill modules again, every connection through PgBouncer in transaction mode

@@ -453,7 +453,7 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
         "rate-limit, dependency-5xx, "
         "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, provider-ignores-keys, "
         "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, lookup-by-listing, "
-        "eventually-consistent-search, square-wire"
+        "eventually-consistent-search, square-wire, mcp-reply-lost"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")
@@ -798,3 +798,15 @@ def test_square_wire_sends_a_form_body_keyed_in_a_field_and_reads_squares_declin
     assert attempt.facts["result"]["errors"][0]["code"] == "CARD_DECLINED"  # Square's shape, as the runtime saw it
     assert writes(stage, call.idempotency_key) == [("POST", 402, "error_injected")]  # the key read from the body
     assert stage.sandbox.ledger(call.idempotency_key)["effects"] == 0
+
+
+def test_a_lost_mcp_reply_is_absorbed_on_reissue_and_settled_by_the_status_tool_with_one_commit(stage):
+    from recovery.devtools.mcp_stage import missing_servers
+
+    reason = missing_servers()
+    if reason:
+        missing_service(reason)
+    result = passed(stage, "mcp-reply-lost")
+    (row,) = result.keys
+    assert transitions(row.call_id) == ["SENT", "UNKNOWN", "COMMITTED"]
+    assert row.observed_effects == 1

@@ -55,6 +55,9 @@ class Provider(models.Model):
     # that holds one wins; none: the code the runtime reported), and the reply header with its request id.
     error_code_paths = models.JSONField(default=list, blank=True)
     request_id_header = models.CharField(max_length=100, default="X-Request-Id", blank=True)  # blank: the default
+    # An MCP server (docs/mcp-gateway.md): {command, args, cwd, env_names} or {url}, expose_unregistered,
+    # reissue_window_s. Empty: an HTTP provider.
+    mcp = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -113,6 +116,9 @@ class Tool(models.Model):
     exhausted_to_review = models.BooleanField(
         default=False, help_text="Out of budget, a retryable call goes to human review instead of failing."
     )
+    # A tool of an MCP server (docs/mcp-gateway.md): {tool, ref_path, ref_regex, error_pattern, marker, status_tool,
+    # annotations}; empty for an HTTP tool.
+    mcp = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(auto_now=True)
 

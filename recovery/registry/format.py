@@ -41,6 +41,7 @@ from recovery.registry.checks import (
     template_strings,
 )
 from recovery.registry.lookup import LOOKUP_KEYS, check_status_query
+from recovery.registry.mcp import MCP_PROVIDER, MCP_TOOL, check_mcp_providers, check_mcp_tool
 from recovery.registry.wire import ENCODINGS, answer_path, check_request_wire, header_name, key_place, query_template
 
 
@@ -190,7 +191,7 @@ STATUS_BREAKER = {
 }
 PROVIDER = {
     "name": Key(name(64), required=True),
-    "base_url": Key(base_url, required=True),
+    "base_url": Key(base_url),  # required unless the provider is an MCP server (check_mcp_provider)
     "connect_timeout_s": Key(number(above=0, maximum=600)),
     "read_timeout_s": Key(number(above=0, maximum=600)),
     "auth": Key(_auth),
@@ -201,6 +202,7 @@ PROVIDER = {
     # carries the provider's request id (default X-Request-Id): docs/providers.md.
     "error_code_paths": Key(string_list(answer_path, nonempty=True)),
     "request_id_header": Key(header_name),
+    "mcp": _nested(MCP_PROVIDER, "an MCP server"),
 }
 
 REQUEST = {
@@ -264,7 +266,8 @@ TOOL = {
     "name": Key(name(100), required=True),
     "provider": Key(name(64), required=True),
     "description": Key(string(2000)),
-    "request": _nested(REQUEST, "request", required=True),
+    "request": _nested(REQUEST, "request"),  # required unless the tool is an MCP server's (check_mcp_tool)
+    "mcp": _nested(MCP_TOOL, "an MCP tool"),
     "side_effect": Key(choice("read", "write"), required=True),
     "risk": Key(choice("low", "high")),
     "replay_safe": Key(boolean),
@@ -442,7 +445,7 @@ def _check_side_effect(ctx: Context, tool: dict, path: str, passed: set[str]) ->
     if "side_effect" not in passed:
         return
     if tool["side_effect"] == "write":
-        if "status_query" not in tool:
+        if "status_query" not in tool and "mcp" not in tool:  # an MCP tool's is its status_tool, or a person
             ctx.error(
                 child(path, "status_query"),
                 "required for a write tool: an unknown outcome is reconciled by "
@@ -463,6 +466,7 @@ def _check_tool(ctx: Context, tool: Any, path: str) -> None:
     if passed is None:
         return
     args = _argument_names(tool, passed)
+    check_mcp_tool(ctx, tool, path)
     if "request" in passed:
         _check_request(ctx, tool, child(path, "request"), args)
     if "key_template" in passed:
@@ -577,4 +581,5 @@ def validate_registry(data: Any) -> list[RegistryError]:
                 _check_tool(ctx, item, child(child("$", kind), i))
             else:
                 check_object(ctx, item, child(child("$", kind), i), *checks[kind])
+    check_mcp_providers(ctx, _items(data, "providers"))
     return ctx.errors

@@ -28,6 +28,7 @@ PROVIDER_FIELDS = (
     "status_breaker",
     "error_code_paths",
     "request_id_header",
+    "mcp",
 )
 TOOL_FIELDS = (
     "description",
@@ -55,6 +56,7 @@ TOOL_FIELDS = (
     "breaker",
     "fallback",
     "exhausted_to_review",
+    "mcp",
 )
 
 

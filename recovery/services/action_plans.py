@@ -85,8 +85,9 @@ def call_facts(call: Call, *, user=None, now: datetime, key_since: datetime | No
         held_by = call.claimed_by.get_username()
     return CallFacts(
         side_effect=call.side_effect,
-        has_status_api=bool(tool.status_query),
-        retry_path_safe=tool.retry_path != RetryPath.UNSAFE,
+        has_status_api=bool(tool.status_query or tool.mcp.get("status_tool")),
+        # An MCP tool's same-key replay is a blind re-send (MCP has no idempotency key): only a proof makes it safe.
+        retry_path_safe=tool.retry_path == RetryPath.SAFE if tool.mcp else tool.retry_path != RetryPath.UNSAFE,
         duplicate_effect=call.duplicate_effect,
         held_by=held_by,
         key_retention_s=tool.key_retention_s,

@@ -182,6 +182,8 @@ def _ask(call: Call, breakers: StatusBreakerGate) -> Reply | StatusAnswer:
     """The status query for one call (its reply unread), or the reason none was sent. No transaction is open here,
     and nothing is done here that can wait: this thread goes on to the next query as soon as the reply is in."""
     tool, now = call.tool, timezone.now()
+    if tool.mcp.get("status_tool"):
+        return _ask_mcp(call, breakers)
     if not replay_reconcile.queries_status(tool):
         return StatusAnswer(observed=O.AMBIGUOUS, error="the tool has no status query: a replay or a person settles it")
     verdict = breakers.ask(tool.provider, now)
@@ -190,6 +192,18 @@ def _ask(call: Call, breakers: StatusBreakerGate) -> Reply | StatusAnswer:
     reply = fetch_lookup(tool, call)
     breakers.record(tool.provider, failed=reply.endpoint_failed, probe=verdict == PROBE)
     return reply
+
+
+def _ask_mcp(call: Call, breakers: StatusBreakerGate) -> StatusAnswer:
+    """An MCP tool's status tool, on a connection of its own, behind the same status breaker (docs/mcp-gateway.md)."""
+    from recovery.providers.mcp import query_mcp_status  # the MCP SDK is loaded by the processes that need it
+
+    verdict = breakers.ask(call.tool.provider, timezone.now())
+    if verdict == SKIP:
+        return StatusAnswer(observed=O.UNREACHABLE, error="skipped: the provider's status endpoint breaker is open")
+    answer = query_mcp_status(call.tool, call)
+    breakers.record(call.tool.provider, failed=answer.endpoint_failed, probe=verdict == PROBE)
+    return answer
 
 
 # --- applying ------------------------------------------------------------------------------------------------------
@@ -207,7 +221,7 @@ def _settlement(call: Call, answer: StatusAnswer, *, checks: int, now: datetime,
         attempts_made=call.attempts_count,
         max_attempts=call.max_attempts,
         max_effects=(tool.budgets or {}).get("max_business_effects"),
-        has_status_api=bool(tool.status_query),
+        has_status_api=bool(tool.status_query or tool.mcp.get("status_tool")),
         started_at=call.sent_at or call.state_changed_at,
         now=now,
     )

@@ -41,6 +41,7 @@ class Run:
         self.steps = count(1)
         self.tag = uuid.uuid4().hex[:6]  # this drill run's: the same drill may run again on the same stage
         self.lock = threading.Lock()  # for the drills that make calls on threads of their own
+        self.effects: dict[str, int] | None = None  # by key, counted by a drill whose effects are not the sandbox's
 
     @property
     def sandbox(self):
@@ -102,6 +103,10 @@ def missing_service(stage: Stage, drill: Drill) -> str:
     """Why `drill` cannot run on `stage` ("" when it can)."""
     if drill.needs == "redis" and stage.workers is None:
         return "needs REDIS_URL: RQ worker processes to kill -9 (the in-process runner's jobs run inside this process)"
+    if drill.needs == "mcp":
+        from recovery.devtools.mcp_stage import missing_servers
+
+        return missing_servers() or ""
     return ""
 
 

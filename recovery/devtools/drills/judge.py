@@ -19,7 +19,7 @@ def judge(run: Run, slug: str, error: str, seconds: float) -> DrillResult:
     key — and the checks the table names; a check the drill did not make fails."""
     drill = run.drill
     try:
-        effects = run.sandbox.ledger()["by_key"]
+        effects = run.effects if run.effects is not None else run.sandbox.ledger()["by_key"]
     except Exception as exc:
         effects, error = {}, error or f"the sandbox ledger could not be read: {exc}"
     rows = _key_rows(run, effects)

@@ -58,11 +58,14 @@ def _daemon(command: list[str], port: int, name: str, log) -> subprocess.Popen:
 class Nginx:
     """Debian's nginx with the shipped deploy/nginx.conf in front of `upstreams` (host:port), on a free port of
     127.0.0.1: the file as an operator installs it, only its addresses and paths put in (the upstream servers, the
-    port, the static root, the proxy settings' path), inside a minimal main configuration of its own."""
+    port, the static root, the proxy settings' path, the MCP gateway's address), inside a minimal main configuration
+    of its own."""
 
     BINARY = "/usr/sbin/nginx"
 
-    def __init__(self, upstreams: list[str], *, static_root: Path, workdir: Path) -> None:
+    def __init__(
+        self, upstreams: list[str], *, static_root: Path, workdir: Path, mcp_gateway: str = "127.0.0.1:8765"
+    ) -> None:
         self.port, self.tls_port, self.workdir = free_port(), free_port(), workdir
         self.url, self.tls_url = f"http://127.0.0.1:{self.port}", f"https://127.0.0.1:{self.tls_port}"
         workdir.mkdir(parents=True, exist_ok=True)
@@ -83,6 +86,7 @@ class Nginx:
             "    server 127.0.0.1:8000 max_fails=0;  # one line per web process: 10.0.0.11:8000, 10.0.0.12:8000...\n": (
                 servers
             ),
+            "    server 127.0.0.1:8765 max_fails=0;": f"    server {mcp_gateway} max_fails=0;",
             "listen 80;": f"listen 127.0.0.1:{self.port};",
             "listen 443 ssl;": f"listen 127.0.0.1:{self.tls_port} ssl;",
             "/etc/ssl/certs/recovery-console.pem": str(certificate),

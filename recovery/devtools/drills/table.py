@@ -98,9 +98,9 @@ class Drill:
     injected: str
     expected_end: str  # the table's words
     ends: tuple[End, ...]  # how each call may end (any one of them)
-    effects: int  # business effects per key in the sandbox ledger
+    effects: int  # business effects per key in the sandbox ledger (an MCP drill: in its server's own state)
     checks: tuple[str, ...]  # the extra checks its module must report, all holding
-    needs: str = ""  # a service the drill cannot run without ("redis"): skipped with the reason when it is missing
+    needs: str = ""  # what the drill cannot run without ("redis", "mcp"): skipped with the reason when it is missing
     compensation: CompensationEnd | None = None  # each call's compensation entry, for the drills that undo a call
     steps: tuple[StepEnd, ...] = ()  # for a drill whose steps end differently: each step's own end (`ends` unused)
 
@@ -459,6 +459,24 @@ DRILLS: dict[str, Drill] = {
                 "the key travelled in the body of a form-encoded request",
                 "Square's error code read and classified as a refusal",
             ),
+        ),
+        Drill(
+            slug="mcp-reply-lost",
+            name="MCP reply lost",
+            injected="a git commit through the MCP gateway, its reply dropped after mcp-server-git committed; the"
+            " client re-issues it",
+            expected_end="UNKNOWN → COMMITTED by the status tool (git_log, the intent key's trailer); the re-issue"
+            " absorbed; 1 commit",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "the reply was lost: the client saw an unknown outcome",
+                "the re-issue was absorbed, not sent",
+                "settled by the status tool",
+                "a later re-issue answers the recorded result",
+                "git_commit forwarded once",
+            ),
+            needs="mcp",
         ),
     )
 }

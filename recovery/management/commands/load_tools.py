@@ -9,10 +9,14 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import anyio
 from django.core.management.base import BaseCommand, CommandError
 
 from recovery.audit.chain import Actor
+from recovery.models import Provider
+from recovery.providers.mcp import list_tools
 from recovery.registry import LoadReport, RegistryInvalid, load_registry, validate_registry
+from recovery.registry.mcp import registry_stub
 
 
 def _refuse_constant(name: str):
@@ -46,10 +50,20 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser):
-        parser.add_argument("file", help="the registry file, e.g. recovery/fixtures/registry.example.json")
+        parser.add_argument("file", nargs="?", help="the registry file, e.g. recovery/fixtures/registry.example.json")
         parser.add_argument("--check", action="store_true", help="validate only: report errors, write nothing")
+        parser.add_argument(
+            "--from-mcp",
+            metavar="PROVIDER",
+            help="print a registry stub of an MCP provider's live tools/list for an admin to review; loads nothing",
+        )
 
-    def handle(self, *args, file, check, **options):
+    def handle(self, *args, file, check, from_mcp=None, **options):
+        if from_mcp:
+            self.stdout.write(json.dumps(mcp_stub(from_mcp), indent=2, sort_keys=True))
+            return
+        if not file:
+            raise CommandError("name a registry file (or --from-mcp PROVIDER)")
         try:
             raw = Path(file).read_bytes()
         except OSError as exc:
@@ -70,6 +84,18 @@ class Command(BaseCommand):
                 self.stderr.write(f"{error.path}: {error.message}")
             raise CommandError(f"{file}: {len(exc.errors)} error(s); nothing was loaded") from None
         self.stdout.write(summary(report, file))
+
+
+def mcp_stub(name: str) -> dict:
+    """The registry entries an MCP provider's tools/list suggests (docs/mcp-gateway.md)."""
+    provider = Provider.objects.filter(name=name).first()
+    if provider is None or not provider.mcp:
+        raise CommandError(f"{name!r} is not an MCP provider of the registry")
+    try:
+        listed = anyio.run(list_tools, provider)
+    except Exception as exc:  # the server's own failure, shown as the reason
+        raise CommandError(f"{name}: tools/list failed: {type(exc).__name__}: {exc}") from None
+    return registry_stub(name, [tool.model_dump(by_alias=True, exclude_none=True) for tool in listed])
 
 
 def summary(report: LoadReport, source: str) -> str:

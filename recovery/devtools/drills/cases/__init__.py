@@ -13,6 +13,7 @@ from recovery.devtools.drills.cases import (
     duplicate_callbacks,
     lookup_by_listing,
     lost_before_commit,
+    mcp_reply_lost,
     provider_ignores_keys,
     queue_backlog,
     rate_limit,
@@ -47,5 +48,6 @@ CASES: dict[str, Callable[[Run], None]] = {
     "lookup-by-listing": lookup_by_listing.play,
     "eventually-consistent-search": lookup_by_listing.play_lagging,
     "square-wire": square_wire.play,
+    "mcp-reply-lost": mcp_reply_lost.play,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"

@@ -132,7 +132,8 @@ class Command(BaseCommand):
                     f"{'':<20} its compensation: {undo.describe()}; {undo.describe_effects()} under its own key"
                 )
             if drill.needs:
-                self.stdout.write(f"{'':<20} needs: {drill.needs.upper()}_URL (skipped with the reason without it)")
+                what = "the MCP servers of make test" if drill.needs == "mcp" else f"{drill.needs.upper()}_URL"
+                self.stdout.write(f"{'':<20} needs: {what} (skipped with the reason without it)")
         for name, why in NOT_HERE.items():
             self.stdout.write(f"{'(not run here)':<20} {name}: {why}")
 

@@ -1,0 +1,185 @@
+"""The MCP recovery gateway (docs/mcp-gateway.md): an MCP server on the official SDK, Streamable HTTP at /mcp behind
+a bearer API token (its tenant is the calls' tenant), offering the registry's MCP tools and passing every `tools/call`
+through the same services as the JSON API: registered, admitted, forwarded once, its outcome classified.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anyio
+import mcp_types as types
+from django.db import close_old_connections, connections
+from mcp.server.lowlevel import Server
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse
+
+from recovery.audit.chain import Actor
+from recovery.models import Tenant, Tool
+from recovery.providers.mcp import facts_of_forward, forward
+from recovery.providers.mcp import list_tools as upstream_tools
+from recovery.services import mcp_calls
+from recovery.services.tokens import token_authenticate
+
+TOKEN = "recovery.token"
+
+
+async def _db(fn, *args):
+    """A database step on a worker thread (Django's ORM is synchronous), on a connection of its own."""
+
+    def run():
+        close_old_connections()
+        try:
+            return fn(*args)
+        finally:
+            connections.close_all()  # this worker thread's: the pool's threads outlive any one request
+
+    return await anyio.to_thread.run_sync(run)
+
+
+def _caller(ctx: Any, meta: dict) -> mcp_calls.Caller:
+    request = ctx.request
+    token = request.scope[TOKEN]
+    tenant = Tenant.objects.get(pk=min(token.tenant_ids))
+    params = ctx.session.client_params
+    info = params.client_info if params is not None else meta.get(types.CLIENT_INFO_META_KEY)
+    name = getattr(info, "name", None) or (info.get("name") if isinstance(info, dict) else "") or ""
+    return mcp_calls.Caller(
+        token=token,
+        tenant=tenant,
+        client_name=str(name),
+        session_id=request.headers.get("mcp-session-id", ""),
+        traceparent=str(meta.get("traceparent") or request.headers.get("traceparent", "")),
+    )
+
+
+def offered(tools: list[Tool]) -> dict[str, Tool]:
+    """Tools by the name offered: the server's own, prefixed by the provider's name where two servers share it."""
+    names = [tool.mcp["tool"] for tool in tools]
+    return {
+        (f"{t.provider.name}_{t.mcp['tool']}" if names.count(t.mcp["tool"]) > 1 else t.mcp["tool"]): t for t in tools
+    }
+
+
+def _listed(name: str, tool: Tool) -> types.Tool:
+    schema = tool.args_schema if tool.args_schema.get("type") == "object" else {"type": "object"}
+    return types.Tool(name=name, description=tool.description or None, input_schema=schema)
+
+
+async def _unregistered(registered: dict[str, Tool], providers: list) -> dict[str, tuple[Any, Any]]:
+    """The tools of `expose_unregistered` servers the registry does not describe, by the name offered: (provider,
+    the server's listing). Their annotations are never passed on or acted on."""
+    found: dict[str, tuple[Any, Any]] = {}
+    for provider in providers:
+        known = {t.mcp["tool"] for t in registered.values() if t.provider_id == provider.pk}
+        for listed in await upstream_tools(provider):
+            if listed.name not in known:
+                clash = listed.name in registered or listed.name in found
+                found[f"{provider.name}_{listed.name}" if clash else listed.name] = (provider, listed)
+    return found
+
+
+async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
+    def read():
+        caller = _caller(ctx, {})
+        return offered(mcp_calls.offered_tools(caller.tenant)), mcp_calls.exposing_providers(caller.tenant)
+
+    tools, exposing = await _db(read)
+    listed = [_listed(name, tool) for name, tool in tools.items()]
+    for name, (_, tool) in (await _unregistered(tools, exposing)).items():
+        listed.append(types.Tool(name=name, description=tool.description, input_schema=tool.input_schema))
+    return types.ListToolsResult(tools=listed)
+
+
+def _result(text: str, *, is_error: bool, recovery: dict, upstream: Any = None) -> types.CallToolResult:
+    structured: dict = {}
+    content: list = [types.TextContent(text=text)]
+    if upstream is not None:
+        content = list(upstream.content)
+        if isinstance(upstream.structured_content, dict):
+            structured = dict(upstream.structured_content)
+    structured["recovery"] = recovery
+    return types.CallToolResult(content=content, structured_content=structured, is_error=is_error)
+
+
+def _absorbed(answer: mcp_calls.Answer) -> types.CallToolResult:
+    text = answer.text
+    if answer.result is not None:
+        text = f"{text}\n{json.dumps(answer.result, sort_keys=True)}"
+    return _result(text, is_error=answer.is_error, recovery=answer.recovery)
+
+
+def _answered(begun: mcp_calls.Begun, done, outcome: dict) -> types.CallToolResult:
+    recovery = {
+        "call_id": begun.call.pk,
+        "call_state": outcome["call_state"],
+        "failure": outcome["failure"],
+        "decision": outcome["decision"],
+        "provider_ref": outcome["provider_ref"] or None,
+    }
+    if outcome["call_state"] == "COMMITTED" or (outcome["failure"] is None and done.result is not None):
+        return _result("", is_error=False, recovery=recovery, upstream=done.result)
+    message = (outcome["failure"] or {}).get("public_message") or f"The call ended {outcome['call_state']}."
+    return _result(message, is_error=True, recovery=recovery)
+
+
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    meta = dict(params.meta or {})
+    arguments = params.arguments or {}
+
+    def start(tool: Tool | None = None):
+        caller = _caller(ctx, meta)
+        tools = offered(mcp_calls.offered_tools(caller.tenant))
+        tool = tool or tools.get(params.name)
+        if tool is None:
+            return caller, tools, mcp_calls.exposing_providers(caller.tenant)
+        return caller, tools, mcp_calls.begin(caller, tool, arguments, meta)
+
+    caller, tools, begun = await _db(start)
+    if isinstance(begun, list):  # not a registry tool: one of an expose_unregistered server's, or none
+        found = (await _unregistered(tools, begun)).get(params.name)
+        if found is None:
+            return _absorbed(mcp_calls.Answer(f"{params.name!r} is not a tool offered here.", True, {}))
+        provider, listed = found
+        wire = listed.model_dump(by_alias=True, exclude_none=True)
+        tool = await _db(mcp_calls.register_unregistered, provider, wire, Actor.for_token(caller.token))
+        caller, tools, begun = await _db(start, tool)
+    if isinstance(begun, mcp_calls.Answer):
+        return _absorbed(begun)
+    with anyio.CancelScope(shield=True):  # a client that disconnects does not cancel a forwarded write
+        done = await forward(begun.tool.provider, begun.tool.mcp["tool"], begun.arguments, begun.meta)
+        outcome = await _db(mcp_calls.finish, begun, facts_of_forward(begun.tool, done), caller)
+    return _answered(begun, done, outcome)
+
+
+def mcp_server() -> Server:
+    return Server("recovery-console", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+class BearerToken:
+    """The API token in `Authorization: Bearer`, read before the MCP app sees the request: 401 without a live one."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, raw = header.partition(" ")
+        token = await _db(token_authenticate, raw.strip()) if scheme.lower() == "bearer" and raw.strip() else None
+        if token is None:
+            body = {"error": "unauthenticated", "message": "send a valid API token: Authorization: Bearer <token>"}
+            response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+            return await response(scope, receive, send)
+        scope[TOKEN] = token
+        return await self.app(scope, receive, send)
+
+
+def gateway_app(host: str = "127.0.0.1") -> Starlette:
+    """The gateway's ASGI app: /mcp, stateful Streamable HTTP (a legacy client's session names its task)."""
+    security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    app = mcp_server().streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=host)
+    return BearerToken(app)

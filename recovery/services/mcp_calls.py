@@ -1,0 +1,233 @@
+"""MCP `tools/call`s through the gateway (docs/mcp-gateway.md): each is a call of a task like any other, registered,
+admitted and reported through the same services as the JSON API's; a re-issue of a write within the provider's
+`reissue_window_s` is answered from the call it repeats, never sent again.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from django.db.models import Max
+from django.utils import timezone
+
+from recovery.audit.chain import Actor
+from recovery.engine.fingerprint import fingerprint
+from recovery.engine.states import CallState
+from recovery.engine.types import Facts
+from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, TaskStatus, Tenant, Tool
+from recovery.providers.mcp import KEY_META
+from recovery.providers.requests import filled_key
+from recovery.registry import load_registry
+from recovery.registry.mcp import REISSUE_WINDOW_S, registry_stub
+from recovery.selectors.tasks_calls import allowed_tools
+from recovery.services import calls, tasks
+from recovery.services.attempts import AttemptRequest, attempt_admit
+from recovery.services.errors import Refusal
+from recovery.services.outcomes import attempt_report
+
+S = CallState
+TASK_META = "io.recoveryconsole/task"
+KEY_HINT = "io.recoveryconsole/idempotency_key"
+IDLE = timedelta(minutes=15)  # a task named by (token, client) is a new one after this long without a call
+IN_FLIGHT = {S.READY, S.SENT, S.RETRYABLE}
+BEING_CONFIRMED = {S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED, S.HUMAN_REVIEW}
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who calls: the token, its tenant, and what names the task (docs/mcp-gateway.md, "The task")."""
+
+    token: ApiToken
+    tenant: Tenant
+    client_name: str = ""
+    session_id: str = ""
+    traceparent: str = ""
+
+
+@dataclass
+class Answer:
+    """What the gateway answers without sending: a re-issue absorbed, or a refusal; `call` when one exists."""
+
+    text: str
+    is_error: bool
+    recovery: dict
+    result: dict | None = None
+
+
+@dataclass
+class Begun:
+    """An admitted write or read, to forward: the call, its attempt, the arguments and _meta to send."""
+
+    call: Call
+    attempt: Attempt
+    tool: Tool
+    arguments: dict
+    meta: dict = field(default_factory=dict)
+
+
+def offered_tools(tenant: Tenant) -> list[Tool]:
+    """The tenant's MCP tools, by the name their server gives them."""
+    return [tool for tool in allowed_tools(tenant) if tool.mcp and tool.provider.mcp]
+
+
+def exposing_providers(tenant: Tenant) -> list[Provider]:
+    """The MCP providers whose tools the registry does not describe are offered too (`expose_unregistered`): to a
+    tenant that may use every tool, since no list of its capabilities can name them."""
+    if not tenant.all_tools:
+        return []
+    return [p for p in Provider.objects.exclude(mcp={}) if p.mcp.get("expose_unregistered")]
+
+
+def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Tool:
+    """A registry tool for a tool the server lists and the registry does not describe: a high-risk, non-replay-safe
+    write, its annotations stored as the server's untrusted hints (loaded, and audited, as any registry change)."""
+    stub = registry_stub(provider.name, [listed])
+    load_registry(stub, actor=actor, source=f"mcp:{provider.name} tools/list")
+    return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
+
+
+def task_name(caller: Caller, meta: dict, actor: Actor) -> str:
+    """The task's external id: named in _meta, else the traceparent's trace, else the MCP session, else the
+    (token, client) pair's current task (_pair_task)."""
+    named = meta.get(TASK_META)
+    if isinstance(named, str) and named:
+        return named[:200]
+    parts = caller.traceparent.split("-")
+    if len(parts) == 4 and len(parts[1]) == 32:
+        return f"trace:{parts[1]}"
+    if caller.session_id:
+        return f"mcp-session:{caller.session_id[:100]}"
+    return _pair_task(caller, actor)
+
+
+def _pair_task(caller: Caller, actor: Actor) -> str:
+    """The (token, client) pair's open task; one idle for IDLE is closed (submitted) and the next one begins."""
+    base = f"mcp:{caller.token.pk}:{caller.client_name[:60]}:"
+    current = Task.objects.filter(tenant=caller.tenant, external_id__startswith=base).order_by("-pk").first()
+    if current is None:
+        return f"{base}1"
+    last = Call.objects.filter(task=current).aggregate(Max("created_at"))["created_at__max"] or current.created_at
+    if current.status == TaskStatus.OPEN and timezone.now() - last < IDLE:
+        return current.external_id
+    if current.status == TaskStatus.OPEN:
+        tasks.task_complete(task=current, summary="closed: 15 minutes without a call", deliverable=None, actor=actor)
+    return f"{base}{int(current.external_id.rsplit(':', 1)[1]) + 1}"
+
+
+def _task(caller: Caller, meta: dict, actor: Actor) -> Task:
+    external_id = task_name(caller, meta, actor)
+    agent = f"mcp:{caller.client_name[:60]}" if caller.client_name else "mcp"
+    existing = Task.objects.filter(tenant=caller.tenant, external_id=external_id).first()
+    if existing is not None:
+        return existing
+    task, _ = tasks.task_create(
+        tenant=caller.tenant, external_id=external_id, agent=agent, goal="MCP tool calls", budget={}, actor=actor
+    )
+    return task
+
+
+def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task) -> str:
+    """A write's intent key: the client's, else the tool's key_template, else the canonical arguments in the task."""
+    sent = meta.get(KEY_HINT)
+    if isinstance(sent, str) and sent:
+        return sent[:200]
+    if tool.key_template:
+        return f"{task.pk}:{filled_key(tool.key_template, arguments)}"[:200]
+    return f"mcp-{task.pk}-{fingerprint(tool.name, arguments)[:40]}"
+
+
+def _window(tool: Tool) -> int:
+    return int(tool.provider.mcp.get("reissue_window_s", REISSUE_WINDOW_S))
+
+
+def absorbed(call: Call) -> Answer:
+    """The answer to a re-issue of `call` within the window: its recorded result, or where it stands."""
+    base = {"call_id": call.pk, "call_state": call.state, "replayed_from_call": call.pk}
+    if call.state == S.COMMITTED:
+        attempt = call.attempts.order_by("-number").first()
+        result = (attempt.facts or {}).get("result") if attempt is not None else None
+        return Answer(f"Already done as call {call.pk}; not executed again.", False, base, result=result)
+    if call.state in BEING_CONFIRMED:
+        return Answer(f"Its outcome is still being confirmed (call {call.pk}); do not repeat it.", True, base)
+    if call.state in IN_FLIGHT:
+        return Answer(f"It is in progress (call {call.pk}); do not repeat it.", True, base)
+    return Answer(f"Call {call.pk} ended {call.state}; it was not executed again.", True, base)
+
+
+def _refusal(exc: Refusal, call_id: int | None = None) -> Answer:
+    detail = exc.detail or {}
+    decision = {"route": exc.code, "call_id": detail.get("existing_call", call_id), "retry_after_ms": None}
+    return Answer(exc.message, True, {"decision": decision})
+
+
+def begin(caller: Caller, tool: Tool, arguments: dict, meta: dict) -> Answer | Begun:
+    """Register and admit one call: an Answer when nothing is to be sent, else what to forward."""
+    actor = Actor.for_token(caller.token)
+    task = _task(caller, meta, actor)
+    write = tool.side_effect == "write"
+    key = intent_key(tool, arguments, meta, task) if write else f"mcp-read-{uuid.uuid4().hex}"
+    if write:
+        existing = Call.objects.filter(tenant=caller.tenant, tool=tool, idempotency_key=key).first()
+        if existing is not None:
+            if timezone.now() - existing.created_at <= timedelta(seconds=_window(tool)):
+                return absorbed(existing)
+            # After the window a repeat is a new intent under a new key: the gate names the call it repeats.
+            key = f"{key}-{uuid.uuid4().hex[:12]}"
+    try:
+        return _admit(task, tool, arguments, key, actor, meta)
+    except Refusal as exc:
+        return _refusal(exc)
+
+
+def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta: dict) -> Answer | Begun:
+    step = (Step.objects.filter(task=task).aggregate(Max("index"))["index__max"] or 0) + 1
+    added = calls.call_add(
+        task=task,
+        step_index=step,
+        depends_on=[],
+        tool_name=tool.name,
+        arguments=arguments,
+        idempotency_key=key,
+        actor=actor,
+    )
+    call = added.call
+    if not added.created:  # the same intent registered at the same moment by a re-issue: never sent twice
+        return absorbed(call)
+    if added.preflight:
+        failure, _ = calls.preflight_answer(call, added.preflight)
+        return Answer(
+            failure["public_message"], True, {"call_id": call.pk, "call_state": call.state, "failure": failure}
+        )
+    admission = attempt_admit(call=call, request=AttemptRequest(attempt_id="a1"), actor=actor)
+    if admission.status == 200:  # attempt a1 was admitted already, by the re-issue's twin
+        return absorbed(call)
+    if admission.status == 409:
+        gate = admission.response["gate"]
+        required = gate.get("required_next") or {}
+        decision = {
+            "route": required.get("action", "denied"),
+            "retry_after_ms": required.get("after_ms"),
+            "call_id": call.pk,
+        }
+        return Answer(gate["public_message"] or gate["reason"], True, {"call_id": call.pk, "decision": decision})
+    attempt = Attempt.objects.get(call=call, attempt_id="a1")
+    return Begun(
+        call=call, attempt=attempt, tool=tool, arguments=forwarded_arguments(tool, arguments, key), meta={KEY_META: key}
+    )
+
+
+def forwarded_arguments(tool: Tool, arguments: dict, key: str) -> dict:
+    """The arguments sent: a write whose tool carries a marker gets the intent key appended as a trailer."""
+    marker = tool.mcp.get("marker")
+    if not marker or tool.side_effect != "write" or not isinstance(arguments.get(marker["argument"]), str):
+        return dict(arguments)
+    text = arguments[marker["argument"]].rstrip("\n")
+    return {**arguments, marker["argument"]: f"{text}\n\n{marker['trailer']}: {key}\n"}
+
+
+def finish(begun: Begun, facts: Facts, caller: Caller) -> dict:
+    """Report what the forwarded call came back with: the outcome's answer (the call's state, failure, decision)."""
+    call = Call.objects.select_related("tool__provider", "task").get(pk=begun.call.pk)
+    return attempt_report(call=call, attempt=begun.attempt, facts=facts, actor=Actor.for_token(caller.token))
