@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("recovery", "0031_search_by_part"),
+        ("recovery", "0032_notifications"),
     ]
 
     operations = [
