@@ -13,12 +13,14 @@ from functools import cache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
+from recovery.engine.due import due_times
 from recovery.engine.states import CallState
 from recovery.models import Assignment, Call, CompensationEntry, Step, Task, Tenant, Tool
+from recovery.selectors.due import resolve_by
 
 S, E = CallState, EntryState
 # The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always
@@ -463,16 +465,10 @@ def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -
 
 
 def _due_page(filters: QueueFilters, *, now: datetime, size: int) -> QueuePage:
-    """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus the risk's
-    RECOVERY_SLA_S, computed by the database, keyset on (due time, id). Read through the ORM only: a sort reviewers
-    pick, not the page every reviewer polls."""
-    sla = settings.RECOVERY_SLA_S
-    due = Case(
-        *[When(risk=risk, then=F("state_changed_at") + Value(timedelta(seconds=s))) for risk, s in sla.items()],
-        default=F("state_changed_at") + Value(timedelta(seconds=min(sla.values()))),
-        output_field=DateTimeField(),
-    )
-    calls = _orm_matching(filters, now).annotate(due_at=due)
+    """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus RECOVERY_SLA_S for
+    the item's queue and risk, computed by the database (recovery.selectors.due), keyset on (due time, id). Read
+    through the ORM only: a sort reviewers pick, not the page every reviewer polls."""
+    calls = _orm_matching(filters, now).annotate(due_at=resolve_by())
     if filters.after:
         last_at, last_pk = filters.after
         calls = calls.filter(Q(due_at__gt=last_at) | Q(due_at=last_at, id__gt=last_pk))
@@ -482,8 +478,14 @@ def _due_page(filters: QueueFilters, *, now: datetime, size: int) -> QueuePage:
     if not more:
         return QueuePage(rows=rows, next_cursor=None)
     last = rows[-1]
-    last_due = last["state_changed_at"] + timedelta(seconds=sla.get(last["risk"], min(sla.values())))
-    return QueuePage(rows=rows, next_cursor=(last_due, last["id"]))
+    due = due_times(
+        last["state_changed_at"],
+        last["risk"],
+        state=last["state"],
+        sla=settings.RECOVERY_SLA_S,
+        claim=settings.RECOVERY_CLAIM_DUE_S,
+    )
+    return QueuePage(rows=rows, next_cursor=(due.resolve_by, last["id"]))
 
 
 def call_row(call_id: int, *, compensation: bool = False) -> dict | None:

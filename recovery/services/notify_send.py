@@ -71,15 +71,15 @@ def _claim(delivery_id: int, now: datetime) -> NotificationDelivery | None:
 
 def _items(delivery: NotificationDelivery, now: datetime) -> tuple[words.Item, ...]:
     events = list(NotificationEvent.objects.filter(items__delivery=delivery).order_by("id"))
-    entered = dict(
-        Call.objects.filter(pk__in=[e.call_id for e in events if e.call_id]).values_list("id", "state_changed_at")
-    )
+    calls = Call.objects.filter(pk__in=[e.call_id for e in events if e.call_id])
+    entered = {pk: (at, state) for pk, at, state in calls.values_list("id", "state_changed_at", "state")}
     sla, claim = settings.RECOVERY_SLA_S, settings.RECOVERY_CLAIM_DUE_S
     items = []
     for event in events:
         due = None
         if event.call_id and event.kind != EventKind.RESOLVED and event.risk:
-            due = due_times(entered.get(event.call_id, event.created_at), event.risk, sla=sla, claim=claim).resolve_by
+            at, state = entered.get(event.call_id, (event.created_at, ""))
+            due = due_times(at, event.risk, state=state, sla=sla, claim=claim).resolve_by
         link = f"{settings.CONSOLE_BASE_URL}{event.path}" if event.path else settings.CONSOLE_BASE_URL + "/"
         items.append(
             words.Item(
