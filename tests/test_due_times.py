@@ -104,3 +104,34 @@ def test_the_process_refuses_to_start_with_a_bad_queue_key_and_reads_a_good_one(
     good = _production_env(tmp_path, RECOVERY_CLAIM_DUE_S="high=300,low=3600,human-review.high=120")
     shown = _manage(good, "shell", "-c", "from django.conf import settings; print(settings.RECOVERY_CLAIM_DUE_S)")
     assert shown.stdout.strip().splitlines()[-1] == "{'high': 300, 'low': 3600, 'human-review.high': 120}", shown.stderr
+
+
+@pytest.mark.django_db
+def test_the_due_sort_reads_a_page_of_each_state_and_risk_at_most(make_call, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    settings.RECOVERY_SLA_S = {"high": 900, "low": 14_400, "unknown.low": 60}
+    made = [_item(make_call, "STILL_UNKNOWN", risk, minutes) for risk in RISKS for minutes in range(1, 5)]
+    made += [_item(make_call, "UNKNOWN", "high", 3)]
+    filters = QueueFilters(states=QUEUES["unknown"].states, due_first=True)
+    seen, after = [], None
+    with CaptureQueriesContext(connection) as queries:
+        while True:
+            page = queue_page(replace(filters, after=after), now=timezone.now(), size=3)
+            seen += [row["id"] for row in page.rows]
+            if page.next_cursor is None:
+                break
+            after = page.next_cursor
+    fields = Call.objects.filter(pk__in=[call.pk for call in made]).values_list(
+        "id", "state_changed_at", "risk", "state"
+    )
+    seconds = {("STILL_UNKNOWN", "low"): 60, ("STILL_UNKNOWN", "high"): 900, ("UNKNOWN", "high"): 900}
+    due = {pk: (at + timedelta(seconds=seconds[(state, risk)]), pk) for pk, at, risk, state in fields}
+    assert seen == sorted(due, key=due.__getitem__)
+    # every statement reads one state and one risk in entry order, a page at most: never the whole queue sorted
+    assert len(queries.captured_queries) <= 4 * 4  # four parts (two states, two risks) per page, four pages
+    for query in queries.captured_queries:
+        sql = query["sql"]
+        assert '"recovery_call"."risk" = ' in sql and '"recovery_call"."state" = ' in sql, sql
+        assert re.search(r"ORDER BY \S+ ASC, \S+ ASC LIMIT 4$", sql.strip()) and "CASE" not in sql, sql

@@ -1,5 +1,5 @@
-"""Due times on the database side (docs/notifications.md#due-times): the conditions and the due-time expression built
-from `recovery.engine.due.due_limits`, so the due sort, the escalation sweep and the metrics read RECOVERY_SLA_S and
+"""Due times on the database side (docs/notifications.md#due-times): the overdue conditions and the due sort's parts
+built from `recovery.engine.due`, so the due sort, the escalation sweep and the metrics read RECOVERY_SLA_S and
 RECOVERY_CLAIM_DUE_S per queue and risk exactly as a row and the call page do (`due_times`).
 """
 
@@ -8,9 +8,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Case, DateTimeField, F, Q, Value, When
+from django.db.models import Q
 
-from recovery.engine.due import DueLimit, due_limits, due_seconds
+from recovery.engine.due import QUEUE_OF_STATE, DueLimit, due_limits, due_seconds
 
 
 def limits() -> list[DueLimit]:
@@ -26,18 +26,10 @@ def late_q(now: datetime, *, claim: bool) -> Q:
     return late
 
 
-def resolve_by() -> Case:
-    """An item's resolution due time, computed by the database: its queue's and risk's; in a state no due queue
-    holds (an UNKNOWN item still being polled), its risk's; of a risk the table does not name, the strictest."""
-    found, sla = limits(), settings.RECOVERY_SLA_S
-    risks = sorted({limit.risk for limit in found})
-    return Case(
-        *[When(state__in=limit.states, risk=limit.risk, then=_after(limit.resolve_s)) for limit in found],
-        *[When(risk=risk, then=_after(due_seconds(sla, "", risk))) for risk in risks],
-        default=_after(due_seconds(sla, "", "")),
-        output_field=DateTimeField(),
-    )
-
-
-def _after(seconds: int):
-    return F("state_changed_at") + Value(timedelta(seconds=seconds))
+def due_parts(states: tuple[str, ...]) -> list[tuple[str, str, int]]:
+    """A queue's calls in parts within which the resolution due time is the entry time plus one number of seconds:
+    each (state, risk) with those seconds. Read in entry order, a part is read by index (call_backlog_idx for the
+    states waiting for a person) and a page of each, merged, is the queue's page by due time."""
+    sla = settings.RECOVERY_SLA_S
+    risks = [key for key in sla if "." not in key]  # every risk a call can have (the settings require each)
+    return [(state, risk, due_seconds(sla, QUEUE_OF_STATE.get(state, ""), risk)) for state in states for risk in risks]

@@ -17,10 +17,9 @@ from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
-from recovery.engine.due import due_times
 from recovery.engine.states import CallState
 from recovery.models import Assignment, Call, CompensationEntry, Step, Task, Tenant, Tool
-from recovery.selectors.due import resolve_by
+from recovery.selectors.due import due_parts
 
 S, E = CallState, EntryState
 # The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always
@@ -466,26 +465,26 @@ def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -
 
 def _due_page(filters: QueueFilters, *, now: datetime, size: int) -> QueuePage:
     """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus RECOVERY_SLA_S for
-    the item's queue and risk, computed by the database (recovery.selectors.due), keyset on (due time, id). Read
-    through the ORM only: a sort reviewers pick, not the page every reviewer polls."""
-    calls = _orm_matching(filters, now).annotate(due_at=resolve_by())
-    if filters.after:
-        last_at, last_pk = filters.after
-        calls = calls.filter(Q(due_at__gt=last_at) | Q(due_at=last_at, id__gt=last_pk))
-    rows = _orm_rows(calls.order_by("due_at", "id")[: size + 1], filters.compensation)
-    more = len(rows) > size
-    rows = rows[:size]
-    if not more:
-        return QueuePage(rows=rows, next_cursor=None)
-    last = rows[-1]
-    due = due_times(
-        last["state_changed_at"],
-        last["risk"],
-        state=last["state"],
-        sla=settings.RECOVERY_SLA_S,
-        claim=settings.RECOVERY_CLAIM_DUE_S,
-    )
-    return QueuePage(rows=rows, next_cursor=(due.resolve_by, last["id"]))
+    the item's queue and risk, keyset on (due time, id). Bounded whatever the backlog: each (state, risk) part of the
+    queue (recovery.selectors.due.due_parts) is read in entry order from the cursor, a page at most, and the parts
+    merged. Read through the ORM only: a sort reviewers pick, not the page every reviewer polls."""
+    matching = _orm_matching(filters, now)
+    found = []
+    for state, risk, seconds in due_parts(filters.states):
+        if filters.risk and risk != filters.risk:
+            continue
+        part = matching.filter(state=state, risk=risk)
+        if filters.after:
+            since = filters.after[0] - timedelta(seconds=seconds)
+            part = part.filter(Q(state_changed_at__gt=since) | Q(state_changed_at=since, id__gt=filters.after[1]))
+            part = part.filter(state_changed_at__gte=since)  # where the index scan starts
+        rows = _orm_rows(part.order_by("state_changed_at", "id")[: size + 1], filters.compensation)
+        found += [(row["state_changed_at"] + timedelta(seconds=seconds), row["id"], row) for row in rows]
+    found.sort(key=lambda item: item[:2])
+    if len(found) <= size:
+        return QueuePage(rows=[row for _, _, row in found], next_cursor=None)
+    due_at, last_id, _ = found[size - 1]
+    return QueuePage(rows=[row for _, _, row in found[:size]], next_cursor=(due_at, last_id))
 
 
 def call_row(call_id: int, *, compensation: bool = False) -> dict | None:
