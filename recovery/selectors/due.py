@@ -28,8 +28,8 @@ def late_q(now: datetime, *, claim: bool) -> Q:
 
 def due_parts(states: tuple[str, ...]) -> list[tuple[str, str, int]]:
     """A queue's calls in parts within which the resolution due time is the entry time plus one number of seconds:
-    each (state, risk) with those seconds. Read in entry order, a part is read by index (call_backlog_idx for the
-    states waiting for a person) and a page of each, merged, is the queue's page by due time."""
+    each (state, risk) with those seconds. A part reads in entry order by index (call_queue_idx, the risk filtered),
+    and a page of each, merged, is the queue's page by due time."""
     sla = settings.RECOVERY_SLA_S
     risks = [key for key in sla if "." not in key]  # every risk a call can have (the settings require each)
     return [(state, risk, due_seconds(sla, QUEUE_OF_STATE.get(state, ""), risk)) for state in states for risk in risks]
