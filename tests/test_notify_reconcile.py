@@ -134,3 +134,25 @@ def test_a_disabled_channel_or_rule_sends_nothing_more(notify_settings, make_cal
     for delivery in NotificationDelivery.objects.filter(rule=rule):
         assert delivery.status == "cancelled"
         assert log(delivery)[-1] == ("cancelled", f"cancelled: the {disabled} {name} was disabled")
+
+
+def test_a_sender_killed_after_slack_posted_is_taken_over_by_lookup(slack_env, make_call, actor):
+    with Receiver(slack=True) as slack:
+        rule = slack_rule(slack)
+        to_review(make_call(S.STILL_UNKNOWN), actor)
+        notifications_route()
+        delivery = NotificationDelivery.objects.get(rule=rule)
+        # What a sender killed right after Slack posted leaves: the message in the channel, the delivery claimed
+        # by a lease that lapsed, no try logged.
+        ts = slack.post(
+            "C0TEST",
+            "the first try",
+            metadata={"event_type": "recovery_delivery", "event_payload": {"delivery_id": str(delivery.delivery_id)}},
+        )
+        lapsed = timezone.now() - timedelta(seconds=1)
+        NotificationDelivery.objects.filter(pk=delivery.pk).update(status="sending", attempts=1, lease_until=lapsed)
+        assert run_once(timezone.now() + timedelta(seconds=rule.window_s)) == ["sent"]
+        assert paths(slack) == ["conversations.history"]
+    delivery.refresh_from_db()
+    assert (delivery.status, delivery.thread_ref, delivery.maybe_sent) == ("sent", ts, True)
+    assert len(slack.posted) == 1
