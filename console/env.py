@@ -167,11 +167,14 @@ def redis_url_from_env(name: str) -> str | None:
     return url
 
 
-def env_seconds_by_key(name: str, default: dict[str, int], *, keys: tuple[str, ...]) -> dict[str, int]:
+def env_seconds_by_key(
+    name: str, default: dict[str, int], *, keys: tuple[str, ...], scopes: tuple[str, ...] = ()
+) -> dict[str, int]:
     """A table of durations in seconds, one per key, from "key=seconds,key=seconds" (e.g. "high=900,low=14400").
 
-    The value is the whole table: every key once, nothing else, each a whole number of seconds above zero. A key
-    missing, repeated or unknown stops the process, so a typo cannot leave one risk without its SLA.
+    The value is the whole table: every key once, each a whole number of seconds above zero. A key missing, repeated
+    or unknown stops the process, so a typo cannot leave one risk without its SLA. With `scopes`, "scope.key" may
+    also be given (e.g. "human-review.high=120"): that key's value within that scope, over the key's own.
     """
     value = os.environ.get(name)
     if value is None:
@@ -181,8 +184,8 @@ def env_seconds_by_key(name: str, default: dict[str, int], *, keys: tuple[str, .
         key, sep, raw = (part.strip() for part in item.partition("="))
         if not sep or not key:
             raise ImproperlyConfigured(f"{name}={value!r}: write key=seconds pairs separated by commas")
-        if key not in keys:
-            raise ImproperlyConfigured(f"{name}={value!r}: {key!r} is not one of {', '.join(keys)}")
+        if refusal := _key_refusal(key, keys, scopes):
+            raise ImproperlyConfigured(f"{name}={value!r}: {refusal}")
         if key in table:
             raise ImproperlyConfigured(f"{name}={value!r}: {key!r} is given twice")
         if not (raw.isascii() and raw.isdigit()) or int(raw) < 1:
@@ -191,3 +194,14 @@ def env_seconds_by_key(name: str, default: dict[str, int], *, keys: tuple[str, .
     if missing := [key for key in keys if key not in table]:
         raise ImproperlyConfigured(f"{name}={value!r}: {', '.join(missing)} missing (every one of {', '.join(keys)})")
     return table
+
+
+def _key_refusal(key: str, keys: tuple[str, ...], scopes: tuple[str, ...]) -> str:
+    scope, dot, bare = key.rpartition(".")
+    if not dot:
+        return "" if key in keys else f"{key!r} is not one of {', '.join(keys)}"
+    if scopes and scope in scopes and bare in keys:
+        return ""
+    if not scopes:
+        return f"{key!r} is not one of {', '.join(keys)}"
+    return f"{key!r} is not <queue>.<risk> (queue one of {', '.join(scopes)}; risk one of {', '.join(keys)})"

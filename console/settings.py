@@ -18,6 +18,7 @@ from console.env import (
     env_str,
     redis_url_from_env,
 )
+from recovery.engine.due import DUE_QUEUES  # pure Python: the queues a due time may be given for
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("RECOVERY_VAR_DIR", str(BASE_DIR / "var")))
@@ -171,12 +172,16 @@ RECOVERY_CLAIM_S = env_int("RECOVERY_CLAIM_S", 900, minimum=30)
 # The compensation problems queue lists a COMPENSATING call once its open entry has waited this long made, in flight
 # or unknown (an entry in review is listed at once; a failed or partial compensation always is).
 RECOVERY_COMPENSATION_STUCK_S = env_int("RECOVERY_COMPENSATION_STUCK_S", 300, minimum=1)
-# How long an UNKNOWN or HUMAN_REVIEW item may wait, per call risk (recovery.models.Risk), before the overview counts
-# it as an SLA breach: "high=900,low=14400" (seconds; every risk once).
-RECOVERY_SLA_S = env_seconds_by_key("RECOVERY_SLA_S", {"high": 900, "low": 14_400}, keys=("high", "low"))
-# The same items' first claim is due this long after they entered their state (docs/notifications.md#due-times); an
-# item nobody claimed by then raises the unclaimed_overdue event, which rules send to an escalation channel.
-RECOVERY_CLAIM_DUE_S = env_seconds_by_key("RECOVERY_CLAIM_DUE_S", {"high": 300, "low": 3_600}, keys=("high", "low"))
+# Due times (docs/notifications.md#due-times), per call risk (recovery.models.Risk) and, optionally, per queue: an item
+# waiting for a person is due to be resolved RECOVERY_SLA_S after it entered its state (the overview counts breaches)
+# and claimed RECOVERY_CLAIM_DUE_S after (unclaimed past it: the unclaimed_overdue event, for escalation rules).
+# "high=900,low=14400,human-review.high=600": every risk once; "<queue>.<risk>" overrides the risk's in that queue.
+RECOVERY_SLA_S = env_seconds_by_key(
+    "RECOVERY_SLA_S", {"high": 900, "low": 14_400}, keys=("high", "low"), scopes=tuple(DUE_QUEUES)
+)
+RECOVERY_CLAIM_DUE_S = env_seconds_by_key(
+    "RECOVERY_CLAIM_DUE_S", {"high": 300, "low": 3_600}, keys=("high", "low"), scopes=tuple(DUE_QUEUES)
+)
 
 # Notifications (docs/notifications.md): links in messages start with CONSOLE_BASE_URL; webhook and Slack hosts must be
 # on RECOVERY_NOTIFY_HOSTS (a name, or ".suffix" for its subdomains); the notifications job runs every

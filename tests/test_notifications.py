@@ -359,7 +359,7 @@ def test_slack_posts_block_kit_threads_the_follow_up_and_updates_the_original(
     ]
     assert post["headers"]["authorization"] == "Bearer xoxb-test-token"
     original = NotificationDelivery.objects.get(follows__isnull=True)
-    assert original.thread_ref == "1700000001.000100"  # the ts Slack answered
+    assert original.thread_ref == slack.posted[0]["ts"]  # the ts Slack answered
     assert "thread_ts" not in post["body"] and reply["body"]["thread_ts"] == original.thread_ref
     assert update["body"]["ts"] == original.thread_ref and update["body"]["channel"] == "C0TEST"
     assert_block_kit(post["body"])

@@ -109,7 +109,7 @@ def due_text(state: str, risk: str, entered_at: datetime, now: datetime, *, held
     due time while nobody holds it, else its resolution's; ("", False) for a state nobody waits on."""
     if state not in NEEDS_PERSON:
         return "", False
-    due = due_times(entered_at, risk, sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S)
+    due = due_times(entered_at, risk, state=state, sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S)
     at = due.next_due(claimed=held)
     what = "resolution" if held or at == due.resolve_by else "claim"
     if at <= now:

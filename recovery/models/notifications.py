@@ -106,6 +106,7 @@ class DeliveryStatus(models.TextChoices):
     SENDING = "sending", "Sending"
     SENT = "sent", "Sent"
     FAILED = "failed", "Failed"
+    CANCELLED = "cancelled", "Cancelled"  # its rule or channel was disabled before it was sent: never sent
 
 
 class NotificationDelivery(models.Model):

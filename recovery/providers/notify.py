@@ -1,7 +1,8 @@
 """Sending a notification to the outside (docs/notifications.md): a signed webhook POST, Slack's Web API
-(chat.postMessage, chat.update) and SMTP through Django's e-mail framework. One try per call, explicit timeouts, no
-retry underneath: the delivery job decides. Each answer says whether the receiver may have the message (`unknown`:
-a timeout after sending), which the job turns into a re-send under the same delivery id.
+(chat.postMessage, chat.update; conversations.history and .replies to look a message up) and SMTP through Django's
+e-mail framework. One try per call, explicit timeouts, no retry underneath: the delivery job decides. Each answer says
+whether the receiver may have the message (`unknown`: a timeout after sending), which the job turns into a re-send
+under the same delivery id, or for Slack a lookup first.
 """
 
 from __future__ import annotations
@@ -118,6 +119,30 @@ def slack_call(base_url: str, method: str, token: str, payload: dict, *, allow_p
             outcome=FAILED, reason=f"Slack refused it: {code}", status_code=sent.status_code, answer=sent.answer
         )
     return Sent(outcome=SENT, status_code=sent.status_code, answer=sent.answer, ref=str(parsed.get("ts", "")))
+
+
+def slack_read(base_url: str, method: str, token: str, params: dict, *, allow_private: bool) -> tuple[Sent, dict]:
+    """One Slack Web API read method (conversations.history, conversations.replies) by GET with the bot token: `sent`
+    when Slack answered `ok`, with its answer parsed; anything else a failure in our words (a lookup is read-only:
+    whatever happened, nothing was posted)."""
+    url = f"{base_url.rstrip('/')}/{method}"
+    if refusal := url_refusal(url, allow_private=allow_private):
+        return Sent(outcome=FAILED, reason=f"refused: {refusal}"), {}
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        reply = requests.get(url, params=params, headers=headers, timeout=_timeout(), allow_redirects=False)
+    except requests.RequestException:
+        return Sent(outcome=FAILED, reason=f"{method} did not answer"), {}
+    if reply.status_code != 200:
+        return Sent(outcome=FAILED, reason=f"{method}: HTTP {reply.status_code}", status_code=reply.status_code), {}
+    try:
+        parsed = reply.json()
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, dict) or not parsed.get("ok"):
+        code = str(parsed.get("error", "no answer"))[:60] if isinstance(parsed, dict) else "not JSON"
+        return Sent(outcome=FAILED, reason=f"{method}: Slack refused it: {code}", status_code=200), {}
+    return Sent(outcome=SENT, status_code=200), parsed
 
 
 def send_email(*, to: list[str], subject: str, text: str, html: str, message_id: str, in_reply_to: str = "") -> Sent:

@@ -5,12 +5,12 @@ items past their due times now."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
-from django.conf import settings
 from django.db.models import Count, Prefetch, Q
 
 from recovery.models import Call, DeliveryAttempt, NotificationDelivery
+from recovery.selectors.due import late_q
 from recovery.statemachine.notices import NEEDS_PERSON
 
 LOG_SIZE = 50
@@ -35,13 +35,6 @@ class NotificationFigures:
     overdue: dict[str, int]  # "claim" / "resolution" -> items past that due time now
 
 
-def _late(now: datetime, seconds: dict[str, int]) -> Q:
-    late = Q()
-    for risk, limit in seconds.items():
-        late |= Q(risk=risk, state_changed_at__lt=now - timedelta(seconds=limit))
-    return late
-
-
 def notification_figures(*, now: datetime) -> NotificationFigures:
     """Three statements: deliveries by status, tries by outcome, and the overdue items (claim: unclaimed past the
     first claim's due time; resolution: past RECOVERY_SLA_S)."""
@@ -49,7 +42,7 @@ def notification_figures(*, now: datetime) -> NotificationFigures:
     tries = dict(DeliveryAttempt.objects.values_list("outcome").annotate(n=Count("id")).order_by())
     unclaimed = Q(claimed_by__isnull=True) | Q(claim_until__lte=now)
     overdue = Call.objects.filter(state__in=list(NEEDS_PERSON)).aggregate(
-        claim=Count("id", filter=_late(now, settings.RECOVERY_CLAIM_DUE_S) & unclaimed),
-        resolution=Count("id", filter=_late(now, settings.RECOVERY_SLA_S)),
+        claim=Count("id", filter=late_q(now, claim=True) & unclaimed),
+        resolution=Count("id", filter=late_q(now, claim=False)),
     )
     return NotificationFigures(deliveries=deliveries, tries=tries, overdue=overdue)

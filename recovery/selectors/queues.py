@@ -13,12 +13,13 @@ from functools import cache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Case, DateTimeField, Exists, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Exists, F, OuterRef, Q, Subquery
 from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
 from recovery.engine.states import CallState
 from recovery.models import Assignment, Call, CompensationEntry, Step, Task, Tenant, Tool
+from recovery.selectors.due import due_parts
 
 S, E = CallState, EntryState
 # The compensation problems queue's states, in its index's order. PARTIAL_COMPENSATED and COMPENSATION_FAILED always
@@ -463,27 +464,27 @@ def queue_page(filters: QueueFilters, *, now: datetime, size: int = PAGE_SIZE) -
 
 
 def _due_page(filters: QueueFilters, *, now: datetime, size: int) -> QueuePage:
-    """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus the risk's
-    RECOVERY_SLA_S, computed by the database, keyset on (due time, id). Read through the ORM only: a sort reviewers
-    pick, not the page every reviewer polls."""
-    sla = settings.RECOVERY_SLA_S
-    due = Case(
-        *[When(risk=risk, then=F("state_changed_at") + Value(timedelta(seconds=s))) for risk, s in sla.items()],
-        default=F("state_changed_at") + Value(timedelta(seconds=min(sla.values()))),
-        output_field=DateTimeField(),
-    )
-    calls = _orm_matching(filters, now).annotate(due_at=due)
-    if filters.after:
-        last_at, last_pk = filters.after
-        calls = calls.filter(Q(due_at__gt=last_at) | Q(due_at=last_at, id__gt=last_pk))
-    rows = _orm_rows(calls.order_by("due_at", "id")[: size + 1], filters.compensation)
-    more = len(rows) > size
-    rows = rows[:size]
-    if not more:
-        return QueuePage(rows=rows, next_cursor=None)
-    last = rows[-1]
-    last_due = last["state_changed_at"] + timedelta(seconds=sla.get(last["risk"], min(sla.values())))
-    return QueuePage(rows=rows, next_cursor=(last_due, last["id"]))
+    """Soonest resolution due time first (docs/notifications.md#due-times): the entry time plus RECOVERY_SLA_S for
+    the item's queue and risk, keyset on (due time, id). Bounded whatever the backlog: each (state, risk) part of the
+    queue (recovery.selectors.due.due_parts) is read in entry order from the cursor, a page at most, and the parts
+    merged. Read through the ORM only: a sort reviewers pick, not the page every reviewer polls."""
+    matching = _orm_matching(filters, now)
+    found = []
+    for state, risk, seconds in due_parts(filters.states):
+        if filters.risk and risk != filters.risk:
+            continue
+        part = matching.filter(state=state, risk=risk)
+        if filters.after:
+            since = filters.after[0] - timedelta(seconds=seconds)
+            part = part.filter(Q(state_changed_at__gt=since) | Q(state_changed_at=since, id__gt=filters.after[1]))
+            part = part.filter(state_changed_at__gte=since)  # where the index scan starts
+        rows = _orm_rows(part.order_by("state_changed_at", "id")[: size + 1], filters.compensation)
+        found += [(row["state_changed_at"] + timedelta(seconds=seconds), row["id"], row) for row in rows]
+    found.sort(key=lambda item: item[:2])
+    if len(found) <= size:
+        return QueuePage(rows=[row for _, _, row in found], next_cursor=None)
+    due_at, last_id, _ = found[size - 1]
+    return QueuePage(rows=[row for _, _, row in found[:size]], next_cursor=(due_at, last_id))
 
 
 def call_row(call_id: int, *, compensation: bool = False) -> dict | None:

@@ -23,6 +23,7 @@ from recovery.models import (
     NotificationEvent,
     NotificationRule,
 )
+from recovery.selectors.due import late_q
 from recovery.statemachine.notices import NEEDS_PERSON, call_fields, call_path, notice
 
 FOLLOW_UP_KINDS = {EventKind.RESOLVED, EventKind.OVERDUE, EventKind.UNCLAIMED_OVERDUE, EventKind.ASSIGNED}
@@ -108,11 +109,8 @@ def _pending_delivery(rule, start: datetime, follows) -> NotificationDelivery | 
 # --- due times ------------------------------------------------------------------------------------------------------
 
 
-def _overdue_calls(now: datetime, seconds: dict[str, int], *, unclaimed: bool) -> list[Call]:
-    late = Q()
-    for risk, limit in seconds.items():
-        late |= Q(risk=risk, state_changed_at__lt=now - timedelta(seconds=limit))
-    found = Call.objects.filter(late, state__in=list(NEEDS_PERSON))
+def _overdue_calls(now: datetime, *, unclaimed: bool) -> list[Call]:
+    found = Call.objects.filter(late_q(now, claim=unclaimed), state__in=list(NEEDS_PERSON))
     if unclaimed:
         found = found.filter(Q(claimed_by__isnull=True) | Q(claim_until__lte=now))
     fields = ("id", "version", "tenant_id", "tool_id", "risk", "state", "state_changed_at")
@@ -121,22 +119,27 @@ def _overdue_calls(now: datetime, seconds: dict[str, int], *, unclaimed: bool) -
 
 def notifications_due_sweep(*, now: datetime | None = None) -> int:
     """Events for the items that passed a due time since they entered their state: once unclaimed past the first
-    claim's due time (escalation), once unresolved past the resolution's (RECOVERY_SLA_S); how many events."""
+    claim's due time (escalation), once unresolved past the resolution's (RECOVERY_SLA_S), each per queue and risk
+    (recovery.selectors.due); how many events."""
     now = now or timezone.now()
     made = 0
     passes = (
-        (EventKind.UNCLAIMED_OVERDUE, settings.RECOVERY_CLAIM_DUE_S, True, "not claimed"),
-        (EventKind.OVERDUE, settings.RECOVERY_SLA_S, False, "not resolved"),
+        (EventKind.UNCLAIMED_OVERDUE, True, "not claimed"),
+        (EventKind.OVERDUE, False, "not resolved"),
     )
-    for kind, seconds, unclaimed, what in passes:
-        calls = _overdue_calls(now, seconds, unclaimed=unclaimed)
+    for kind, unclaimed, what in passes:
+        calls = _overdue_calls(now, unclaimed=unclaimed)
         keys = {f"{kind}:{call.pk}:{call.version}": call for call in calls}
         known = set(NotificationEvent.objects.filter(dedup__in=list(keys)).values_list("dedup", flat=True))
         for key, call in keys.items():
             if key in known:
                 continue
             due = due_times(
-                call.state_changed_at, call.risk, sla=settings.RECOVERY_SLA_S, claim=settings.RECOVERY_CLAIM_DUE_S
+                call.state_changed_at,
+                call.risk,
+                state=call.state,
+                sla=settings.RECOVERY_SLA_S,
+                claim=settings.RECOVERY_CLAIM_DUE_S,
             )
             at = due.claim_by if unclaimed else due.resolve_by
             title = f"Call {call.pk} is {what} past its due time ({at:%Y-%m-%d %H:%M} UTC)"

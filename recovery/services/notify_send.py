@@ -1,7 +1,7 @@
 """Sending deliveries (docs/notifications.md#delivery): at least once, under a stable delivery id. A sender claims a
 due delivery with a lease (a conditional UPDATE), sends it through its channel, logs the try and either marks it sent
-or puts it back with backoff; a try whose outcome is unknown, or a sender that died holding the lease, makes the next
-try a re-send under the same id (Recovery-Delivery-Id, Message-ID), which the receiver deduplicates.
+or puts it back with backoff; after a try whose outcome is unknown (or a sender that died holding the lease) a webhook
+or an e-mail is re-sent under the same id, which the receiver deduplicates, and a Slack message is looked up first.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from recovery.providers import notify as outside
 from recovery.services.callbacks import sign
 
 logger = logging.getLogger("recovery.notifications")
-P, SENDING = DeliveryStatus.PENDING, DeliveryStatus.SENDING
+P, SENDING, CANCELLED = DeliveryStatus.PENDING, DeliveryStatus.SENDING, DeliveryStatus.CANCELLED
 WAIT_FOR_FIRST_S = 5  # a follow-up whose first message is not sent yet waits this long, its try not counted
 BACKOFF_MAX_S = 3600
 
@@ -71,15 +71,15 @@ def _claim(delivery_id: int, now: datetime) -> NotificationDelivery | None:
 
 def _items(delivery: NotificationDelivery, now: datetime) -> tuple[words.Item, ...]:
     events = list(NotificationEvent.objects.filter(items__delivery=delivery).order_by("id"))
-    entered = dict(
-        Call.objects.filter(pk__in=[e.call_id for e in events if e.call_id]).values_list("id", "state_changed_at")
-    )
+    calls = Call.objects.filter(pk__in=[e.call_id for e in events if e.call_id])
+    entered = {pk: (at, state) for pk, at, state in calls.values_list("id", "state_changed_at", "state")}
     sla, claim = settings.RECOVERY_SLA_S, settings.RECOVERY_CLAIM_DUE_S
     items = []
     for event in events:
         due = None
         if event.call_id and event.kind != EventKind.RESOLVED and event.risk:
-            due = due_times(entered.get(event.call_id, event.created_at), event.risk, sla=sla, claim=claim).resolve_by
+            at, state = entered.get(event.call_id, (event.created_at, ""))
+            due = due_times(at, event.risk, state=state, sla=sla, claim=claim).resolve_by
         link = f"{settings.CONSOLE_BASE_URL}{event.path}" if event.path else settings.CONSOLE_BASE_URL + "/"
         items.append(
             words.Item(
@@ -111,6 +111,9 @@ def delivery_send(delivery_id: int, *, now: datetime | None = None) -> str:
     delivery = _claim(delivery_id, now)
     if delivery is None:
         return ""
+    if stopped := _stopped(delivery):
+        _settle(delivery, outside.Sent(outcome=CANCELLED, reason=stopped), now)
+        return CANCELLED
     first = delivery.follows
     if first is not None and first.status in (DeliveryStatus.PENDING, DeliveryStatus.SENDING):
         # A follow-up goes after the message it threads under (one that failed for good is not waited for).
@@ -124,6 +127,17 @@ def delivery_send(delivery_id: int, *, now: datetime | None = None) -> str:
         sent = outside.Sent(outcome=outside.UNKNOWN, reason="the sender failed while sending")
     _settle(delivery, sent, max(now, timezone.now()))
     return sent.outcome
+
+
+def _stopped(delivery: NotificationDelivery) -> str:
+    """Why the delivery may no longer be sent ("" when it may): its rule or its channel was disabled since it was
+    made (a rule with deliveries cannot be deleted, only disabled: its log stays)."""
+    rule = delivery.rule
+    if not rule.enabled:
+        return f"cancelled: the rule {rule.name} was disabled"
+    if not rule.channel.enabled:
+        return f"cancelled: the channel {rule.channel.name} was disabled"
+    return ""
 
 
 def _put_back(delivery: NotificationDelivery, at: datetime, *, count: bool) -> None:
@@ -147,7 +161,9 @@ def _settle(delivery: NotificationDelivery, sent: outside.Sent, now: datetime) -
             answer=sent.answer[:500],
             at=now,
         )
-        if sent.outcome == outside.SENT:
+        if sent.outcome == CANCELLED:
+            held.update(status=DeliveryStatus.CANCELLED, lease_until=None, last_reason=sent.reason[:300])
+        elif sent.outcome == outside.SENT:
             ref = sent.ref or delivery.thread_ref
             held.update(status=DeliveryStatus.SENT, sent_at=now, lease_until=None, thread_ref=ref, last_reason="")
         elif delivery.attempts >= settings.RECOVERY_NOTIFY_MAX_TRIES:
@@ -192,30 +208,79 @@ def _slack(delivery: NotificationDelivery, channel, message: words.Message) -> o
     token = _secret(channel.secret_env)
     if not token:
         return outside.Sent(outcome=outside.FAILED, reason=f"no bot token in {channel.secret_env or 'secret_env'}")
+    first = delivery.follows
+    thread_ts = first.thread_ref if first is not None else ""
+    sent = _slack_post(delivery, channel, token, message, thread_ts)
+    resolved = all(item.event == EventKind.RESOLVED for item in message.items)
+    if sent.outcome == outside.SENT and thread_ts and resolved:
+        # chat.update sets the message to what we send: doing it again is harmless, so it is never looked up first.
+        update = {
+            "channel": channel.slack_channel,
+            "ts": thread_ts,
+            "text": f"Resolved: {message.headline}",
+            "blocks": words.slack_blocks(message),
+        }
+        answer = outside.slack_call(channel.url, "chat.update", token, update, allow_private=channel.allow_private)
+        if answer.outcome != outside.SENT:
+            logger.warning("delivery %s: chat.update of the first message: %s", message.delivery_id, answer.reason)
+    return sent
+
+
+def _slack_post(delivery, channel, token: str, message: words.Message, thread_ts: str) -> outside.Sent:
+    """chat.postMessage, unless an earlier try whose outcome is unknown did post it: Slack does not deduplicate, so
+    that try is looked up first (docs/notifications.md#slack) — found: sent under its ts; not found: posted again;
+    the lookup failed: not posted, tried again later."""
+    if delivery.maybe_sent:
+        ts, failure = slack_lookup(delivery, channel, token, thread_ts)
+        if ts is None:
+            return outside.Sent(outcome=outside.FAILED, reason=f"not re-sent: the lookup failed ({failure})"[:300])
+        if ts:
+            return outside.Sent(outcome=outside.SENT, reason="found by lookup: Slack already had it", ref=ts)
     payload = {
         "channel": channel.slack_channel,
         "text": message.headline,
         "blocks": words.slack_blocks(message),
         "unfurl_links": False,
-        "metadata": {"event_type": "recovery_delivery", "event_payload": {"delivery_id": message.delivery_id}},
+        "metadata": {"event_type": SLACK_EVENT_TYPE, "event_payload": {"delivery_id": message.delivery_id}},
     }
-    first = delivery.follows
-    if first is not None and first.thread_ref:
-        payload["thread_ts"] = first.thread_ref
-    call = outside.slack_call
-    sent = call(channel.url, "chat.postMessage", token, payload, allow_private=channel.allow_private)
-    resolved = all(item.event == EventKind.RESOLVED for item in message.items)
-    if sent.outcome == outside.SENT and first is not None and first.thread_ref and resolved:
-        update = {
-            "channel": channel.slack_channel,
-            "ts": first.thread_ref,
-            "text": f"Resolved: {message.headline}",
-            "blocks": words.slack_blocks(message),
-        }
-        answer = call(channel.url, "chat.update", token, update, allow_private=channel.allow_private)
-        if answer.outcome != outside.SENT:
-            logger.warning("delivery %s: chat.update of the first message: %s", message.delivery_id, answer.reason)
-    return sent
+    if thread_ts:
+        payload["thread_ts"] = thread_ts
+    return outside.slack_call(channel.url, "chat.postMessage", token, payload, allow_private=channel.allow_private)
+
+
+SLACK_EVENT_TYPE = "recovery_delivery"
+LOOKUP_MARGIN_S = 300  # before the delivery's due time: clocks (ours, Slack's) disagree a little
+LOOKUP_PAGES, LOOKUP_PAGE_SIZE = 10, 200
+
+
+def slack_lookup(delivery: NotificationDelivery, channel, token: str, thread_ts: str) -> tuple[str | None, str]:
+    """The ts of the message Slack already has under this delivery's id, found in the channel's history since the
+    delivery's due time (no try is earlier) less a margin, or in the thread it replies in: (ts, "") found, ("", "")
+    surely not there, (None, why) not known (a failed read, or more pages than LOOKUP_PAGES)."""
+    method, params = "conversations.history", {}
+    if thread_ts:
+        method, params = "conversations.replies", {"ts": thread_ts}
+    params.update(
+        channel=channel.slack_channel,
+        oldest=f"{delivery.due_at.timestamp() - LOOKUP_MARGIN_S:.6f}",
+        include_all_metadata="true",
+        limit=LOOKUP_PAGE_SIZE,
+    )
+    wanted = str(delivery.delivery_id)
+    for _ in range(LOOKUP_PAGES):
+        read, page = outside.slack_read(channel.url, method, token, params, allow_private=channel.allow_private)
+        if read.outcome != outside.SENT:
+            return None, read.reason
+        for found in page.get("messages") or []:
+            metadata = found.get("metadata") or {}
+            payload = metadata.get("event_payload") or {}
+            if metadata.get("event_type") == SLACK_EVENT_TYPE and payload.get("delivery_id") == wanted:
+                return str(found.get("ts", "")), ""
+        cursor = (page.get("response_metadata") or {}).get("next_cursor") or ""
+        if not page.get("has_more") or not cursor:
+            return "", ""
+        params["cursor"] = cursor
+    return None, f"{method}: more than {LOOKUP_PAGES} pages since the delivery was due"
 
 
 def message_id(delivery_id: str) -> str:
