@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("recovery", "0032_notifications"),
+        ("recovery", "0033_mcp_gateway"),
     ]
 
     operations = [
