@@ -194,6 +194,9 @@ RECOVERY_NOTIFY_BACKOFF_S = env_int("RECOVERY_NOTIFY_BACKOFF_S", 10, minimum=1)
 RECOVERY_NOTIFY_LEASE_S = env_int("RECOVERY_NOTIFY_LEASE_S", 60, minimum=5)
 RECOVERY_NOTIFY_CONNECT_TIMEOUT_S = env_int("RECOVERY_NOTIFY_CONNECT_TIMEOUT_S", 5, minimum=1)
 RECOVERY_NOTIFY_READ_TIMEOUT_S = env_int("RECOVERY_NOTIFY_READ_TIMEOUT_S", 10, minimum=1)
+# How far back a rule added (or enabled again) looks for calls that still wait for a person, to list them in its
+# first message (recovery/services/notifications.py `rule_catch_up`); 0: a new rule hears only of what comes next.
+RECOVERY_NOTIFY_CATCH_UP_S = env_int("RECOVERY_NOTIFY_CATCH_UP_S", 86_400, minimum=0)
 # E-mail (Django's SMTP backend): EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, EMAIL_USE_TLS.
 EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
 EMAIL_PORT = env_int("EMAIL_PORT", 25, minimum=1)

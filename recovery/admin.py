@@ -17,6 +17,7 @@ from recovery.audit.chain import Actor, append_event
 from recovery.providers.notify import url_refusal
 from recovery.registry import validate_registry
 from recovery.registry.loader import PROVIDER_FIELDS, TOOL_FIELDS
+from recovery.services.notifications import rule_catch_up
 from recovery.services.tokens import token_revoke
 
 _PATH_HEAD = re.compile(r"\.([A-Za-z_][A-Za-z0-9_]*)(.*)")
@@ -221,6 +222,14 @@ class NotificationRuleAdmin(RegistryAdmin):
     audit_action = AuditAction.NOTIFICATIONS_EDITED
     form = RuleForm
     list_display = ["name", "channel", "events", "tenant", "tool", "risk", "window_s", "enabled"]
+
+    def save_model(self, request, obj, form, change):
+        """A rule added or enabled again catches up with what already waits (docs/notifications.md)."""
+        super().save_model(request, obj, form, change)
+        if not change or "enabled" in form.changed_data:
+            taken = rule_catch_up(obj)
+            if taken:
+                self.message_user(request, f"The rule's first message will list the {taken} item(s) already waiting.")
 
 
 @admin.register(models.ApiToken)

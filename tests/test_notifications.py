@@ -31,6 +31,7 @@ from recovery.selectors.notifications import notification_figures
 from recovery.services.notifications import notifications_due_sweep, notifications_route
 from recovery.services.notify_send import deliveries_due, delivery_send
 from recovery.statemachine.transitions import transition_call
+from tests.console import signed_in
 from tests.notify_receivers import Receiver
 from tests.servers import ROOT
 
@@ -469,3 +470,34 @@ def test_an_assignment_e_mails_the_assignee(smtp_server, make_call, actor, peopl
     [(recipients, content)] = smtp_server.messages
     assert sorted(recipients) == ["lead@example.com", "reviewer2@example.com"]
     assert "assigned to reviewer2 by reviewer" in message_from_bytes(content)["Subject"]
+
+
+def test_a_rule_added_in_the_admin_catches_up_with_the_calls_already_waiting(notify_settings, make_call, actor, people):
+    """The demo's HUMAN_REVIEW refund entered its queue before any rule existed: the rule an admin then adds lists it
+    in its first message (one message for what waits, not one per old window), and its resolution follows it up. A
+    call that was resolved before the rule, and one the rule's filter excludes, are not listed."""
+    waiting = to_review(make_call(S.STILL_UNKNOWN), actor)
+    gone = to_review(make_call(S.STILL_UNKNOWN), actor)
+    transition_call(gone, S.COMMITTED, actor=actor, reason="settled before the rule")
+    unknown = transition_call(make_call(S.UNKNOWN), S.STILL_UNKNOWN, actor=actor, reason="checks used up")
+    before = timezone.now()
+    assert notifications_route(now=before) == 4  # no rule yet: routed to nothing
+    with Receiver(secret=SECRET) as receiver:
+        channel = NotificationChannel.objects.create(
+            name="hook", kind="webhook", url=receiver.url + "/hook", secret_env="TEST_HOOK_SECRET", allow_private=True
+        )
+        client = signed_in(people, "admin")
+        form = {"name": "review", "channel": channel.pk, "events": '["human_review", "resolved"]', "window_s": 10}
+        answer = client.post("/admin/recovery/notificationrule/add/", {**form, "risk": "", "enabled": "on"})
+        assert answer.status_code == 302, answer.content.decode()[:2000]
+        rule = NotificationRule.objects.get(name="review")
+        assert run_once(timezone.now() + timedelta(seconds=rule.window_s)) == ["sent"]
+        [first] = receiver.wait_for(1)
+        assert first["signed"]
+        assert [item["link"] for item in first["body"]["items"]] == [f"{BASE}/calls/{waiting.pk}/"]
+        assert unknown.state == S.STILL_UNKNOWN  # waiting too, but the rule names only human_review
+        transition_call(waiting, S.COMMITTED, actor=actor, reason="approved action with evidence")
+        assert run_once(timezone.now() + timedelta(seconds=3 * rule.window_s)) == ["sent"]
+        second = receiver.wait_for(2)[1]
+        assert second["body"]["follows"] == first["body"]["delivery_id"]
+        assert second["body"]["items"][0]["event"] == "resolved"

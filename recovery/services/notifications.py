@@ -30,6 +30,7 @@ FOLLOW_UP_KINDS = {EventKind.RESOLVED, EventKind.OVERDUE, EventKind.UNCLAIMED_OV
 ROUTE_BATCH = 1000
 WINDOW_TRIES = 5
 OVERDUE_SCAN = 500
+CATCH_UP_MAX = 200  # items a new rule is told about at once: one message listing them
 
 
 def rule_matches(rule: NotificationRule, event: NotificationEvent) -> bool:
@@ -78,11 +79,47 @@ def _thread_of(rule: NotificationRule, event: NotificationEvent) -> Notification
     return item.delivery if item else None
 
 
-def _attach(rule: NotificationRule, event: NotificationEvent, now: datetime) -> None:
+def rule_catch_up(rule: NotificationRule, *, now: datetime | None = None) -> int:
+    """A rule just added or enabled hears about what already waits for a person: the calls in a queue that needs one
+    now, each by the latest event of its entry into that queue (within RECOVERY_NOTIFY_CATCH_UP_S, at most
+    CATCH_UP_MAX), in one delivery of the current window. Without it, an item that entered its queue before the rule
+    existed would never be told, nor its resolution followed up. How many events it took."""
+    now = now or timezone.now()
+    if not (rule.enabled and rule.channel.enabled):
+        return 0
+    kinds = [kind for state, kind in NEEDS_PERSON.items() if kind in rule.events]
+    if not kinds:
+        return 0
+    since = now - timedelta(seconds=settings.RECOVERY_NOTIFY_CATCH_UP_S)
+    waiting = Call.objects.filter(state__in=[state for state, kind in NEEDS_PERSON.items() if kind in kinds])
+    events = (
+        # Routed ones only: an event not routed yet reaches the rule through the router, which now sees it.
+        NotificationEvent.objects.filter(
+            kind__in=kinds, call__in=waiting, created_at__gte=since, routed_at__isnull=False
+        )
+        .exclude(items__rule=rule)
+        .order_by("subject", "-id")
+        .select_related("call")
+    )
+    taken, seen = 0, set()
+    for event in events[: CATCH_UP_MAX * 4]:
+        entered = NEEDS_PERSON.get(event.call.state)
+        if event.subject in seen or event.kind != entered or not rule_matches(rule, event):
+            continue
+        seen.add(event.subject)
+        _attach(rule, event, now, at=now)
+        taken += 1
+        if taken >= CATCH_UP_MAX:
+            break
+    return taken
+
+
+def _attach(rule: NotificationRule, event: NotificationEvent, now: datetime, *, at: datetime | None = None) -> None:
     """The event into the rule's pending delivery of its window (the next window when that one is already being
-    sent): the delivery row is locked while the item is added, so a sender that claimed it has every item."""
+    sent): the delivery row is locked while the item is added, so a sender that claimed it has every item. The
+    window is the event's own unless `at` names another (a rule catching up puts old events in its current one)."""
     follows = _thread_of(rule, event)
-    start = window_of(min(event.created_at, now), rule.window_s)
+    start = window_of(min(at or event.created_at, now), rule.window_s)
     for _ in range(WINDOW_TRIES):
         delivery = _pending_delivery(rule, start, follows)
         if delivery is not None:
