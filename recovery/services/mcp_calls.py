@@ -30,6 +30,7 @@ from recovery.services.outcomes import attempt_report
 S = CallState
 TASK_META = "io.recoveryconsole/task"
 KEY_HINT = "io.recoveryconsole/idempotency_key"
+SESSION_TASK = "mcp-session:"  # the external id of a task a legacy MCP session names
 IDLE = timedelta(minutes=15)  # a task named by (token, client) is a new one after this long without a call
 IN_FLIGHT = {S.READY, S.SENT, S.RETRYABLE}
 BEING_CONFIRMED = {S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED, S.HUMAN_REVIEW}
@@ -98,7 +99,7 @@ def task_name(caller: Caller, meta: dict, actor: Actor) -> str:
     if len(parts) == 4 and len(parts[1]) == 32:
         return f"trace:{parts[1]}"
     if caller.session_id:
-        return f"mcp-session:{caller.session_id[:100]}"
+        return f"{SESSION_TASK}{caller.session_id[:100]}"
     return _pair_task(caller, actor)
 
 
@@ -128,14 +129,19 @@ def _task(caller: Caller, meta: dict, actor: Actor) -> Task:
     return task
 
 
-def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task) -> str:
-    """A write's intent key: the client's, else the tool's key_template, else the canonical arguments in the task."""
+def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task, caller: Caller | None = None) -> str:
+    """A write's intent key: the client's, else the tool's key_template, else the canonical arguments — within the
+    task, or, for a task named by a legacy MCP session, within the (token, client): a gateway restart ends the session
+    and the client's re-issue comes on a new one (a new task), where its key must still find the call it repeats."""
     sent = meta.get(KEY_HINT)
     if isinstance(sent, str) and sent:
         return sent[:200]
+    scope = str(task.pk)
+    if caller is not None and task.external_id.startswith(SESSION_TASK):
+        scope = f"t{caller.token.pk}-{fingerprint('client', {'name': caller.client_name})[:12]}"
     if tool.key_template:
-        return f"{task.pk}:{filled_key(tool.key_template, arguments)}"[:200]
-    return f"mcp-{task.pk}-{fingerprint(tool.name, arguments)[:40]}"
+        return f"{scope}:{filled_key(tool.key_template, arguments)}"[:200]
+    return f"mcp-{scope}-{fingerprint(tool.name, arguments)[:40]}"
 
 
 def _window(tool: Tool) -> int:
@@ -167,7 +173,7 @@ def begin(caller: Caller, tool: Tool, arguments: dict, meta: dict) -> Answer | B
     actor = Actor.for_token(caller.token)
     task = _task(caller, meta, actor)
     write = tool.side_effect == "write"
-    key = intent_key(tool, arguments, meta, task) if write else f"mcp-read-{uuid.uuid4().hex}"
+    key = intent_key(tool, arguments, meta, task, caller) if write else f"mcp-read-{uuid.uuid4().hex}"
     if write:
         existing = Call.objects.filter(tenant=caller.tenant, tool=tool, idempotency_key=key).first()
         if existing is not None:
