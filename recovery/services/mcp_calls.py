@@ -85,6 +85,7 @@ def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Too
     """A registry tool for a tool the server lists and the registry does not describe: a high-risk, non-replay-safe
     write, its annotations stored as the server's untrusted hints (loaded, and audited, as any registry change)."""
     stub = registry_stub(provider.name, [listed])
+    stub["tools"][0]["mcp"]["unregistered"] = True  # shown as such on the console's tool and call pages
     load_registry(stub, actor=actor, source=f"mcp:{provider.name} tools/list")
     return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
