@@ -59,6 +59,11 @@ def timeout_of(provider: Provider) -> float:
 
 
 async def list_tools(provider: Provider) -> list[Any]:
+    """The server's tools/list: over the gateway's kept session of a stdio server, else on a connection of its own."""
+    upstream = _pooled(provider)
+    if upstream is not None:
+        client = await upstream.session(max(provider.connect_timeout_s, CONNECT_S))
+        return list((await client.list_tools()).tools)
     async with client_for(provider) as client:
         return list((await client.list_tools()).tools)
 
@@ -96,11 +101,7 @@ async def forward_once(provider: Provider, name: str, arguments: dict, meta: dic
 async def forward(provider: Provider, name: str, arguments: dict, meta: dict, tool: str = "") -> Forwarded:
     """Send one `tools/call` of registry tool `tool`; never retried. A stdio server's call goes over the gateway
     process's long-lived session of it (recovery/providers/mcp_upstream.py), else on a connection of its own."""
-    upstream = (
-        None
-        if "url" in provider.mcp
-        else POOL.upstream(_pool_key(provider), lambda: client_for(provider), _deaths_counted(provider.pk))
-    )
+    upstream = _pooled(provider)
     if upstream is None:
         return await forward_once(provider, name, arguments, meta)
     done = Forwarded()
@@ -136,6 +137,13 @@ async def _call_on(upstream: Upstream, client: Client, done: Forwarded, tool: st
         upstream.dead.set()  # its death is counted on the call's own report, not again on its tool's breaker
     else:
         counted[tool] -= 1
+
+
+def _pooled(provider: Provider) -> Upstream | None:
+    """The gateway process's session of a stdio provider's server (None: a Streamable HTTP one, or not the gateway)."""
+    if "url" in provider.mcp:
+        return None
+    return POOL.upstream(_pool_key(provider), lambda: client_for(provider), _deaths_counted(provider.pk))
 
 
 def _pool_key(provider: Provider) -> tuple:

@@ -7,6 +7,7 @@ on the breakers of the provider's tools. A call in flight when it died is never 
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -99,11 +100,12 @@ class UpstreamPool:
     def __init__(self):
         self.upstreams: dict[Any, Upstream] = {}
         self.group: anyio.abc.TaskGroup | None = None
+        self.thread = 0  # the event loop's: another thread (a command, a test) connects on its own
 
     async def serve(self, app: Callable[[], Awaitable[None]]) -> None:
         """Run `app` (the ASGI lifespan) with the upstreams' task group open; its end stops every server started."""
         async with anyio.create_task_group() as group:
-            self.group = group
+            self.group, self.thread = group, threading.get_ident()
             try:
                 await app()
             finally:
@@ -113,7 +115,7 @@ class UpstreamPool:
 
     def upstream(self, key: Any, connect: Callable[[], Client], on_death) -> Upstream | None:
         """The provider's upstream, started on first use; None outside the pool's lifetime (a connection per call)."""
-        if self.group is None:
+        if self.group is None or threading.get_ident() != self.thread:
             return None
         found = self.upstreams.get(key)
         if found is None:
