@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 
+import anyio
 import httpx2
 import pytest
 
@@ -86,6 +87,21 @@ def test_one_server_process_serves_every_call_and_one_killed_is_started_again(ga
     assert not any(r.is_error for r in _calls(gateway.url, token, log, log, log))
     upstream = _upstream()
     assert upstream.starts == 1  # three calls, one process
+    set_fault(control, "delay", "git_log")  # the first answer held 2 s: the second call overlaps it on the session
+    results = []
+
+    async def one():
+        async with client(gateway.url, token) as mcp:
+            results.append(await mcp.call_tool(*log))
+
+    async def both():
+        async with anyio.create_task_group() as group:
+            group.start_soon(one)
+            group.start_soon(one)
+
+    run(both)
+    assert len(results) == 2 and not any(r.is_error for r in results)
+    assert upstream.starts == 1 and len(forwarded(control)) == 5
     set_fault(control, "kill", "git_log")  # the proxy kills the server and dies under the call
     (killed,) = _calls(gateway.url, token, log)
     assert killed.is_error
