@@ -58,6 +58,16 @@ def test_the_tool_page_shows_the_servers_hints_as_untrusted_and_whether_the_tool
     assert "a high-risk, non-replay-safe write" in exposed  # what it is treated as, whatever it hints
 
 
+def test_the_breakers_page_says_for_each_mcp_tool_whether_it_is_registered_and_what_the_server_hints():
+    load_registry(_registry(), actor=Actor.system("tests"))
+    page = signed_in(make_people(), VIEWER).get("/operations/breakers/").content.decode()
+    assert 'data-fact="mcp-registered" data-tool="time.now" data-value="registered"' in page
+    assert 'data-fact="mcp-registered" data-tool="time.convert_time" data-value="exposed-unregistered"' in page
+    hints = re.findall(r'data-fact="mcp-hint" data-tool="([\w.]+)" data-hint="(\w+)" data-value="([^"]*)"', page)
+    assert ("time.now", "readOnlyHint", "true") in hints and ("time.convert_time", "destructiveHint", "false") in hints
+    assert "untrusted hints, never acted on" in page
+
+
 def test_a_tool_that_is_not_an_mcp_tool_shows_no_mcp_section():
     from tests.sandbox import sandbox_registry
 
