@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import anyio
 import httpx2
@@ -33,7 +34,7 @@ from recovery.devtools.mcp_stage import (
 )
 from recovery.devtools.mcp_stage import run_async as run
 from recovery.models import Breaker, BreakerBucket, Call, Tool
-from recovery.providers.mcp_upstream import POOL
+from recovery.providers.mcp_upstream import POOL, backoff_s
 from recovery.registry import load_registry
 from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
@@ -200,13 +201,21 @@ def test_a_reissue_on_a_new_session_after_a_gateway_restart_never_commits_twice(
         async with client(url, token, mode="legacy") as mcp:  # a handshake-era client: a session of its own
             return await mcp.call_tool("git_commit", args)
 
+    async def read(url):
+        async with client(url, token, mode="2026-07-28", name="desk") as mcp:  # no session: the (token, client) task
+            return await mcp.call_tool("git_log", {"repo_path": str(repo)})
+
     port = free_port()
     with GatewayProcess(port) as first:
         done = run(commit, first.url)
+        run(read, first.url)
     assert not done.is_error, done
     with GatewayProcess(port) as again:  # the old session is gone: the client starts a new one
         reissued = run(commit, again.url)
-    call = Call.objects.get()
+        run(read, again.url)
+    before, after = Call.objects.filter(tool__name="git.log").order_by("pk")
+    assert before.task_id == after.task_id  # found again in the database
+    call = Call.objects.get(tool__name="git.commit")
     assert call.state == "COMMITTED" and commits(repo) == 1
     assert not reissued.is_error and reissued.structured_content["recovery"]["replayed_from_call"] == call.pk
     assert f"Already done as call {call.pk}" in reissued.content[0].text
@@ -224,3 +233,27 @@ def test_a_registry_change_of_the_command_stops_the_old_server_and_starts_the_ne
     new = _upstream()  # the one upstream left
     assert new is not old and new.starts == 1
     assert wait(lambda: len(os.popen(f"pgrep -f '[m]cp-server-git --repository {repo}'").read().split()) == 1, 10)
+
+
+def test_a_repeat_after_the_window_on_another_session_is_named_as_a_duplicate_intent(gateway, repo):
+    server = {"command": str(GIT_SERVER), "args": ["--repository", str(repo)]}
+    token = _load(git_registry(repo, server, window_s=1))
+    args = {"repo_path": str(repo), "message": "s"}
+
+    async def commit():
+        async with client(gateway.url, token, mode="legacy") as mcp:  # each a session, and so a task, of its own
+            return await mcp.call_tool("git_commit", args)
+
+    stage_file(repo, "s.txt", "s")
+    assert not run(commit).is_error
+    time.sleep(1.2)
+    stage_file(repo, "t.txt", "t")  # something to commit: a repeat that slipped through would make a second commit
+    repeat = run(commit)
+    call = Call.objects.get()
+    assert repeat.is_error and repeat.structured_content["recovery"]["decision"]["route"] == "duplicate_intent"
+    assert repeat.structured_content["recovery"]["decision"]["call_id"] == call.pk
+    assert f"call {call.pk}" in repeat.content[0].text and commits(repo) == 1
+
+
+def test_the_restart_backoff_doubles_from_half_a_second_up_to_thirty():
+    assert [backoff_s(n) for n in (1, 2, 3, 4, 6, 7, 20)] == [0.5, 1, 2, 4, 16, 30, 30]

@@ -163,6 +163,12 @@ def absorbed(call: Call) -> Answer:
     return Answer(f"Call {call.pk} ended {call.state}; it was not executed again.", True, base)
 
 
+_DUPLICATE = (
+    "call {} already carries this write intent: a new idempotency key must not launder a replay. Retry that call "
+    "under its own key."
+)
+
+
 def _refusal(exc: Refusal, call_id: int | None = None) -> Answer:
     detail = exc.detail or {}
     decision = {"route": exc.code, "call_id": detail.get("existing_call", call_id), "retry_after_ms": None}
@@ -180,6 +186,8 @@ def begin(caller: Caller, tool: Tool, arguments: dict, meta: dict) -> Answer | B
         if existing is not None:
             if timezone.now() - existing.created_at <= timedelta(seconds=_window(tool)):
                 return absorbed(existing)
+            if existing.task_id != task.pk:  # the gate checks within a task: a new session's repeat is named here
+                return _refusal(Refusal("duplicate_intent", _DUPLICATE.format(existing.pk), status=409), existing.pk)
             # After the window a repeat is a new intent under a new key: the gate names the call it repeats.
             key = f"{key}-{uuid.uuid4().hex[:12]}"
     try:
