@@ -257,3 +257,15 @@ def test_a_repeat_after_the_window_on_another_session_is_named_as_a_duplicate_in
 
 def test_the_restart_backoff_doubles_from_half_a_second_up_to_thirty():
     assert [backoff_s(n) for n in (1, 2, 3, 4, 6, 7, 20)] == [0.5, 1, 2, 4, 16, 30, 30]
+
+
+def test_a_server_that_dies_between_calls_is_noticed_and_started_again_before_the_next_call(gateway, repo):
+    token = _load(git_registry(repo, {"command": str(GIT_SERVER), "args": ["--repository", str(repo)]}))
+    log = ("git_log", {"repo_path": str(repo)})
+    _calls(gateway.url, token, log)
+    [pid] = [int(p) for p in os.popen(f"pgrep -f '[m]cp-server-git --repository {repo}'").read().split()]
+    os.kill(pid, signal.SIGKILL)  # the server this test's gateway started, by its id
+    assert wait(lambda: _upstream().starts == 2, 10)  # noticed with no call on the wire, and started again
+    (after,) = _calls(gateway.url, token, log)
+    assert not after.is_error
+    assert [c.state for c in Call.objects.order_by("pk")] == ["COMMITTED", "COMMITTED"]
