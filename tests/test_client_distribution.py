@@ -120,6 +120,19 @@ def test_the_wheel_installs_into_an_empty_virtualenv_with_requests_as_its_only_d
     assert Path(where.stdout.strip()).is_relative_to(fresh.parent.parent)  # the installed copy, not the checkout
 
 
+def test_the_wheel_declares_and_installs_the_stdio_bridge_as_a_console_script(dist, fresh):
+    """recovery-mcp-stdio (docs/mcp-gateway.md) ships in the distribution: an entry point of the wheel, and a command
+    of the fresh virtualenv that runs with nothing but the client and requests installed."""
+    [wheel] = dist.glob("*.whl")
+    version = recovery_client.__version__
+    entry = zipfile.ZipFile(wheel).read(f"recovery_console_client-{version}.dist-info/entry_points.txt").decode()
+    assert "recovery-mcp-stdio = recovery_client.mcp_stdio:main" in entry
+    bridge = fresh.parent / "recovery-mcp-stdio"
+    helped = _run([str(bridge), "--help"])
+    assert "--token-env" in helped.stdout and "--url" in helped.stdout
+    assert "recovery-mcp-stdio" in (CLIENT / "README.md").read_text()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_clients_own_tests_pass_from_the_fresh_virtualenv_against_a_live_console(fresh, live_server, tmp_path):
     with drill_stage(api_url=live_server.url) as stage:

@@ -266,6 +266,7 @@ def test_unregistered_tools_are_offered_only_when_the_provider_says_so_as_high_r
     tool = Tool.objects.get(name="git.git_status")
     assert (tool.side_effect, tool.risk, tool.replay_safe) == ("write", "high", False)
     assert tool.mcp["annotations"]["readOnlyHint"] is True  # kept as the server's hint, never acted on
+    assert tool.mcp["unregistered"] is True  # the console's tool and call pages say exposed-unregistered
     # A write with no reference to confirm it by: a person looks at it, whatever the server's hint says.
     assert Call.objects.get(tool=tool).state == "HUMAN_REVIEW"
     assert [f["name"] for f in forwarded(control)] == ["git_status"]

@@ -201,6 +201,9 @@ def test_a_lost_reply_shows_in_the_unknown_queue_and_on_the_call_and_task_pages(
         page = reviewer.get(url)
         assert page.status_code == 200, url
         assert "git.commit" in page.content.decode(), url
+    call_page = reviewer.get(f"/calls/{call.pk}/").content.decode()  # an MCP call: its tool's entry and hints
+    assert 'data-fact="mcp-registered" data-tool="git.commit" data-value="registered"' in call_page
+    assert 'data-hint="readOnlyHint" data-value="not given"' in call_page
 
 
 def test_an_operators_same_key_replay_of_an_mcp_write_is_refused_as_a_blind_resend(gateway, repo, control):

@@ -79,3 +79,14 @@ def receipt_source(value) -> str:
     """A receipt's source in the pages' words: "idempotent replay (replay reconciliation)" for replay
     reconciliation's one same-key replay (docs/replay.md), the stored value otherwise."""
     return receipt_source_text(str(value or ""))
+
+
+MCP_HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")
+
+
+@register.filter
+def mcp_hints(mcp: dict | None) -> list[tuple[str, str]]:
+    """An MCP tool's annotations as (hint, what the server said) for each of the four, "not given" where it is silent:
+    the server's untrusted hints, shown and never acted on (docs/mcp-gateway.md)."""
+    annotations = (mcp or {}).get("annotations") or {}
+    return [(name, str(annotations[name]).lower() if name in annotations else "not given") for name in MCP_HINTS]

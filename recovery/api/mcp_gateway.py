@@ -20,6 +20,7 @@ from recovery.audit.chain import Actor
 from recovery.models import Tenant, Tool
 from recovery.providers.mcp import facts_of_forward, forward
 from recovery.providers.mcp import list_tools as upstream_tools
+from recovery.providers.mcp_upstream import POOL
 from recovery.services import mcp_calls
 from recovery.services.tokens import token_authenticate
 
@@ -149,7 +150,7 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     if isinstance(begun, mcp_calls.Answer):
         return _absorbed(begun)
     with anyio.CancelScope(shield=True):  # a client that disconnects does not cancel a forwarded write
-        done = await forward(begun.tool.provider, begun.tool.mcp["tool"], begun.arguments, begun.meta)
+        done = await forward(begun.tool.provider, begun.tool.mcp["tool"], begun.arguments, begun.meta, begun.tool.name)
         outcome = await _db(mcp_calls.finish, begun, facts_of_forward(begun.tool, done), caller)
     return _answered(begun, done, outcome)
 
@@ -182,4 +183,17 @@ def gateway_app(host: str = "127.0.0.1") -> Starlette:
     """The gateway's ASGI app: /mcp, stateful Streamable HTTP (a legacy client's session names its task)."""
     security = TransportSecuritySettings(enable_dns_rebinding_protection=False)
     app = mcp_server().streamable_http_app(streamable_http_path="/mcp", transport_security=security, host=host)
-    return BearerToken(app)
+    return UpstreamLifespan(BearerToken(app))
+
+
+class UpstreamLifespan:
+    """The gateway's lifetime is its upstream sessions' (recovery/providers/mcp_upstream.py): opened with the app's
+    lifespan, and every server process it started stopped when it ends."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "lifespan":
+            return await self.app(scope, receive, send)
+        await POOL.serve(lambda: self.app(scope, receive, send))

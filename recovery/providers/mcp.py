@@ -5,8 +5,10 @@ into the wire facts classification reads, and asking a tool's status tool what b
 
 from __future__ import annotations
 
+import json
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,13 +19,14 @@ from mcp import Client
 from mcp.client.stdio import StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import REQUEST_TIMEOUT
+from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
 
 from recovery.engine.reconcile import Observation
 from recovery.engine.redact import redact
 from recovery.engine.types import ErrorFacts, Facts
 from recovery.engine.validation import MISSING, resolve
 from recovery.models import Call, Provider, Tool
+from recovery.providers.mcp_upstream import POOL, Upstream, UpstreamDown
 from recovery.providers.status import StatusAnswer, outbound_headers
 
 INVALID_PARAMS = -32602  # JSON-RPC: the arguments were refused, nothing executed
@@ -56,6 +59,11 @@ def timeout_of(provider: Provider) -> float:
 
 
 async def list_tools(provider: Provider) -> list[Any]:
+    """The server's tools/list: over the gateway's kept session of a stdio server, else on a connection of its own."""
+    upstream = _pooled(provider)
+    if upstream is not None:
+        client = await upstream.session(max(provider.connect_timeout_s, CONNECT_S))
+        return list((await client.list_tools()).tools)
     async with client_for(provider) as client:
         return list((await client.list_tools()).tools)
 
@@ -71,8 +79,9 @@ class Forwarded:
     finished_at: datetime | None = None
 
 
-async def forward(provider: Provider, name: str, arguments: dict, meta: dict) -> Forwarded:
-    """Send one `tools/call`; never retried. Shielded: a client that disconnects does not cancel a forwarded write."""
+async def forward_once(provider: Provider, name: str, arguments: dict, meta: dict) -> Forwarded:
+    """Send one `tools/call` on a connection of its own (a stdio server started for it); never retried. Shielded: a
+    client that disconnects does not cancel a forwarded write."""
     done = Forwarded()
     call_s = timeout_of(provider)
     with anyio.CancelScope(shield=True):
@@ -87,6 +96,81 @@ async def forward(provider: Provider, name: str, arguments: dict, meta: dict) ->
             done.error = _leaf(exc)
     done.finished_at = datetime.now(UTC)
     return done
+
+
+async def forward(provider: Provider, name: str, arguments: dict, meta: dict, tool: str = "") -> Forwarded:
+    """Send one `tools/call` of registry tool `tool`; never retried. A stdio server's call goes over the gateway
+    process's long-lived session of it (recovery/providers/mcp_upstream.py), else on a connection of its own."""
+    upstream = _pooled(provider)
+    if upstream is None:
+        return await forward_once(provider, name, arguments, meta)
+    done = Forwarded()
+    with anyio.CancelScope(shield=True):
+        try:
+            client = await upstream.session(max(provider.connect_timeout_s, CONNECT_S))
+        except UpstreamDown as exc:
+            done.error = exc  # the request provably never left
+        else:
+            done.connected = True
+            await _call_on(upstream, client, done, tool, (name, arguments, meta, timeout_of(provider)))
+    done.finished_at = datetime.now(UTC)
+    return done
+
+
+async def _call_on(upstream: Upstream, client: Client, done: Forwarded, tool: str, call: tuple) -> None:
+    name, arguments, meta, call_s = call
+    counted = upstream.in_flight
+    counted[tool] += 1
+    lost = True
+    try:
+        with anyio.fail_after(call_s):
+            done.result = await client.call_tool(name, arguments, meta=meta or None)
+        lost = False
+    except TimeoutError as exc:
+        done.error, lost = exc, False  # the session lives on; the call is UNKNOWN all the same
+    except MCPError as exc:
+        done.error = exc
+        lost = exc.error.code == CONNECTION_CLOSED
+    except Exception as exc:  # the stream broke under the call
+        done.error = _leaf(exc)
+    if lost:
+        upstream.dead.set()  # its death is counted on the call's own report, not again on its tool's breaker
+    else:
+        counted[tool] -= 1
+
+
+def _pooled(provider: Provider) -> Upstream | None:
+    """The gateway process's session of a stdio provider's server (None: a Streamable HTTP one, or not the gateway)."""
+    if "url" in provider.mcp:
+        return None
+    return POOL.upstream(_pool_key(provider), lambda: client_for(provider), _deaths_counted(provider.pk))
+
+
+def _pool_key(provider: Provider) -> tuple:
+    return (provider.pk, json.dumps(provider.mcp, sort_keys=True))
+
+
+def _deaths_counted(provider_id: int):
+    async def on_death(in_flight: Counter) -> None:
+        await anyio.to_thread.run_sync(_count_death, provider_id, {name for name, n in in_flight.items() if n > 0})
+
+    return on_death
+
+
+def _count_death(provider_id: int, reported: set[str]) -> None:
+    """A death of the provider's server: one failure on the breaker of each of its tools (but those whose call died
+    with it: that call's report counts it)."""
+    from django.db import close_old_connections, connections
+
+    from recovery.services.breakers import breaker_record
+
+    close_old_connections()
+    try:
+        now = datetime.now(UTC)
+        for tool in Tool.objects.filter(provider_id=provider_id).exclude(name__in=reported):
+            breaker_record(tool, counts_as_failure=True, probe=False, now=now)
+    finally:
+        connections.close_all()
 
 
 def _leaf(exc: BaseException) -> BaseException:
@@ -213,7 +297,7 @@ def query_mcp_status(tool: Tool, call: Call) -> StatusAnswer:
     """Call the tool's status tool once, on a connection of its own (the reconcile worker's thread)."""
     spec = tool.mcp["status_tool"]
     arguments = status_arguments(tool, call)
-    done = anyio.run(forward, tool.provider, spec["tool"], arguments, {})
+    done = anyio.run(forward_once, tool.provider, spec["tool"], arguments, {})
     if done.error is not None:
         error = redact(f"{type(done.error).__name__}: {done.error}")
         record = {"method": "tools/call", "url": spec["tool"], "headers": {}}

@@ -92,6 +92,7 @@ MCP_TOOL = {
     "marker": _object(MARKER, "an MCP marker"),
     "status_tool": _object(STATUS_TOOL, "an MCP status tool"),
     "annotations": Key(_annotations),
+    "unregistered": Key(boolean),  # added by the gateway from tools/list (expose_unregistered), not by an admin
 }
 
 

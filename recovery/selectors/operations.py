@@ -111,6 +111,7 @@ class ToolBreaker:
     latest_probe: DuplicateProbe | None = None  # whatever it decided (an inconclusive one decides nothing)
     last_operation: BreakerOperation | None = None  # the latest applied force open or reset: who, when, why
     pending_reset: BreakerOperation | None = None  # a reset requested and not decided yet (it may have expired)
+    mcp: dict | None = None  # an MCP tool's entry: its server's name for it, untrusted annotations, `unregistered`
 
     @property
     def at_threshold(self) -> bool:
@@ -146,7 +147,7 @@ class BreakersPage:
 
 # What the page reads of a tool: not its schemas, request templates or invariants.
 _TOOL_FIELDS = (
-    "name", "side_effect", "risk", "replay_safe", "retry_path", "retry_path_key_age_s", "retry_path_probe",
+    "name", "side_effect", "risk", "replay_safe", "mcp", "retry_path", "retry_path_key_age_s", "retry_path_probe",
     "retry_path_reason", "retry_path_changed_at", "retry_path_base_url", "reconcile", "fallback",
     "key_retention_s", "budgets", "breaker", "status_query", "exhausted_to_review", "provider__name",
     "breaker_row__state", "breaker_row__opened_at", "breaker_row__probes_reserved", "breaker_row__probe_lease_until",
@@ -300,6 +301,7 @@ def _tool_breaker(
         latest_probe=probe,
         last_operation=operations.get((tool.pk, BreakerOperationStatus.APPLIED)),
         pending_reset=operations.get((tool.pk, BreakerOperationStatus.REQUESTED)),
+        mcp=tool.mcp or None,
     )
 
 

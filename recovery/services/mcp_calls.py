@@ -30,6 +30,7 @@ from recovery.services.outcomes import attempt_report
 S = CallState
 TASK_META = "io.recoveryconsole/task"
 KEY_HINT = "io.recoveryconsole/idempotency_key"
+SESSION_TASK = "mcp-session:"  # the external id of a task a legacy MCP session names
 IDLE = timedelta(minutes=15)  # a task named by (token, client) is a new one after this long without a call
 IN_FLIGHT = {S.READY, S.SENT, S.RETRYABLE}
 BEING_CONFIRMED = {S.UNKNOWN, S.STILL_UNKNOWN, S.ACCEPTED, S.HUMAN_REVIEW}
@@ -84,6 +85,7 @@ def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Too
     """A registry tool for a tool the server lists and the registry does not describe: a high-risk, non-replay-safe
     write, its annotations stored as the server's untrusted hints (loaded, and audited, as any registry change)."""
     stub = registry_stub(provider.name, [listed])
+    stub["tools"][0]["mcp"]["unregistered"] = True  # shown as such on the console's tool and call pages
     load_registry(stub, actor=actor, source=f"mcp:{provider.name} tools/list")
     return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
@@ -98,7 +100,7 @@ def task_name(caller: Caller, meta: dict, actor: Actor) -> str:
     if len(parts) == 4 and len(parts[1]) == 32:
         return f"trace:{parts[1]}"
     if caller.session_id:
-        return f"mcp-session:{caller.session_id[:100]}"
+        return f"{SESSION_TASK}{caller.session_id[:100]}"
     return _pair_task(caller, actor)
 
 
@@ -128,14 +130,19 @@ def _task(caller: Caller, meta: dict, actor: Actor) -> Task:
     return task
 
 
-def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task) -> str:
-    """A write's intent key: the client's, else the tool's key_template, else the canonical arguments in the task."""
+def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task, caller: Caller | None = None) -> str:
+    """A write's intent key: the client's, else the tool's key_template, else the canonical arguments — within the
+    task, or, for a task named by a legacy MCP session, within the (token, client): a gateway restart ends the session
+    and the client's re-issue comes on a new one (a new task), where its key must still find the call it repeats."""
     sent = meta.get(KEY_HINT)
     if isinstance(sent, str) and sent:
         return sent[:200]
+    scope = str(task.pk)
+    if caller is not None and task.external_id.startswith(SESSION_TASK):
+        scope = f"t{caller.token.pk}-{fingerprint('client', {'name': caller.client_name})[:12]}"
     if tool.key_template:
-        return f"{task.pk}:{filled_key(tool.key_template, arguments)}"[:200]
-    return f"mcp-{task.pk}-{fingerprint(tool.name, arguments)[:40]}"
+        return f"{scope}:{filled_key(tool.key_template, arguments)}"[:200]
+    return f"mcp-{scope}-{fingerprint(tool.name, arguments)[:40]}"
 
 
 def _window(tool: Tool) -> int:
@@ -156,6 +163,12 @@ def absorbed(call: Call) -> Answer:
     return Answer(f"Call {call.pk} ended {call.state}; it was not executed again.", True, base)
 
 
+_DUPLICATE = (
+    "call {} already carries this write intent: a new idempotency key must not launder a replay. Retry that call "
+    "under its own key."
+)
+
+
 def _refusal(exc: Refusal, call_id: int | None = None) -> Answer:
     detail = exc.detail or {}
     decision = {"route": exc.code, "call_id": detail.get("existing_call", call_id), "retry_after_ms": None}
@@ -167,12 +180,14 @@ def begin(caller: Caller, tool: Tool, arguments: dict, meta: dict) -> Answer | B
     actor = Actor.for_token(caller.token)
     task = _task(caller, meta, actor)
     write = tool.side_effect == "write"
-    key = intent_key(tool, arguments, meta, task) if write else f"mcp-read-{uuid.uuid4().hex}"
+    key = intent_key(tool, arguments, meta, task, caller) if write else f"mcp-read-{uuid.uuid4().hex}"
     if write:
         existing = Call.objects.filter(tenant=caller.tenant, tool=tool, idempotency_key=key).first()
         if existing is not None:
             if timezone.now() - existing.created_at <= timedelta(seconds=_window(tool)):
                 return absorbed(existing)
+            if existing.task_id != task.pk:  # the gate checks within a task: a new session's repeat is named here
+                return _refusal(Refusal("duplicate_intent", _DUPLICATE.format(existing.pk), status=409), existing.pk)
             # After the window a repeat is a new intent under a new key: the gate names the call it repeats.
             key = f"{key}-{uuid.uuid4().hex[:12]}"
     try:
