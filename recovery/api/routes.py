@@ -15,8 +15,8 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 
+from recovery.api.admission_answers import AdmittedOut
 from recovery.api.answers import (
-    AdmittedOut,
     CallOut,
     CapabilitiesOut,
     CompensationAttemptOut,
