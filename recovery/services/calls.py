@@ -21,9 +21,10 @@ from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
 from recovery.models import Call, Step, Task, TaskStatus, Tool
 from recovery.registry import tool_policy
-from recovery.selectors.tasks_calls import allowed_tool, allowed_tools, blocking
+from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
 from recovery.services.errors import Refusal
+from recovery.statemachine import hot_reads
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -58,7 +59,7 @@ def call_add(
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
     registry default (a saga's abort uses it, docs/compensation.md)."""
-    named = allowed_tool(task.tenant, tool_name) if compensation is None else None
+    named = hot_reads.allowed_tool(task.tenant, tool_name) if compensation is None else None
     # All the tenant's tools only where they are read: a refusal lists them, a step's own undo is checked against them.
     tools = {named.name: named} if named is not None else {t.name: t for t in allowed_tools(task.tenant)}
     tool = _check_admissible(task, tools, tool_name, step_index, depends_on, compensation)

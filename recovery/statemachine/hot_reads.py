@@ -1,0 +1,133 @@
+"""More of the protected call's reads as SQL written once from the models (docs/benchmarks.md, the protected
+benchmark): the report's attempt, the registration's tool and the admission's earlier verdicts. The ORM builds each
+of these statements anew on every request, and that building cost more CPU than PostgreSQL spends running them; rows
+become model instances as recovery.statemachine.hot_path makes them, and the ORM twin reads when
+RECOVERY_HOT_PATH_SQL is off.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from functools import cache
+
+from django.db import connection
+from django.db.models import Max, Subquery
+
+from recovery.models import Attempt, Call, Provider, Tenant, Tool
+from recovery.registry import with_alternates
+from recovery.selectors import tasks_calls
+from recovery.statemachine.hot_path import _cache_related, _columns, _load, _sql
+
+_ALTERNATES = f"EXISTS(SELECT 1 FROM {Tool.alternates.through._meta.db_table} x WHERE x.from_tool_id = t.id)"
+
+
+@cache
+def _attempt_sql(tenants: int) -> str:
+    columns = ", ".join([_columns(Attempt, "a"), _columns(Tool, "t"), _columns(Provider, "p"), _columns(Call, "c")])
+    return (
+        f"SELECT {columns}, {_ALTERNATES} FROM {Attempt._meta.db_table} a "
+        f"JOIN {Call._meta.db_table} c ON a.call_id = c.id JOIN {Tool._meta.db_table} t ON a.tool_id = t.id "
+        f"JOIN {Provider._meta.db_table} p ON t.provider_id = p.id "
+        f"WHERE a.call_id = %s AND a.attempt_id = %s AND c.tenant_id IN ({', '.join(['%s'] * tenants)})"
+    )
+
+
+def attempt_for_report(call_id: int, attempt_id: str, tenant_ids: Collection[int]) -> Attempt | None:
+    """selectors.tasks_calls.attempt_in_tenants() in one statement written once: the attempt, its tool (with its
+    provider) and its call, and whether the tool has alternates."""
+    if not _sql():
+        return tasks_calls.attempt_in_tenants(call_id, attempt_id, tenant_ids)
+    low, high = connection.ops.integer_field_range("BigAutoField")
+    if not tenant_ids or not low <= call_id <= high:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_attempt_sql(len(tenant_ids)), [call_id, attempt_id, *sorted(tenant_ids)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    attempt, at = _load(Attempt, row, 0)
+    tool, at = _load(Tool, row, at)
+    provider, at = _load(Provider, row, at)
+    call, at = _load(Call, row, at)
+    _cache_related(tool, "provider", provider)
+    _cache_related(attempt, "tool", tool)
+    _cache_related(attempt, "call", call)
+    attempt.tool_has_alternates = bool(row[at])
+    if not attempt.tool_has_alternates:
+        with_alternates(tool, none=True)  # nothing to read for its policy
+    return attempt
+
+
+@cache
+def _tool_sql(all_tools: bool) -> str:
+    allowed = (
+        "" if all_tools else f"JOIN {Tenant.tools.through._meta.db_table} g ON g.tool_id = t.id AND g.tenant_id = %s "
+    )
+    return (
+        f"SELECT {_columns(Tool, 't')}, {_columns(Provider, 'p')}, {_ALTERNATES} FROM {Tool._meta.db_table} t "
+        f"JOIN {Provider._meta.db_table} p ON t.provider_id = p.id {allowed}WHERE t.name = %s"
+    )
+
+
+def allowed_tool(tenant: Tenant, name: str) -> Tool | None:
+    """selectors.tasks_calls.allowed_tool() in one statement written once: the tenant's capability `name` with its
+    provider, and whether it has alternates."""
+    if not _sql():
+        return tasks_calls.allowed_tool(tenant, name)
+    with connection.cursor() as cursor:
+        cursor.execute(_tool_sql(tenant.all_tools), [name] if tenant.all_tools else [tenant.pk, name])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    tool, at = _load(Tool, row, 0)
+    provider, at = _load(Provider, row, at)
+    _cache_related(tool, "provider", provider)
+    tool.has_alternates = bool(row[at])
+    if not tool.has_alternates:
+        with_alternates(tool, none=True)  # nothing to read for its policy
+    return tool
+
+
+@cache
+def _reported_sql() -> str:
+    attempts, calls = Attempt._meta.db_table, Call._meta.db_table
+    return (
+        f"SELECT a.call_id, a.attempt_id, a.response, a.outcome_response FROM {attempts} a "
+        f"JOIN {calls} c ON a.call_id = c.id WHERE c.task_id = %s AND a.http_status >= 200 AND a.http_status < 300 "
+        "AND a.http_status <> 202 AND a.reported_at > "
+        f"(SELECT MAX(b.admitted_at) FROM {attempts} b JOIN {calls} d ON b.call_id = d.id WHERE d.task_id = %s) "
+        "ORDER BY a.reported_at, a.id"
+    )
+
+
+def reported_2xx_since_last_admission(task_id: int) -> list[tuple[int, str, dict | None, dict | None]]:
+    """The task's attempts with a 2xx other than 202 reported after its latest admission: (call id, attempt id,
+    stored admission answer, stored outcome answer), in the order they were reported."""
+    if not _sql():
+        latest = (
+            Attempt.objects.filter(call__task_id=task_id)
+            .order_by()
+            .values("call__task_id")
+            .annotate(latest=Max("admitted_at"))
+            .values("latest")[:1]
+        )
+        rows = (
+            Attempt.objects.filter(call__task_id=task_id, reported_at__gt=Subquery(latest))
+            .filter(http_status__gte=200, http_status__lt=300)
+            .exclude(http_status=202)
+            .order_by("reported_at", "pk")
+        )
+        return list(rows.values_list("call_id", "attempt_id", "response", "outcome_response"))
+    with connection.cursor() as cursor:
+        cursor.execute(_reported_sql(), [task_id, task_id])
+        rows = cursor.fetchall()
+    response, outcome = Attempt._meta.get_field("response"), Attempt._meta.get_field("outcome_response")
+    return [
+        (
+            call_id,
+            attempt_id,
+            response.from_db_value(admitted, None, connection),
+            outcome.from_db_value(answer, None, connection),
+        )
+        for call_id, attempt_id, admitted, answer in rows
+    ]
