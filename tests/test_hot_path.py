@@ -237,3 +237,21 @@ def test_the_protected_calls_reads_are_the_orms_reading(calls, settings):
     assert sql == orm == [(switched.pk, "a2", None, None)]
     Attempt.objects.filter(call=busy).update(admitted_at=now + timedelta(seconds=1))  # a later admission: none since
     assert _both(settings, lambda: hot_reads.reported_2xx_since_last_admission(task_id)) == ([], [])
+
+
+def test_the_reports_locked_call_and_the_registrations_task_are_the_orms_reading(calls, settings):
+    from django.db import transaction
+
+    for call in (calls["busy"], calls["switched"]):
+        with transaction.atomic():
+            sql, orm = _both(settings, lambda c=call: hot_reads.locked_call(c.pk))
+        assert [_fields(x) for x in (sql, sql.tool, sql.tool.provider, sql.task)] == [
+            _fields(x) for x in (orm, orm.tool, orm.tool.provider, orm.task)
+        ]
+    with transaction.atomic(), pytest.raises(Call.DoesNotExist):
+        hot_reads.locked_call(2**62)
+    task, tenants = calls["busy"].task, {calls["tenant"].pk}
+    sql, orm = _both(settings, lambda: hot_reads.task_in_tenants(task.pk, tenants))
+    assert (_fields(sql), _fields(sql.tenant)) == (_fields(orm), _fields(orm.tenant))
+    assert _both(settings, lambda: hot_reads.task_in_tenants(task.pk, {0})) == (None, None)
+    assert _both(settings, lambda: hot_reads.task_in_tenants(2**62, tenants)) == (None, None)

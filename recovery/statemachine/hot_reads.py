@@ -13,7 +13,7 @@ from functools import cache
 from django.db import connection
 from django.db.models import Max, Subquery
 
-from recovery.models import Attempt, Call, Provider, Tenant, Tool
+from recovery.models import Attempt, Call, Provider, Task, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
 from recovery.statemachine.hot_path import _cache_related, _columns, _load, _sql
@@ -131,3 +131,62 @@ def reported_2xx_since_last_admission(task_id: int) -> list[tuple[int, str, dict
         )
         for call_id, attempt_id, admitted, answer in rows
     ]
+
+
+@cache
+def _locked_call_sql(lock: str) -> str:
+    columns = ", ".join([_columns(Call, "c"), _columns(Tool, "t"), _columns(Provider, "p"), _columns(Task, "k")])
+    return (
+        f"SELECT {columns} FROM {Call._meta.db_table} c JOIN {Tool._meta.db_table} t ON c.tool_id = t.id "
+        f"JOIN {Provider._meta.db_table} p ON t.provider_id = p.id JOIN {Task._meta.db_table} k ON c.task_id = k.id "
+        f"WHERE c.id = %s{lock}"
+    )
+
+
+def locked_call(call_id: int) -> Call:
+    """The call locked for the rest of the transaction (FOR UPDATE of its row only, where the backend locks rows),
+    with its tool (and provider) and task: what a report reads inside its transaction, in one statement written once.
+    The ORM twin is select_for_update(of=("self",)) with select_related."""
+    if not _sql():
+        calls = Call.objects.select_for_update(of=("self",)).select_related("tool__provider", "task")
+        return calls.get(pk=call_id)
+    lock = " FOR UPDATE OF c" if connection.features.has_select_for_update_of else ""
+    with connection.cursor() as cursor:
+        cursor.execute(_locked_call_sql(lock), [call_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise Call.DoesNotExist(f"no call {call_id}")
+    call, at = _load(Call, row, 0)
+    tool, at = _load(Tool, row, at)
+    provider, at = _load(Provider, row, at)
+    task, _ = _load(Task, row, at)
+    _cache_related(tool, "provider", provider)
+    _cache_related(call, "tool", tool)
+    _cache_related(call, "task", task)
+    return call
+
+
+@cache
+def _task_sql(tenants: int) -> str:
+    return (
+        f"SELECT {_columns(Task, 'k')}, {_columns(Tenant, 'n')} FROM {Task._meta.db_table} k "
+        f"JOIN {Tenant._meta.db_table} n ON k.tenant_id = n.id "
+        f"WHERE k.id = %s AND k.tenant_id IN ({', '.join(['%s'] * tenants)})"
+    )
+
+
+def task_in_tenants(task_id: int, tenant_ids: Collection[int]) -> Task | None:
+    """The task with its tenant if it belongs to one of `tenant_ids` (every call registration reads it)."""
+    if not _sql():
+        return Task.objects.select_related("tenant").filter(pk=task_id, tenant_id__in=tenant_ids).first()
+    low, high = connection.ops.integer_field_range("BigAutoField")
+    if not tenant_ids or not low <= task_id <= high:
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute(_task_sql(len(tenant_ids)), [task_id, *sorted(tenant_ids)])
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    task, at = _load(Task, row, 0)
+    _cache_related(task, "tenant", _load(Tenant, row, at)[0])
+    return task
