@@ -255,3 +255,35 @@ def test_the_reports_locked_call_and_the_registrations_task_are_the_orms_reading
     assert (_fields(sql), _fields(sql.tenant)) == (_fields(orm), _fields(orm.tenant))
     assert _both(settings, lambda: hot_reads.task_in_tenants(task.pk, {0})) == (None, None)
     assert _both(settings, lambda: hot_reads.task_in_tenants(2**62, tenants)) == (None, None)
+
+
+def test_a_registrations_key_and_intent_read_is_the_orms_reading(calls, settings):
+    busy, task = calls["busy"], calls["busy"].task
+    twin = Call.objects.create(
+        tenant=task.tenant,
+        task=task,
+        step=busy.step,
+        tool=busy.tool,
+        idempotency_key="other-key",
+        arguments=busy.arguments,
+        fingerprint=busy.fingerprint,
+        side_effect=busy.side_effect,
+        risk=busy.risk,
+        state="READY",
+    )
+    cases = [
+        (busy.tool, busy.idempotency_key, busy.fingerprint),  # the key found, and two calls of the same intent
+        (busy.tool, "unused-key", busy.fingerprint),  # no key, the same intent
+        (busy.tool, busy.idempotency_key, "another-print"),  # the key, no intent
+        (calls["switched"].tool, busy.idempotency_key, "another-print"),  # the key under another tool: nothing
+    ]
+    for tool, key, print_ in cases:
+        (sql, sql_same), (orm, orm_same) = _both(
+            settings, lambda t=tool, k=key, p=print_: hot_reads.key_and_intent(task, t, k, p)
+        )
+        assert (sql and _fields(sql)) == (orm and _fields(orm)), key
+        assert [_fields(c) for c in sql_same] == [_fields(c) for c in orm_same], key
+    (found, same), _ = _both(
+        settings, lambda: hot_reads.key_and_intent(task, busy.tool, busy.idempotency_key, busy.fingerprint)
+    )
+    assert (found.pk, [c.pk for c in same]) == (busy.pk, [busy.pk, twin.pk])

@@ -65,11 +65,11 @@ def call_add(
     tool = _check_admissible(task, tools, tool_name, step_index, depends_on, compensation)
     policy = tool_policy(tool)
     print_ = fingerprint(tool.name, arguments)
-    existing = Call.objects.filter(tenant=task.tenant, tool=tool, idempotency_key=idempotency_key).first()
+    existing, same_intent = hot_reads.key_and_intent(task, tool, idempotency_key, print_)
     if existing is not None:
         return _same_key(existing, task, print_)
     if policy.is_write:
-        _check_new_intent(task, policy.side_effect, print_)
+        _check_new_intent(policy.side_effect, print_, same_intent)
     preflight = validate_args(policy.args_schema, arguments)
     try:
         with transaction.atomic():
@@ -138,12 +138,11 @@ def _check_admissible(
     return tool
 
 
-def _check_new_intent(task: Task, side_effect: str, print_: str) -> None:
-    """Refusal if another call of the task already carries this write intent (a new key must not launder a replay)."""
-    others = Call.objects.filter(task=task, fingerprint=print_).values_list("pk", "fingerprint", "state")
-    duplicate = duplicate_intent(
-        side_effect=side_effect, fingerprint=print_, existing=[(str(pk), fp, st) for pk, fp, st in others]
-    )
+def _check_new_intent(side_effect: str, print_: str, others: list[Call]) -> None:
+    """Refusal if another call of the task already carries this write intent (a new key must not launder a replay):
+    `others`, the task's calls with this fingerprint."""
+    existing = [(str(other.pk), other.fingerprint, other.state) for other in others]
+    duplicate = duplicate_intent(side_effect=side_effect, fingerprint=print_, existing=existing)
     if duplicate:
         raise Refusal(
             "duplicate_intent",

@@ -190,3 +190,33 @@ def task_in_tenants(task_id: int, tenant_ids: Collection[int]) -> Task | None:
     task, at = _load(Task, row, 0)
     _cache_related(task, "tenant", _load(Tenant, row, at)[0])
     return task
+
+
+@cache
+def _key_and_intent_sql() -> str:
+    same_key = "c.tenant_id = %s AND c.tool_id = %s AND c.idempotency_key = %s"
+    return (
+        f"SELECT {_columns(Call, 'c')}, ({same_key}) FROM {Call._meta.db_table} c "
+        f"WHERE ({same_key}) OR (c.task_id = %s AND c.fingerprint = %s) ORDER BY c.id"
+    )
+
+
+def key_and_intent(task: Task, tool: Tool, key: str, print_: str) -> tuple[Call | None, list[Call]]:
+    """What a registration checks before it inserts, in one statement written once: the call already registered
+    under this tenant, tool and key (the first, as `.first()` reads it), and the task's calls carrying the same
+    intent (fingerprint). The ORM twin reads them in two queries."""
+    if not _sql():
+        existing = Call.objects.filter(tenant_id=task.tenant_id, tool=tool, idempotency_key=key).first()
+        return existing, list(Call.objects.filter(task=task, fingerprint=print_).order_by("pk"))
+    keyed = [task.tenant_id, tool.pk, key]
+    with connection.cursor() as cursor:
+        cursor.execute(_key_and_intent_sql(), [*keyed, *keyed, task.pk, print_])
+        rows = cursor.fetchall()
+    existing, same_intent = None, []
+    for row in rows:
+        call, at = _load(Call, row, 0)
+        if row[at] and existing is None:
+            existing = call
+        if call.task_id == task.pk and call.fingerprint == print_:
+            same_intent.append(call)
+    return existing, same_intent
