@@ -60,6 +60,7 @@ MIRRORS: dict[Any, str] = {
     c.CallRef: "CallAdmittedOut",
     c.NotAdmittedDetail: "NotAdmittedDetail",
     c.ReportTerms: "ReportTermsOut",
+    c.EarlierVerdict: "EarlierVerdictOut",
     c.Admission: "AdmittedOut",
     c.OutcomeAnswer: "OutcomeOut",
 }

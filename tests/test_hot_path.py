@@ -12,12 +12,12 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from recovery.audit.chain import Actor
-from recovery.models import Attempt, Breaker, Call, GateDecision, Receipt, Step, Task
+from recovery.models import Attempt, Breaker, Call, GateDecision, Receipt, Step, Task, Tenant
 from recovery.registry import tool_policy
 from recovery.selectors.context import gate_context
 from recovery.services import attempts
 from recovery.services.tokens import token_create
-from recovery.statemachine import hot_path
+from recovery.statemachine import hot_path, hot_reads
 
 
 def _both(settings, read):
@@ -193,3 +193,97 @@ def test_the_task_counters_move_and_read_alike(task, settings):
     assert (sql.rounds_used, sql.write_retries_used, sql.tokens_used) == (1, 1, 5)
     assert (orm.rounds_used, orm.write_retries_used, orm.tokens_used) == (2, 2, 10)
     assert Task.objects.filter(pk=task.pk).values_list("rounds_used", "tokens_used").get() == (2, 10)
+
+
+def test_the_protected_calls_reads_are_the_orms_reading(calls, settings):
+    """recovery/statemachine/hot_reads.py: the report's attempt, the registration's tool (a tenant with every tool,
+    and one with a list) and the reports an admission hands back, as their ORM twins read them."""
+    tenants = {calls["tenant"].pk}
+    busy, switched = calls["busy"], calls["switched"]
+    Attempt.objects.create(call=switched, attempt_id="a2", number=1, tool=switched.tool, arguments={}, fingerprint="f")
+    for call, attempt_id in ((busy, "a1"), (switched, "a2")):
+        sql, orm = _both(settings, lambda c=call, a=attempt_id: hot_reads.attempt_for_report(c.pk, a, tenants))
+        assert _fields(sql) == _fields(orm) and sql.tool_has_alternates == orm.tool_has_alternates
+        for related in ("tool", "call"):
+            assert _fields(getattr(sql, related)) == _fields(getattr(orm, related)), related
+        with CaptureQueriesContext(connection) as read:
+            assert sql.tool.provider.name == orm.tool.provider.name
+        assert len(read) == 0
+    assert _both(settings, lambda: hot_reads.attempt_for_report(busy.pk, "a9", tenants)) == (None, None)
+    assert _both(settings, lambda: hot_reads.attempt_for_report(busy.pk, "a1", {0})) == (None, None)
+
+    listed = Tenant.objects.create(name="initech", sandbox=True, all_tools=False)
+    listed.tools.add(calls["switched"].tool)
+    for tenant, name in [
+        (calls["tenant"], "order.lookup"),
+        (listed, "order.lookup"),
+        (calls["tenant"], "refund.create"),
+    ]:
+        sql, orm = _both(settings, lambda t=tenant, n=name: hot_reads.allowed_tool(t, n))
+        assert (_fields(sql), _fields(sql.provider), sql.has_alternates) == (
+            _fields(orm),
+            _fields(orm.provider),
+            orm.has_alternates,
+        )
+    assert _both(settings, lambda: hot_reads.allowed_tool(listed, "refund.create")) == (None, None)
+
+    now = timezone.now()
+    Attempt.objects.filter(call=busy).update(admitted_at=now - timedelta(seconds=5))
+    Attempt.objects.filter(call=switched).update(
+        admitted_at=now - timedelta(seconds=9), reported_at=now, http_status=200
+    )
+    task_id = busy.task_id
+    sql, orm = _both(settings, lambda: hot_reads.reported_2xx_since_last_admission(task_id))
+    assert sql == orm == [(switched.pk, "a2", None, None)]
+    Attempt.objects.filter(call=busy).update(admitted_at=now + timedelta(seconds=1))  # a later admission: none since
+    assert _both(settings, lambda: hot_reads.reported_2xx_since_last_admission(task_id)) == ([], [])
+
+
+def test_the_reports_locked_call_and_the_registrations_task_are_the_orms_reading(calls, settings):
+    from django.db import transaction
+
+    for call in (calls["busy"], calls["switched"]):
+        with transaction.atomic():
+            sql, orm = _both(settings, lambda c=call: hot_reads.locked_call(c.pk))
+        assert [_fields(x) for x in (sql, sql.tool, sql.tool.provider, sql.task)] == [
+            _fields(x) for x in (orm, orm.tool, orm.tool.provider, orm.task)
+        ]
+    with transaction.atomic(), pytest.raises(Call.DoesNotExist):
+        hot_reads.locked_call(2**62)
+    task, tenants = calls["busy"].task, {calls["tenant"].pk}
+    sql, orm = _both(settings, lambda: hot_reads.task_in_tenants(task.pk, tenants))
+    assert (_fields(sql), _fields(sql.tenant)) == (_fields(orm), _fields(orm.tenant))
+    assert _both(settings, lambda: hot_reads.task_in_tenants(task.pk, {0})) == (None, None)
+    assert _both(settings, lambda: hot_reads.task_in_tenants(2**62, tenants)) == (None, None)
+
+
+def test_a_registrations_key_and_intent_read_is_the_orms_reading(calls, settings):
+    busy, task = calls["busy"], calls["busy"].task
+    twin = Call.objects.create(
+        tenant=task.tenant,
+        task=task,
+        step=busy.step,
+        tool=busy.tool,
+        idempotency_key="other-key",
+        arguments=busy.arguments,
+        fingerprint=busy.fingerprint,
+        side_effect=busy.side_effect,
+        risk=busy.risk,
+        state="READY",
+    )
+    cases = [
+        (busy.tool, busy.idempotency_key, busy.fingerprint),  # the key found, and two calls of the same intent
+        (busy.tool, "unused-key", busy.fingerprint),  # no key, the same intent
+        (busy.tool, busy.idempotency_key, "another-print"),  # the key, no intent
+        (calls["switched"].tool, busy.idempotency_key, "another-print"),  # the key under another tool: nothing
+    ]
+    for tool, key, print_ in cases:
+        (sql, sql_same), (orm, orm_same) = _both(
+            settings, lambda t=tool, k=key, p=print_: hot_reads.key_and_intent(task, t, k, p)
+        )
+        assert (sql and _fields(sql)) == (orm and _fields(orm)), key
+        assert [_fields(c) for c in sql_same] == [_fields(c) for c in orm_same], key
+    (found, same), _ = _both(
+        settings, lambda: hot_reads.key_and_intent(task, busy.tool, busy.idempotency_key, busy.fingerprint)
+    )
+    assert (found.pk, [c.pk for c in same]) == (busy.pk, [busy.pk, twin.pk])

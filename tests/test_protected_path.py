@@ -11,7 +11,8 @@ import threading
 from contextlib import contextmanager
 
 import pytest
-from recovery_client import recovered
+import requests
+from recovery_client import facts_from_response, recovered
 
 from recovery.devtools.drills.stage import drill_stage
 from recovery.models import Attempt, Call, Tool
@@ -143,6 +144,61 @@ def test_a_verdict_that_disagrees_with_an_early_answer_comes_back_with_the_tasks
     following = Attempt.objects.get(call__task_id=opened.id, call__arguments__order_id="O-4405")
     assert Attempt.objects.get(call=disputed).reported_at < following.admitted_at  # reported before it was admitted
     assert "earlier" not in first
+
+
+def test_the_tasks_next_admission_carries_the_decision_card_of_a_deferrable_report_the_console_did_not_commit(stage):
+    client = stage.client()
+    task = client.create_task(stage.tenant, stage.key("card-next"), agent="tests", goal="a verdict handed back")
+    # A 2xx whose body says another amount than asked (reference and required fields present: deferrable), its
+    # settling callback held back; then a plain good one.
+    stage.sandbox.fault(route="/refunds", kind="bad_result", set={"amount_cents": 1}, times=1)
+    stage.sandbox.fault(route="/refunds", kind="delayed_callbacks", ms=600_000, times=1)
+
+    def call(step: int, order_id: str):
+        key = stage.key(f"refund-{order_id}")
+        arguments = {"order_id": order_id, "amount_cents": 250}
+        return (
+            client.add_call(
+                task.id, step=step, tool=stage.tool(REFUND), arguments=arguments, idempotency_key=key, admit="a1"
+            ),
+            key,
+            arguments,
+        )
+
+    def send_and_report(ref, key, arguments):
+        reply = requests.post(
+            f"{stage.sandbox.url}/refunds",
+            json=arguments,
+            timeout=10,
+            headers={"Authorization": f"Bearer {stage.sandbox.api_key}", "Idempotency-Key": key},
+        )
+        wire = ref.admission.raw["wire"]
+        return client.report(
+            ref.call_id, "a1", facts_from_response(reply, provider_ref_header=wire["request_id_header"])
+        )
+
+    disputed = call(1, "O-4406")
+    verdict = send_and_report(*disputed)
+    good = call(2, "O-4407")
+    committed = send_and_report(*good)
+    after = call(3, "O-4408")[0]
+    client.session.close()
+
+    assert disputed[0].admission.raw["report"]["may_defer"] is True and disputed[0].admission.earlier == []
+    assert verdict.call_state != "COMMITTED" and verdict.decision is not None
+    earlier = good[0].admission.earlier  # the next admission of the task, whichever call it is for
+    assert earlier == [
+        {
+            "call_id": disputed[0].call_id,
+            "attempt_id": "a1",
+            "call_state": verdict.call_state,
+            "decision": verdict.raw["decision"],
+        }
+    ]
+    assert committed.call_state == "COMMITTED"
+    assert after.admission.earlier == []  # handed back once; a committed report is no disagreement
+    stored = Attempt.objects.get(call_id=good[0].call_id).response["earlier"]
+    assert stored == earlier  # a resent registration answers the same stored admission
 
 
 def test_the_report_may_wait_for_neither_a_half_open_probe_nor_a_tool_whose_unknown_budget_is_zero(stage):

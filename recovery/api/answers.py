@@ -238,40 +238,6 @@ class DecisionOut(Answer):
 # --- admission and outcomes (docs/design/gate.md, docs/design/state-machine.md) ---------------------------------------
 
 
-class WireOut(Answer):
-    """How to send the admitted attempt as the registry describes the tool (docs/providers.md)."""
-
-    key_header: str = _("The request header that carries the call's idempotency key (empty: not a header).")
-    key_field: str = _("The body field that carries it instead (empty: not a body field; both empty: no key).")
-    key_markers: list[str] = _("Body paths that also carry the key, a marker a listing lookup matches (metadata.x).")
-    request_id_header: str = _("The reply header with the provider's request id, to report as provider_request_id.")
-
-
-class ReportTermsOut(Answer):
-    """When the runtime may answer its caller before the report is in (API 1.2, docs/api.md#reporting-off-the-clock)."""
-
-    may_defer: bool = _("Whether a 2xx reply passing these checks may be reported after the caller has its answer.")
-    within_s: float = _("How soon a deferred report is sent at the latest, in seconds.")
-    required_result_fields: list[str] = _("Result fields a deferrable reply must carry (dotted paths).")
-    provider_ref_field: str = _("The result field holding the provider's reference, when no request id header does.")
-    key_echo_header: str = _("A reply header that, when present, must echo the call's idempotency key.")
-
-
-class AdmittedOut(Answer):
-    """An admitted attempt: send the provider request now, then report its outcome."""
-
-    admitted: Literal[True] = _("Always true here: the attempt was admitted.")
-    call_id: int = _("The call.")
-    attempt_id: str = _("The admitted attempt's id.")
-    attempt_number: int = _("Its number among the call's attempts (1 for the first).")
-    call_state: CallStateName = _("The call's state: SENT.")
-    gate: GateOut = _("The gate's answer that admitted it.")
-    wire: WireOut | None = Field(
-        None, description="Where the key goes and where the request id comes back (API 1.1; null: an older answer)."
-    )
-    report: ReportTermsOut | None = Field(None, description="When the report may wait (API 1.2; null: it may not).")
-
-
 class OutcomeOut(Answer):
     """The answer to an outcome: the call's state after it and, for a failure, the decision card."""
 

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from django.db import transaction
 from pydantic import Field
 
-from recovery.api.answers import AdmittedOut, CallAddedOut, NotAdmittedDetail
+from recovery.api.admission_answers import AdmittedOut
+from recovery.api.answers import CallAddedOut, NotAdmittedDetail
 from recovery.api.inputs import AdmitIn
 from recovery.audit.chain import appends_at_commit
 from recovery.engine.states import CallState

@@ -15,8 +15,8 @@ from ninja.errors import AuthenticationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 
+from recovery.api.admission_answers import AdmittedOut
 from recovery.api.answers import (
-    AdmittedOut,
     CallOut,
     CapabilitiesOut,
     CompensationAttemptOut,
@@ -62,7 +62,6 @@ from recovery.selectors.context import AdmissionRead
 from recovery.selectors.metrics import DEFAULT_WINDOW, metrics_report
 from recovery.selectors.tasks_calls import (
     allowed_tools,
-    attempt_in_tenants,
     call_detail,
     call_in_tenants,
     task_summary,
@@ -73,7 +72,7 @@ from recovery.services.compensation_runtime import compensation_admit, compensat
 from recovery.services.errors import Refusal, field_errors_json
 from recovery.services.outcomes import attempt_report, facts_of
 from recovery.services.tokens import token_authenticate, token_require_scope
-from recovery.statemachine import hot_path, watch
+from recovery.statemachine import hot_path, hot_reads, watch
 
 # --- the API -------------------------------------------------------------------------------------------------------
 
@@ -210,7 +209,10 @@ def _tenant(request, name: str) -> Tenant:
 
 
 def _task(request, task_id: int) -> Task:
-    return get_object_or_404(Task.objects.select_related("tenant"), pk=task_id, tenant_id__in=request.tenant_ids)
+    task = hot_reads.task_in_tenants(task_id, request.tenant_ids)
+    if task is None:
+        raise Http404("No Task matches the given query.")  # get_object_or_404's words, as before
+    return task
 
 
 def _call(request, call_id: int) -> Call:
@@ -462,7 +464,7 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
     **TYPED,
 )
 def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: OutcomeIn):
-    attempt = attempt_in_tenants(call_id, attempt_id, request.tenant_ids)  # the call with it: one statement
+    attempt = hot_reads.attempt_for_report(call_id, attempt_id, request.tenant_ids)  # with its call: one statement
     if attempt is None:
         raise Http404("no such attempt of a call of this token's tenants")
     with_alternates(attempt.tool)

@@ -27,6 +27,7 @@ from recovery.registry import tool_policy
 from recovery.selectors.context import AdmissionRead, approval_for, gate_context
 from recovery.services.answers import checks_json, gate_json, outcome_json
 from recovery.services.breakers import breaker_release_probe, breaker_reserve_probe
+from recovery.services.earlier_verdicts import earlier_verdicts
 from recovery.services.errors import Refusal
 from recovery.services.outcomes import (
     Judgement,
@@ -363,6 +364,7 @@ def _sent(admitting: _Admitting) -> None:
 def _admission(admitting: _Admitting) -> dict:
     """An admission without an outcome: the attempt, its gate answer, the approval it used, the call SENT."""
     call = admitting.call
+    earlier = earlier_verdicts(call.task_id)  # read before this admission is recorded: it bounds the next one's
     attempt = _record_attempt(admitting, admitted_at=admitting.now, breaker_probe=admitting.probe)
     if admitting.gate.evidence_used == APPROVAL_GRANTED:
         _use_approval(call, attempt, admitting.now)
@@ -376,6 +378,7 @@ def _admission(admitting: _Admitting) -> dict:
         "gate": gate_json(admitting.gate, attempt.gate_row),
         "wire": wire_of(admitting.tool),
         "report": report_terms(admitting.tool, probe=admitting.probe),
+        "earlier": earlier,
     }
     attempt.save(update_fields=["response"])
     return attempt.response

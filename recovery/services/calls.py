@@ -21,9 +21,10 @@ from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
 from recovery.models import Call, Step, Task, TaskStatus, Tool
 from recovery.registry import tool_policy
-from recovery.selectors.tasks_calls import allowed_tool, allowed_tools, blocking
+from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
 from recovery.services.errors import Refusal
+from recovery.statemachine import hot_reads
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -58,17 +59,17 @@ def call_add(
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
     registry default (a saga's abort uses it, docs/compensation.md)."""
-    named = allowed_tool(task.tenant, tool_name) if compensation is None else None
+    named = hot_reads.allowed_tool(task.tenant, tool_name) if compensation is None else None
     # All the tenant's tools only where they are read: a refusal lists them, a step's own undo is checked against them.
     tools = {named.name: named} if named is not None else {t.name: t for t in allowed_tools(task.tenant)}
     tool = _check_admissible(task, tools, tool_name, step_index, depends_on, compensation)
     policy = tool_policy(tool)
     print_ = fingerprint(tool.name, arguments)
-    existing = Call.objects.filter(tenant=task.tenant, tool=tool, idempotency_key=idempotency_key).first()
+    existing, same_intent = hot_reads.key_and_intent(task, tool, idempotency_key, print_)
     if existing is not None:
         return _same_key(existing, task, print_)
     if policy.is_write:
-        _check_new_intent(task, policy.side_effect, print_)
+        _check_new_intent(policy.side_effect, print_, same_intent)
     preflight = validate_args(policy.args_schema, arguments)
     try:
         with transaction.atomic():
@@ -137,12 +138,11 @@ def _check_admissible(
     return tool
 
 
-def _check_new_intent(task: Task, side_effect: str, print_: str) -> None:
-    """Refusal if another call of the task already carries this write intent (a new key must not launder a replay)."""
-    others = Call.objects.filter(task=task, fingerprint=print_).values_list("pk", "fingerprint", "state")
-    duplicate = duplicate_intent(
-        side_effect=side_effect, fingerprint=print_, existing=[(str(pk), fp, st) for pk, fp, st in others]
-    )
+def _check_new_intent(side_effect: str, print_: str, others: list[Call]) -> None:
+    """Refusal if another call of the task already carries this write intent (a new key must not launder a replay):
+    `others`, the task's calls with this fingerprint."""
+    existing = [(str(other.pk), other.fingerprint, other.state) for other in others]
+    duplicate = duplicate_intent(side_effect=side_effect, fingerprint=print_, existing=existing)
     if duplicate:
         raise Refusal(
             "duplicate_intent",

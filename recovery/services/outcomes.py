@@ -30,6 +30,7 @@ from recovery.selectors.context import call_view, task_view_for_decision
 from recovery.services.answers import decision_json, outcome_json
 from recovery.services.breakers import breaker_record
 from recovery.services.errors import Refusal
+from recovery.statemachine import hot_reads
 from recovery.statemachine.hot_path import Counters, count_on_task, insert
 from recovery.statemachine.transitions import transition_call
 
@@ -147,8 +148,7 @@ def attempt_report(*, call: Call, attempt: Attempt, facts: Facts, actor: Actor) 
     with transaction.atomic(), appends_at_commit():  # the audit heads locked for the appends and the commit only
         # Locked: a provider's callback or a reconciliation check may settle this call at the same moment; whoever
         # comes second sees what the first wrote (a late outcome is then kept as evidence) instead of conflicting.
-        calls = Call.objects.select_for_update(of=("self",)).select_related("tool__provider", "task")
-        call = calls.get(pk=call.pk)
+        call = hot_reads.locked_call(call.pk)
         if call.tool_id == attempt.tool_id:  # the alternates its judgement read: not read again for the decision
             call.tool.alternate_names = attempt.tool.alternate_names
         response = _record(call, attempt, facts, judgement, actor=actor, now=now)

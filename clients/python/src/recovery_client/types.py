@@ -3,7 +3,7 @@ no Django, checked field by field against the served OpenAPI document by tests/t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ __all__ = [
     "CompensationAttempt",
     "CompensationRecord",
     "DecisionCard",
+    "EarlierVerdict",
     "Failure",
     "FieldErrorInfo",
     "Gate",
@@ -338,6 +339,15 @@ class Wire(TypedDict):
     request_id_header: str  # the reply header with the provider's request id
 
 
+class EarlierVerdict(TypedDict):
+    """A report of the task that may have been deferred and that the console did not judge COMMITTED (API 1.2)."""
+
+    call_id: int
+    attempt_id: str
+    call_state: str
+    decision: DecisionCard | None
+
+
 @dataclass(frozen=True)
 class Admission:
     """An admitted attempt: send the provider request now, then report its outcome."""
@@ -351,6 +361,9 @@ class Admission:
     wire: Wire | None  # None from a console answering API 1.0: the key in Idempotency-Key, X-Request-Id
     report: ReportTerms | None  # None from a console before API 1.2, or when the report may not wait
     raw: dict[str, Any] = field(repr=False)
+    # The task's reports since its last admission that may have been deferred and whose verdict is not COMMITTED,
+    # each with its decision card (empty from a console that does not say).
+    earlier: list[EarlierVerdict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -421,5 +434,9 @@ class CompensationAttempt(TypedDict):
 
 
 def _answer(cls: type[_T], body: dict[str, Any]) -> _T:
-    """One of the dataclasses above from an answer's body (a field the body lacks is None)."""
-    return cls(**{f.name: body.get(f.name) for f in fields(cls) if f.name != "raw"}, raw=body)  # type: ignore[call-arg]
+    """One of the dataclasses above from an answer's body (a field the body lacks is None, or its default)."""
+    given = {f.name: body.get(f.name) for f in fields(cls) if f.name != "raw"}
+    given |= {
+        f.name: f.default_factory() for f in fields(cls) if f.name not in body and f.default_factory is not MISSING
+    }
+    return cls(**given, raw=body)  # type: ignore[call-arg]
