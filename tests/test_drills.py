@@ -119,17 +119,6 @@ def test_timeout_after_send_is_settled_by_a_receipt_without_a_second_request(sta
     assert stage.sandbox.ledger(row.key)["effects"] == 1
 
 
-def test_a_deferred_report_that_never_arrives_ends_committed_by_a_receipt_without_a_second_request(stage):
-    (row,) = passed(stage, "deferred-report-lost").keys
-
-    assert transitions(row.call_id) == [S.SENT, S.UNKNOWN, S.COMMITTED]
-    assert Attempt.objects.get(call_id=row.call_id).reported_at is None  # the runtime's report never came
-    (receipt,) = Receipt.objects.filter(call_id=row.call_id, applied=True)
-    assert (receipt.observed, receipt.effects_observed) == ("committed", 1)
-    assert writes(stage, row.key) == [("POST", 200, "answered")]
-    assert stage.sandbox.ledger(row.key)["effects"] == 1
-
-
 def test_lost_before_commit_is_proven_not_committed_then_retried_once_with_the_same_key(stage):
     (row,) = passed(stage, "lost-before-commit").keys
 
@@ -798,15 +787,3 @@ def test_square_wire_sends_a_form_body_keyed_in_a_field_and_reads_squares_declin
     assert attempt.facts["result"]["errors"][0]["code"] == "CARD_DECLINED"  # Square's shape, as the runtime saw it
     assert writes(stage, call.idempotency_key) == [("POST", 402, "error_injected")]  # the key read from the body
     assert stage.sandbox.ledger(call.idempotency_key)["effects"] == 0
-
-
-def test_a_lost_mcp_reply_is_absorbed_on_reissue_and_settled_by_the_status_tool_with_one_commit(stage):
-    from recovery.devtools.mcp_stage import missing_servers
-
-    reason = missing_servers()
-    if reason:
-        missing_service(reason)
-    result = passed(stage, "mcp-reply-lost")
-    (row,) = result.keys
-    assert transitions(row.call_id) == ["SENT", "UNKNOWN", "COMMITTED"]
-    assert row.observed_effects == 1
