@@ -85,4 +85,5 @@ def through_pgbouncer(request):
 from tests.browser import *  # noqa: E402,F403  (the browser fixtures)
 from tests.console import *  # noqa: E402,F403  (the console's people, and what its tests share)
 from tests.factories import *  # noqa: E402,F403  (fixtures)
+from tests.mcp import *  # noqa: E402,F403  (the MCP gateway's fixtures)
 from tests.sandbox import *  # noqa: E402,F403  (the sandbox provider fixtures)

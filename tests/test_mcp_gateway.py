@@ -21,15 +21,12 @@ from mcp.client.streamable_http import streamable_http_client
 from recovery.audit.chain import Actor
 from recovery.devtools.mcp_stage import (
     GIT_SERVER,
-    Gateway,
     client,
     commits,
     fault_command,
     forwarded,
     git,
     git_registry,
-    git_repo,
-    missing_servers,
     set_fault,
     stage_file,
     time_registry,
@@ -40,40 +37,14 @@ from recovery.devtools.mcp_stage import (
 from recovery.models import Call, Task, Tool
 from recovery.registry import load_registry, validate_registry
 from recovery.services.reconcile import reconcile_call
-from recovery.services.tokens import token_create
 from tests.conftest import missing_service
+from tests.mcp import agent_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def servers_installed():
-    reason = missing_servers()
-    if reason:
-        missing_service(reason)
-
-
-@pytest.fixture
-def gateway():
-    with Gateway() as served:
-        yield served
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mcp_servers")]
 
 
 def _token() -> str:
-    _, raw = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
-    return raw
-
-
-@pytest.fixture
-def repo(tmp_path):
-    return git_repo(tmp_path / "repo")
-
-
-@pytest.fixture
-def control(tmp_path):
-    path = tmp_path / "fault.json"
-    path.write_text("{}")
-    return path
+    return agent_token()
 
 
 def _git_through_proxy(repo, control, **options) -> str:

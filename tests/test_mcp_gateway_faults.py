@@ -16,14 +16,11 @@ from recovery.audit.chain import Actor
 from recovery.devtools.drills.framework import wait
 from recovery.devtools.mcp_stage import (
     GIT_SERVER,
-    Gateway,
     client,
     commits,
     fault_command,
     forwarded,
     git_registry,
-    git_repo,
-    missing_servers,
     set_fault,
     stage_file,
 )
@@ -37,42 +34,16 @@ from recovery.services.actions import action_preview
 from recovery.services.errors import Refusal
 from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
-from tests.conftest import missing_service
 from tests.console import make_people, signed_in
+from tests.mcp import agent_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def servers_installed():
-    reason = missing_servers()
-    if reason:
-        missing_service(reason)
-
-
-@pytest.fixture
-def gateway():
-    with Gateway() as served:
-        yield served
-
-
-@pytest.fixture
-def repo(tmp_path):
-    return git_repo(tmp_path / "repo")
-
-
-@pytest.fixture
-def control(tmp_path):
-    path = tmp_path / "fault.json"
-    path.write_text("{}")
-    return path
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mcp_servers")]
 
 
 def _load(repo, control, **options) -> str:
     server = fault_command([str(GIT_SERVER), "--repository", str(repo)], control)
     load_registry(git_registry(repo, server, **options), actor=Actor.system("tests"))
-    _, raw = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
-    return raw
+    return agent_token()
 
 
 def _call(url: str, token: str, name: str, arguments: dict):

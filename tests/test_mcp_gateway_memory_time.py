@@ -19,12 +19,10 @@ from recovery.devtools.mcp_stage import (
     MEMORY_SERVER,
     ROOT,
     TIME_SERVER,
-    Gateway,
     client,
     fault_command,
     forwarded,
     memory_registry,
-    missing_servers,
     run_async,
     set_fault,
     time_registry,
@@ -33,30 +31,9 @@ from recovery.models import Call
 from recovery.registry import load_registry
 from recovery.services.reconcile import reconcile_call
 from recovery.services.tokens import token_create
-from tests.conftest import missing_service
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mcp_servers")]
 ADA = {"entities": [{"name": "Ada", "entityType": "person", "observations": ["likes tea"]}]}
-
-
-@pytest.fixture(autouse=True)
-def servers_installed():
-    reason = missing_servers()
-    if reason:
-        missing_service(reason)
-
-
-@pytest.fixture
-def gateway():
-    with Gateway() as served:
-        yield served
-
-
-@pytest.fixture
-def control(tmp_path):
-    path = tmp_path / "fault.json"
-    path.write_text("{}")
-    return path
 
 
 @pytest.fixture

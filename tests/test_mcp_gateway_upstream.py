@@ -27,8 +27,6 @@ from recovery.devtools.mcp_stage import (
     forwarded,
     free_port,
     git_registry,
-    git_repo,
-    missing_servers,
     set_fault,
     stage_file,
 )
@@ -37,34 +35,14 @@ from recovery.models import Breaker, BreakerBucket, Call, Tool
 from recovery.providers.mcp_upstream import POOL, backoff_s
 from recovery.registry import load_registry
 from recovery.services.reconcile import reconcile_call
-from recovery.services.tokens import token_create
-from tests.conftest import missing_service
+from tests.mcp import agent_token
 
-pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture(autouse=True)
-def servers_installed():
-    reason = missing_servers()
-    if reason:
-        missing_service(reason)
-
-
-@pytest.fixture
-def gateway():
-    with Gateway() as served:
-        yield served
-
-
-@pytest.fixture
-def repo(tmp_path):
-    return git_repo(tmp_path / "repo")
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mcp_servers")]
 
 
 def _load(registry: dict) -> str:
     load_registry(registry, actor=Actor.system("tests"))
-    _, raw = token_create(name="agent", tenants=["acme"], actor=Actor.system("tests"))
-    return raw
+    return agent_token()
 
 
 def _calls(url: str, token: str, *calls):
