@@ -420,11 +420,10 @@ def test_breakers_and_approval_requests_write_their_events(people, registry):
     assert asked.subject == f"approval:breakeroperation:{op.pk}" and asked.path == "/approvals/"
 
 
+@pytest.mark.postgres  # SQLite does not refuse an over-long value: the failing insert needs PostgreSQL
 def test_a_failed_event_insert_never_undoes_the_change_it_describes(make_call, actor):
     from recovery.statemachine.notices import notice
 
-    if connection.vendor != "postgresql":
-        pytest.skip("SQLite does not refuse an over-long value: the failing insert needs PostgreSQL")
     call = make_call(S.STILL_UNKNOWN)
     with transaction.atomic():
         to_review(call, actor)
