@@ -64,7 +64,7 @@ def admit_added(request, added: CallAdded, admit: AdmitIn, actor) -> dict:
         return {"admission": None, "not_admitted": None}
     call, read = found
     candidate = AttemptRequest(attempt_id=admit.attempt_id, evidence=tuple(admit.evidence))
-    admission = attempt_admit(call=call, read=read, request=candidate, actor=actor)
+    admission = attempt_admit(call=call, read=read, request=candidate, actor=actor, fresh=added.created)
     if admission.status == 409:
         return {"admission": None, "not_admitted": admission.response}
     return {"admission": admission.response, "not_admitted": None}

@@ -6,24 +6,21 @@ appending locks the global head, then the chain's, to the end of the caller's tr
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import hmac
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
-from django.conf import settings
 from django.db import connections, transaction
 from django.db.models import Exists, OuterRef, Q, QuerySet, signals
 from django.utils import timezone
 
 from recovery.audit.actions import AuditAction
 from recovery.audit.queue import Queue
-from recovery.engine.canonical import canonical_json, normalize
+from recovery.audit.signing import Keyring, event_hash, hash_of
+from recovery.engine.canonical import normalize
 from recovery.models import ActorKind, AuditChainHead, AuditEvent
 from recovery.statemachine import dbguards
 
@@ -61,103 +58,6 @@ def chain_key(task_id: int | None) -> str:
     return f"task:{task_id}" if task_id else SYSTEM_CHAIN
 
 
-def _timestamp(value: datetime) -> str:
-    return value.astimezone(UTC).isoformat(timespec="microseconds")
-
-
-def event_hash(
-    *,
-    seq: int,
-    chain: str,
-    chain_seq: int,
-    prev_hash: str,
-    task_id: int | None,
-    call_id: int | None,
-    actor_kind: str,
-    actor_label: str,
-    actor_user_id: int | None,
-    actor_token_id: int | None,
-    action: str,
-    from_state: str,
-    to_state: str,
-    reason: str,
-    evidence: Any,
-    created_at: datetime,
-) -> str:
-    payload = canonical_json(
-        {
-            "seq": seq,
-            "chain": chain,
-            "chain_seq": chain_seq,
-            "prev_hash": prev_hash,
-            "task_id": task_id,
-            "call_id": call_id,
-            "actor_kind": actor_kind,
-            "actor_label": actor_label,
-            "actor_user_id": actor_user_id,
-            "actor_token_id": actor_token_id,
-            "action": action,
-            "from_state": from_state,
-            "to_state": to_state,
-            "reason": reason,
-            "evidence": evidence,
-            "created_at": _timestamp(created_at),
-        }
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-# --- keys outside the database -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Keyring:
-    """RECOVERY_AUDIT_KEYS: the first key signs; every key verifies what it signed (rotation keeps old ones)."""
-
-    signing_id: str
-    keys: dict[str, bytes]
-
-    @classmethod
-    def from_settings(cls) -> Keyring:
-        return _keyring(tuple(settings.RECOVERY_AUDIT_KEYS))
-
-    def sign(self, text: str, key_id: str | None = None) -> str:
-        key_id = key_id or self.signing_id
-        return hmac.new(self.keys[key_id], f"{key_id}:{text}".encode(), hashlib.sha256).hexdigest()
-
-    def check(self, text: str, key_id: str, mac: str) -> bool | None:
-        """Whether `mac` signs `text` under `key_id`; None when the keyring does not hold that key."""
-        if key_id not in self.keys:
-            return None
-        return hmac.compare_digest(self.sign(text, key_id), mac)
-
-
-@functools.cache
-def _keyring(pairs: tuple[tuple[str, str], ...]) -> Keyring:
-    return Keyring(signing_id=pairs[0][0], keys={key_id: secret.encode() for key_id, secret in pairs})
-
-
-def _hash_of(event: AuditEvent) -> str:
-    return event_hash(
-        seq=event.seq,
-        chain=event.chain,
-        chain_seq=event.chain_seq,
-        prev_hash=event.prev_hash,
-        task_id=event.task_id,
-        call_id=event.call_id,
-        actor_kind=event.actor_kind,
-        actor_label=event.actor_label,
-        actor_user_id=event.actor_user_id,
-        actor_token_id=event.actor_token_id,
-        action=event.action,
-        from_state=event.from_state,
-        to_state=event.to_state,
-        reason=event.reason,
-        evidence=event.evidence,
-        created_at=event.created_at,
-    )
-
-
 # Raw SQL (docs/architecture.md, the data layer: the audit head advance and the multi-row event insert): a head is
 # locked and read in one statement, and a transaction's events go in with one INSERT whose ids were taken with the
 # global head's lock — what the ORM cannot say, on the path of every write.
@@ -168,23 +68,17 @@ _CREATE_HEAD = (
 )
 
 
-def _lock_sql(vendor: str, ids: int) -> str:
-    """Lock one head row and read it; on PostgreSQL also take `ids` event ids from the table's sequence."""
-    if vendor != "postgresql":
-        # SQLite: the transaction already holds the database's write lock (BEGIN IMMEDIATE).
-        return f"SELECT length, head_hash, head_event_id FROM {_HEADS} WHERE key = %s"
-    taken = (
-        f", (SELECT array_agg(nextval(pg_get_serial_sequence('{_EVENTS}', 'id'))) FROM generate_series(1, {ids}))"
-        if ids
-        else ""
-    )
-    return f"SELECT length, head_hash, head_event_id{taken} FROM {_HEADS} WHERE key = %s FOR UPDATE"
+def _ids_sql(ids: int) -> str:
+    """A column of `ids` event ids taken from the events' sequence (uncorrelated: evaluated once per statement)."""
+    return f", (SELECT array_agg(nextval(pg_get_serial_sequence('{_EVENTS}', 'id'))) FROM generate_series(1, {ids}))"
 
 
-def _lock(cursor, key: str, now: datetime, *, ids: int = 0) -> tuple[int, str, int | None, list[int]]:
-    """Lock a head row: (length, head hash, head event id, the event ids taken). A head is created on a chain's
-    first event; the caller moves it forward once the events it counts exist (the trigger checks that)."""
-    sql = _lock_sql(cursor.db.vendor, ids)
+def _lock(cursor, key: str, now: datetime) -> tuple[int, str, int | None]:
+    """Lock one head row and read it: (length, head hash, head event id). A head is created on a chain's first event;
+    the caller moves it forward once the events it counts exist (the trigger checks that). SQLite: the transaction
+    already holds the database's write lock (BEGIN IMMEDIATE)."""
+    lock = " FOR UPDATE" if cursor.db.vendor == "postgresql" else ""
+    sql = f"SELECT length, head_hash, head_event_id FROM {_HEADS} WHERE key = %s{lock}"
     cursor.execute(sql, [key])
     row = cursor.fetchone()
     if row is None:
@@ -192,8 +86,36 @@ def _lock(cursor, key: str, now: datetime, *, ids: int = 0) -> tuple[int, str, i
         cursor.execute(_CREATE_HEAD, [key, now])
         cursor.execute(sql, [key])
         row = cursor.fetchone()
-    taken = sorted(row[3]) if len(row) > 3 and row[3] else []
-    return int(row[0]), row[1], row[2], taken
+    return int(row[0]), row[1], row[2]
+
+
+def _lock_heads(cursor, chains: list[str], now: datetime, *, ids: int) -> tuple[dict[str, list], list[int]]:
+    """Lock the global head, then each of `chains`' heads, and read them ({key: [length, hash, event id]}), with
+    `ids` event ids taken. On PostgreSQL in one statement: FOR UPDATE locks rows in its ORDER BY's order, so the
+    global head is locked first, as one at a time would (the one lock order); a head missing (a chain's first
+    event) is created, the global one first, and the heads read again. The ids are taken once."""
+    keys = [GLOBAL, *chains]
+    if cursor.db.vendor != "postgresql":
+        return {key: list(_lock(cursor, key, now)) for key in keys}, []
+    listed = ", ".join(["%s"] * len(keys))
+    sql = f"SELECT key, length, head_hash, head_event_id{{}} FROM {_HEADS} WHERE key IN ({listed})"
+    sql += " ORDER BY key <> %s, key FOR UPDATE"
+    cursor.execute(sql.format(_ids_sql(ids) if ids else ""), [*keys, GLOBAL])
+    rows = cursor.fetchall()
+    taken = sorted(rows[0][4]) if ids and rows else []
+    heads = {row[0]: [int(row[1]), row[2], row[3]] for row in rows}
+    if len(heads) < len(keys):
+        if GLOBAL not in heads:  # nothing is locked yet: the global head made and locked first (the one lock order)
+            _lock(cursor, GLOBAL, now)
+        for key in chains:
+            if key not in heads:
+                cursor.execute(_CREATE_HEAD, [key, now])
+        cursor.execute(sql.format(""), [*keys, GLOBAL])
+        heads = {row[0]: [int(row[1]), row[2], row[3]] for row in cursor.fetchall()}
+        if ids and not taken:  # the global head itself was missing: its first run returned no row to carry them
+            cursor.execute(f"SELECT 1{_ids_sql(ids)}")
+            taken = sorted(cursor.fetchone()[1])
+    return heads, taken
 
 
 # Per database alias, the queue of the appends_at_commit() block open (None outside any such block).
@@ -247,18 +169,16 @@ def _append(using: str, fields: dict) -> AuditEvent:
 def _append_all(using: str, queued: list[dict]) -> list[AuditEvent]:
     """Append `queued` (append_event's fields, in order) in one go: the global head, then each chain's head, locked
     once (the one lock order: global first), every event inserted, then every head moved to its last event in one
-    UPDATE. On PostgreSQL that is 4 statements for a transaction touching one chain, whatever the number of events
-    (the ids come with the global head's lock, so one INSERT carries them all, each linking to the one before)."""
+    UPDATE. On PostgreSQL that is 3 statements, whatever the number of events and chains (the heads locked in one,
+    the ids taken with them, so one INSERT carries every event, each linking to the one before)."""
     connection = connections[using]
     now, keyring = queued[-1]["created_at"], Keyring.from_settings()
     chains = [chain_key(fields["task_id"]) for fields in queued]
     many = len(queued) > 1 and connection.vendor == "postgresql"
     with connection.cursor() as cursor:
-        length, _, _, ids = _lock(cursor, GLOBAL, now, ids=len(queued) if many else 0)
-        tails = {}
-        for chain in dict.fromkeys(chains):
-            number, prev_hash, prev_id, _ = _lock(cursor, chain, now)
-            tails[chain] = [number, prev_hash, prev_id]
+        heads, ids = _lock_heads(cursor, list(dict.fromkeys(chains)), now, ids=len(queued) if many else 0)
+        length = heads.pop(GLOBAL)[0]
+        tails = heads
         events = []
         for position, (fields, chain) in enumerate(zip(queued, chains, strict=True)):
             tail = tails[chain]
@@ -502,7 +422,7 @@ def _chain_problem(event: AuditEvent, expected_seq: int, prev: AuditEvent | None
         return f"chain {event.chain}: event #{expected_seq} is missing (next present is #{event.chain_seq})"
     if event.prev_hash != (prev.hash if prev else "") or event.prev_id != (prev.pk if prev else None):
         return f"{where} does not link to the event before it"
-    if _hash_of(event) != event.hash:
+    if hash_of(event) != event.hash:
         return f"{where} does not match its hash: its content was edited"
     if not event.hmac:
         if prev is not None and prev.hmac:

@@ -106,10 +106,14 @@ def gate_ask(*, call: Call, request: AttemptRequest, actor: Actor, read: Admissi
     return gate_json(gate, row)
 
 
-def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor, read: AdmissionRead | None = None) -> Admission:
+def attempt_admit(
+    *, call: Call, request: AttemptRequest, actor: Actor, read: AdmissionRead | None = None, fresh: bool = False
+) -> Admission:
     """POST .../attempts: admission, or a single shot when the request carries an outcome
     (docs/design/state-machine.md). `read`: what the call's admission read brought along with it
-    (hot_path.call_for_attempt, for this attempt id); None: admission reads it."""
+    (hot_path.call_for_attempt, for this attempt id); None: admission reads it. `fresh`: the call was inserted by the
+    caller's transaction, still open, so no other transaction can see it, let alone race this admission: no
+    savepoint (two statements) to come back to, and any error ends that transaction."""
     digest = canonical_digest(request.as_json())
     stored = _stored_attempt(call, request.attempt_id, read=read)
     if stored is not None:
@@ -150,9 +154,11 @@ def attempt_admit(*, call: Call, request: AttemptRequest, actor: Actor, read: Ad
         judgement = _judge(admitting, facts, probe=probe)
     try:
         # The audit events are appended last: the global audit head is locked for the appends and the commit only.
-        with transaction.atomic(), appends_at_commit():
+        with transaction.atomic(savepoint=not fresh), appends_at_commit():
             response = _admission(admitting) if judgement is None else _single_shot(admitting, facts, judgement)
     except (TransitionConflict, IntegrityError):
+        if fresh:  # no race is possible on a call no one else sees: a real fault, and the transaction is done
+            raise
         if probe and judgement is None:
             breaker_release_probe(tool, now=now)  # never sent: a lost race must not use up the half-open probe
         raced = _stored_attempt(call, request.attempt_id)

@@ -3,7 +3,10 @@ check, the API loop an agent writes by hand, and the runtime loop that obeys req
 
 from __future__ import annotations
 
+import os
+import tempfile
 import unittest
+import urllib.parse
 from typing import Any
 
 import recovery_client
@@ -42,6 +45,24 @@ class Versions(unittest.TestCase):
         self.assertEqual(refused.exception.client, recovery_client.__version__)
         self.assertIsNotNone(refused.exception.oldest_client)
         self.assertTrue(speaks(refused.exception.console))
+
+    def test_a_netrc_entry_for_the_console_never_replaces_the_token(self) -> None:
+        # requests would send a ~/.netrc login for the host as Basic auth instead of the Bearer token: a 401 that
+        # only shows on machines with such a file. The client reads the environment once, and not that file.
+        host = urllib.parse.urlsplit(API_URL).hostname
+        with tempfile.TemporaryDirectory() as home:
+            netrc = os.path.join(home, ".netrc")
+            with open(netrc, "w") as out:
+                out.write(f"machine {host} login someone password something\n")
+            os.chmod(netrc, 0o600)
+            before = os.environ.get("NETRC")
+            os.environ["NETRC"] = netrc
+            try:
+                client = RecoveryClient(API_URL, TOKEN)
+                task = client.create_task(TENANT, unique("netrc"), agent="client-tests", goal="token, not netrc")
+            finally:
+                os.environ.pop("NETRC") if before is None else os.environ.update(NETRC=before)
+        self.assertEqual(task.status, "open")
 
     def test_a_server_that_is_not_a_console_is_refused_before_its_answer_is_read(self) -> None:
         with self.assertRaises(IncompatibleConsole) as refused:

@@ -187,6 +187,12 @@ class RecoveryClient:
         self.session.headers.update(
             {"Authorization": f"Bearer {token}", "Accept": "application/json", "User-Agent": USER_AGENT}
         )
+        # The environment's proxy and CA bundle for the console (HTTPS_PROXY, NO_PROXY, REQUESTS_CA_BUNDLE...), read
+        # once here: requests would scan the whole environment again on every call of the hot path. No ~/.netrc
+        # either: its credentials would replace the token.
+        found = self.session.merge_environment_settings(self.base_url, {}, None, None, None)
+        self.session.proxies, self.session.verify = found["proxies"], found["verify"]
+        self.session.trust_env = False
         self.api_version: str | None = None  # the console's, as its last answer named it
 
     def answers(self, minor: int) -> bool:
