@@ -44,6 +44,7 @@ from recovery.services.errors import Refusal
 
 A = ActionStatus
 S = CallState
+HOLD_ACTION = "execute_held"  # a held MCP call's execution (docs/mcp-gateway.md, "Approval holds")
 EVIDENCE_FIELDS = {"provider_ref": 255, "receipt_id": 255, "link": 2000}
 SWEEP_LIMIT = 500
 _LINK = URLValidator(schemes=["http", "https"])
@@ -136,6 +137,13 @@ def action_preview(*, call_id: int, action: str, user, actor: Actor, evidence: d
     require_allowed(call, facts, action, perms=user.get_all_permissions())
     clean = clean_evidence(action, evidence)
     plan = _plan(call, action, facts, clean, now)
+    return store_preview(call, plan, clean, user=user, actor=actor, now=now)
+
+
+def store_preview(call: Call, plan: Plan, clean: dict, *, user, actor: Actor, now: datetime) -> ActionRequest:
+    """A plan stored as a PREVIEWED request with its audit event (and a replay's dry-run gate answer). `user` None:
+    the MCP gateway stored it, the preview of a held call (recovery.services.mcp_holds)."""
+    action = plan.data["action"]
     with transaction.atomic():
         request = ActionRequest.objects.create(
             call=call,
@@ -185,7 +193,7 @@ def _store_dry_gate(call: Call, plan: Plan, request: ActionRequest, user) -> Non
         evidence_used=gate.evidence_used,
         checks=[{"name": c.name, "passed": c.passed, "detail": c.detail} for c in gate.checks],
         required_next=asdict(gate.required_next) if gate.required_next else {},
-        actor_user_id=user.pk,
+        actor_user_id=user.pk if user is not None else None,
     )
 
 
@@ -294,14 +302,30 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
     if why:
         _go_stale(request, actor, why, now)
         raise Refusal("stale", f"Not approved: {why}. Preview the action again.")
-    approvals.decide(asked, to=A.APPROVED, then=lambda: _enqueue_execution(request.pk))
+
+    def then() -> None:
+        if request.action == HOLD_ACTION:  # the task's other holds of the tool are refused, never executed
+            from recovery.services.mcp_holds import supersede_others
+
+            supersede_others(request, actor, now)
+        _enqueue_execution(request.pk)
+
+    approvals.decide(asked, to=A.APPROVED, then=then)
     return approvals.load(KIND, request.pk)
 
 
 def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> ActionRequest:
     """REQUESTED → REJECTED by a second person, with a reason."""
     asked = approvals.decidable(KIND, request_id, user=user, actor=actor, reason=reason, what="Rejecting an action")
-    approvals.decide(asked, to=A.REJECTED)
+    request = asked.row
+
+    def then() -> None:
+        if request.action == HOLD_ACTION:  # a held call refused: it ends, and the client's re-issue is told so
+            from recovery.services.mcp_holds import refuse_held
+
+            refuse_held(request.call_id, actor, f"the held call was rejected by {user.get_username()}: {asked.reason}")
+
+    approvals.decide(asked, to=A.REJECTED, then=then)
     return approvals.load(KIND, request_id)
 
 
