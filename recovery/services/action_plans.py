@@ -20,6 +20,7 @@ from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
 from recovery.models import ActionRequest, BreakerState, Call, RetryPath, StatusBreaker
 from recovery.providers.listing import shown_lookup
+from recovery.providers.mcp import KEY_META, forwarded_arguments
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import tool_policy, with_alternates
 from recovery.registry.mcp import needs_approval
@@ -267,9 +268,6 @@ def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:
 def held_request(call: Call) -> dict:
     """The exact `tools/call` a held call's execution sends (docs/mcp-gateway.md, "Approval holds"), as a plan shows a
     request: the server, its tool, the arguments with the intent key's marker, and the key in `_meta`."""
-    from recovery.providers.mcp import KEY_META
-    from recovery.services.mcp_calls import forwarded_arguments
-
     tool, key = call.tool, call.idempotency_key
     body = {
         "name": tool.mcp.get("tool", tool.name),

@@ -40,6 +40,7 @@ from recovery.services.action_plans import (
     call_for_action,
     require_allowed,
 )
+from recovery.services.calls import call_abandon
 from recovery.services.errors import Refusal
 
 A = ActionStatus
@@ -305,8 +306,6 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
 
     def then() -> None:
         if request.action == HOLD_ACTION:  # the task's other holds of the tool are refused, never executed
-            from recovery.services.mcp_holds import supersede_others
-
             supersede_others(request, actor, now)
         _enqueue_execution(request.pk)
 
@@ -321,8 +320,6 @@ def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> Action
 
     def then() -> None:
         if request.action == HOLD_ACTION:  # a held call refused: it ends, and the client's re-issue is told so
-            from recovery.services.mcp_holds import refuse_held
-
             refuse_held(request.call_id, actor, f"the held call was rejected by {user.get_username()}: {asked.reason}")
 
     approvals.decide(asked, to=A.REJECTED, then=then)
@@ -332,6 +329,40 @@ def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> Action
 def action_withdraw(*, request_id: int, user, actor: Actor, reason: str) -> ActionRequest:
     """REQUESTED → WITHDRAWN by the person who requested it, with a reason, while nobody has decided."""
     return approvals.withdraw(KIND, request_id, user=user, actor=actor, reason=reason)
+
+
+# --- held MCP calls: what a decision on one means for its call and the task's other holds ---------------------------
+
+
+def refuse_held(call_id: int, actor: Actor, reason: str) -> None:
+    """A held call nobody will execute (rejected, superseded) ends FAILED_PERMANENT (abandoned), through the
+    transition function, in the caller's transaction."""
+    call = Call.objects.select_for_update().get(pk=call_id)
+    if call.state == S.READY:
+        call_abandon(call=call, actor=actor, reason=reason)
+
+
+def supersede_others(approved: ActionRequest, actor: Actor, now: datetime) -> list[int]:
+    """Approving one hold refuses the task's other undecided holds of the same tool (a re-issue whose arguments
+    differed): each request goes stale, marked superseded, and its call ends — none is ever executed. In the
+    approval's transaction; the calls refused."""
+    call = approved.call
+    others = ActionRequest.objects.filter(
+        action=HOLD_ACTION,
+        status__in=(A.PREVIEWED, A.REQUESTED),
+        call__task_id=call.task_id,
+        call__tool_id=call.tool_id,
+        call__state=S.READY,
+    ).exclude(pk=approved.pk)
+    refused = []
+    with transaction.atomic():
+        for other in others.select_related("call", "requested_by", "decided_by"):
+            why = f"superseded: the hold of call {call.pk} (request {approved.pk}) was approved instead"
+            if approvals.mark(KIND, other, actor, to=A.STALE, reason=why, now=now):
+                ActionRequest.objects.filter(pk=other.pk).update(result={"what": why, "superseded_by": call.pk})
+                refuse_held(other.call_id, actor, why)
+                refused.append(other.call_id)
+    return refused
 
 
 # --- periodic: expiry (interrupted executions: recovery.services.action_execution) --------------------------------

@@ -17,7 +17,7 @@ from recovery.engine.fingerprint import fingerprint
 from recovery.engine.states import CallState
 from recovery.engine.types import Facts
 from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, TaskStatus, Tenant, Tool
-from recovery.providers.mcp import KEY_META
+from recovery.providers.mcp import KEY_META, forwarded_arguments
 from recovery.providers.requests import filled_key
 from recovery.registry import load_registry
 from recovery.registry.mcp import REISSUE_WINDOW_S, hold_seconds, registry_stub
@@ -273,15 +273,6 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
     return Begun(
         call=call, attempt=attempt, tool=tool, arguments=forwarded_arguments(tool, arguments, key), meta={KEY_META: key}
     )
-
-
-def forwarded_arguments(tool: Tool, arguments: dict, key: str) -> dict:
-    """The arguments sent: a write whose tool carries a marker gets the intent key appended as a trailer."""
-    marker = tool.mcp.get("marker")
-    if not marker or tool.side_effect != "write" or not isinstance(arguments.get(marker["argument"]), str):
-        return dict(arguments)
-    text = arguments[marker["argument"]].rstrip("\n")
-    return {**arguments, marker["argument"]: f"{text}\n\n{marker['trailer']}: {key}\n"}
 
 
 def finish(begun: Begun, facts: Facts, caller: Caller) -> dict:

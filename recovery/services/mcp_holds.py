@@ -11,19 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from django.db import transaction
 from django.utils import timezone
 
 from recovery.audit.chain import Actor
 from recovery.engine.states import CallState
 from recovery.models import ActionRequest, ActionStatus, Call
-from recovery.services import approvals
 from recovery.services.action_plans import build_plan, call_facts, call_for_action
-from recovery.services.calls import call_abandon
+from recovery.services.actions import HOLD_ACTION, store_preview
 
 S = CallState
 A = ActionStatus
-HOLD_ACTION = "execute_held"
 UNDECIDED = (A.PREVIEWED, A.REQUESTED)  # a person still has to act on it
 WAITING = (*UNDECIDED, A.APPROVED, A.EXECUTING)  # the client waits on it
 
@@ -38,8 +35,6 @@ def hold(call_id: int, actor: Actor) -> ActionRequest:
     existing = latest_hold(call_id)
     if existing is not None:
         return existing
-    from recovery.services.actions import store_preview  # the actions service imports this module
-
     now = timezone.now()
     call = call_for_action(call_id)
     plan = build_plan(call, HOLD_ACTION, facts=call_facts(call, now=now), evidence={}, now=now)
@@ -82,39 +77,6 @@ def where(call_id: int, now: datetime | None = None) -> Held | None:
     if request.status in (A.WITHDRAWN, A.STALE) and call.state == S.READY:
         return Held(call, request, False, f"call {call.pk}'s hold is {request.status}: it never ran")
     return Held(call, request, request.status in WAITING and call.state in (S.READY, S.SENT))
-
-
-def refuse_held(call_id: int, actor: Actor, reason: str) -> None:
-    """A held call nobody will execute (rejected, superseded) ends FAILED_PERMANENT (abandoned), through the
-    transition function, in the caller's transaction."""
-    call = Call.objects.select_for_update().get(pk=call_id)
-    if call.state == S.READY:
-        call_abandon(call=call, actor=actor, reason=reason)
-
-
-def supersede_others(approved: ActionRequest, actor: Actor, now: datetime) -> list[int]:
-    """Approving one hold refuses the task's other undecided holds of the same tool (a re-issue whose arguments
-    differed): each request goes stale, marked superseded, and its call ends — none is ever executed. In the
-    approval's transaction; the calls refused."""
-    from recovery.services.actions import KIND
-
-    call = approved.call
-    others = ActionRequest.objects.filter(
-        action=HOLD_ACTION,
-        status__in=UNDECIDED,
-        call__task_id=call.task_id,
-        call__tool_id=call.tool_id,
-        call__state=S.READY,
-    ).exclude(pk=approved.pk)
-    refused = []
-    with transaction.atomic():
-        for other in others.select_related("call", "requested_by", "decided_by"):
-            why = f"superseded: the hold of call {call.pk} (request {approved.pk}) was approved instead"
-            if approvals.mark(KIND, other, actor, to=A.STALE, reason=why, now=now):
-                ActionRequest.objects.filter(pk=other.pk).update(result={"what": why, "superseded_by": call.pk})
-                refuse_held(other.call_id, actor, why)
-                refused.append(other.call_id)
-    return refused
 
 
 @dataclass(frozen=True)
