@@ -15,9 +15,18 @@ from rq import SimpleWorker
 
 from recovery.audit.chain import Actor
 from recovery.devtools.drills.framework import wait
-from recovery.devtools.mcp_stage import GIT_SERVER, client, commits, fault_command, forwarded, git_registry, stage_file
+from recovery.devtools.mcp_stage import (
+    GIT_SERVER,
+    client,
+    commits,
+    fault_command,
+    forwarded,
+    git_registry,
+    set_fault,
+    stage_file,
+)
 from recovery.devtools.mcp_stage import run_async as run
-from recovery.models import ActionRequest, Call
+from recovery.models import ActionRequest, AuditEvent, Call
 from recovery.models.roles import APPROVER, REVIEWER
 from recovery.registry import load_registry
 from recovery.registry.checks import RegistryInvalid
@@ -30,8 +39,9 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("
 TASK = {"io.recoveryconsole/task": "release-7"}
 
 
-def _load(repo, control, *, hold_s: int = 4, **policy) -> str:
-    registry = git_registry(repo, fault_command([str(GIT_SERVER), "--repository", str(repo)], control))
+def _load(repo, control, *, hold_s: int = 4, timeout_s: int = 10, **policy) -> str:
+    server = fault_command([str(GIT_SERVER), "--repository", str(repo)], control)
+    registry = git_registry(repo, server, timeout_s=timeout_s)
     registry["tools"][0]["mcp"].update({"approval": "required", "hold_s": hold_s, **policy})
     load_registry(registry, actor=Actor.system("tests"))
     return agent_token()
@@ -82,6 +92,11 @@ def _decide(people, hold: ActionRequest, verb: str = "approve", approver: str = 
         reverse(f"console:action-{verb}", args=[hold.pk]), {f"{verb}-reason": "checked the commit message"}
     )
     assert decided.status_code == 302, decided.content.decode()[:2000]
+
+
+def call_moves(call_id: int) -> list[str]:
+    events = AuditEvent.objects.filter(call_id=call_id, action="call.transition").exclude(from_state="")
+    return list(events.order_by("seq").values_list("to_state", flat=True))
 
 
 def _work(queue) -> None:
@@ -253,3 +268,35 @@ def test_a_provider_policy_holds_its_high_risk_writes_only(gateway, repo, contro
             return await mcp.call_tool("git_log", {"repo_path": str(repo)})
 
     assert not run(log).is_error  # a read is not held
+
+
+def test_an_approved_execution_that_times_out_is_unknown_and_settled_by_the_status_tool_never_resent(
+    gateway, repo, control, people, rq_queue
+):
+    token = _load(repo, control, hold_s=1, timeout_s=1)  # the execution times out 1 s after sending
+    stage_file(repo, "g.txt", "g")
+    _commit(gateway.url, token, "g", repo)
+    call = Call.objects.get()
+    set_fault(control, "hang", "git_commit")
+    _decide(people, _hold_of(call.pk))
+    _work(rq_queue)  # the execution times out after sending; the reconcile job it enqueues asks the status tool
+    call.refresh_from_db()
+    moves = call_moves(call.pk)
+    assert moves == ["SENT", "UNKNOWN", "COMMITTED"], moves
+    assert call.attempts.get().error_kind == "read_timeout" and _hold_of(call.pk).status == "executed"
+    assert list(call.receipts.filter(applied=True).values_list("observed", flat=True)) == ["committed"]
+    assert commits(repo) == 1
+    assert [f["name"] for f in forwarded(control)].count("git_commit") == 1  # never re-sent
+    done = _commit(gateway.url, token, "g", repo)
+    assert not done.is_error and f"Approved and executed once as call {call.pk}" in done.content[0].text
+
+
+def test_a_hold_nobody_decides_in_time_is_answered_the_refusal(gateway, repo, control, settings):
+    settings.RECOVERY_ACTION_TTL_S = 1
+    token = _load(repo, control, hold_s=1)
+    stage_file(repo, "h.txt", "h")
+    _commit(gateway.url, token, "h", repo)
+    time.sleep(1.2)
+    result = _commit(gateway.url, token, "h", repo)
+    assert result.is_error and "was not approved before its hold expired" in result.content[0].text
+    assert commits(repo) == 0 and forwarded(control) == []
