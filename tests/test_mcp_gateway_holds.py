@@ -126,6 +126,10 @@ def test_a_held_write_is_approved_in_the_console_while_the_client_waits_and_runs
         call.idempotency_key,
     )
     assert body["arguments"]["message"].endswith(f"Recovery-Intent: {call.idempotency_key}\n")
+    shown = signed_in(people, "reviewer").get(reverse("console:action", args=[hold.pk])).content.decode()
+    assert "tools/call" in shown and "mcp://git" in shown and call.idempotency_key in shown
+    page = signed_in(people, "reviewer").get(reverse("console:call", args=[call.pk])).content.decode()
+    assert 'data-action="execute_held" data-allowed="yes"' in page
     assert wait(lambda: len(progress) >= 2, 10, every_s=0.1)  # the client hears while it waits
     assert forwarded(control) == [] and commits(repo) == 0  # nothing was sent while held
 
@@ -164,9 +168,9 @@ def test_without_a_progress_token_the_answer_comes_within_3_s_with_the_call_id(g
 
 
 def test_a_reissue_after_approval_gets_the_kept_result_and_nothing_runs_twice(gateway, repo, control, people, rq_queue):
-    token = _load(repo, control, hold_s=2)
+    token = _load(repo, control, hold_s=1)
     stage_file(repo, "b.txt", "b")
-    first = _commit(gateway.url, token, "b", repo, progress=[])  # waits 2 s, then told it is still waiting
+    first = _commit(gateway.url, token, "b", repo, progress=[])  # waits 1 s, then told it is still waiting
     call = Call.objects.get()
     assert first.is_error and first.content[0].text == f"waiting for approval: call {call.pk}"
     _decide(people, _hold_of(call.pk))
@@ -233,6 +237,7 @@ def test_the_reviewer_who_requested_a_hold_cannot_approve_it(gateway, repo, cont
     assert hold.status == "requested" and forwarded(control) == []
 
 
+@pytest.mark.django_db  # no server, no gateway: the loader alone
 @pytest.mark.parametrize(
     ("where", "value", "path"),
     [
