@@ -133,6 +133,10 @@ def test_a_held_write_is_approved_in_the_console_while_the_client_waits_and_runs
     assert wait(lambda: len(progress) >= 2, 10, every_s=0.1)  # the client hears while it waits
     assert forwarded(control) == [] and commits(repo) == 0  # nothing was sent while held
 
+    again_previewed = signed_in(people, "reviewer").post(
+        reverse("console:action-preview", args=[call.pk, "execute_held"])
+    )
+    assert again_previewed.status_code == 302  # a reviewer's own preview of the same call: not another intent
     _decide(people, hold)
     _work(rq_queue)
     waiting.join(timeout=30)

@@ -353,7 +353,7 @@ def supersede_others(approved: ActionRequest, actor: Actor, now: datetime) -> li
         call__task_id=call.task_id,
         call__tool_id=call.tool_id,
         call__state=S.READY,
-    ).exclude(pk=approved.pk)
+    ).exclude(call_id=call.pk)  # another preview of the same call (a reviewer's) is not another intent
     refused = []
     with transaction.atomic():
         for other in others.select_related("call", "requested_by", "decided_by"):

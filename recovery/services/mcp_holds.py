@@ -26,8 +26,12 @@ WAITING = (*UNDECIDED, A.APPROVED, A.EXECUTING)  # the client waits on it
 
 
 def latest_hold(call_id: int) -> ActionRequest | None:
-    """The call's newest hold (its execute_held request), or None."""
-    return ActionRequest.objects.filter(call_id=call_id, action=HOLD_ACTION).order_by("-pk").first()
+    """The call's hold (an execute_held request), or None: the one a person acted on furthest (approved or executed
+    before requested, requested before previewed — a reviewer may preview it again from the call page), else the
+    newest."""
+    rank = {A.EXECUTED: 0, A.EXECUTING: 0, A.APPROVED: 0, A.REQUESTED: 1}
+    holds = list(ActionRequest.objects.filter(call_id=call_id, action=HOLD_ACTION).order_by("-pk"))
+    return min(holds, key=lambda request: rank.get(request.status, 2), default=None)
 
 
 def hold(call_id: int, actor: Actor) -> ActionRequest:
