@@ -30,7 +30,7 @@ from recovery.models import ActionRequest, AuditEvent, Call
 from recovery.models.roles import APPROVER, REVIEWER
 from recovery.registry import load_registry
 from recovery.registry.checks import RegistryInvalid
-from recovery.services.actions import action_request
+from recovery.services.actions import action_request, actions_expire_due
 from recovery.services.users import user_save_with_roles
 from tests.console import PASSWORD, signed_in
 from tests.mcp import agent_token
@@ -308,4 +308,9 @@ def test_a_hold_nobody_decides_in_time_is_answered_the_refusal(gateway, repo, co
     time.sleep(1.2)
     result = _commit(gateway.url, token, "h", repo)
     assert result.is_error and "was not approved before its hold expired" in result.content[0].text
+    actions_expire_due()  # the periodic job: the request expired, the held call ends
+    call = Call.objects.get()
+    assert (call.state, _hold_of(call.pk).status) == ("FAILED_PERMANENT", "expired")
+    again = _commit(gateway.url, token, "h", repo)
+    assert again.is_error and "was not approved before its hold expired" in again.content[0].text
     assert commits(repo) == 0 and forwarded(control) == []

@@ -12,6 +12,7 @@ from datetime import datetime
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from recovery.audit.actions import AuditAction
@@ -369,5 +370,13 @@ def supersede_others(approved: ActionRequest, actor: Actor, now: datetime) -> li
 
 
 def actions_expire_due(*, now: datetime | None = None) -> int:
-    """PREVIEWED and REQUESTED requests past their expiry → EXPIRED, each with its audit event; how many."""
-    return approvals.expire_due(KIND, actor=Actor.job("actions-expire"), now=now)
+    """PREVIEWED and REQUESTED requests past their expiry → EXPIRED, each with its audit event; how many. A held MCP
+    call whose hold expired with nobody deciding it ends FAILED_PERMANENT (its client is answered the refusal)."""
+    actor = Actor.job("actions-expire")
+    expired = approvals.expire_due(KIND, actor=actor, now=now)
+    live = ActionRequest.objects.filter(action=HOLD_ACTION, call_id=OuterRef("call_id")).exclude(status=A.EXPIRED)
+    ended = ActionRequest.objects.filter(action=HOLD_ACTION, status=A.EXPIRED, call__state=S.READY)
+    for call_id in ended.exclude(Exists(live)).values_list("call_id", flat=True).distinct()[:SWEEP_LIMIT]:
+        with transaction.atomic():
+            refuse_held(call_id, actor, "its hold expired: nobody approved it in time, it never ran")
+    return expired
