@@ -47,9 +47,9 @@ def _load(repo, control, *, hold_s: int = 4, timeout_s: int = 10, **policy) -> s
     return agent_token()
 
 
-def _commit(url: str, token: str, message: str, repo, *, progress: list | None = None):
+def _commit(url: str, token: str, message: str, repo, *, progress: list | None = None, mode: str = "auto"):
     async def go():
-        async with client(url, token) as mcp:
+        async with client(url, token, mode=mode) as mcp:
             callback = None
             if progress is not None:
 
@@ -156,6 +156,16 @@ def test_a_held_write_is_approved_in_the_console_while_the_client_waits_and_runs
     assert call.state == "COMMITTED" and call.attempts_count == 1
     hold.refresh_from_db()
     assert hold.status == "executed" and hold.decided_by.username == "approver"
+
+
+def test_a_handshake_era_client_is_held_with_progress_too(gateway, repo, control):
+    token = _load(repo, control, hold_s=2)
+    stage_file(repo, "l.txt", "l")
+    progress: list = []
+    result = _commit(gateway.url, token, "l", repo, progress=progress, mode="legacy")
+    call = Call.objects.get()
+    assert result.is_error and result.content[0].text == f"waiting for approval: call {call.pk}"
+    assert len(progress) >= 2 and progress[-1][2] == 2
 
 
 def test_without_a_progress_token_the_answer_comes_within_3_s_with_the_call_id(gateway, repo, control):
