@@ -549,6 +549,7 @@ def test_a_dry_run_lists_the_exact_request_and_its_checks_and_sends_nothing(worl
         "mark_compensation_failed",
         "probe_duplicate",
         "restore_retry_path",
+        "execute_held",
     }
     gate = GateDecision.objects.get(call_id=call.pk, dry_run=True)
     assert (gate.allowed, gate.candidate_attempt_id, gate.actor_user_id) == (

@@ -30,6 +30,7 @@ NAMES = [
     "mark_compensation_failed",
     "probe_duplicate",
     "restore_retry_path",
+    "execute_held",
 ]
 
 # What a reviewer may do on a write call, state by state (docs/design/state-machine.md's edges, narrowed by
@@ -71,6 +72,18 @@ def test_a_reviewer_gets_exactly_the_actions_the_state_allows(state):
         assert option.reason.startswith(ALLOWED) == option.allowed, option
         if not option.allowed:
             assert "needs the reviewer role" not in option.reason  # a reviewer is refused for the call's sake
+
+
+@pytest.mark.parametrize("state", list(CallState))
+def test_a_held_mcp_call_is_executed_from_ready_only(state):
+    """docs/mcp-gateway.md, "Approval holds": execute_held is allowed on a READY call whose tool the registry holds,
+    and nowhere else; a call not held is told why."""
+    held = _by_name(actions_for(state, perms=REVIEWER_PERMS, side_effect="write", held=True))
+    assert held["execute_held"].allowed == (state == S.READY)
+    plain = _by_name(actions_for(state, perms=REVIEWER_PERMS, side_effect="write"))["execute_held"]
+    assert not plain.allowed
+    if state == S.READY:
+        assert "not held for an approval" in plain.reason
 
 
 @pytest.mark.parametrize("state", list(CallState))

@@ -320,6 +320,7 @@ def test_it_lists_every_action_with_why_it_is_allowed_or_forbidden(people, refun
             "mark_compensation_failed",
             "probe_duplicate",
             "restore_retry_path",
+            "execute_held",
         ]
     )
     # Grouped by reason: each sentence once, followed by no other action's copy of it.

@@ -442,7 +442,8 @@ def test_the_command_lists_the_drills_and_refuses_an_unknown_name():
         "rate-limit, dependency-5xx, "
         "status-api-down, queue-backlog, worker-killed-mid-replay, two-approvers, provider-ignores-keys, "
         "compensation-reply-lost, compensation-refused, saga-aborted, saga-aborted-unknown-step, lookup-by-listing, "
-        "eventually-consistent-search, square-wire, mcp-reply-lost"
+        "eventually-consistent-search, square-wire, mcp-reply-lost, mcp-approval-hold, "
+        "mcp-upstream-killed"
     )
     with pytest.raises(CommandError) as refused:
         call_command("drill", "nope")

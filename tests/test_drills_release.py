@@ -58,3 +58,26 @@ def test_a_lost_mcp_reply_is_absorbed_on_reissue_and_settled_by_the_status_tool_
     (row,) = result.keys
     assert transitions(row.call_id) == ["SENT", "UNKNOWN", "COMMITTED"]
     assert row.observed_effects == 1
+
+
+def _mcp_servers() -> None:
+    from recovery.devtools.mcp_stage import missing_servers
+
+    reason = missing_servers()
+    if reason:
+        missing_service(reason)
+
+
+def test_an_mcp_write_held_for_approval_runs_once_after_the_clients_wait_and_its_reissue_gets_the_result(stage):  # noqa: F811
+    _mcp_servers()
+    (row,) = passed(stage, "mcp-approval-hold").keys
+    assert transitions(row.call_id) == ["SENT", "COMMITTED"]
+    assert row.observed_effects == 1
+    assert Attempt.objects.filter(call_id=row.call_id).count() == 1
+
+
+def test_an_mcp_upstream_killed_mid_call_is_settled_by_the_status_tool_and_started_again(stage):  # noqa: F811
+    _mcp_servers()
+    (row,) = passed(stage, "mcp-upstream-killed").keys
+    assert transitions(row.call_id) == ["SENT", "UNKNOWN", "COMMITTED"]
+    assert row.observed_effects == 1

@@ -25,6 +25,7 @@ from recovery.models.approvals import REQUESTED
 from recovery.selectors.approvals import QUEUE_LIMIT, approvals_waiting, pending_approvals_count
 from recovery.services.approvals import PREVIEWED
 from recovery.services.errors import Refusal
+from recovery.services.mcp_holds import pending_holds
 
 REASON_MAX = 2000
 OPEN = (PREVIEWED, REQUESTED)  # a kind's statuses that still wait for someone (a kind without previews: requested)
@@ -153,6 +154,7 @@ def approvals(request: HttpRequest) -> HttpResponse:
         "bulks": [(bulk, LABELS.get(bulk.action, bulk.action)) for bulk in waiting["bulk"]],
         "now": now,
         "limit": QUEUE_LIMIT,
+        "holds": pending_holds(now=now),  # held MCP calls, grouped per task and tool (docs/mcp-gateway.md)
     }
     return render_page(request, "console/approvals.html", context)
 

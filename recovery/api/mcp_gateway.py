@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
 from recovery.audit.chain import Actor
-from recovery.models import Tenant, Tool
+from recovery.models import Call, Tenant, Tool
 from recovery.providers.mcp import facts_of_forward, forward
 from recovery.providers.mcp import list_tools as upstream_tools
 from recovery.providers.mcp_upstream import POOL
@@ -25,6 +25,7 @@ from recovery.services import mcp_calls
 from recovery.services.tokens import token_authenticate
 
 TOKEN = "recovery.token"
+PROGRESS_EVERY_S = 1.0  # a held client hears from the gateway at least this often (the promise is every 2 s)
 
 
 async def _db(fn, *args):
@@ -148,11 +149,41 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         tool = await _db(mcp_calls.register_unregistered, provider, wire, Actor.for_token(caller.token))
         caller, tools, begun = await _db(start, tool)
     if isinstance(begun, mcp_calls.Answer):
+        if begun.waiting and _progress_token(ctx, params) is not None:
+            begun = await _hold(ctx, begun)
         return _absorbed(begun)
     with anyio.CancelScope(shield=True):  # a client that disconnects does not cancel a forwarded write
         done = await forward(begun.tool.provider, begun.tool.mcp["tool"], begun.arguments, begun.meta, begun.tool.name)
         outcome = await _db(mcp_calls.finish, begun, facts_of_forward(begun.tool, done), caller)
     return _answered(begun, done, outcome)
+
+
+def _progress_token(ctx: Any, params: Any) -> str | int | None:
+    """The client's `params._meta.progressToken`: only a client that sent one is held while its call waits."""
+    for meta in (getattr(ctx, "meta", None), params.meta):
+        if isinstance(meta, dict):
+            token = meta.get("progress_token", meta.get("progressToken"))
+            if isinstance(token, str | int) and not isinstance(token, bool):
+                return token
+    return None
+
+
+async def _hold(ctx: Any, answer: mcp_calls.Answer) -> mcp_calls.Answer:
+    """Hold a client that sent a progressToken while its call waits for approval (docs/mcp-gateway.md, "Approval
+    holds"): `notifications/progress` every PROGRESS_EVERY_S, the hold read again each time, up to the tool's
+    `hold_s`; then where it stands — the kept result, the refusal, or still "waiting for approval: call N"."""
+    call_id = answer.recovery["call_id"]
+    started = anyio.current_time()
+    while answer.waiting and anyio.current_time() - started < answer.hold_s:
+        waited = anyio.current_time() - started
+        await ctx.session.report_progress(round(waited, 1), answer.hold_s, answer.text)
+        await anyio.sleep(min(PROGRESS_EVERY_S, max(0.0, answer.hold_s - waited)))
+        answer = await _db(mcp_calls.held_answer, call_id) or await _db(_where_it_stands, call_id)
+    return answer
+
+
+def _where_it_stands(call_id: int) -> mcp_calls.Answer:
+    return mcp_calls.absorbed_plain(Call.objects.get(pk=call_id))
 
 
 def mcp_server() -> Server:

@@ -7,6 +7,8 @@ of that tool (any tool when empty):
 - drop_before: close without forwarding it (it never reached the upstream);
 - hang: forward it and never answer (past the caller's timeout);
 - kill: forward it and kill the upstream before its answer can come back;
+- kill_after_reply: forward it, wait for the upstream's answer (the effect is made), then kill the upstream and die
+  without relaying it: the server process is gone mid-call as far as the gateway can tell;
 - delay: forward it and hold the upstream's answer for 2 s before relaying it.
 
 Every `tools/call` forwarded upstream is logged, one JSON line each, to FILE with the suffix .log.
@@ -46,6 +48,9 @@ def _relay_up(upstream: subprocess.Popen, held: dict, lock: threading.Lock) -> N
             fault = held.pop(message.get("id"), "") if "method" not in message else ""
         if fault == "drop_reply":
             os._exit(0)  # the answer came and is lost with the stream
+        if fault == "kill_after_reply":
+            upstream.kill()
+            os._exit(137)  # as a process killed with SIGKILL ends
         if fault == "hang":
             continue
         if fault == "delay":

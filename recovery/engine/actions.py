@@ -172,6 +172,18 @@ RESTORE_RETRY_PATH = Action(
         "new probe: same-key replays of the tool are admitted again"
     ),
 )
+EXECUTE_HELD = Action(
+    name="execute_held",
+    label="Execute the held MCP call",
+    target=S.SENT,
+    sources=frozenset({S.READY}),
+    write=True,
+    permission=REVIEW_PERMISSION,
+    does=(
+        "sends the held tools/call once, exactly as previewed, admitted on approval_granted; its result is kept for "
+        "the client's re-issue, and the task's other holds of the tool are refused"
+    ),
+)
 _COMPENSATIONS = (START_COMPENSATION, APPROVE_NEW_COMPENSATION)
 _ENTRY_SETTLES = (MARK_COMPENSATION_COMMITTED, MARK_COMPENSATION_FAILED)
 
@@ -189,6 +201,7 @@ ACTIONS: tuple[Action, ...] = (
     MARK_COMPENSATION_FAILED,
     PROBE_DUPLICATE,
     RESTORE_RETRY_PATH,
+    EXECUTE_HELD,
 )
 
 
@@ -255,6 +268,7 @@ _STATE_RULES: tuple[tuple[Collection[Action] | None, Collection[CallState] | Non
     ),
     (_ANY, {S.SENT}, "an attempt is in flight: its outcome (or the sweeper, after the tool's outcome timeout) decides"),
     (_BUT_RECONCILE, {S.ACCEPTED}, "the provider accepted it and is still working on it: reconciliation settles it"),
+    ({EXECUTE_HELD}, _ANY, "only a READY call held for an approval is executed this way; this one is {state}"),
     ({RECONCILE_NOW}, _ANY, "only UNKNOWN, STILL_UNKNOWN and ACCEPTED calls are reconciled; this one is {state}"),
     ({ESCALATE}, {S.HUMAN_REVIEW}, "the call is already in human review"),
     ({ESCALATE}, _ANY, "only an UNKNOWN or STILL_UNKNOWN call is escalated; this one is {state}"),
@@ -292,6 +306,7 @@ class _Facts:
     compensation_in_review: bool  # its open compensation entry waits for a person
     sandbox_tenant: bool  # its tenant is a test tenant: duplicate probes allowed
     retry_path: str  # its tool's: unprobed, safe, unsafe
+    held: bool = False  # its tool's registry entry holds its first attempt for an approval (docs/mcp-gateway.md)
 
     @property
     def write(self) -> bool:
@@ -335,6 +350,11 @@ _POLICY_RULES: tuple[tuple[Collection[Action], Callable[[_Facts], bool], str], .
         _ENTRY_SETTLES,
         lambda f: not f.compensation_in_review,
         "its compensation entry is not in review: it is being sent or reconciled by its own key",
+    ),
+    (
+        {EXECUTE_HELD},
+        lambda f: not f.held,
+        "its tool is not held for an approval in the registry: the runtime makes its first attempt itself",
     ),
     (
         {RECONCILE_NOW},
@@ -383,6 +403,7 @@ def actions_for(
     sandbox_tenant: bool = False,
     retry_path: str = "unprobed",
     held_by: str = "",
+    held: bool = False,
 ) -> list[ActionOption]:
     """Every action for a call in `state`, as `perms` (the person's permissions) may take it now, given the call's
     facts (as _Facts names them) and `held_by` (another person's live claim on it). The first reason that applies is
@@ -398,6 +419,7 @@ def actions_for(
         compensation_in_review=compensation_in_review,
         sandbox_tenant=sandbox_tenant,
         retry_path=retry_path,
+        held=held,
     )
     options = []
     for action in ACTIONS:

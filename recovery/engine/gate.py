@@ -98,6 +98,8 @@ MESSAGES = {
     "retry_path_unprobed": "No duplicate probe has proved that this provider deduplicates by key: reconciliation "
     "does not replay it.",
     "replay_key_too_old": "This call's key is older than a replay may rely on: reconciliation does not replay it.",
+    "approval_required": "This tool's calls wait for a person's approval: the call is held until a reviewer and an "
+    "approver agree, then executed once.",
 }
 
 
@@ -329,7 +331,7 @@ def _effect_may_exist(previous: PreviousAttempt, is_write: bool) -> bool:
 
 def _check_evidence(call: CallView, candidate: Candidate, context: GateContext) -> _Step:
     if call.state == READY:
-        return _pass("evidence", "first attempt: no evidence needed")
+        return _first_attempt(candidate, context)
     previous = context.previous
     is_write = _is_write(context)
     # docs/design/idempotency.md: once an effect may exist the key is bound to its arguments (and tool); a change is a
@@ -345,6 +347,17 @@ def _check_evidence(call: CallView, candidate: Candidate, context: GateContext) 
     action, after_ms = _next_without_evidence(call, previous, context, is_write)
     info = {"evidence": list(acceptable)}
     return _deny("evidence", "no_new_evidence", f"claimed: {claimed}", action, after_ms=after_ms, info=info)
+
+
+def _first_attempt(candidate: Candidate, context: GateContext) -> _Step:
+    """A first attempt needs no evidence, unless the registry holds the tool's calls for an approval
+    (docs/mcp-gateway.md, "Approval holds"): then only an approved hold admits it, once; the call stays READY."""
+    if not context.tool.approval_required:
+        return _pass("evidence", "first attempt: no evidence needed")
+    if APPROVAL_GRANTED in candidate.evidence and context.approval_available:
+        return _pass("evidence", "approval_granted holds: the held call was approved", evidence_used=APPROVAL_GRANTED)
+    detail = "the registry requires an approval before this tool's first attempt"
+    return _deny("evidence", "approval_required", detail, "request_approval", info={"evidence": [APPROVAL_GRANTED]})
 
 
 def _acceptable(

@@ -172,6 +172,7 @@ class ToolPolicy:
     fallback: str = ""
     reconcile: ReconcilePolicy = field(default_factory=ReconcilePolicy)  # its status checks' schedule
     exhausted_to_review: bool = False  # a RETRYABLE with no budget left goes to HUMAN_REVIEW instead of failing
+    approval_required: bool = False  # its first attempt waits for an approved hold (docs/mcp-gateway.md)
 
     @property
     def is_write(self) -> bool:

@@ -258,6 +258,15 @@ def _error_facts(done: Forwarded) -> Facts:
     return Facts(connection_opened=True, sent=None, error=ErrorFacts(kind=kind, message=message), **_timing(done))
 
 
+def forwarded_arguments(tool: Tool, arguments: dict, key: str) -> dict:
+    """The arguments sent: a write whose tool carries a marker gets the intent key appended as a trailer."""
+    marker = tool.mcp.get("marker")
+    if not marker or tool.side_effect != "write" or not isinstance(arguments.get(marker["argument"]), str):
+        return dict(arguments)
+    text = arguments[marker["argument"]].rstrip("\n")
+    return {**arguments, marker["argument"]: f"{text}\n\n{marker['trailer']}: {key}\n"}
+
+
 # --- the status tool -------------------------------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ from recovery.registry.checks import (
     boolean,
     check_object,
     child,
+    choice,
     dotted,
     env_name,
     integer,
@@ -21,6 +22,9 @@ from recovery.registry.checks import (
 )
 
 REISSUE_WINDOW_S = 300  # a re-issue of the same write intent within it is absorbed (docs/mcp-gateway.md)
+HOLD_S = 120  # how long the gateway holds a client that sent a progressToken while its call waits for approval
+TOOL_APPROVAL = ("required", "none")  # a tool's own policy
+PROVIDER_APPROVAL = ("high_risk_writes", "none")  # a provider's, for every high-risk write of it
 
 
 def _regex(ctx: Context, value: Any, path: str) -> bool:
@@ -73,6 +77,8 @@ MCP_PROVIDER = {
     "expose_unregistered": Key(boolean),
     "reissue_window_s": Key(integer(1, 86_400)),
     "call_timeout_s": Key(integer(1, 3_600)),
+    "approval": Key(choice(*PROVIDER_APPROVAL)),
+    "hold_s": Key(integer(1, 3_600)),
 }
 MARKER = {
     "argument": Key(dotted, required=True),  # the text argument the intent key is appended to
@@ -93,6 +99,8 @@ MCP_TOOL = {
     "status_tool": _object(STATUS_TOOL, "an MCP status tool"),
     "annotations": Key(_annotations),
     "unregistered": Key(boolean),  # added by the gateway from tools/list (expose_unregistered), not by an admin
+    "approval": Key(choice(*TOOL_APPROVAL)),
+    "hold_s": Key(integer(1, 3_600)),
 }
 
 
@@ -119,6 +127,21 @@ def check_mcp_tool(ctx: Context, tool: dict, path: str) -> None:
         ctx.error(child(path, "request"), "required in a tool (or mcp, for a tool of an MCP server)")
     if "mcp" in tool and "request" in tool:
         ctx.error(child(path, "request"), "an MCP tool is called over MCP: remove request")
+
+
+def needs_approval(tool) -> bool:
+    """Whether the tool's calls are held for an approval before their first attempt (docs/mcp-gateway.md, "Approval
+    holds"): the tool's own `approval`, else its provider's `high_risk_writes` for a high-risk write."""
+    own = (tool.mcp or {}).get("approval")
+    if own:
+        return own == "required"
+    provider = (tool.provider.mcp or {}).get("approval")
+    return provider == "high_risk_writes" and tool.side_effect == "write" and tool.risk == "high"
+
+
+def hold_seconds(tool) -> int:
+    """How long the gateway holds a waiting client (with a progressToken) on a held call of `tool`."""
+    return int((tool.mcp or {}).get("hold_s") or (tool.provider.mcp or {}).get("hold_s") or HOLD_S)
 
 
 HINTS = ("readOnlyHint", "destructiveHint", "idempotentHint", "openWorldHint")

@@ -13,6 +13,7 @@ from django.db.models import Prefetch, QuerySet
 from recovery.engine.reconcile import ReconcilePolicy, StatusBreakerPolicy
 from recovery.engine.types import BackoffPolicy, BreakerPolicy, Budgets, Invariant, ToolPolicy
 from recovery.models import Provider, Tool
+from recovery.registry.mcp import needs_approval
 
 TOOL_BUDGETS = ("max_attempts", "write_retry", "unknown_budget", "max_business_effects")
 # The registry's `reconcile`.
@@ -97,4 +98,5 @@ def tool_policy(tool: Tool) -> ToolPolicy:
         fallback=tool.fallback,
         exhausted_to_review=tool.exhausted_to_review,
         reconcile=reconcile_policy(tool),
+        approval_required=needs_approval(tool),
     )

@@ -181,6 +181,7 @@ def _breaker(call: Call, executing_tool: Tool, read: AdmissionRead | None, now: 
 
 # A replay's own attempt id names its action request, so its approval admits that attempt and no other.
 ACTION_ATTEMPT_PREFIX = "action-"
+ATTEMPTING_ACTIONS = ("replay_same_key", "execute_held")  # the actions whose execution makes an attempt itself
 
 
 def action_attempt_id(request_id: int) -> str:
@@ -202,7 +203,8 @@ def approval_for(call: Call, *, attempt_id: str) -> list[int]:
     number = attempt_id.removeprefix(ACTION_ATTEMPT_PREFIX)
     own = int(number) if attempt_id.startswith(ACTION_ATTEMPT_PREFIX) and number.isdigit() else None
     if own is not None:
-        executing = Q(action="replay_same_key", status=ActionStatus.EXECUTING, call_version=call.version)
+        # A same-key replay, or a held MCP call's first execution (docs/mcp-gateway.md): the attempt the request makes.
+        executing = Q(action__in=ATTEMPTING_ACTIONS, status=ActionStatus.EXECUTING, call_version=call.version)
         allowing |= Q(executing, pk=own)
     found = ActionRequest.objects.filter(allowing, call_id=call.pk, approval_used_at__isnull=True)
     ids = list(found.order_by("pk").values_list("pk", flat=True))

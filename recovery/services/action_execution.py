@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime, timedelta
 
+import anyio
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -28,11 +29,12 @@ from recovery.models import (
     ReceiptSource,
     RetryPath,
 )
+from recovery.providers.mcp import CONNECT_S, facts_of_forward, forward_once, timeout_of
 from recovery.providers.requests import TemplateError, send, tool_request
 from recovery.registry import with_alternates
 from recovery.selectors.context import action_attempt_id
 from recovery.services import probes, reconcile
-from recovery.services.action_plans import ACTION_BY_NAME, action_event, call_facts, require_allowed
+from recovery.services.action_plans import ACTION_BY_NAME, action_event, call_facts, held_request, require_allowed
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.calls import call_abandon
 from recovery.services.compensations import compensation_send, compensation_settle, compensation_start
@@ -67,6 +69,8 @@ def _lease_s(request: ActionRequest) -> float:
     provider = request.call.tool.provider
     # A lease shorter than the provider's timeouts would let the sweep interrupt a worker still waiting for a reply.
     # The margin covers recording the reply; a worker that overruns it is marked interrupted but never run twice.
+    if provider.mcp:  # an MCP server's start has its own allowance, then the call its own timeout
+        return max(settings.RECOVERY_ACTION_LEASE_S, CONNECT_S + timeout_of(provider) + 10)
     return max(settings.RECOVERY_ACTION_LEASE_S, provider.connect_timeout_s + provider.read_timeout_s + 10)
 
 
@@ -234,6 +238,38 @@ def _execute_replay(request: ActionRequest, worker: str) -> None:
     what = f"replayed with the original key {call.idempotency_key}: {seen} → {state}{then}"
     result = {"what": what, **common, "call_state": state, "route": (answer.get("decision") or {}).get("route")}
     _finish_alone(request, worker, A.EXECUTED, result)
+
+
+def _execute_held(request: ActionRequest, worker: str) -> None:
+    """A held MCP call, approved (docs/mcp-gateway.md, "Approval holds"): admitted on approval_granted (an Attempt,
+    the call SENT), the previewed `tools/call` sent once on a connection of this worker's own, and what came back
+    reported as any attempt's outcome — the result kept for the client's re-issue; a timeout or a dying server
+    leaves the call UNKNOWN for the status tool, never re-sent. No transaction is open while the call is out."""
+    actor = _job()
+    call = _current(request)
+    tool = call.tool
+    held = AttemptRequest(attempt_id=action_attempt_id(request.pk), evidence=(APPROVAL_GRANTED,))
+    try:
+        admission = attempt_admit(call=call, request=held, actor=actor)
+    except Refusal as exc:
+        raise _Failed(
+            f"admission failed ({exc.code}: {exc.message}): nothing was sent", call_state=call.state
+        ) from None
+    if admission.status != 201:
+        gate = admission.response.get("gate") or {}
+        what = f"the gate denied the held call ({gate.get('reason', 'already admitted once')}): nothing was sent"
+        raise _Failed(what, gate=gate.get("reason"), call_state=call.state)
+    attempt = Attempt.objects.select_related("tool__provider").get(call_id=call.pk, attempt_id=held.attempt_id)
+    body = held_request(call)["body"]
+    done = anyio.run(forward_once, tool.provider, body["name"], body["arguments"], body["_meta"])
+    facts = facts_of_forward(tool, done)
+    common = {"attempt_id": attempt.attempt_id, "attempt_number": attempt.number}
+    call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
+    answer = attempt_report(call=call, attempt=attempt, facts=facts, actor=actor)
+    state = answer["call_state"]
+    then = " (its outcome is unknown: the status tool settles it, it is never re-sent)" if state == S.UNKNOWN else ""
+    what = f"the held tools/call {body['name']} was sent once with key {call.idempotency_key}: {state}{then}"
+    _finish_alone(request, worker, A.EXECUTED, {"what": what, **common, "call_state": state})
 
 
 def _execute_reconcile(request: ActionRequest, worker: str) -> None:
@@ -445,6 +481,7 @@ _EXECUTORS = {
     "mark_compensation_failed": _in_transaction(_settle_entry(committed=False)),
     "probe_duplicate": _execute_probe,
     "restore_retry_path": _in_transaction(_restore_retry_path),
+    "execute_held": _execute_held,
 }
 
 

@@ -20,8 +20,10 @@ from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
 from recovery.models import ActionRequest, BreakerState, Call, RetryPath, StatusBreaker
 from recovery.providers.listing import shown_lookup
+from recovery.providers.mcp import KEY_META, forwarded_arguments
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import tool_policy, with_alternates
+from recovery.registry.mcp import needs_approval
 from recovery.registry.policy import status_breaker_policy
 from recovery.selectors.breakers import breaker_view
 from recovery.selectors.context import gate_context, task_budgets, task_view
@@ -32,7 +34,7 @@ from recovery.services.errors import Refusal
 S = CallState
 ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
 # The attempt a replay makes itself, and the one a granted approval lets the runtime make later.
-MAKES_ATTEMPT = frozenset({"replay_same_key"})
+MAKES_ATTEMPT = frozenset({"replay_same_key", "execute_held"})
 # The entry of the compensation ledger these make (docs/compensation.md): a new side effect, not an attempt of the call.
 COMPENSATES = frozenset({"start_compensation", "approve_new_compensation"})
 LETS_ATTEMPT = frozenset({"grant_approval"})
@@ -67,6 +69,7 @@ class CallFacts:
     compensation_in_review: bool = False  # its open compensation entry waits for a person
     sandbox_tenant: bool = False  # its tenant is a test tenant (duplicate probes allowed)
     retry_path: str = RetryPath.UNPROBED  # its tool's
+    held: bool = False  # its tool's first attempt waits for an approved hold (docs/mcp-gateway.md)
 
 
 def call_for_action(call_id: int) -> Call | None:
@@ -98,6 +101,7 @@ def call_facts(call: Call, *, user=None, now: datetime, key_since: datetime | No
         compensation_in_review=call.state == S.COMPENSATING and call.compensations.filter(state="review").exists(),
         sandbox_tenant=call.task.tenant.sandbox,
         retry_path=tool.retry_path,
+        held=bool(tool.mcp) and needs_approval(tool),
     )
 
 
@@ -116,6 +120,7 @@ def options_for(call: Call, facts: CallFacts, *, perms, held_by: str | None = No
         sandbox_tenant=facts.sandbox_tenant,
         retry_path=facts.retry_path,
         held_by=facts.held_by if held_by is None else held_by,
+        held=facts.held,
     )
 
 
@@ -240,6 +245,8 @@ def build_plan(call: Call, action_name: str, *, facts: CallFacts, evidence: dict
 
 def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:
     """The provider requests executing `action` would send, as a plan shows them (credentials masked)."""
+    if action.name == "execute_held":
+        return [held_request(call)], True
     if action.name in MAKES_ATTEMPT:
         try:
             return [tool_request(call.tool, call).shown()], True
@@ -256,6 +263,18 @@ def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:
         lookup = shown_lookup(call.tool, call)
         return ([lookup], True) if lookup else ([], False)
     return [], False
+
+
+def held_request(call: Call) -> dict:
+    """The exact `tools/call` a held call's execution sends (docs/mcp-gateway.md, "Approval holds"), as a plan shows a
+    request: the server, its tool, the arguments with the intent key's marker, and the key in `_meta`."""
+    tool, key = call.tool, call.idempotency_key
+    body = {
+        "name": tool.mcp.get("tool", tool.name),
+        "arguments": forwarded_arguments(tool, call.arguments, key),
+        "_meta": {KEY_META: key},
+    }
+    return {"method": "tools/call", "url": f"mcp://{tool.provider.name}", "headers": {}, "body": body}
 
 
 def _dry_gate(call: Call, policy: ToolPolicy, action: Action, now: datetime):
@@ -457,6 +476,12 @@ def _expected_effects(call: Call, policy: ToolPolicy, action: Action) -> str:
     name, key = action.name, call.idempotency_key
     if name == "replay_same_key":
         return _replay_effects(call, policy)
+    if name == "execute_held":
+        return (
+            f"one {_noun(call)} at most: the held tools/call is sent once, with the intent key {key}; its result is "
+            "kept and answered to the client's re-issue of the same call, never executed again. An outcome not known "
+            "(a timeout, the server dying) makes the call UNKNOWN, settled by the status tool, never re-sent"
+        )
     if name == "probe_duplicate":
         return (
             f"one {_noun(call)} in all if the provider deduplicates by key {key} (the probe then proves the retry "

@@ -12,6 +12,7 @@ from datetime import datetime
 from django.core.exceptions import ValidationError
 from django.core.validators import URLValidator
 from django.db import transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from recovery.audit.actions import AuditAction
@@ -40,10 +41,12 @@ from recovery.services.action_plans import (
     call_for_action,
     require_allowed,
 )
+from recovery.services.calls import call_abandon
 from recovery.services.errors import Refusal
 
 A = ActionStatus
 S = CallState
+HOLD_ACTION = "execute_held"  # a held MCP call's execution (docs/mcp-gateway.md, "Approval holds")
 EVIDENCE_FIELDS = {"provider_ref": 255, "receipt_id": 255, "link": 2000}
 SWEEP_LIMIT = 500
 _LINK = URLValidator(schemes=["http", "https"])
@@ -136,6 +139,13 @@ def action_preview(*, call_id: int, action: str, user, actor: Actor, evidence: d
     require_allowed(call, facts, action, perms=user.get_all_permissions())
     clean = clean_evidence(action, evidence)
     plan = _plan(call, action, facts, clean, now)
+    return store_preview(call, plan, clean, user=user, actor=actor, now=now)
+
+
+def store_preview(call: Call, plan: Plan, clean: dict, *, user, actor: Actor, now: datetime) -> ActionRequest:
+    """A plan stored as a PREVIEWED request with its audit event (and a replay's dry-run gate answer). `user` None:
+    the MCP gateway stored it, the preview of a held call (recovery.services.mcp_holds)."""
+    action = plan.data["action"]
     with transaction.atomic():
         request = ActionRequest.objects.create(
             call=call,
@@ -185,7 +195,7 @@ def _store_dry_gate(call: Call, plan: Plan, request: ActionRequest, user) -> Non
         evidence_used=gate.evidence_used,
         checks=[{"name": c.name, "passed": c.passed, "detail": c.detail} for c in gate.checks],
         required_next=asdict(gate.required_next) if gate.required_next else {},
-        actor_user_id=user.pk,
+        actor_user_id=user.pk if user is not None else None,
     )
 
 
@@ -294,14 +304,26 @@ def action_approve(*, request_id: int, user, actor: Actor, reason: str) -> Actio
     if why:
         _go_stale(request, actor, why, now)
         raise Refusal("stale", f"Not approved: {why}. Preview the action again.")
-    approvals.decide(asked, to=A.APPROVED, then=lambda: _enqueue_execution(request.pk))
+
+    def then() -> None:
+        if request.action == HOLD_ACTION:  # the task's other holds of the tool are refused, never executed
+            supersede_others(request, actor, now)
+        _enqueue_execution(request.pk)
+
+    approvals.decide(asked, to=A.APPROVED, then=then)
     return approvals.load(KIND, request.pk)
 
 
 def action_reject(*, request_id: int, user, actor: Actor, reason: str) -> ActionRequest:
     """REQUESTED → REJECTED by a second person, with a reason."""
     asked = approvals.decidable(KIND, request_id, user=user, actor=actor, reason=reason, what="Rejecting an action")
-    approvals.decide(asked, to=A.REJECTED)
+    request = asked.row
+
+    def then() -> None:
+        if request.action == HOLD_ACTION:  # a held call refused: it ends, and the client's re-issue is told so
+            refuse_held(request.call_id, actor, f"the held call was rejected by {user.get_username()}: {asked.reason}")
+
+    approvals.decide(asked, to=A.REJECTED, then=then)
     return approvals.load(KIND, request_id)
 
 
@@ -310,9 +332,51 @@ def action_withdraw(*, request_id: int, user, actor: Actor, reason: str) -> Acti
     return approvals.withdraw(KIND, request_id, user=user, actor=actor, reason=reason)
 
 
+# --- held MCP calls: what a decision on one means for its call and the task's other holds ---------------------------
+
+
+def refuse_held(call_id: int, actor: Actor, reason: str) -> None:
+    """A held call nobody will execute (rejected, superseded) ends FAILED_PERMANENT (abandoned), through the
+    transition function, in the caller's transaction."""
+    call = Call.objects.select_for_update().get(pk=call_id)
+    if call.state == S.READY:
+        call_abandon(call=call, actor=actor, reason=reason)
+
+
+def supersede_others(approved: ActionRequest, actor: Actor, now: datetime) -> list[int]:
+    """Approving one hold refuses the task's other undecided holds of the same tool (a re-issue whose arguments
+    differed): each request goes stale, marked superseded, and its call ends — none is ever executed. In the
+    approval's transaction; the calls refused."""
+    call = approved.call
+    others = ActionRequest.objects.filter(
+        action=HOLD_ACTION,
+        status__in=(A.PREVIEWED, A.REQUESTED),
+        call__task_id=call.task_id,
+        call__tool_id=call.tool_id,
+        call__state=S.READY,
+    ).exclude(call_id=call.pk)  # another preview of the same call (a reviewer's) is not another intent
+    refused = []
+    with transaction.atomic():
+        for other in others.select_related("call", "requested_by", "decided_by"):
+            why = f"superseded: the hold of call {call.pk} (request {approved.pk}) was approved instead"
+            if approvals.mark(KIND, other, actor, to=A.STALE, reason=why, now=now):
+                ActionRequest.objects.filter(pk=other.pk).update(result={"what": why, "superseded_by": call.pk})
+                refuse_held(other.call_id, actor, why)
+                refused.append(other.call_id)
+    return refused
+
+
 # --- periodic: expiry (interrupted executions: recovery.services.action_execution) --------------------------------
 
 
 def actions_expire_due(*, now: datetime | None = None) -> int:
-    """PREVIEWED and REQUESTED requests past their expiry → EXPIRED, each with its audit event; how many."""
-    return approvals.expire_due(KIND, actor=Actor.job("actions-expire"), now=now)
+    """PREVIEWED and REQUESTED requests past their expiry → EXPIRED, each with its audit event; how many. A held MCP
+    call whose hold expired with nobody deciding it ends FAILED_PERMANENT (its client is answered the refusal)."""
+    actor = Actor.job("actions-expire")
+    expired = approvals.expire_due(KIND, actor=actor, now=now)
+    live = ActionRequest.objects.filter(action=HOLD_ACTION, call_id=OuterRef("call_id")).exclude(status=A.EXPIRED)
+    ended = ActionRequest.objects.filter(action=HOLD_ACTION, status=A.EXPIRED, call__state=S.READY)
+    for call_id in ended.exclude(Exists(live)).values_list("call_id", flat=True).distinct()[:SWEEP_LIMIT]:
+        with transaction.atomic():
+            refuse_held(call_id, actor, "its hold expired: nobody approved it in time, it never ran")
+    return expired

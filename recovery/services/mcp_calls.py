@@ -17,12 +17,12 @@ from recovery.engine.fingerprint import fingerprint
 from recovery.engine.states import CallState
 from recovery.engine.types import Facts
 from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, TaskStatus, Tenant, Tool
-from recovery.providers.mcp import KEY_META
+from recovery.providers.mcp import KEY_META, forwarded_arguments
 from recovery.providers.requests import filled_key
 from recovery.registry import load_registry
-from recovery.registry.mcp import REISSUE_WINDOW_S, registry_stub
+from recovery.registry.mcp import REISSUE_WINDOW_S, hold_seconds, registry_stub
 from recovery.selectors.tasks_calls import allowed_tools
-from recovery.services import calls, tasks
+from recovery.services import calls, mcp_holds, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.errors import Refusal
 from recovery.services.outcomes import attempt_report
@@ -55,6 +55,8 @@ class Answer:
     is_error: bool
     recovery: dict
     result: dict | None = None
+    waiting: bool = False  # a held call not decided yet: the gateway may hold the client (docs/mcp-gateway.md)
+    hold_s: int = 0  # how long, when the client sent a progressToken
 
 
 @dataclass
@@ -150,7 +152,14 @@ def _window(tool: Tool) -> int:
 
 
 def absorbed(call: Call) -> Answer:
-    """The answer to a re-issue of `call` within the window: its recorded result, or where it stands."""
+    """The answer to a re-issue of `call` within the window: its recorded result, or where it stands (a held call's:
+    waiting for approval, or refused)."""
+    held = held_answer(call.pk, replayed=True)
+    return held if held is not None else absorbed_plain(call)
+
+
+def absorbed_plain(call: Call) -> Answer:
+    """Where a call a re-issue repeats stands, by its state alone."""
     base = {"call_id": call.pk, "call_state": call.state, "replayed_from_call": call.pk}
     if call.state == S.COMMITTED:
         attempt = call.attempts.order_by("-number").first()
@@ -167,6 +176,36 @@ _DUPLICATE = (
     "call {} already carries this write intent: a new idempotency key must not launder a replay. Retry that call "
     "under its own key."
 )
+
+
+def held_answer(call_id: int, *, replayed: bool = False) -> Answer | None:
+    """A held call's answer (docs/mcp-gateway.md, "Approval holds"): "waiting for approval: call N" while undecided,
+    the kept result of its one execution once approved and done, the refusal once rejected, superseded or expired;
+    None when the call was never held."""
+    held = mcp_holds.where(call_id)
+    if held is None:
+        return None
+    call = held.call
+    base = {"call_id": call.pk, "call_state": call.state, "hold": held.shown()}
+    if replayed:
+        base["replayed_from_call"] = call.pk
+    if held.waiting:
+        decision = {"route": "request_approval", "call_id": call.pk, "retry_after_ms": None}
+        return Answer(
+            f"waiting for approval: call {call.pk}",
+            True,
+            {**base, "decision": decision},
+            waiting=True,
+            hold_s=hold_seconds(call.tool),
+        )
+    if held.refusal:
+        decision = {"route": "stop", "call_id": call.pk, "retry_after_ms": None}
+        return Answer(f"Refused: {held.refusal}.", True, {**base, "decision": decision})
+    if call.state == S.COMMITTED:
+        attempt = call.attempts.order_by("-number").first()
+        result = (attempt.facts or {}).get("result") if attempt is not None else None
+        return Answer(f"Approved and executed once as call {call.pk}; not executed again.", False, base, result=result)
+    return None  # approved and executed, its outcome not settled: where the call stands (absorbed)
 
 
 def _refusal(exc: Refusal, call_id: int | None = None) -> Answer:
@@ -218,6 +257,9 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
     admission = attempt_admit(call=call, request=AttemptRequest(attempt_id="a1"), actor=actor)
     if admission.status == 200:  # attempt a1 was admitted already, by the re-issue's twin
         return absorbed(call)
+    if admission.status == 409 and admission.response["gate"]["reason"] == "approval_required":
+        mcp_holds.hold(call.pk, actor)  # the preview of the exact tools/call, for a reviewer and an approver
+        return held_answer(call.pk)
     if admission.status == 409:
         gate = admission.response["gate"]
         required = gate.get("required_next") or {}
@@ -231,15 +273,6 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
     return Begun(
         call=call, attempt=attempt, tool=tool, arguments=forwarded_arguments(tool, arguments, key), meta={KEY_META: key}
     )
-
-
-def forwarded_arguments(tool: Tool, arguments: dict, key: str) -> dict:
-    """The arguments sent: a write whose tool carries a marker gets the intent key appended as a trailer."""
-    marker = tool.mcp.get("marker")
-    if not marker or tool.side_effect != "write" or not isinstance(arguments.get(marker["argument"]), str):
-        return dict(arguments)
-    text = arguments[marker["argument"]].rstrip("\n")
-    return {**arguments, marker["argument"]: f"{text}\n\n{marker['trailer']}: {key}\n"}
 
 
 def finish(begun: Begun, facts: Facts, caller: Caller) -> dict:

@@ -478,6 +478,40 @@ DRILLS: dict[str, Drill] = {
             ),
             needs="mcp",
         ),
+        Drill(
+            slug="mcp-approval-hold",
+            name="MCP approval hold",
+            injected="a git commit whose tool the registry holds for an approval; the client, held 2 s with progress,"
+            " is told it waits; a reviewer and a second person approve it after that wait ended",
+            expected_end="READY while held (no attempt) → SENT → COMMITTED by the one approved execution; the"
+            " re-issue gets its result; 1 commit",
+            ends=(End(path=(S.SENT, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "the client was held, heard progress, and was told it waits",
+                "approved by a second person after the client's wait ended",
+                "executed once by a worker",
+                "the re-issue received the one execution's result",
+                "git_commit forwarded once",
+            ),
+            needs="mcp",
+        ),
+        Drill(
+            slug="mcp-upstream-killed",
+            name="MCP upstream killed",
+            injected="mcp-server-git commits, then is killed (SIGKILL) before its answer leaves",
+            expected_end="UNKNOWN → COMMITTED by the status tool (git_log, the intent key's trailer); the server"
+            " started again for the next call; 1 commit",
+            ends=(End(path=(S.SENT, S.UNKNOWN, S.COMMITTED)),),
+            effects=1,
+            checks=(
+                "the server died mid-call: the client saw an unknown outcome",
+                "settled by the status tool",
+                "the server was started again for the next call",
+                "git_commit forwarded once",
+            ),
+            needs="mcp",
+        ),
     )
 }
 

@@ -13,6 +13,7 @@ from recovery.devtools.drills.cases import (
     duplicate_callbacks,
     lookup_by_listing,
     lost_before_commit,
+    mcp_holds,
     mcp_reply_lost,
     provider_ignores_keys,
     queue_backlog,
@@ -49,5 +50,7 @@ CASES: dict[str, Callable[[Run], None]] = {
     "eventually-consistent-search": lookup_by_listing.play_lagging,
     "square-wire": square_wire.play,
     "mcp-reply-lost": mcp_reply_lost.play,
+    "mcp-approval-hold": mcp_holds.play_hold,
+    "mcp-upstream-killed": mcp_holds.play_killed,
 }
 assert list(CASES) == list(DRILLS), "every drill of the table has its module, in the table's order"
