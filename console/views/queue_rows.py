@@ -117,10 +117,11 @@ def row_html(row: dict, *, can_review: bool, notice: str = "", notice_error: boo
         f'<tr id="call-{pk}" data-id="{pk}" data-call="{pk}" tabindex="-1"{claimed}>'
         f"{pick}"
         f'<td><a class="open" href="{row["open_url"]}">call {pk}</a><br><span class="muted">task '
-        f'<a class="task-name trunc" title="{row["task_external_id"]}" href="{row["task_url"]}">'
-        f"{row['task_external_id']}</a> #{row['task_id']}</span></td>"
+        f'<span class="trunc" title="{row["task_external_id"]}"><a class="task-name" href="{row["task_url"]}">'
+        f"{row['task_external_id']}</a></span> #{row['task_id']}</span></td>"
         f'<td class="why" data-fact="waits" data-value="{"yes" if row["why"] else "no"}">{why}</td>'
-        f'<td class="nowrap"><code class="key trunc" title="{key}">{key}</code>{copy_button(key, "key")}</td>'
+        f'<td class="nowrap"><span class="trunc" title="{key}"><code class="key">{key}</code></span>'
+        f"{copy_button(key, 'key')}</td>"
         f'<td>{row["step_index"]}</td><td class="nowrap">{row["tool_name"]}{observed}</td><td>{row["tenant_name"]}</td>'
         f'<td><span class="risk badge-mark tone-{tone(row["risk"])} risk-{row["risk"]}">{row["risk"]}</span></td>'
         f'<td><span class="state badge-mark tone-{tone(row["state"])} state-{str(row["state"]).lower()}" '

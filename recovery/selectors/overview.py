@@ -128,11 +128,7 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
         for risk in risks:
             limit = now - timedelta(seconds=due_seconds(sla, slug, risk))
             late |= Q(state__in=states, risk=risk, state_changed_at__lt=limit)
-    # Due times as a row and the call page write them (recovery.selectors.due): past the claim's while nobody holds
-    # the item, past the resolution's always; "soon" is the same test an hour ahead, for what is not overdue yet.
-    unclaimed = Q(claimed_by__isnull=True) | Q(claim_until__lte=now)
-    overdue_q = late_q(now, claim=False) | (late_q(now, claim=True) & unclaimed)
-    soon = (late_q(now + DUE_SOON, claim=False) | (late_q(now + DUE_SOON, claim=True) & unclaimed)) & ~overdue_q
+    overdue_q, soon = _due_filters(now)
     rows = (
         Call.objects.filter(state__in=[*UNKNOWN_STATES, S.HUMAN_REVIEW])
         .values("state", "risk")
@@ -177,6 +173,15 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
             )
         )
     return queues, breaches
+
+
+def _due_filters(now: datetime) -> tuple[Q, Q]:
+    """Due times as a row and the call page write them (recovery.selectors.due): overdue is past the claim's while
+    nobody holds the item, past the resolution's always; due soon is the same test DUE_SOON ahead, not overdue yet."""
+    unclaimed = Q(claimed_by__isnull=True) | Q(claim_until__lte=now)
+    overdue = late_q(now, claim=False) | (late_q(now, claim=True) & unclaimed)
+    soon = late_q(now + DUE_SOON, claim=False) | (late_q(now + DUE_SOON, claim=True) & unclaimed)
+    return overdue, soon & ~overdue
 
 
 _BREAKER_FIELDS = ("tool__name", "tool__breaker", "state", "opened_at", "probes_reserved", "probe_lease_until")
