@@ -5,6 +5,9 @@
 - nothing clips its content: the page is no wider than the viewport, no element with `overflow: hidden` or `clip`
   cuts what it holds, and whatever scrolls sideways (a wide table) is a labelled scroll region a keyboard can reach:
   `role="region"`, a name (`aria-label` or `aria-labelledby`) and `tabindex="0"`;
+- no word in a table cell is drawn on two lines, the top bar is one line at 1440 px and folded behind Menu at 390 px,
+  and on each call page at 1440 by 900 the decision card and the actions' heading end within the first screen (the
+  design system of docs/console.md; issue 47);
 - no CSP violation and no script error (tests/browser.py's `assert_clean`).
 
 Each page is photographed whole at both widths: var/test-artifacts/browser/pages-1440-<page>.png and
