@@ -45,7 +45,8 @@ class QueueLoad:
     open: int  # exact
     oldest_at: datetime | None  # when the oldest open item entered its state
     # Of the open items, those past their due time (docs/notifications.md#due-times: the claim's while unclaimed,
-    # the resolution's always) and those due within DUE_SOON; None where the queue has no due time.
+    # the resolution's always) and those due within DUE_SOON; None where the overview does not count them
+    # (compensation problems, counted by the navigation's membership).
     overdue: int | None = None
     due_soon: int | None = None
 
