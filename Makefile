@@ -30,6 +30,15 @@ $(AXE): tests/axe/package-lock.json
 	@if command -v npm >/dev/null; then npm ci --prefix tests/axe --no-audit --no-fund && touch $@; \
 	else echo "npm not found: the axe-core page checks will skip (apt-get install nodejs npm)"; fi
 
+# The CSS toolkit vendored under static/vendor/ (docs/console.md, "The design system"), pinned in
+# tests/vendor/package-lock.json: `npm ci` verifies its tarball against the lock's integrity hash, and
+# tests/test_vendored_assets.py checks every vendored file is byte-identical to the verified package's. Node is not
+# needed to run the console, only for this check.
+VENDOR := tests/vendor/node_modules/.installed
+$(VENDOR): tests/vendor/package-lock.json
+	@if command -v npm >/dev/null; then npm ci --prefix tests/vendor --no-audit --no-fund --omit=peer && touch $@; \
+	else echo "npm not found: the vendored-toolkit check will skip (apt-get install nodejs npm)"; fi
+
 # localstripe for the Stripe tests (tests/test_stripe.py), in a virtualenv of its own: its aiohttp stack stays out of
 # .venv. Without it those tests skip with the reason (REQUIRE_SERVICES=1 makes the skip a failure).
 LOCALSTRIPE := .venv-localstripe/.installed
@@ -68,7 +77,7 @@ run: $(VENV)/.installed-run
 # The suite on TEST_WORKERS processes (one per core by default), each module whole in one of them; the slowest
 # tests named at the end, so CI's time budget shows where it goes.
 TEST_WORKERS ?= auto
-test: $(VENV)/.installed-dev $(AXE) $(LOCALSTRIPE) $(MCP_SERVERS) $(MCP_MEMORY)
+test: $(VENV)/.installed-dev $(AXE) $(VENDOR) $(LOCALSTRIPE) $(MCP_SERVERS) $(MCP_MEMORY)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The API, job, reconcile, action and drill modules again, every connection through PgBouncer in transaction mode

@@ -231,6 +231,35 @@ def test_an_item_older_than_its_risks_sla_is_a_breach_and_a_newer_one_is_not(peo
     assert page_text(high) == "high 1 h 0 breaching of 2 open 0 breaching of 1 open"
 
 
+def still_unknown(task: Task, tool: str, *, ago: timedelta) -> Call:
+    with clock(ago):
+        call = unknown(task, tool, ago=timedelta(0))
+        apply_answer(call.pk, StatusAnswer(observed="failed", error="503", http_status=503), worker="t")
+    assert Call.objects.get(pk=call.pk).state == "STILL_UNKNOWN"
+    return call
+
+
+def test_each_queue_counts_its_overdue_items_and_those_due_within_the_hour(people, world, settings):
+    """Due times as a row writes them (docs/notifications.md#due-times): past the claim's while nobody holds the item,
+    past the resolution's always; an UNKNOWN call waits for reconciliation, not a person, and has none."""
+    settings.RECOVERY_SLA_S = SLA  # resolution: high 15 min, low 4 h
+    settings.RECOVERY_CLAIM_DUE_S = {"high": 300, "low": 3600}  # claim: high 5 min, low 1 h
+    still_unknown(world, "refund.create", ago=timedelta(minutes=20))  # high, past its resolution: overdue
+    still_unknown(world, "refund.create", ago=timedelta(minutes=2))  # high, its claim due in 3 min: due soon
+    still_unknown(world, "email.send", ago=timedelta(hours=3))  # low, unclaimed past its claim: overdue
+    unknown(world, "refund.create", ago=timedelta(minutes=40))  # UNKNOWN: open, no due time
+    with clock(timedelta(minutes=30)):
+        assert attempt(add_call(world, "refund.create"), NO_REFERENCE) == "HUMAN_REVIEW"  # high: overdue
+    with clock(timedelta(minutes=10)):
+        assert attempt(add_call(world, "email.send"), NO_REFERENCE) == "HUMAN_REVIEW"  # low, claim in 50 min: soon
+
+    body = signed_in(people, VIEWER).get("/overview/").content.decode()
+    due = {q: page_text(body.split(f'data-due="{q}">', 1)[1].split("</p>", 1)[0]) for q in ("unknown", "human-review")}
+    assert due == {"unknown": "2 overdue 1 due within 1 h", "human-review": "1 overdue 1 due within 1 h"}
+    assert '<span class="tile-count" data-queue="unknown">4</span>' in body
+    assert 'data-due="compensation-problems"' not in body  # counted by the navigation's membership, without due times
+
+
 def test_it_lists_open_breakers_and_status_endpoints_and_not_closed_ones(people, world):
     refund, lookup = Tool.objects.get(name="refund.create"), Tool.objects.get(name="order.lookup")
     now = timezone.now()

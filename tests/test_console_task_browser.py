@@ -75,7 +75,8 @@ def test_a_viewer_reads_a_task_with_a_blocked_step_its_budget_and_its_verified_t
     assert page.locator("#chain-status").inner_text() == f"Chain verified: {events} events, intact."
     assert page.locator("#audit tbody tr").count() == events
     created = page.locator("#audit tbody tr").first
-    assert '"external_id": "<script>window.__pwned=1</script>"' in created.inner_text()
+    created.locator("summary").click()  # the evidence is a one-line summary that opens on the whole JSON
+    assert '"external_id": "<script>window.__pwned=1</script>"' in created.locator("pre").inner_text()
     assert page.get_by_role("link", name=f"call {payment.call_id}").first.get_attribute("href") == (
         f"/calls/{payment.call_id}/"
     )

@@ -90,3 +90,10 @@ def mcp_hints(mcp: dict | None) -> list[tuple[str, str]]:
     the server's untrusted hints, shown and never acted on (docs/mcp-gateway.md)."""
     annotations = (mcp or {}).get("annotations") or {}
     return [(name, str(annotations[name]).lower() if name in annotations else "not given") for name in MCP_HINTS]
+
+
+@register.filter
+def json_line(value, limit: int = 90) -> str:
+    """JSON on one line, cut at `limit` characters with an ellipsis: the summary a folded piece of evidence shows."""
+    text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
+    return text if len(text) <= limit else text[: limit - 1] + "…"

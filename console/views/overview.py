@@ -41,6 +41,8 @@ def overview(request: HttpRequest) -> HttpResponse:
             "url": reverse("console:queue", args=[load.slug]),
             "oldest_age": age_text(now - load.oldest_at) if load.oldest_at else "",
             "oldest_at": load.oldest_at,
+            "overdue": load.overdue,
+            "due_soon": load.due_soon,
         }
         for load in data.queues
     ]

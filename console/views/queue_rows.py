@@ -11,6 +11,7 @@ from html import escape
 
 from django.utils.safestring import SafeString
 
+from console.templatetags.design_tags import copy_button, tone
 from console.views.common import age_text, due_text, url_pattern
 from recovery.engine.states import CallState
 from recovery.models import Call
@@ -111,16 +112,20 @@ def row_html(row: dict, *, can_review: bool, notice: str = "", notice_error: boo
         else '<span class="muted">none</span>'
     )
     claimed = ' class="claimed"' if row["held"] else ""
+    key = row["idempotency_key"]  # one line, truncated: the whole key on hover and by its copy button
     return SafeString(
         f'<tr id="call-{pk}" data-id="{pk}" data-call="{pk}" tabindex="-1"{claimed}>'
         f"{pick}"
         f'<td><a class="open" href="{row["open_url"]}">call {pk}</a><br><span class="muted">task '
-        f'<a class="task-name" href="{row["task_url"]}">{row["task_external_id"]}</a> #{row["task_id"]}</span></td>'
+        f'<span class="trunc" title="{row["task_external_id"]}"><a class="task-name" href="{row["task_url"]}">'
+        f"{row['task_external_id']}</a></span> #{row['task_id']}</span></td>"
         f'<td class="why" data-fact="waits" data-value="{"yes" if row["why"] else "no"}">{why}</td>'
-        f'<td><code class="key">{row["idempotency_key"]}</code></td>'
-        f"<td>{row['step_index']}</td><td>{row['tool_name']}{observed}</td><td>{row['tenant_name']}</td>"
-        f'<td><span class="risk risk-{row["risk"]}">{row["risk"]}</span></td>'
-        f'<td><span class="state" data-fact="state" data-value="{fact["state"]}">{row["state"]}</span>{entry}</td>'
+        f'<td class="nowrap"><span class="trunc" title="{key}"><code class="key">{key}</code></span>'
+        f"{copy_button(key, 'key')}</td>"
+        f'<td>{row["step_index"]}</td><td class="nowrap">{row["tool_name"]}{observed}</td><td>{row["tenant_name"]}</td>'
+        f'<td><span class="risk badge-mark tone-{tone(row["risk"])} risk-{row["risk"]}">{row["risk"]}</span></td>'
+        f'<td><span class="state badge-mark tone-{tone(row["state"])} state-{str(row["state"]).lower()}" '
+        f'data-fact="state" data-value="{fact["state"]}">{row["state"]}</span>{entry}</td>'
         f'<td title="in this state since {row["since"]}">{row["age"]}{_due_mark(row)}</td><td>{row["checks_made"]}</td>'
         f'<td data-fact="last-receipt" data-value="{fact["last_receipt"]}">{receipt}</td>'
         f'<td class="claim">{_claim_cell(row, notice, notice_error)}</td>'

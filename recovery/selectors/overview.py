@@ -18,6 +18,7 @@ from recovery.engine.types import CLOSED, FAILURE_CLASSES
 from recovery.models import Breaker, Call, StatusBreaker
 from recovery.registry.policy import breaker_policy, status_breaker_policy
 from recovery.selectors.approvals import pending_approvals_count
+from recovery.selectors.due import late_q
 from recovery.selectors.facts import status_breaker_state
 from recovery.selectors.metrics import FigureValue, MetricsReport, metrics_report
 from recovery.selectors.queues import queue_counts
@@ -26,6 +27,7 @@ S = CallState
 UNKNOWN_STATES = (S.UNKNOWN, S.STILL_UNKNOWN)  # the UNKNOWN queue (states.UNSETTLED), in the index's order
 QUEUE_STATES = {"unknown": UNKNOWN_STATES, "human-review": (S.HUMAN_REVIEW,)}
 EXACT = 10**12  # a count cap no backlog reaches: the overview counts exactly
+DUE_SOON = timedelta(hours=1)  # "due soon" on the overview: resolution due within the next hour
 WINDOW = "24h"  # recovery.selectors.metrics.WINDOWS: 24 hourly points, the current (partial) hour last
 # The figures of docs/metrics.md the overview heads with, each a link to its section of the metrics page.
 HEADLINES = (
@@ -42,6 +44,11 @@ class QueueLoad:
     slug: str  # console:queue's slug
     open: int  # exact
     oldest_at: datetime | None  # when the oldest open item entered its state
+    # Of the open items, those past their due time (docs/notifications.md#due-times: the claim's while unclaimed,
+    # the resolution's always) and those due within DUE_SOON; None where the overview does not count them
+    # (compensation problems, counted by the navigation's membership).
+    overdue: int | None = None
+    due_soon: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,25 +129,39 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
         for risk in risks:
             limit = now - timedelta(seconds=due_seconds(sla, slug, risk))
             late |= Q(state__in=states, risk=risk, state_changed_at__lt=limit)
+    overdue_q, soon = _due_filters(now)
     rows = (
         Call.objects.filter(state__in=[*UNKNOWN_STATES, S.HUMAN_REVIEW])
         .values("state", "risk")
-        .annotate(n=Count("id"), oldest=Min("state_changed_at"), late=Count("id", filter=late))
+        .annotate(
+            n=Count("id"),
+            oldest=Min("state_changed_at"),
+            late=Count("id", filter=late),
+            overdue=Count("id", filter=overdue_q),
+            soon=Count("id", filter=soon),
+        )
         .order_by()
     )
     slug_of = {state: slug for slug, states in QUEUE_STATES.items() for state in states}
     counts: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
+    overdue: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
+    due_soon: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
     oldest: dict[str, datetime | None] = dict.fromkeys(QUEUE_STATES)
     by_risk: dict[str, dict[str, list[int]]] = {}
     for row in rows:
         slug = slug_of[row["state"]]
         counts[slug] += row["n"]
+        overdue[slug] += row["overdue"]
+        due_soon[slug] += row["soon"]
         if oldest[slug] is None or row["oldest"] < oldest[slug]:
             oldest[slug] = row["oldest"]
         tally = by_risk.setdefault(row["risk"], {}).setdefault(slug, [0, 0])
         tally[0] += row["n"]
         tally[1] += row["late"]
-    queues = [QueueLoad(slug=slug, open=counts[slug], oldest_at=oldest[slug]) for slug in QUEUE_STATES]
+    queues = [
+        QueueLoad(slug=slug, open=counts[slug], oldest_at=oldest[slug], overdue=overdue[slug], due_soon=due_soon[slug])
+        for slug in QUEUE_STATES
+    ]
     breaches = []
     for risk in sorted(risks, key=sla.__getitem__):  # the strictest SLA first
         tallies = by_risk.get(risk, {})
@@ -153,6 +174,15 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
             )
         )
     return queues, breaches
+
+
+def _due_filters(now: datetime) -> tuple[Q, Q]:
+    """Due times as a row and the call page write them (recovery.selectors.due): overdue is past the claim's while
+    nobody holds the item, past the resolution's always; due soon is the same test DUE_SOON ahead, not overdue yet."""
+    unclaimed = Q(claimed_by__isnull=True) | Q(claim_until__lte=now)
+    overdue = late_q(now, claim=False) | (late_q(now, claim=True) & unclaimed)
+    soon = late_q(now + DUE_SOON, claim=False) | (late_q(now + DUE_SOON, claim=True) & unclaimed)
+    return overdue, soon & ~overdue
 
 
 _BREAKER_FIELDS = ("tool__name", "tool__breaker", "state", "opened_at", "probes_reserved", "probe_lease_until")

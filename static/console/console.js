@@ -1,4 +1,5 @@
-// Recovery Console: keyboard navigation of queue rows, and the live refresh's new-row marks.
+// Recovery Console: keyboard navigation of queue rows, the live refresh's new-row marks, the copy buttons of truncated
+// ids and keys, the phone's Menu button and the JSON evidence's highlighting.
 // j / k move the current row, Enter opens it, c claims (or releases) it; rows ticked for a bulk stay ticked; p, a, r,
 // Enter in a reason and ? below. Without JavaScript every page still reads
 // and every form still posts; this only adds speed.
@@ -130,4 +131,70 @@
     const row = current();
     if (row) { row.classList.add("current"); row.setAttribute("aria-selected", "true"); }
   });
+
+  // The copy button beside a truncated id or key copies it whole (the clipboard needs a secure context; elsewhere the
+  // value is selected for Ctrl+C instead).
+  document.addEventListener("click", function (event) {
+    const button = event.target.closest && event.target.closest("button.copy[data-copy]");
+    if (!button) return;
+    const done = function () {
+      button.classList.add("copied");
+      window.setTimeout(function () { button.classList.remove("copied"); }, 1200);
+    };
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(button.dataset.copy).then(done, function () {});
+    } else {
+      const shown = button.previousElementSibling;
+      if (shown) { window.getSelection().selectAllChildren(shown); done(); }
+    }
+  });
+
+  // The phone's Menu button: the navigation folds away below the desktop width once this script runs (without it,
+  // the navigation simply stays open).
+  function menu() {
+    const top = document.getElementById("top");
+    const toggle = top && top.querySelector(".nav-toggle");
+    if (!toggle) return;
+    top.classList.add("collapsible");
+    toggle.hidden = false;
+    toggle.addEventListener("click", function () {
+      const open = top.classList.toggle("open");
+      toggle.setAttribute("aria-expanded", open ? "true" : "false");
+    });
+  }
+
+  // JSON evidence, coloured: keys, strings, numbers and literals each in a span made with textContent (the text is
+  // an agent's or a provider's: it never becomes markup).
+  const TOKEN = /("(?:\\.|[^"\\])*")(\s*:)?|(-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?)|\b(true|false|null)\b/g;
+  function highlight(pre) {
+    if (pre.dataset.highlighted) return;
+    const text = pre.textContent;
+    if (text.length > 200000) return;
+    const out = document.createDocumentFragment();
+    let last = 0;
+    const add = function (cls, value) {
+      if (!cls) { out.appendChild(document.createTextNode(value)); return; }
+      const span = document.createElement("span");
+      span.className = cls;
+      span.textContent = value;
+      out.appendChild(span);
+    };
+    text.replace(TOKEN, function (match, str, colon, num, lit, at) {
+      add("", text.slice(last, at));
+      if (str) { add(colon ? "j-key" : "j-str", str); if (colon) add("", colon); }
+      else if (num) add("j-num", num);
+      else add("j-lit", lit);
+      last = at + match.length;
+      return match;
+    });
+    add("", text.slice(last));
+    pre.textContent = "";
+    pre.appendChild(out);
+    pre.dataset.highlighted = "yes";
+  }
+  function highlightAll(root) {
+    (root || document).querySelectorAll("pre.json").forEach(highlight);
+  }
+  document.addEventListener("DOMContentLoaded", function () { menu(); highlightAll(); });
+  document.addEventListener("htmx:afterSettle", function (event) { highlightAll(event.detail && event.detail.target); });
 })();
