@@ -143,6 +143,23 @@ LAYOUT = """(width) => {
   return problems;
 }"""
 
+# Dense tables keep their header in sight: a table in a region that scrolls (sideways, so the region is the scroll
+# container its header sticks in) scrolls down within the region too, its header row staying at the region's top.
+STICKY = """() => {
+  const out = {checked: 0, problems: []};
+  for (const region of document.querySelectorAll("main .scroll")) {
+    const head = region.querySelector("thead th");
+    if (!head || !region.getClientRects().length || region.scrollHeight <= region.clientHeight + 1) continue;
+    region.scrollTop = region.scrollHeight;
+    const drift = Math.round(head.getBoundingClientRect().top - region.getBoundingClientRect().top);
+    region.scrollTop = 0;
+    out.checked += 1;
+    if (Math.abs(drift) > 2) out.problems.push(`the header of ${region.getAttribute("aria-label") ||
+      region.getAttribute("aria-labelledby")} scrolls away with its rows (${drift}px below the region's top)`);
+  }
+  return out;
+}"""
+
 # The call page answers what the call is, what happened and what can be done within the first screen at 1440 by 900:
 # the head (state, tool, key), the decision card and the actions' heading are drawn above the fold.
 FIRST_SCREEN = """() => {
@@ -240,6 +257,9 @@ def delivery_with_tries() -> None:
     )
 
 
+STICKY_CHECKED: dict[int, int] = {}  # per width, the scrolling regions whose header was checked
+
+
 def problems_on(console, width: int, name: str, axe_source: str) -> list[str]:
     """What axe and the clipping check find on the page now open, and its screenshot."""
     page = console.page
@@ -252,6 +272,9 @@ def problems_on(console, width: int, name: str, axe_source: str) -> list[str]:
     ]
     found += [f"{name} at {width}px: {problem}" for problem in page.evaluate(CLIPPED)]
     found += [f"{name} at {width}px: {problem}" for problem in page.evaluate(LAYOUT, width)]
+    sticky = page.evaluate(STICKY)
+    STICKY_CHECKED[width] = STICKY_CHECKED.get(width, 0) + sticky["checked"]
+    found += [f"{name} at {width}px: {problem}" for problem in sticky["problems"]]
     if width == 1440 and name.startswith("call"):
         placed = page.evaluate(FIRST_SCREEN)
         found += [
@@ -310,3 +333,4 @@ def test_every_page_passes_axe_and_clips_nothing(width, pages, open_console, axe
     both.assert_clean()
 
     assert not problems, f"{len(problems)} problems at {width}px:\n" + "\n".join(problems)
+    assert STICKY_CHECKED.get(width, 0) > 0, "no page had a table long enough to check that its header sticks"
