@@ -47,10 +47,12 @@ def _caller(ctx: Any, meta: dict) -> mcp_calls.Caller:
     params = ctx.session.client_params
     info = params.client_info if params is not None else meta.get(types.CLIENT_INFO_META_KEY)
     name = getattr(info, "name", None) or (info.get("name") if isinstance(info, dict) else "") or ""
+    version = getattr(info, "version", None) or (info.get("version") if isinstance(info, dict) else "") or ""
     return mcp_calls.Caller(
         token=token,
         tenant=tenant,
         client_name=str(name),
+        client_version=str(version),
         session_id=request.headers.get("mcp-session-id", ""),
         traceparent=str(meta.get("traceparent") or request.headers.get("traceparent", "")),
     )

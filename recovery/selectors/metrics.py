@@ -17,6 +17,7 @@ from recovery.engine import metrics as m
 from recovery.models import AuditEvent, Breaker, Call, MetricFold, MetricRollup, MetricTotal, Tenant, Tool
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import view_of_state
+from recovery.selectors.mcp_metrics import hold_figures, holds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +130,8 @@ def metrics_report(
     _add_open_breakers(grid, opened, tool_id, first, win, now_s)
     starts = [datetime.fromtimestamp(first + i * win.step, tz=UTC) for i in range(win.points)]
     figures = tuple(_figure(figure, grid, starts) for figure in m.FIGURES)
+    held = holds(since=starts[0], tenant_ids=tenant_ids, tool_id=tool_id)
+    figures += hold_figures([hold for hold in held if hold.held_at <= now], starts, win.step)
     return MetricsReport(
         window=win,
         start=starts[0],

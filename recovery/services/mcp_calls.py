@@ -9,14 +9,28 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Max
+from django.db import transaction
+from django.db.models import F, Max
 from django.utils import timezone
 
-from recovery.audit.chain import Actor
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.states import CallState
 from recovery.engine.types import Facts
-from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, TaskStatus, Tenant, Tool
+from recovery.models import (
+    ApiToken,
+    Attempt,
+    Call,
+    IdentitySource,
+    McpCall,
+    Provider,
+    Step,
+    Task,
+    TaskStatus,
+    Tenant,
+    Tool,
+)
 from recovery.providers.mcp import KEY_META
 from recovery.providers.requests import filled_key
 from recovery.registry import load_registry
@@ -43,6 +57,7 @@ class Caller:
     token: ApiToken
     tenant: Tenant
     client_name: str = ""
+    client_version: str = ""
     session_id: str = ""
     traceparent: str = ""
 
@@ -90,18 +105,18 @@ def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Too
     return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
 
-def task_name(caller: Caller, meta: dict, actor: Actor) -> str:
-    """The task's external id: named in _meta, else the traceparent's trace, else the MCP session, else the
-    (token, client) pair's current task (_pair_task)."""
+def task_name(caller: Caller, meta: dict, actor: Actor) -> tuple[str, IdentitySource]:
+    """The task's external id and how it was chosen: named in _meta, else the traceparent's trace, else the MCP
+    session, else the (token, client) pair's current task (_pair_task)."""
     named = meta.get(TASK_META)
     if isinstance(named, str) and named:
-        return named[:200]
+        return named[:200], IdentitySource.META
     parts = caller.traceparent.split("-")
     if len(parts) == 4 and len(parts[1]) == 32:
-        return f"trace:{parts[1]}"
+        return f"trace:{parts[1]}", IdentitySource.TRACEPARENT
     if caller.session_id:
-        return f"{SESSION_TASK}{caller.session_id[:100]}"
-    return _pair_task(caller, actor)
+        return f"{SESSION_TASK}{caller.session_id[:100]}", IdentitySource.SESSION
+    return _pair_task(caller, actor), IdentitySource.PAIR
 
 
 def _pair_task(caller: Caller, actor: Actor) -> str:
@@ -118,16 +133,16 @@ def _pair_task(caller: Caller, actor: Actor) -> str:
     return f"{base}{int(current.external_id.rsplit(':', 1)[1]) + 1}"
 
 
-def _task(caller: Caller, meta: dict, actor: Actor) -> Task:
-    external_id = task_name(caller, meta, actor)
+def _task(caller: Caller, meta: dict, actor: Actor) -> tuple[Task, IdentitySource]:
+    external_id, source = task_name(caller, meta, actor)
     agent = f"mcp:{caller.client_name[:60]}" if caller.client_name else "mcp"
     existing = Task.objects.filter(tenant=caller.tenant, external_id=external_id).first()
     if existing is not None:
-        return existing
+        return existing, source
     task, _ = tasks.task_create(
         tenant=caller.tenant, external_id=external_id, agent=agent, goal="MCP tool calls", budget={}, actor=actor
     )
-    return task
+    return task, source
 
 
 def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task, caller: Caller | None = None) -> str:
@@ -178,26 +193,86 @@ def _refusal(exc: Refusal, call_id: int | None = None) -> Answer:
 def begin(caller: Caller, tool: Tool, arguments: dict, meta: dict) -> Answer | Begun:
     """Register and admit one call: an Answer when nothing is to be sent, else what to forward."""
     actor = Actor.for_token(caller.token)
-    task = _task(caller, meta, actor)
+    task, source = _task(caller, meta, actor)
     write = tool.side_effect == "write"
     key = intent_key(tool, arguments, meta, task, caller) if write else f"mcp-read-{uuid.uuid4().hex}"
     if write:
         existing = Call.objects.filter(tenant=caller.tenant, tool=tool, idempotency_key=key).first()
         if existing is not None:
             if timezone.now() - existing.created_at <= timedelta(seconds=_window(tool)):
-                return absorbed(existing)
+                return reissue_absorbed(existing, Origin(caller, source), actor)
             if existing.task_id != task.pk:  # the gate checks within a task: a new session's repeat is named here
                 return _refusal(Refusal("duplicate_intent", _DUPLICATE.format(existing.pk), status=409), existing.pk)
             # After the window a repeat is a new intent under a new key: the gate names the call it repeats.
             key = f"{key}-{uuid.uuid4().hex[:12]}"
     try:
-        return _admit(task, tool, arguments, key, actor, meta)
+        return _admit(task, tool, arguments, key, actor, Origin(caller, source))
     except Refusal as exc:
         return _refusal(exc)
 
 
-def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta: dict) -> Answer | Begun:
+@dataclass(frozen=True)
+class Origin:
+    """Who sent a gateway call and how its task was chosen: stored with the call (McpCall) and in its audit events."""
+
+    caller: Caller
+    source: IdentitySource
+
+    def evidence(self, tool: Tool) -> dict:
+        return {
+            "server": tool.provider.name,
+            "tool": tool.mcp["tool"],
+            "client_name": self.caller.client_name[:200],
+            "client_version": self.caller.client_version[:100],
+            "identity_source": str(self.source),
+        }
+
+    def store(self, call: Call, tool: Tool, request: dict) -> McpCall:
+        return McpCall.objects.create(
+            call=call,
+            tenant_id=call.tenant_id,
+            server=tool.provider.name,
+            tool=tool.mcp["tool"],
+            client_name=self.caller.client_name[:200],
+            client_version=self.caller.client_version[:100],
+            identity_source=self.source,
+            session_id=self.caller.session_id[:100],
+            request=request,
+        )
+
+
+def upstream_request(tool: Tool, arguments: dict, key: str) -> dict:
+    """The exact `tools/call` the gateway sends for this call: the server, its tool name, the arguments as sent (a
+    marker's trailer included) and the `_meta` carrying the intent key."""
+    return {
+        "server": tool.provider.name,
+        "tool": tool.mcp["tool"],
+        "arguments": forwarded_arguments(tool, arguments, key),
+        "_meta": {KEY_META: key},
+    }
+
+
+def reissue_absorbed(call: Call, origin: Origin, actor: Actor) -> Answer:
+    """Answer a re-issue from the call it repeats, and record that it was absorbed: counted on the call's MCP
+    origin and told in its audit trail (the metrics' re-issues absorbed)."""
+    with transaction.atomic():
+        McpCall.objects.filter(call=call).update(
+            reissues_absorbed=F("reissues_absorbed") + 1, last_reissue_at=timezone.now()
+        )
+        append_event(
+            action=AuditAction.MCP_REISSUE_ABSORBED,
+            actor=actor,
+            task_id=call.task_id,
+            call_id=call.pk,
+            reason=f"re-issue of call {call.pk} answered from it, not sent",
+            evidence={**origin.evidence(call.tool), "call_state": call.state},
+        )
+    return absorbed(call)
+
+
+def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, origin: Origin) -> Answer | Begun:
     step = (Step.objects.filter(task=task).aggregate(Max("index"))["index__max"] or 0) + 1
+    request = upstream_request(tool, arguments, key)
     added = calls.call_add(
         task=task,
         step_index=step,
@@ -206,10 +281,12 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
         arguments=arguments,
         idempotency_key=key,
         actor=actor,
+        evidence={"mcp": origin.evidence(tool)},
+        with_call=lambda call: origin.store(call, tool, request),
     )
     call = added.call
     if not added.created:  # the same intent registered at the same moment by a re-issue: never sent twice
-        return absorbed(call)
+        return reissue_absorbed(call, origin, actor)
     if added.preflight:
         failure, _ = calls.preflight_answer(call, added.preflight)
         return Answer(
@@ -228,9 +305,7 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
         }
         return Answer(gate["public_message"] or gate["reason"], True, {"call_id": call.pk, "decision": decision})
     attempt = Attempt.objects.get(call=call, attempt_id="a1")
-    return Begun(
-        call=call, attempt=attempt, tool=tool, arguments=forwarded_arguments(tool, arguments, key), meta={KEY_META: key}
-    )
+    return Begun(call=call, attempt=attempt, tool=tool, arguments=request["arguments"], meta=request["_meta"])
 
 
 def forwarded_arguments(tool: Tool, arguments: dict, key: str) -> dict:
