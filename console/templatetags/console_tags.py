@@ -90,3 +90,10 @@ def mcp_hints(mcp: dict | None) -> list[tuple[str, str]]:
     the server's untrusted hints, shown and never acted on (docs/mcp-gateway.md)."""
     annotations = (mcp or {}).get("annotations") or {}
     return [(name, str(annotations[name]).lower() if name in annotations else "not given") for name in MCP_HINTS]
+
+
+@register.filter
+def mcp_origin(call):
+    """A call's origin through the MCP gateway (recovery.models.McpCall), or None for any other call: read with the
+    call where its page selects it along, never a statement of its own there."""
+    return getattr(call, "mcp_origin", None)

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.db.models import Min
 
-from recovery.engine import metrics as m
 from recovery.models import ActionRequest, GateDecision
 
 APPROVAL_REQUIRED = "approval_required"
@@ -73,39 +72,3 @@ def exact_quantile(q: float, values: list[float]) -> float | None:
     rank = q * (len(ordered) - 1)
     low, high = math.floor(rank), math.ceil(rank)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
-
-
-def hold_figures(found: list[Hold], starts: list[datetime], step_s: int):
-    """The hold figures (recovery.engine.metrics.HOLD_FIGURES) of a window whose points begin at `starts`."""
-    from recovery.selectors.metrics import FigureValue, Point
-
-    count_figure, wait_figure = m.HOLD_FIGURES
-    step = timedelta(seconds=step_s)
-
-    def point_of(at: datetime) -> int:
-        return next((i for i, start in enumerate(starts) if start <= at < start + step), len(starts) - 1)
-
-    counts = [0] * len(starts)
-    waits: list[list[float]] = [[] for _ in starts]
-    servers: dict[str, int] = {}
-    for hold in found:
-        counts[point_of(hold.held_at)] += 1
-        servers[hold.server] = servers.get(hold.server, 0) + 1
-        if hold.wait_s is not None:
-            waits[point_of(hold.held_at)].append(hold.wait_s)
-    every_wait = [w for point in waits for w in point]
-    return (
-        FigureValue(
-            figure=count_figure,
-            value=len(found),
-            by_label=tuple(sorted(servers.items(), key=lambda p: (-p[1], p[0]))),
-            series=tuple(Point(start=s, value=n) for s, n in zip(starts, counts, strict=True)),
-        ),
-        FigureValue(
-            figure=wait_figure,
-            value=exact_quantile(0.95, every_wait),
-            median=exact_quantile(0.5, every_wait),
-            count=len(every_wait),
-            series=tuple(Point(start=s, value=exact_quantile(0.95, w)) for s, w in zip(starts, waits, strict=True)),
-        ),
-    )
