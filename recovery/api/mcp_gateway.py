@@ -6,18 +6,19 @@ through the same services as the JSON API: registered, admitted, forwarded once,
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import anyio
 import mcp_types as types
-from django.db import close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
 from recovery.audit.chain import Actor
-from recovery.models import Tenant, Tool
+from recovery.models import Tool
 from recovery.providers.mcp import facts_of_forward, forward
 from recovery.providers.mcp import list_tools as upstream_tools
 from recovery.providers.mcp_upstream import POOL
@@ -28,22 +29,46 @@ TOKEN = "recovery.token"
 
 
 async def _db(fn, *args):
-    """A database step on a worker thread (Django's ORM is synchronous), on a connection of its own."""
+    """A database step on a worker thread (Django's ORM is synchronous), on that thread's connection.
+
+    The connection is kept for the thread's next step, as a web worker keeps its own between requests (CONN_MAX_AGE,
+    health-checked, closed when too old or broken): opening one per step cost four connection set-ups per call, and
+    no prepared statement ever outlived its step (`manage.py bench mcp`, docs/mcp-gateway.md "The gateway's cost").
+    """
 
     def run():
         close_old_connections()
         try:
             return fn(*args)
         finally:
-            connections.close_all()  # this worker thread's: the pool's threads outlive any one request
+            with _KEPT_LOCK:
+                _KEPT.add(connections[DEFAULT_DB_ALIAS])
 
     return await anyio.to_thread.run_sync(run)
+
+
+# The worker threads' connections kept between steps, closed when the gateway ends (its lifespan): the threads may
+# outlive it (a test's gateway), and their connections must not.
+_KEPT: set = set()
+_KEPT_LOCK = threading.Lock()
+
+
+def close_kept_connections() -> None:
+    with _KEPT_LOCK:
+        kept = list(_KEPT)
+        _KEPT.clear()
+    for wrapper in kept:
+        wrapper.inc_thread_sharing()  # closed from this thread: Django's way to let it
+        try:
+            wrapper.close()
+        finally:
+            wrapper.dec_thread_sharing()
 
 
 def _caller(ctx: Any, meta: dict) -> mcp_calls.Caller:
     request = ctx.request
     token = request.scope[TOKEN]
-    tenant = Tenant.objects.get(pk=min(token.tenant_ids))
+    tenant = min(token.tenant_list, key=lambda owner: owner.pk)  # read with the token: no statement
     params = ctx.session.client_params
     info = params.client_info if params is not None else meta.get(types.CLIENT_INFO_META_KEY)
     name = getattr(info, "name", None) or (info.get("name") if isinstance(info, dict) else "") or ""
@@ -198,4 +223,7 @@ class UpstreamLifespan:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "lifespan":
             return await self.app(scope, receive, send)
-        await POOL.serve(lambda: self.app(scope, receive, send))
+        try:
+            await POOL.serve(lambda: self.app(scope, receive, send))
+        finally:
+            await anyio.to_thread.run_sync(close_kept_connections)  # Django's close() is synchronous only

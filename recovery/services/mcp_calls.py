@@ -105,9 +105,9 @@ def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Too
     return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
 
-def task_name(caller: Caller, meta: dict, actor: Actor) -> tuple[str, IdentitySource]:
+def task_name(caller: Caller, meta: dict, actor: Actor) -> tuple[str | Task, IdentitySource]:
     """The task's external id and how it was chosen: named in _meta, else the traceparent's trace, else the MCP
-    session, else the (token, client) pair's current task (_pair_task)."""
+    session, else the (token, client) pair's current task (_pair_task: the task itself when it goes on)."""
     named = meta.get(TASK_META)
     if isinstance(named, str) and named:
         return named[:200], IdentitySource.META
@@ -119,15 +119,16 @@ def task_name(caller: Caller, meta: dict, actor: Actor) -> tuple[str, IdentitySo
     return _pair_task(caller, actor), IdentitySource.PAIR
 
 
-def _pair_task(caller: Caller, actor: Actor) -> str:
-    """The (token, client) pair's open task; one idle for IDLE is closed (submitted) and the next one begins."""
+def _pair_task(caller: Caller, actor: Actor) -> str | Task:
+    """The (token, client) pair's open task (the row, read already); one idle for IDLE is closed (submitted) and the
+    next one begins (its external id)."""
     base = f"mcp:{caller.token.pk}:{caller.client_name[:60]}:"
     current = Task.objects.filter(tenant=caller.tenant, external_id__startswith=base).order_by("-pk").first()
     if current is None:
         return f"{base}1"
     last = Call.objects.filter(task=current).aggregate(Max("created_at"))["created_at__max"] or current.created_at
     if current.status == TaskStatus.OPEN and timezone.now() - last < IDLE:
-        return current.external_id
+        return current
     if current.status == TaskStatus.OPEN:
         tasks.task_complete(task=current, summary="closed: 15 minutes without a call", deliverable=None, actor=actor)
     return f"{base}{int(current.external_id.rsplit(':', 1)[1]) + 1}"
@@ -135,6 +136,8 @@ def _pair_task(caller: Caller, actor: Actor) -> str:
 
 def _task(caller: Caller, meta: dict, actor: Actor) -> tuple[Task, IdentitySource]:
     external_id, source = task_name(caller, meta, actor)
+    if isinstance(external_id, Task):  # the pair's task goes on: read already
+        return external_id, source
     agent = f"mcp:{caller.client_name[:60]}" if caller.client_name else "mcp"
     existing = Task.objects.filter(tenant=caller.tenant, external_id=external_id).first()
     if existing is not None:
