@@ -11,11 +11,11 @@ from recovery.models import Call, McpCall
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mcp_servers")]
 
-CASES = ("git_log (read)", "git_create_branch (write)", "sleep_read 50 ms (read)", "sleep_write 50 ms (write)")
+CASES = ("git_create_branch (write)", "sleep_read 50 ms (read)")
 
 
 def test_the_mcp_benchmark_measures_each_case_both_ways_and_records_every_gateway_call():
-    result = bench_mcp(2, sessions=2, per_session=1)
+    result = bench_mcp(2, sessions=2, per_session=1, only=CASES)
 
     assert result["benchmark"] == "mcp" and list(result["cases"]) == list(CASES)
     for name, case in result["cases"].items():
@@ -28,9 +28,9 @@ def test_the_mcp_benchmark_measures_each_case_both_ways_and_records_every_gatewa
             assert figures["gateway_cpu_ms_per_call"] > 0
         assert case["statements_per_call"] > 5, name  # registered, admitted, reported: each a transaction
     # the 50 ms tool takes its 50 ms directly, and no less through the gateway
-    for name in CASES[2:]:
+    for name in CASES[1:]:
         assert result["cases"][name]["sequential"]["direct_median_ms"] >= 50
         assert result["cases"][name]["sequential"]["gateway_median_ms"] >= 50
     # each case through the gateway: 3 warm-up and 4 measured calls, then 2 + 10 counting statements; all committed
-    assert Call.objects.count() == McpCall.objects.count() == 4 * (3 + 2 + 3 + 2 + 2 + 10)
+    assert Call.objects.count() == McpCall.objects.count() == 2 * (3 + 2 + 2 + 2 + 10)
     assert set(Call.objects.values_list("state", flat=True)) == {"COMMITTED"}

@@ -104,26 +104,37 @@ async def _timed(mcp: Client, tool: str, args: Callable[[int], dict], count: int
             raise RuntimeError(f"{tool}: {result.content[0].text if result.content else result}")
 
 
-async def _direct(server: dict, tool: str, args, count: int, sessions: int) -> list[float]:
+async def _direct(server: dict, tool: str, args, count: int, sessions: int, per_session: int) -> list[list[float]]:
+    """Sequential, then concurrent calls on one stdio session the client started: [sequential, concurrent]."""
     params = StdioServerParameters(command=server["command"], args=server["args"], cwd=server.get("cwd"))
-    samples: list[float] = []
+    sequential: list[float] = []
+    concurrent: list[float] = []
     async with Client(stdio_client(params)) as mcp:
         await _timed(mcp, tool, args, 3, [])  # warm-up
+        await _timed(mcp, tool, args, count, sequential)
         async with anyio.create_task_group() as group:
             for _ in range(sessions):
-                group.start_soon(_timed, mcp, tool, args, count, samples)
-    return samples
+                group.start_soon(_timed, mcp, tool, args, per_session, concurrent)
+    return [sequential, concurrent]
 
 
-async def _through(url: str, token: str, tool: str, args, count: int, sessions: int) -> list[float]:
-    samples: list[float] = []
+async def _through(
+    url: str, token: str, tool: str, args, count: int, sessions: int, per_session: int, cpu: Callable[[], float]
+) -> tuple[list[list[float]], list[float]]:
+    """The same through the gateway, `sessions` clients; and the gateway's CPU seconds over each series."""
+    sequential: list[float] = []
+    concurrent: list[float] = []
     async with AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(client(url, token, name=f"bench-{i}")) for i in range(sessions)]
         await _timed(clients[0], tool, args, 3, [])  # warm-up: the gateway's upstream session is open after it
+        before = cpu()
+        await _timed(clients[0], tool, args, count, sequential)
+        middle = cpu()
         async with anyio.create_task_group() as group:
             for mcp in clients:
-                group.start_soon(_timed, mcp, tool, args, count, samples)
-    return samples
+                group.start_soon(_timed, mcp, tool, args, per_session, concurrent)
+        after = cpu()
+    return [sequential, concurrent], [middle - before, after - middle]
 
 
 class GatewayProcess:
@@ -216,31 +227,32 @@ def _figures(direct: list[float], through: list[float]) -> dict:
     }
 
 
-def bench_mcp(count: int = 40, *, sessions: int = SESSIONS, per_session: int | None = None) -> dict:
-    """`count` sequential calls per case each way, then `sessions` concurrent sessions of `per_session` calls
-    (default count // 4)."""
+def bench_mcp(
+    count: int = 40, *, sessions: int = SESSIONS, per_session: int | None = None, only: tuple[str, ...] = ()
+) -> dict:
+    """`count` sequential calls per case each way, then `sessions` concurrent sessions of `per_session` calls each
+    (default count // 4); `only`: the cases to run (all by default)."""
     per_session = per_session or max(count // 4, 1)
     work = Path(tempfile.mkdtemp(prefix="bench-mcp-"))
     repo = git_repo(work / "repo")
     load_registry(_registry(repo), actor=Actor.system("bench"))
     _, token = token_create(name="bench-mcp", tenants=["acme"], actor=Actor.system("bench"))
+    chosen = [case for case in _cases(repo) if not only or case[0] in only]
     cases: dict[str, dict] = {}
     with GatewayProcess() as gateway:
-        for name, server, tool, args in _cases(repo):
-            case: dict = {}
-            for mode, n, calls in (("sequential", 1, count), (f"{sessions}_sessions", sessions, per_session)):
-                direct = anyio.run(_direct, server, tool, args, calls, n)
-                before = gateway.cpu_s()
-                through = anyio.run(_through, gateway.url, token, tool, args, calls, n)
-                cpu = gateway.cpu_s() - before
-                figures = _figures(direct, through)
-                # the warm-up's 3 calls included in the CPU: counted in the denominator
-                figures["gateway_cpu_ms_per_call"] = round(cpu * 1000 / (len(through) + 3), 2)
-                figures["calls"] = len(through)
-                case[mode] = figures
-            cases[name] = case
+        for name, server, tool, args in chosen:
+            direct = anyio.run(_direct, server, tool, args, count, sessions, per_session)
+            through, cpu = anyio.run(
+                _through, gateway.url, token, tool, args, count, sessions, per_session, gateway.cpu_s
+            )
+            cases[name] = {}
+            for mode, d, g, seconds in zip(("sequential", f"{sessions}_sessions"), direct, through, cpu, strict=True):
+                figures = _figures(d, g)
+                figures["gateway_cpu_ms_per_call"] = round(seconds * 1000 / len(g), 2)
+                figures["calls"] = len(g)
+                cases[name][mode] = figures
     with StatementCount() as counter, Gateway() as served:
-        for name, _, tool, args in _cases(repo):
+        for name, _, tool, args in chosen:
             cases[name]["statements_per_call"] = round(_statements(served.url, token, tool, args, 10, counter), 1)
     return {
         "benchmark": "mcp",
