@@ -91,9 +91,28 @@ def offered(tools: list[Tool]) -> dict[str, Tool]:
     }
 
 
+def _schema(tool: Tool) -> dict:
+    return tool.args_schema if tool.args_schema.get("type") == "object" else {"type": "object"}
+
+
 def _listed(name: str, tool: Tool) -> types.Tool:
-    schema = tool.args_schema if tool.args_schema.get("type") == "object" else {"type": "object"}
-    return types.Tool(name=name, description=tool.description or None, input_schema=schema)
+    return types.Tool(name=name, description=tool.description or None, input_schema=_schema(tool))
+
+
+# The input schema of each tool by the name offered, as this process last read it from the registry (every listing
+# and every call reads the tenant's tools): what the SDK checks a call's Mcp-Param-* headers against before dispatch.
+# Without it the SDK runs the whole tools/list handler — a database read — before every tools/call (`bench mcp`,
+# docs/mcp-gateway.md "The gateway's cost"). A name not read yet has none: that call's headers go unchecked (the SDK
+# fails open the same way when a listing fails); its arguments are checked against the registry's schema regardless.
+_SCHEMAS: dict[str, dict] = {}
+
+
+def _remember(tools: dict[str, Tool]) -> None:
+    _SCHEMAS.update({name: _schema(tool) for name, tool in tools.items()})
+
+
+def input_schema(name: str) -> dict | None:
+    return _SCHEMAS.get(name)
 
 
 async def _unregistered(registered: dict[str, Tool], providers: list) -> dict[str, tuple[Any, Any]]:
@@ -115,6 +134,7 @@ async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return offered(mcp_calls.offered_tools(caller.tenant)), mcp_calls.exposing_providers(caller.tenant)
 
     tools, exposing = await _db(read)
+    _remember(tools)
     listed = [_listed(name, tool) for name, tool in tools.items()]
     for name, (_, tool) in (await _unregistered(tools, exposing)).items():
         listed.append(types.Tool(name=name, description=tool.description, input_schema=tool.input_schema))
@@ -160,6 +180,7 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     def start(tool: Tool | None = None):
         caller = _caller(ctx, meta)
         tools = offered(mcp_calls.offered_tools(caller.tenant))
+        _remember(tools)
         tool = tool or tools.get(params.name)
         if tool is None:
             return caller, tools, mcp_calls.exposing_providers(caller.tenant)
@@ -183,7 +204,13 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
 
 
 def mcp_server() -> Server:
-    return Server("recovery-console", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(
+        "recovery-console",
+        version="1",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=input_schema,
+    )
 
 
 class BearerToken:
