@@ -220,7 +220,7 @@ def test_every_operation_declares_the_wrong_scope_refusal(document):
 
 
 def test_the_metrics_answer_is_described_whole(document):
-    from recovery.engine.metrics import FIGURES
+    from recovery.engine.metrics import FIGURES, HOLD_FIGURES
 
     metrics = dict(operations(document))["GET /api/v1/metrics"]
     assert ref_name(schema_of(metrics, 200)) == "MetricsOut"
@@ -238,7 +238,8 @@ def test_the_metrics_answer_is_described_whole(document):
         "key", "title", "kind", "doc", "unit", "value", "numerator", "denominator", "median", "count", "by_label",
         "series",
     }  # fmt: skip
-    assert figure["key"]["enum"] == [f.key for f in FIGURES]  # a closed vocabulary: every figure, no other
+    # a closed vocabulary: every figure (the folded ones, then the MCP holds'), no other
+    assert figure["key"]["enum"] == [f.key for f in FIGURES + HOLD_FIGURES]
     assert set(schemas["MetricLabelOut"]["properties"]) == {"label", "value"}
     assert set(schemas["MetricPointOut"]["properties"]) == {"start", "value"}
 

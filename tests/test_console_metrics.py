@@ -195,7 +195,7 @@ def test_it_shows_each_figure_as_worked_out_by_hand(people, story):
 def test_each_figure_has_a_chart_a_table_and_its_definition(people, story):
     _, body = get(people)
     keys = re.findall(r'<section class="figure" id="[^"]+" data-figure="([^"]+)"', body)
-    assert len(keys) == 16 and len(set(keys)) == 16
+    assert len(keys) == 20 and len(set(keys)) == 20
     for key in keys:
         markup = figure(body, key)
         assert (
@@ -312,7 +312,7 @@ def test_a_bad_filter_is_a_field_error_and_changes_nothing(people, story, query,
     assert f'id="id_{field}" aria-invalid="true" aria-describedby="id_{field}-error"' in body
     # The bad filter alone is dropped: the figures are those of the good ones.
     _, expected = get(people, f"{URL}?{same_as}")
-    assert every_figure(body) == every_figure(expected) and len(every_figure(body)) == 16
+    assert every_figure(body) == every_figure(expected) and len(every_figure(body)) == 20
     assert HOSTILE_SCRIPT not in body
 
 

@@ -262,6 +262,13 @@ def resolution(waited: dict[str, list[float]], name: str = "time_to_resolution_s
     return found
 
 
+def no_holds() -> list:
+    """The MCP gateway's hold metrics of a world without gateway calls: none held, none waiting, no wait."""
+    found = [counter("mcp_holds_waiting", 0)]
+    found += [counter("mcp_approval_wait_seconds_bucket", 0, le=le) for le in BOUNDS]
+    return [*found, counter("mcp_approval_wait_seconds_count", 0), counter("mcp_approval_wait_seconds_sum", 0)]
+
+
 def expected_acme(fold_seq: int) -> dict:
     """acme's scrape: c1..c6, and email.send's breaker (acme may use every tool)."""
     return dict(
@@ -301,6 +308,7 @@ def expected_acme(fold_seq: int) -> dict:
             *per_tool("breaker_state", {EMAIL: 0, REFUND: 0, LOOKUP: 0}),  # email.send closed again
             counter("metrics_fold_seq", fold_seq),
             counter("metrics_fold_age_seconds", 0),
+            *no_holds(),
         ]
     )
 
@@ -332,6 +340,7 @@ def expected_globex(fold_seq: int) -> dict:
             *per_tool("breaker_state", {REFUND: 0}),
             counter("metrics_fold_seq", fold_seq),
             counter("metrics_fold_age_seconds", 0),
+            *no_holds(),
         ]
     )
 

@@ -97,3 +97,10 @@ def json_line(value, limit: int = 90) -> str:
     """JSON on one line, cut at `limit` characters with an ellipsis: the summary a folded piece of evidence shows."""
     text = json.dumps(value, ensure_ascii=False, default=str, separators=(", ", ": "))
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@register.filter
+def mcp_origin(call):
+    """A call's origin through the MCP gateway (recovery.models.McpCall), or None for any other call: read with the
+    call where its page selects it along, never a statement of its own there."""
+    return getattr(call, "mcp_origin", None)

@@ -168,8 +168,9 @@ def figure_text(value: FigureValue) -> tuple[str, str]:
         return shown, f"{value.numerator:,} over {value.denominator:,}"
     if kind == "quantiles":
         if value.value is None or value.median is None:
-            return "—", "nothing resolved"
-        return f"median {seconds_text(value.median)} · p95 {seconds_text(value.value)}", f"{value.count:,} resolved"
+            return "—", "nothing decided" if value.figure.key == "approval_wait" else "nothing resolved"
+        done = "decided" if value.figure.key == "approval_wait" else "resolved"
+        return f"median {seconds_text(value.median)} · p95 {seconds_text(value.value)}", f"{value.count:,} {done}"
     if kind == "duration":
         times = "time" if value.count == 1 else "times"
         return seconds_text(value.value or 0), f"opened {value.count or 0:,} {times}"

@@ -23,6 +23,7 @@ from recovery.audit.chain import Actor
 from recovery.engine.types import CLOSED, FORCED_OPEN, HALF_OPEN, OPEN
 from recovery.models import BreakerOperation, BreakerOperationKind, Tool
 from recovery.selectors.facts import not_closed_value
+from recovery.selectors.mcp_servers import mcp_servers
 from recovery.selectors.observed import runtimes
 from recovery.selectors.operations import (
     ToolBreaker,
@@ -74,6 +75,7 @@ def breakers(request: HttpRequest) -> HttpResponse:
         # The idle tools' common window, when they share one ("idle in the last 1 min"); else each its own.
         "idle_window_s": windows.pop() if len(windows) == 1 else None,
         "runtimes": runtimes(),
+        "mcp_servers": mcp_servers(),
         "now": now,
         "quiet": quiet,
         "reviewer": request.user.has_perm(REVIEW),

@@ -79,6 +79,7 @@ def overview(request: HttpRequest) -> HttpResponse:
         "settled": settled,
         "pending_approvals": data.pending_approvals,
         "headlines": headlines(data.headlines),
+        "gateway": gateway_traffic(data.gateway),
         "since": data.since,
         "folded_at": data.folded_at,
         "jobs": job_processes(),
@@ -122,10 +123,26 @@ def headlines(figures: tuple[FigureValue, ...]) -> list[dict]:
         text, detail = figure_text(value)
         if value.figure.kind == "quantiles" and value.value is not None:
             text = f"p95 {seconds_text(value.value)}"
-            detail = f"median {seconds_text(value.median or 0)} · {value.count:,} resolved"
+            done = "decided" if value.figure.key == "approval_wait" else "resolved"
+            detail = f"median {seconds_text(value.median or 0)} · {value.count:,} {done}"
         key = value.figure.key
         shown.append({"key": key, "title": value.figure.title, "text": text, "detail": detail, "url": f"{page}#{key}"})
     return shown
+
+
+def gateway_traffic(figures: tuple[FigureValue, ...]) -> dict:
+    """The MCP gateway's day: its figures as the headlines write them, by server where they count by one, and the
+    holds of the day still waiting for a decision."""
+    by_key = {value.figure.key: value for value in figures}
+    if not by_key:
+        return {"figures": [], "servers": [], "waiting": 0}
+    held, decided = by_key["mcp_holds"], by_key["approval_wait"]
+    return {
+        "figures": headlines(figures),
+        "servers": [(server, int(n)) for server, n in by_key["gateway_calls"].by_label],
+        "calls": int(by_key["gateway_calls"].value or 0),
+        "waiting": int(held.value or 0) - int(decided.count or 0),
+    }
 
 
 urlpatterns = [path("overview/", overview, name="overview")]

@@ -14,7 +14,7 @@ from django.utils.safestring import SafeString
 from console.templatetags.design_tags import copy_button, tone
 from console.views.common import age_text, due_text, url_pattern
 from recovery.engine.states import CallState
-from recovery.models import Call
+from recovery.models import Call, IdentitySource
 from recovery.selectors.assignments import assignees
 from recovery.selectors.facts import row_facts
 from recovery.selectors.observed import admission_answers
@@ -56,6 +56,7 @@ def decorate(
         row["admission"] = answer.text if answer else ""
         row["button"] = row["button_url"] = row["button_label"] = ""
         row["due"], row["overdue"] = due_text(row["state"], row["risk"], row["state_changed_at"], now, held=held)
+        row["mcp_server"], row["mcp_text"] = mcp_text(row.get("mcp"))
         row["assignee"] = owners.get(pk, "")
         row["assign_url"] = assign_url.format(pk) if can_review and row["assignee"] != user.get_username() else ""
         if can_review and not held:
@@ -64,6 +65,16 @@ def decorate(
             row["button"], row["button_label"], row["button_url"] = "release", "Release", release_url.format(pk)
         _escape(row)
         row["html"] = row_html(row, can_review=can_review)
+
+
+def mcp_text(origin: list | None) -> tuple[str, str]:
+    """A call through the MCP gateway: its server, and who sent it (the client's name and version) and how its task
+    was chosen; ("", "") for any other call."""
+    if not origin:
+        return "", ""
+    server, name, version, source = origin
+    client = f"{name} {version}".strip() or "an unnamed client"
+    return server, f"{client}; task by {IdentitySource(source).label}"
 
 
 def entry_text(row: dict) -> str:
@@ -78,7 +89,8 @@ def entry_text(row: dict) -> str:
 _SHOWN = (
     "id", "open_url", "task_url", "task_external_id", "task_id", "step_index", "tool_name", "tenant_name", "risk",
     "state", "since", "age", "checks_made", "receipt_age", "last_receipt_status", "holder", "button", "button_url",
-    "button_label", "entry", "admission", "why", "idempotency_key", "due", "assignee", "assign_url",
+    "button_label", "entry", "admission", "why", "idempotency_key", "due", "assignee", "assign_url", "mcp_server",
+    "mcp_text",
 )  # fmt: skip
 
 
@@ -104,6 +116,11 @@ def row_html(row: dict, *, can_review: bool, notice: str = "", notice_error: boo
     if row["observed"]:
         title = row["admission"] or OBSERVED_TITLE
         observed = f' <span class="observed-mark" title="{title}">observed (from traces)</span>'
+    if row["mcp_server"]:
+        observed += (
+            f' <span class="mcp-mark" data-fact="mcp" data-value="{row["mcp_server"]}">MCP {row["mcp_server"]}</span>'
+            f' <span class="muted mcp-client">{row["mcp_text"]}</span>'
+        )
     why = row["why"] or f'<span class="muted">not waiting ({row["state"]})</span>'
     entry = f' <span class="muted entry">{row["entry"]}</span>' if row["entry"] else ""
     receipt = (

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recovery.engine.classify import EFFECTS
 from recovery.engine.compensation_states import EntryState
-from recovery.engine.metrics import FIGURES
+from recovery.engine.metrics import FIGURES, HOLD_FIGURES
 from recovery.engine.reconcile import Observation
 from recovery.engine.states import CallState
 from recovery.engine.types import (
@@ -46,7 +46,7 @@ BreakerStateName = Literal[tuple(BreakerState.values)]  # type: ignore[valid-typ
 Phase = Literal[PHASES]  # type: ignore[valid-type]
 Stage = Literal[STAGES]  # type: ignore[valid-type]
 Effect = Literal[EFFECTS]  # type: ignore[valid-type]
-FigureKey = Literal[tuple(figure.key for figure in FIGURES)]  # type: ignore[valid-type]
+FigureKey = Literal[tuple(figure.key for figure in FIGURES + HOLD_FIGURES)]  # type: ignore[valid-type]
 FigureKind = Literal[tuple(dict.fromkeys(figure.kind for figure in FIGURES))]  # type: ignore[valid-type]
 WindowName = Literal[tuple(WINDOWS)]  # type: ignore[valid-type]
 

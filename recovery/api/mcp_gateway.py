@@ -6,11 +6,12 @@ through the same services as the JSON API: registered, admitted, forwarded once,
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import anyio
 import mcp_types as types
-from django.db import close_old_connections, connections
+from django.db import DEFAULT_DB_ALIAS, close_old_connections, connections
 from mcp.server.lowlevel import Server
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
@@ -29,29 +30,55 @@ PROGRESS_EVERY_S = 1.0  # a held client hears from the gateway at least this oft
 
 
 async def _db(fn, *args):
-    """A database step on a worker thread (Django's ORM is synchronous), on a connection of its own."""
+    """A database step on a worker thread (Django's ORM is synchronous), on that thread's connection.
+
+    The connection is kept for the thread's next step, as a web worker keeps its own between requests (CONN_MAX_AGE,
+    health-checked, closed when too old or broken): opening one per step cost four connection set-ups per call, and
+    no prepared statement ever outlived its step (`manage.py bench mcp`, docs/mcp-gateway.md "The gateway's cost").
+    """
 
     def run():
         close_old_connections()
         try:
             return fn(*args)
         finally:
-            connections.close_all()  # this worker thread's: the pool's threads outlive any one request
+            with _KEPT_LOCK:
+                _KEPT.add(connections[DEFAULT_DB_ALIAS])
 
     return await anyio.to_thread.run_sync(run)
+
+
+# The worker threads' connections kept between steps, closed when the gateway ends (its lifespan): the threads may
+# outlive it (a test's gateway), and their connections must not.
+_KEPT: set = set()
+_KEPT_LOCK = threading.Lock()
+
+
+def close_kept_connections() -> None:
+    with _KEPT_LOCK:
+        kept = list(_KEPT)
+        _KEPT.clear()
+    for wrapper in kept:
+        wrapper.inc_thread_sharing()  # closed from this thread: Django's way to let it
+        try:
+            wrapper.close()
+        finally:
+            wrapper.dec_thread_sharing()
 
 
 def _caller(ctx: Any, meta: dict) -> mcp_calls.Caller:
     request = ctx.request
     token = request.scope[TOKEN]
-    tenant = Tenant.objects.get(pk=min(token.tenant_ids))
+    tenant = min(token.tenant_list, key=lambda owner: owner.pk)  # read with the token: no statement
     params = ctx.session.client_params
     info = params.client_info if params is not None else meta.get(types.CLIENT_INFO_META_KEY)
     name = getattr(info, "name", None) or (info.get("name") if isinstance(info, dict) else "") or ""
+    version = getattr(info, "version", None) or (info.get("version") if isinstance(info, dict) else "") or ""
     return mcp_calls.Caller(
         token=token,
         tenant=tenant,
         client_name=str(name),
+        client_version=str(version),
         session_id=request.headers.get("mcp-session-id", ""),
         traceparent=str(meta.get("traceparent") or request.headers.get("traceparent", "")),
     )
@@ -65,9 +92,28 @@ def offered(tools: list[Tool]) -> dict[str, Tool]:
     }
 
 
+def _schema(tool: Tool) -> dict:
+    return tool.args_schema if tool.args_schema.get("type") == "object" else {"type": "object"}
+
+
 def _listed(name: str, tool: Tool) -> types.Tool:
-    schema = tool.args_schema if tool.args_schema.get("type") == "object" else {"type": "object"}
-    return types.Tool(name=name, description=tool.description or None, input_schema=schema)
+    return types.Tool(name=name, description=tool.description or None, input_schema=_schema(tool))
+
+
+# The input schema of each tool by the name offered, as this process last read it from the registry (every listing
+# and every call reads the tenant's tools): what the SDK checks a call's Mcp-Param-* headers against before dispatch.
+# Without it the SDK runs the whole tools/list handler — a database read — before every tools/call (`bench mcp`,
+# docs/mcp-gateway.md "The gateway's cost"). A name not read yet has none: that call's headers go unchecked (the SDK
+# fails open the same way when a listing fails); its arguments are checked against the registry's schema regardless.
+_SCHEMAS: dict[str, dict] = {}
+
+
+def _remember(tools: dict[str, Tool]) -> None:
+    _SCHEMAS.update({name: _schema(tool) for name, tool in tools.items()})
+
+
+def input_schema(name: str) -> dict | None:
+    return _SCHEMAS.get(name)
 
 
 async def _unregistered(registered: dict[str, Tool], providers: list) -> dict[str, tuple[Any, Any]]:
@@ -89,6 +135,7 @@ async def list_tools(ctx: Any, params: Any) -> types.ListToolsResult:
         return offered(mcp_calls.offered_tools(caller.tenant)), mcp_calls.exposing_providers(caller.tenant)
 
     tools, exposing = await _db(read)
+    _remember(tools)
     listed = [_listed(name, tool) for name, tool in tools.items()]
     for name, (_, tool) in (await _unregistered(tools, exposing)).items():
         listed.append(types.Tool(name=name, description=tool.description, input_schema=tool.input_schema))
@@ -134,6 +181,7 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
     def start(tool: Tool | None = None):
         caller = _caller(ctx, meta)
         tools = offered(mcp_calls.offered_tools(caller.tenant))
+        _remember(tools)
         tool = tool or tools.get(params.name)
         if tool is None:
             return caller, tools, mcp_calls.exposing_providers(caller.tenant)
@@ -187,7 +235,13 @@ def _where_it_stands(call_id: int) -> mcp_calls.Answer:
 
 
 def mcp_server() -> Server:
-    return Server("recovery-console", version="1", on_list_tools=list_tools, on_call_tool=call_tool)
+    return Server(
+        "recovery-console",
+        version="1",
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+        get_tool_input_schema=input_schema,
+    )
 
 
 class BearerToken:
@@ -227,4 +281,7 @@ class UpstreamLifespan:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "lifespan":
             return await self.app(scope, receive, send)
-        await POOL.serve(lambda: self.app(scope, receive, send))
+        try:
+            await POOL.serve(lambda: self.app(scope, receive, send))
+        finally:
+            await anyio.to_thread.run_sync(close_kept_connections)  # Django's close() is synchronous only

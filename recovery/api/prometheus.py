@@ -17,6 +17,7 @@ from prometheus_client.utils import floatToGoString
 
 from recovery.engine import metrics as m
 from recovery.models import BreakerState
+from recovery.selectors.mcp_metrics import Hold, holds
 from recovery.selectors.metrics import SHARED_SERIES, Totals, metrics_totals
 from recovery.selectors.notifications import NotificationFigures, notification_figures
 
@@ -169,6 +170,18 @@ COUNTERS: tuple[CounterSpec, ...] = (
         series=m.PROBES,
         label="decision",
         help="Duplicate probes recorded, by decision (safe: the provider deduplicated; unsafe: a second effect).",
+    ),
+    CounterSpec(
+        name="mcp_gateway_calls",
+        series=m.MCP_CALLS,
+        label="server",
+        help="Calls registered through the MCP gateway, by MCP server (a re-issue answered from its call is none).",
+    ),
+    CounterSpec(
+        name="mcp_reissues_absorbed",
+        series=m.MCP_REISSUES,
+        label="server",
+        help="Duplicates prevented: re-issues of a gateway write answered from the call they repeat, never sent.",
     ),
 )
 
@@ -333,11 +346,51 @@ class NotificationCollector(Collector):
         yield overdue
 
 
+class HoldCollector(Collector):
+    """The MCP gateway's holds (docs/mcp-gateway.md): read from the holds themselves (recovery.selectors.mcp_metrics),
+    each a gateway call whose admission was denied with approval_required."""
+
+    def __init__(self, found: list[Hold]):
+        self.found = found
+
+    def collect(self) -> Iterator[Metric]:
+        held = CounterMetricFamily(
+            PREFIX + "mcp_holds",
+            "Gateway calls held for approval (their admission denied with approval_required), each once, by MCP "
+            "server.",
+            labels=["server"],
+        )
+        servers: dict[str, int] = defaultdict(int)
+        for hold in self.found:
+            servers[hold.server] += 1
+        for server, n in sorted(servers.items()):
+            held.add_metric([server], n)
+        yield held
+        yield GaugeMetricFamily(
+            PREFIX + "mcp_holds_waiting",
+            "Gateway calls held for approval whose action request nobody has decided yet.",
+            value=sum(1 for hold in self.found if hold.decided_at is None),
+        )
+        waits = [hold.wait_s for hold in self.found if hold.wait_s is not None]
+        buckets, running = [], 0
+        for bound in m.RESOLUTION_BUCKETS_S:
+            running = sum(1 for w in waits if w <= bound)
+            buckets.append((floatToGoString(bound), running))
+        wait = HistogramMetricFamily(
+            PREFIX + "mcp_approval_wait_seconds",
+            "From a hold (the first approval_required denial) to the decision of the call's action request; use "
+            "histogram_quantile for the median and the 95th percentile.",
+        )
+        wait.add_metric([], buckets, sum_value=sum(waits))
+        yield wait
+
+
 def scrape(*, now: datetime, tenant_ids: tuple[int, ...] | None = None, tools: set[int] | None = None) -> bytes:
     """The Prometheus text of the metrics, summed over `tenant_ids` (None: every tenant), showing the breakers of
     `tools` (None: every tool)."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RecoveryCollector(metrics_totals(now=now, tenant_ids=tenant_ids), now=now, tools=tools))
+    registry.register(HoldCollector(holds(tenant_ids=tenant_ids)))
     if tenant_ids is None:  # deliveries and due times span tenants: only an unscoped scrape shows them
         registry.register(NotificationCollector(notification_figures(now=now)))
     return generate_latest(registry)

@@ -20,6 +20,8 @@ class AuditAction(StrEnum):
     CALL_UNASSIGNED = "call.unassigned"
     CALL_REPLAYED = "call.replayed"  # replay reconciliation sent its one same-key replay (docs/replay.md)
     CALL_CHECKED = "call.checked"  # a reconcile receipt that moved nothing (the metrics count every check)
+    # the MCP gateway answered a re-issue of a write from the call it repeats, never sending it (docs/mcp-gateway.md)
+    MCP_REISSUE_ABSORBED = "mcp.reissue_absorbed"
     # a compensation ledger entry (docs/compensation.md): made, moved by
     # recovery.statemachine.transitions.transition_entry, checked
     COMPENSATION_STARTED = "compensation.started"

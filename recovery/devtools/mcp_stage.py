@@ -216,7 +216,7 @@ class Gateway:
         self.thread.join(timeout=10)
 
 
-def client(url: str, token: str, *, mode: str = "auto", name: str = "tests") -> Client:
+def client(url: str, token: str, *, mode: str = "auto", name: str = "tests", version: str = "1") -> Client:
     import httpx2
     from mcp_types import Implementation
 
@@ -225,7 +225,7 @@ def client(url: str, token: str, *, mode: str = "auto", name: str = "tests") -> 
         streamable_http_client(url, http_client=http),
         mode=mode,
         cache=None,
-        client_info=Implementation(name=name, version="1"),
+        client_info=Implementation(name=name, version=version),
     )
 
 

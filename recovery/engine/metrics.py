@@ -40,6 +40,8 @@ BREAKER_OPEN_MS = "breaker_open_ms"  # [] milliseconds the tool's breaker was no
 BREAKER_OPENINGS = "breaker_openings"  # [] times the tool's breaker opened (or was forced open)
 COMPENSATIONS = "compensations"  # [started | committed | failed] compensation ledger entries
 PROBES = "probes"  # [decision] duplicate probes recorded
+MCP_CALLS = "mcp_calls"  # [server] a call registered through the MCP gateway
+MCP_REISSUES = "mcp_reissues"  # [server] a re-issue the MCP gateway answered from the call it repeats, never sent
 # Counted by cohort: the hour of the call's first attempt
 CALLS = "calls"  # calls whose first attempt fell in the hour
 WRITE_CALLS = "write_calls"  # of those, writes
@@ -199,6 +201,10 @@ def _fold_call_event(event: EventView, ev: Mapping[str, Any], mark: CallMark, ad
         add(ATTEMPTS, "reconcile_replay")
     elif event.action == "call.claimed":
         _fold_first_claim(event, mark, add)
+    elif event.action == "call.added" and isinstance(ev.get("mcp"), Mapping):
+        add(MCP_CALLS, str(ev["mcp"].get("server", "")))
+    elif event.action == "mcp.reissue_absorbed":
+        add(MCP_REISSUES, str(ev.get("server", "")))
     elif event.action == "call.checked":
         if ev.get("source") in CHECK_SOURCES:
             add(RECONCILE_CHECKS, str(ev.get("observed", "")))
@@ -513,6 +519,42 @@ FIGURES: tuple[Figure, ...] = (
         series=PROBES,
         doc="Duplicate probes recorded (docs/replay.md), by decision: safe (the provider deduplicated: one effect) or "
         "unsafe (a second effect, a new business id or a forgotten key).",
+    ),
+    Figure(
+        key="gateway_calls",
+        title="MCP gateway calls",
+        kind="count",
+        series=MCP_CALLS,
+        doc="Calls registered through the MCP gateway (docs/mcp-gateway.md), by server, in the hour each was "
+        "registered. A re-issue answered from the call it repeats is no new call.",
+    ),
+    Figure(
+        key="reissues_absorbed",
+        title="MCP re-issues absorbed",
+        kind="count",
+        series=MCP_REISSUES,
+        doc="Duplicates prevented: re-issues of a gateway write within the server's reissue_window_s, answered from "
+        "the call they repeat and never sent upstream, by server, in the hour each came.",
+    ),
+)
+
+# Read from the holds themselves (recovery.selectors.mcp_metrics), not the rollups: a hold is a gate decision.
+HOLD_FIGURES: tuple[Figure, ...] = (
+    Figure(
+        key="mcp_holds",
+        title="MCP approval holds",
+        kind="count",
+        doc="Gateway calls whose admission was denied with approval_required (docs/mcp-gateway.md): each call "
+        "counted once, in the hour of its first such denial, by server.",
+    ),
+    Figure(
+        key="approval_wait",
+        title="MCP approval wait",
+        kind="quantiles",
+        unit="s",
+        doc="For the holds of the window that were decided, the time from the hold (the first approval_required "
+        "denial) to the decision of the call's action request (approved or rejected): the median and the 95th "
+        "percentile, computed exactly from the holds. Holds not decided yet are counted apart (waiting).",
     ),
 )
 

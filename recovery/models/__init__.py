@@ -19,6 +19,7 @@ from recovery.models.breakers import (
 from recovery.models.calls import Attempt, Call, Decision, Diagnostic, GateDecision, Receipt, ReceiptSource
 from recovery.models.compensation import CompensationAttempt, CompensationEntry, CompensationReceipt
 from recovery.models.drills import DrillRun
+from recovery.models.mcp import IdentitySource, McpCall
 from recovery.models.metrics import MetricCallMark, MetricFold, MetricRollup, MetricTotal
 from recovery.models.notifications import (
     Assignment,
@@ -74,6 +75,8 @@ __all__ = [
     "EventKind",
     "FourEyesRequest",
     "GateDecision",
+    "IdentitySource",
+    "McpCall",
     "MetricCallMark",
     "MetricFold",
     "MetricRollup",

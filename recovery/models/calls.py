@@ -276,7 +276,16 @@ class GateDecision(models.Model):
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
-        indexes = [models.Index(fields=["call", "created_at"], name="gate_call_idx")]
+        indexes = [
+            models.Index(fields=["call", "created_at"], name="gate_call_idx"),
+            # The holds (docs/mcp-gateway.md: admissions denied with approval_required) by their time, for the
+            # metrics: a partial index of those denials alone, so reading them costs what the holds are.
+            models.Index(
+                fields=["created_at"],
+                name="gate_hold_created_idx",
+                condition=Q(allowed=False, dry_run=False, reason="approval_required"),
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{'allowed' if self.allowed else 'denied'} ({self.reason}) for call {self.call_id}"

@@ -125,7 +125,14 @@ class CallPage:
 
 
 def _call(call_id: int) -> Call | None:
-    related = ("task__tenant", "step", "tool__provider__status_breaker_row", "claimed_by", "assignment__assignee")
+    related = (
+        "task__tenant",
+        "step",
+        "tool__provider__status_breaker_row",
+        "claimed_by",
+        "assignment__assignee",
+        "mcp_origin",
+    )
     return Call.objects.select_related(*related).filter(pk=call_id).first()
 
 

@@ -9,7 +9,7 @@ import math
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import BigIntegerField, Count, Exists, ExpressionWrapper, F, Q, QuerySet, Sum, Value
 
@@ -17,6 +17,7 @@ from recovery.engine import metrics as m
 from recovery.models import AuditEvent, Breaker, Call, MetricFold, MetricRollup, MetricTotal, Tenant, Tool
 from recovery.registry.policy import breaker_policy
 from recovery.selectors.breakers import view_of_state
+from recovery.selectors.mcp_metrics import Hold, exact_quantile, holds
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,6 +130,8 @@ def metrics_report(
     _add_open_breakers(grid, opened, tool_id, first, win, now_s)
     starts = [datetime.fromtimestamp(first + i * win.step, tz=UTC) for i in range(win.points)]
     figures = tuple(_figure(figure, grid, starts) for figure in m.FIGURES)
+    held = holds(since=starts[0], tenant_ids=tenant_ids, tool_id=tool_id)
+    figures += hold_figures([hold for hold in held if hold.held_at <= now], starts, win.step)
     return MetricsReport(
         window=win,
         start=starts[0],
@@ -327,3 +330,37 @@ def tools_of_tenants(tenants: list[Tenant]) -> QuerySet[Tool]:
     if any(tenant.all_tools for tenant in tenants):
         return Tool.objects.all()
     return Tool.objects.filter(tenants__in=[tenant.pk for tenant in tenants]).distinct()
+
+
+def hold_figures(found: list[Hold], starts: list[datetime], step_s: int) -> tuple[FigureValue, FigureValue]:
+    """The hold figures (recovery.engine.metrics.HOLD_FIGURES) of a window whose points begin at `starts`."""
+    count_figure, wait_figure = m.HOLD_FIGURES
+    step = timedelta(seconds=step_s)
+
+    def point_of(at: datetime) -> int:
+        return next((i for i, start in enumerate(starts) if start <= at < start + step), len(starts) - 1)
+
+    counts = [0] * len(starts)
+    waits: list[list[float]] = [[] for _ in starts]
+    servers: dict[str, int] = {}
+    for hold in found:
+        counts[point_of(hold.held_at)] += 1
+        servers[hold.server] = servers.get(hold.server, 0) + 1
+        if hold.wait_s is not None:
+            waits[point_of(hold.held_at)].append(hold.wait_s)
+    every_wait = [w for point in waits for w in point]
+    return (
+        FigureValue(
+            figure=count_figure,
+            value=len(found),
+            by_label=tuple(sorted(servers.items(), key=lambda p: (-p[1], p[0]))),
+            series=tuple(Point(start=s, value=n) for s, n in zip(starts, counts, strict=True)),
+        ),
+        FigureValue(
+            figure=wait_figure,
+            value=exact_quantile(0.95, every_wait),
+            median=exact_quantile(0.5, every_wait),
+            count=len(every_wait),
+            series=tuple(Point(start=s, value=exact_quantile(0.95, w)) for s, w in zip(starts, waits, strict=True)),
+        ),
+    )

@@ -37,6 +37,8 @@ HEADLINES = (
     "human_takeovers",
     "time_to_resolution",
 )
+# The MCP gateway's traffic over the day (docs/mcp-gateway.md, "The console's view").
+GATEWAY = ("gateway_calls", "reissues_absorbed", "mcp_holds", "approval_wait")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +91,7 @@ class Overview:
     flow: list[HourFlow]  # 24 hours, oldest first, the current (partial) hour last
     pending_approvals: int  # action requests waiting for a second person (recovery.selectors.approvals)
     headlines: tuple[FigureValue, ...]  # the HEADLINES figures over the day
+    gateway: tuple[FigureValue, ...] = ()  # the GATEWAY figures over the day
     since: datetime  # the start of the day's first hour: what "the last 24 hours" counts from
     folded_at: datetime | None  # the day's figures include every event up to then (None: never folded)
 
@@ -111,6 +114,7 @@ def overview(*, now: datetime, sla: dict[str, int]) -> Overview:
         flow=_flow(report),
         pending_approvals=pending_approvals_count(now=now),
         headlines=tuple(report.figure(key) for key in HEADLINES),
+        gateway=tuple(report.figure(key) for key in GATEWAY),
         since=report.start,
         folded_at=report.folded_at,
     )

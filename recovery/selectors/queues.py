@@ -6,6 +6,7 @@ A new queue is a `Queue` in QUEUES and, when its states alone do not say it, a c
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from functools import cache
@@ -13,12 +14,13 @@ from functools import cache
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection
-from django.db.models import Exists, F, OuterRef, Q, Subquery
+from django.db.models import Exists, F, JSONField, OuterRef, Q, Subquery
+from django.db.models.functions import JSONArray
 from django.utils import timezone
 
 from recovery.engine.compensation_states import EntryState
 from recovery.engine.states import CallState
-from recovery.models import Assignment, Call, CompensationEntry, Step, Task, Tenant, Tool
+from recovery.models import Assignment, Call, CompensationEntry, McpCall, Step, Task, Tenant, Tool
 from recovery.selectors.due import due_parts
 
 S, E = CallState, EntryState
@@ -81,7 +83,9 @@ _QUEUE_COLUMNS = (
     "id", "state", "risk", "state_changed_at", "checks_made", "last_receipt_at", "last_receipt_status",
     "claim_until", "claimed_by_id", "task_id", "tool_id", "tenant_id", "observed", "outcome", "idempotency_key",
 )  # fmt: skip
-_QUEUE_NAMES = ("task_external_id", "step_index", "holder")
+_QUEUE_NAMES = ("task_external_id", "step_index", "holder", "mcp")
+# A call through the MCP gateway: [server, client name, client version, identity source] of its McpCall, else None.
+_MCP_COLUMNS = ("server", "client_name", "client_version", "identity_source")
 _ROW_KEYS = (*_QUEUE_COLUMNS, *_QUEUE_NAMES)
 # The compensation problems queue's rows also say why they are there: the call's latest entry (its open one, if any:
 # a new entry is made only once every earlier one is final).
@@ -134,10 +138,14 @@ def _select(compensation: bool = False) -> str:
         return f"(SELECT {value} FROM {model._meta.db_table} r WHERE {pk} = {foreign})"
 
     columns = [_c(name) for name in _QUEUE_COLUMNS]
+    array = "json_build_array" if connection.vendor == "postgresql" else "json_array"
     names = [
         name_of(Task, "task", "external_id"),
         name_of(Step, "step", "index"),
         name_of(user, "claimed_by", "username"),
+        # Part of the page's one statement (the queue benchmark's): a probe of the page's rows by primary key.
+        f"(SELECT {array}({', '.join(_column(McpCall, n, 'm') for n in _MCP_COLUMNS)}) "
+        f"FROM {McpCall._meta.db_table} m WHERE {_column(McpCall, 'call', 'm')} = {_c('id')})",
     ]
     if compensation:
         # The latest entry, by the (call, number) unique index: one probe per row of the page, after the LIMIT.
@@ -228,7 +236,10 @@ def _rows(sql: str, params: list, keys: tuple[str, ...] = _ROW_KEYS) -> list[dic
         for position, col, functions in converting:
             for function in functions:
                 values[position] = function(values[position], col, connection)
-        rows.append(dict(zip(keys, values, strict=True)))
+        row = dict(zip(keys, values, strict=True))
+        if isinstance(row["mcp"], str):  # SQLite answers JSON as text
+            row["mcp"] = json.loads(row["mcp"])
+        rows.append(row)
     return rows
 
 
@@ -358,6 +369,8 @@ def _sql_queue_counts(cap: int = COUNT_CAP, *, now: datetime) -> dict[str, int]:
 def _orm_rows(calls, compensation: bool = False) -> list[dict]:
     names = {"task_external_id": F("task__external_id"), "step_index": F("step__index")}
     names["holder"] = F("claimed_by__username")
+    origin = McpCall.objects.filter(call=OuterRef("pk")).values(row=JSONArray(*_MCP_COLUMNS))
+    names["mcp"] = Subquery(origin[:1], output_field=JSONField())
     if compensation:
         latest = CompensationEntry.objects.filter(call=OuterRef("pk")).order_by("-number")
         for key, name in zip(_ENTRY_KEYS, _ENTRY_COLUMNS, strict=True):

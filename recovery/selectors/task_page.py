@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from recovery.audit.chain import AuditReport, chain_key, verify_chain
-from recovery.models import AuditEvent, Task, TaskStatus
+from recovery.models import AuditEvent, IdentitySource, McpCall, Task, TaskStatus
 from recovery.selectors.compensations import effect_story, task_compensations
 from recovery.selectors.observed import TaskObservation, task_observation
 from recovery.selectors.tasks_calls import task_summary
@@ -101,7 +101,7 @@ class TaskPage:
 
 
 def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
-    """Everything the task page shows, or None for an unknown id (10 statements, whatever the task's size)."""
+    """Everything the task page shows, or None for an unknown id (11 statements, whatever the task's size)."""
     task = Task.objects.select_related("tenant").filter(pk=task_id).first()
     if task is None:
         return None
@@ -113,6 +113,17 @@ def task_page(task_id: int, *, now: datetime) -> TaskPage | None:
         brief["observed"] = call_id in observation.observed_calls
         answer = observation.observed_calls.get(call_id)
         brief["admission"] = answer.text if answer else ""
+    origins = McpCall.objects.filter(call__task_id=task.pk).values(
+        "call_id", "server", "client_name", "client_version", "identity_source"
+    )
+    for origin in origins:  # the calls through the MCP gateway, marked as such wherever the page lists them
+        if (brief := calls.get(origin["call_id"])) is not None:
+            source = IdentitySource(origin["identity_source"])
+            brief["mcp"] = {
+                **origin,
+                "client": f"{origin['client_name']} {origin['client_version']}".strip(),
+                "source": source.label,
+            }
     facts = [
         FactGroup(key=key, title=title, meaning=meaning, calls=summary[key], always=always)
         for key, title, meaning, always in _GROUPS

@@ -18,7 +18,7 @@ from recovery.engine.canonical import canonical_digest
 from recovery.engine.gate import admit
 from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
-from recovery.models import ActionRequest, BreakerState, Call, RetryPath, StatusBreaker
+from recovery.models import ActionRequest, BreakerState, Call, McpCall, RetryPath, StatusBreaker
 from recovery.providers.listing import shown_lookup
 from recovery.providers.mcp import KEY_META, forwarded_arguments
 from recovery.providers.requests import TemplateError, tool_request
@@ -30,6 +30,7 @@ from recovery.selectors.context import gate_context, task_budgets, task_view
 from recovery.selectors.facts import shown_facts
 from recovery.services.compensation_plans import next_entry_plan
 from recovery.services.errors import Refusal
+from recovery.services.mcp_calls import upstream_request
 
 S = CallState
 ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}
@@ -239,8 +240,17 @@ def build_plan(call: Call, action_name: str, *, facts: CallFacts, evidence: dict
         "expected_effects": _expected_effects(call, policy, action),
         "evidence": dict(evidence),
     }
+    if call.tool.mcp:
+        data["mcp_request"] = mcp_request(call)
     stored_gate = gate if action.name in MAKES_ATTEMPT else None
     return Plan(data=data, hash=plan_hash(data), gate=stored_gate, candidate=candidate if stored_gate else None)
+
+
+def mcp_request(call: Call) -> dict:
+    """The exact `tools/call` of a call through the MCP gateway (server, tool, arguments as sent, the key in _meta):
+    as the gateway stored it, or as it would send it for an MCP call made otherwise."""
+    stored = McpCall.objects.filter(call_id=call.pk).values_list("request", flat=True).first()
+    return stored or upstream_request(call.tool, call.arguments, call.idempotency_key)
 
 
 def _requests(call: Call, action: Action) -> tuple[list[dict], bool]:

@@ -5,6 +5,7 @@ intent the task carries under another key, are refused.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from functools import cache
 
@@ -56,9 +57,12 @@ def call_add(
     idempotency_key: str,
     actor: Actor,
     compensation: dict | None = None,
+    evidence: dict | None = None,
+    with_call: Callable[[Call], object] | None = None,
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
-    registry default (a saga's abort uses it, docs/compensation.md)."""
+    registry default (a saga's abort uses it, docs/compensation.md). `evidence`: more for the `call.added` event;
+    `with_call`: run on the new call inside its insert's transaction (the MCP gateway stores the call's origin)."""
     named = hot_reads.allowed_tool(task.tenant, tool_name) if compensation is None else None
     # All the tenant's tools only where they are read: a refusal lists them, a step's own undo is checked against them.
     tools = {named.name: named} if named is not None else {t.name: t for t in allowed_tools(task.tenant)}
@@ -84,8 +88,10 @@ def call_add(
                 max_attempts=_max_attempts(policy.budgets.max_attempts, task),
                 actor=actor,
                 reason=f"{tool.name} step {step_index}",
-                evidence={"preflight_errors": len(preflight)},
+                evidence={"preflight_errors": len(preflight), **(evidence or {})},
             )
+            if with_call is not None:
+                with_call(call)
     except IntegrityError:
         # A concurrent add of the same key won: answer as for a repeated request.
         existing = Call.objects.filter(tenant=task.tenant, tool=tool, idempotency_key=idempotency_key).first()

@@ -9,14 +9,28 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from django.db.models import Max
+from django.db import transaction
+from django.db.models import F, Max
 from django.utils import timezone
 
-from recovery.audit.chain import Actor
+from recovery.audit.actions import AuditAction
+from recovery.audit.chain import Actor, append_event, appends_at_commit
 from recovery.engine.fingerprint import fingerprint
 from recovery.engine.states import CallState
 from recovery.engine.types import Facts
-from recovery.models import ApiToken, Attempt, Call, Provider, Step, Task, TaskStatus, Tenant, Tool
+from recovery.models import (
+    ApiToken,
+    Attempt,
+    Call,
+    IdentitySource,
+    McpCall,
+    Provider,
+    Step,
+    Task,
+    TaskStatus,
+    Tenant,
+    Tool,
+)
 from recovery.providers.mcp import KEY_META, forwarded_arguments
 from recovery.providers.requests import filled_key
 from recovery.registry import load_registry
@@ -26,6 +40,7 @@ from recovery.services import calls, mcp_holds, tasks
 from recovery.services.attempts import AttemptRequest, attempt_admit
 from recovery.services.errors import Refusal
 from recovery.services.outcomes import attempt_report
+from recovery.statemachine import hot_path
 
 S = CallState
 TASK_META = "io.recoveryconsole/task"
@@ -43,6 +58,7 @@ class Caller:
     token: ApiToken
     tenant: Tenant
     client_name: str = ""
+    client_version: str = ""
     session_id: str = ""
     traceparent: str = ""
 
@@ -64,7 +80,7 @@ class Begun:
     """An admitted write or read, to forward: the call, its attempt, the arguments and _meta to send."""
 
     call: Call
-    attempt: Attempt
+    attempt: Attempt | None  # read once the admission committed
     tool: Tool
     arguments: dict
     meta: dict = field(default_factory=dict)
@@ -92,44 +108,47 @@ def register_unregistered(provider: Provider, listed: dict, actor: Actor) -> Too
     return Tool.objects.select_related("provider").get(name=stub["tools"][0]["name"])
 
 
-def task_name(caller: Caller, meta: dict, actor: Actor) -> str:
-    """The task's external id: named in _meta, else the traceparent's trace, else the MCP session, else the
-    (token, client) pair's current task (_pair_task)."""
+def task_name(caller: Caller, meta: dict, actor: Actor) -> tuple[str | Task, IdentitySource]:
+    """The task's external id and how it was chosen: named in _meta, else the traceparent's trace, else the MCP
+    session, else the (token, client) pair's current task (_pair_task: the task itself when it goes on)."""
     named = meta.get(TASK_META)
     if isinstance(named, str) and named:
-        return named[:200]
+        return named[:200], IdentitySource.META
     parts = caller.traceparent.split("-")
     if len(parts) == 4 and len(parts[1]) == 32:
-        return f"trace:{parts[1]}"
+        return f"trace:{parts[1]}", IdentitySource.TRACEPARENT
     if caller.session_id:
-        return f"{SESSION_TASK}{caller.session_id[:100]}"
-    return _pair_task(caller, actor)
+        return f"{SESSION_TASK}{caller.session_id[:100]}", IdentitySource.SESSION
+    return _pair_task(caller, actor), IdentitySource.PAIR
 
 
-def _pair_task(caller: Caller, actor: Actor) -> str:
-    """The (token, client) pair's open task; one idle for IDLE is closed (submitted) and the next one begins."""
+def _pair_task(caller: Caller, actor: Actor) -> str | Task:
+    """The (token, client) pair's open task (the row, read already); one idle for IDLE is closed (submitted) and the
+    next one begins (its external id)."""
     base = f"mcp:{caller.token.pk}:{caller.client_name[:60]}:"
     current = Task.objects.filter(tenant=caller.tenant, external_id__startswith=base).order_by("-pk").first()
     if current is None:
         return f"{base}1"
     last = Call.objects.filter(task=current).aggregate(Max("created_at"))["created_at__max"] or current.created_at
     if current.status == TaskStatus.OPEN and timezone.now() - last < IDLE:
-        return current.external_id
+        return current
     if current.status == TaskStatus.OPEN:
         tasks.task_complete(task=current, summary="closed: 15 minutes without a call", deliverable=None, actor=actor)
     return f"{base}{int(current.external_id.rsplit(':', 1)[1]) + 1}"
 
 
-def _task(caller: Caller, meta: dict, actor: Actor) -> Task:
-    external_id = task_name(caller, meta, actor)
+def _task(caller: Caller, meta: dict, actor: Actor) -> tuple[Task, IdentitySource]:
+    external_id, source = task_name(caller, meta, actor)
+    if isinstance(external_id, Task):  # the pair's task goes on: read already
+        return external_id, source
     agent = f"mcp:{caller.client_name[:60]}" if caller.client_name else "mcp"
     existing = Task.objects.filter(tenant=caller.tenant, external_id=external_id).first()
     if existing is not None:
-        return existing
+        return existing, source
     task, _ = tasks.task_create(
         tenant=caller.tenant, external_id=external_id, agent=agent, goal="MCP tool calls", budget={}, actor=actor
     )
-    return task
+    return task, source
 
 
 def intent_key(tool: Tool, arguments: dict, meta: dict, task: Task, caller: Caller | None = None) -> str:
@@ -217,26 +236,98 @@ def _refusal(exc: Refusal, call_id: int | None = None) -> Answer:
 def begin(caller: Caller, tool: Tool, arguments: dict, meta: dict) -> Answer | Begun:
     """Register and admit one call: an Answer when nothing is to be sent, else what to forward."""
     actor = Actor.for_token(caller.token)
-    task = _task(caller, meta, actor)
+    task, source = _task(caller, meta, actor)
     write = tool.side_effect == "write"
     key = intent_key(tool, arguments, meta, task, caller) if write else f"mcp-read-{uuid.uuid4().hex}"
     if write:
         existing = Call.objects.filter(tenant=caller.tenant, tool=tool, idempotency_key=key).first()
         if existing is not None:
             if timezone.now() - existing.created_at <= timedelta(seconds=_window(tool)):
-                return absorbed(existing)
+                return reissue_absorbed(existing, Origin(caller, source), actor)
             if existing.task_id != task.pk:  # the gate checks within a task: a new session's repeat is named here
                 return _refusal(Refusal("duplicate_intent", _DUPLICATE.format(existing.pk), status=409), existing.pk)
             # After the window a repeat is a new intent under a new key: the gate names the call it repeats.
             key = f"{key}-{uuid.uuid4().hex[:12]}"
     try:
-        return _admit(task, tool, arguments, key, actor, meta)
+        return _admit(task, tool, arguments, key, actor, Origin(caller, source))
     except Refusal as exc:
         return _refusal(exc)
 
 
-def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta: dict) -> Answer | Begun:
+@dataclass(frozen=True)
+class Origin:
+    """Who sent a gateway call and how its task was chosen: stored with the call (McpCall) and in its audit events."""
+
+    caller: Caller
+    source: IdentitySource
+
+    def evidence(self, tool: Tool) -> dict:
+        return {
+            "server": tool.provider.name,
+            "tool": tool.mcp["tool"],
+            "client_name": self.caller.client_name[:200],
+            "client_version": self.caller.client_version[:100],
+            "identity_source": str(self.source),
+        }
+
+    def store(self, call: Call, tool: Tool, request: dict) -> McpCall:
+        return McpCall.objects.create(
+            call=call,
+            tenant_id=call.tenant_id,
+            server=tool.provider.name,
+            tool=tool.mcp["tool"],
+            client_name=self.caller.client_name[:200],
+            client_version=self.caller.client_version[:100],
+            identity_source=self.source,
+            session_id=self.caller.session_id[:100],
+            request=request,
+        )
+
+
+def upstream_request(tool: Tool, arguments: dict, key: str) -> dict:
+    """The exact `tools/call` the gateway sends for this call: the server, its tool name, the arguments as sent (a
+    marker's trailer included) and the `_meta` carrying the intent key."""
+    return {
+        "server": tool.provider.name,
+        "tool": tool.mcp["tool"],
+        "arguments": forwarded_arguments(tool, arguments, key),
+        "_meta": {KEY_META: key},
+    }
+
+
+def reissue_absorbed(call: Call, origin: Origin, actor: Actor) -> Answer:
+    """Answer a re-issue from the call it repeats, and record that it was absorbed: counted on the call's MCP
+    origin and told in its audit trail (the metrics' re-issues absorbed)."""
+    with transaction.atomic():
+        McpCall.objects.filter(call=call).update(
+            reissues_absorbed=F("reissues_absorbed") + 1, last_reissue_at=timezone.now()
+        )
+        append_event(
+            action=AuditAction.MCP_REISSUE_ABSORBED,
+            actor=actor,
+            task_id=call.task_id,
+            call_id=call.pk,
+            reason=f"re-issue of call {call.pk} answered from it, not sent",
+            evidence={**origin.evidence(call.tool), "call_state": call.state},
+        )
+    return absorbed(call)
+
+
+def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, origin: Origin) -> Answer | Begun:
+    """Registered and its first attempt admitted in one transaction, its audit events appended once at its end, as
+    the JSON API's registration with `admit` does (docs/api.md); the admission reads the call in one statement."""
+    with transaction.atomic(), appends_at_commit():
+        answer = _register_and_admit(task, tool, arguments, key, actor, origin)
+    if isinstance(answer, Begun):
+        answer.attempt = Attempt.objects.get(call=answer.call, attempt_id="a1")
+    return answer
+
+
+def _register_and_admit(
+    task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, origin: Origin
+) -> Answer | Begun:
     step = (Step.objects.filter(task=task).aggregate(Max("index"))["index__max"] or 0) + 1
+    request = upstream_request(tool, arguments, key)
     added = calls.call_add(
         task=task,
         step_index=step,
@@ -245,16 +336,20 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
         arguments=arguments,
         idempotency_key=key,
         actor=actor,
+        evidence={"mcp": origin.evidence(tool)},
+        with_call=lambda call: origin.store(call, tool, request),
     )
     call = added.call
     if not added.created:  # the same intent registered at the same moment by a re-issue: never sent twice
-        return absorbed(call)
+        return reissue_absorbed(call, origin, actor)
     if added.preflight:
         failure, _ = calls.preflight_answer(call, added.preflight)
         return Answer(
             failure["public_message"], True, {"call_id": call.pk, "call_state": call.state, "failure": failure}
         )
-    admission = attempt_admit(call=call, request=AttemptRequest(attempt_id="a1"), actor=actor)
+    found = hot_path.call_for_attempt(call.pk, {call.tenant_id}, attempt_id="a1")
+    call, read = found if found is not None else (call, None)
+    admission = attempt_admit(call=call, read=read, request=AttemptRequest(attempt_id="a1"), actor=actor, fresh=True)
     if admission.status == 200:  # attempt a1 was admitted already, by the re-issue's twin
         return absorbed(call)
     if admission.status == 409 and admission.response["gate"]["reason"] == "approval_required":
@@ -269,10 +364,7 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, meta
             "call_id": call.pk,
         }
         return Answer(gate["public_message"] or gate["reason"], True, {"call_id": call.pk, "decision": decision})
-    attempt = Attempt.objects.get(call=call, attempt_id="a1")
-    return Begun(
-        call=call, attempt=attempt, tool=tool, arguments=forwarded_arguments(tool, arguments, key), meta={KEY_META: key}
-    )
+    return Begun(call=call, attempt=None, tool=tool, arguments=request["arguments"], meta=request["_meta"])
 
 
 def finish(begun: Begun, facts: Facts, caller: Caller) -> dict:

@@ -1,5 +1,5 @@
-"""`make bench`: the benchmarks (transitions, engine, ingest, reconcile, queue, replay, metrics, otlp, protected), each
-a ratio against a baseline measured in the same run, in a throwaway database created like the test database
+"""`make bench`: the benchmarks (transitions, engine, ingest, reconcile, queue, replay, metrics, otlp, protected,
+mcp), each a ratio against a baseline measured in the same run, in a throwaway database created like the test database
 (test_<NAME> on PostgreSQL), so it never touches the console's data. What each measures and the figures:
 docs/benchmarks.md.
 """
@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from recovery.audit.chain import Actor
 from recovery.devtools.benchmarks.ingest import bench_ingest
+from recovery.devtools.benchmarks.mcp import bench_mcp
 from recovery.devtools.benchmarks.metrics import bench_metrics
 from recovery.devtools.benchmarks.otlp import bench_otlp
 from recovery.devtools.benchmarks.protected import bench_protected
@@ -251,6 +252,7 @@ BENCHMARKS = {
     "metrics": bench_metrics,
     "otlp": bench_otlp,
     "protected": bench_protected,
+    "mcp": bench_mcp,
 }
 SIZED = ("queue", "metrics")  # the benchmarks that `--calls` sizes
 
@@ -265,7 +267,8 @@ class Command(BaseCommand):
             type=int,
             help="operations per measured series (default: each benchmark's own: 2000; ingest 1000; reconcile 800; "
             "queue 30 requests per page; replay 50 intents per case; metrics 30 requests per read; otlp 1000 spans; "
-            "protected 60 sequential calls per console and latency)",
+            "protected 60 sequential calls per console and latency; mcp 40 sequential calls per case, 16 sessions of a "
+            "quarter as many)",
         )
         parser.add_argument(
             "--calls",
