@@ -18,7 +18,7 @@ from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
 from recovery.audit.chain import Actor
-from recovery.models import Call, Tenant, Tool
+from recovery.models import Call, Tool
 from recovery.providers.mcp import facts_of_forward, forward
 from recovery.providers.mcp import list_tools as upstream_tools
 from recovery.providers.mcp_upstream import POOL
