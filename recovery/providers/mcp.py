@@ -258,6 +258,17 @@ def _error_facts(done: Forwarded) -> Facts:
     return Facts(connection_opened=True, sent=None, error=ErrorFacts(kind=kind, message=message), **_timing(done))
 
 
+def upstream_request(tool: Tool, arguments: dict, key: str) -> dict:
+    """The exact `tools/call` the gateway sends for this call: the server, its tool name, the arguments as sent (a
+    marker's trailer included) and the `_meta` carrying the intent key."""
+    return {
+        "server": tool.provider.name,
+        "tool": tool.mcp["tool"],
+        "arguments": forwarded_arguments(tool, arguments, key),
+        "_meta": {KEY_META: key},
+    }
+
+
 def forwarded_arguments(tool: Tool, arguments: dict, key: str) -> dict:
     """The arguments sent: a write whose tool carries a marker gets the intent key appended as a trailer."""
     marker = tool.mcp.get("marker")

@@ -20,7 +20,7 @@ from recovery.engine.states import UNSETTLED, CallState
 from recovery.engine.types import APPROVAL_GRANTED, Budgets, Candidate, GateDecision, ToolPolicy
 from recovery.models import ActionRequest, BreakerState, Call, McpCall, RetryPath, StatusBreaker
 from recovery.providers.listing import shown_lookup
-from recovery.providers.mcp import KEY_META, forwarded_arguments
+from recovery.providers.mcp import KEY_META, forwarded_arguments, upstream_request
 from recovery.providers.requests import TemplateError, tool_request
 from recovery.registry import tool_policy, with_alternates
 from recovery.registry.mcp import needs_approval
@@ -30,7 +30,6 @@ from recovery.selectors.context import gate_context, task_budgets, task_view
 from recovery.selectors.facts import shown_facts
 from recovery.services.compensation_plans import next_entry_plan
 from recovery.services.errors import Refusal
-from recovery.services.mcp_calls import upstream_request
 
 S = CallState
 ACTION_BY_NAME: dict[str, Action] = {action.name: action for action in ACTIONS}

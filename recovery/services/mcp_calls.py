@@ -31,7 +31,7 @@ from recovery.models import (
     Tenant,
     Tool,
 )
-from recovery.providers.mcp import KEY_META, forwarded_arguments
+from recovery.providers.mcp import upstream_request
 from recovery.providers.requests import filled_key
 from recovery.registry import load_registry
 from recovery.registry.mcp import REISSUE_WINDOW_S, hold_seconds, registry_stub
@@ -282,17 +282,6 @@ class Origin:
             session_id=self.caller.session_id[:100],
             request=request,
         )
-
-
-def upstream_request(tool: Tool, arguments: dict, key: str) -> dict:
-    """The exact `tools/call` the gateway sends for this call: the server, its tool name, the arguments as sent (a
-    marker's trailer included) and the `_meta` carrying the intent key."""
-    return {
-        "server": tool.provider.name,
-        "tool": tool.mcp["tool"],
-        "arguments": forwarded_arguments(tool, arguments, key),
-        "_meta": {KEY_META: key},
-    }
 
 
 def reissue_absorbed(call: Call, origin: Origin, actor: Actor) -> Answer:
