@@ -10,6 +10,7 @@ import threading
 import time
 
 import pytest
+from django.test import Client
 from django.urls import reverse
 from rq import SimpleWorker
 
@@ -31,9 +32,12 @@ from recovery.models.roles import APPROVER, REVIEWER
 from recovery.registry import load_registry
 from recovery.registry.checks import RegistryInvalid
 from recovery.services.actions import action_request, actions_expire_due
+from recovery.services.metrics import metrics_fold
+from recovery.services.tokens import token_create
 from recovery.services.users import user_save_with_roles
 from tests.console import PASSWORD, signed_in
 from tests.mcp import agent_token
+from tests.test_metrics_endpoints import bearer, samples
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("mcp_servers")]
 TASK = {"io.recoveryconsole/task": "release-7"}
@@ -235,6 +239,17 @@ def test_a_rejected_hold_is_answered_the_refusal_and_never_runs(gateway, repo, c
     assert _recovery(result)["decision"]["route"] == "stop"
     call.refresh_from_db()
     assert call.state == "FAILED_PERMANENT" and commits(repo) == 0 and forwarded(control) == []
+
+    # The hold is counted, with its wait from the denial to the decision, in JSON and Prometheus alike.
+    metrics_fold()
+    _, raw = token_create(name="scraper", tenants=["acme"], scope="metrics", actor=Actor.system("tests"))
+    figures = {f["key"]: f for f in Client().get("/api/v1/metrics", **bearer(raw)).json()["figures"]}
+    assert figures["mcp_holds"]["value"] == 1
+    assert figures["approval_wait"]["count"] == 1 and 0 <= figures["approval_wait"]["median"] < 60
+    scraped = samples(Client().get("/metrics", **bearer(raw)).content.decode())
+    assert scraped[("recovery_mcp_holds_total", (("server", "git"),))] == 1
+    assert scraped[("recovery_mcp_holds_waiting", ())] == 0
+    assert scraped[("recovery_mcp_approval_wait_seconds_bucket", (("le", "60.0"),))] == 1
 
 
 def test_the_reviewer_who_requested_a_hold_cannot_approve_it(gateway, repo, control, people, both):

@@ -100,6 +100,8 @@ def _lock_heads(cursor, chains: list[str], now: datetime, *, ids: int) -> tuple[
     listed = ", ".join(["%s"] * len(keys))
     sql = f"SELECT key, length, head_hash, head_event_id{{}} FROM {_HEADS} WHERE key IN ({listed})"
     sql += " ORDER BY key <> %s, key FOR UPDATE"
+    # raw SQL: one statement for every head, where one per head cost a statement per audited write (docs/benchmarks.md,
+    # the protected benchmark's third round)
     cursor.execute(sql.format(_ids_sql(ids) if ids else ""), [*keys, GLOBAL])
     rows = cursor.fetchall()
     taken = sorted(rows[0][4]) if ids and rows else []
