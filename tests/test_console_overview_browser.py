@@ -92,7 +92,7 @@ def test_a_viewer_reads_the_overview_the_breakers_and_a_drill_run(open_console, 
     assert (
         rate.locator("svg.metric-chart rect.bar").first.evaluate("r => getComputedStyle(r).fill") == "rgb(10, 88, 202)"
     )
-    assert page.locator("section.figure svg.metric-chart").count() == 16
+    assert page.locator("section.figure svg.metric-chart").count() == 20
     assert page.get_by_role("link", name="Metrics").get_attribute("aria-current") == "page"
     page.locator("#id_window").select_option("7d")
     page.get_by_role("button", name="Apply").click()
