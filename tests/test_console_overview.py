@@ -239,6 +239,25 @@ def still_unknown(task: Task, tool: str, *, ago: timedelta) -> Call:
     return call
 
 
+def compensation_problem(task: Task, tool_name: str, state: str, *, ago: timedelta) -> Call:
+    """A call as a saga's end leaves it in `state`, `ago` (a row written whole, as tests/factories.py writes them)."""
+    tool = Tool.objects.get(name=tool_name)
+    step = Step.objects.create(task=task, index=100 + Call.objects.count())
+    return Call.objects.create(
+        tenant=task.tenant,
+        task=task,
+        step=step,
+        tool=tool,
+        idempotency_key=f"saga-{step.index}",
+        arguments={},
+        fingerprint=f"saga-{step.index}",
+        side_effect=tool.side_effect,
+        risk=tool.risk,
+        state=state,
+        state_changed_at=timezone.now() - ago,
+    )
+
+
 def test_each_queue_counts_its_overdue_items_and_those_due_within_the_hour(people, world, settings):
     """Due times as a row writes them (docs/notifications.md#due-times): past the claim's while nobody holds the item,
     past the resolution's always; an UNKNOWN call waits for reconciliation, not a person, and has none."""
@@ -253,11 +272,19 @@ def test_each_queue_counts_its_overdue_items_and_those_due_within_the_hour(peopl
     with clock(timedelta(minutes=10)):
         assert attempt(add_call(world, "email.send"), NO_REFERENCE) == "HUMAN_REVIEW"  # low, claim in 50 min: soon
 
+    # Compensation problems in the two states due times are set for (written as the saga's end leaves them).
+    compensation_problem(world, "refund.create", "COMPENSATION_FAILED", ago=timedelta(minutes=20))  # high: overdue
+    compensation_problem(world, "email.send", "PARTIAL_COMPENSATED", ago=timedelta(minutes=2))  # low, claim in 58 min
+
     body = signed_in(people, VIEWER).get("/overview/").content.decode()
-    due = {q: page_text(body.split(f'data-due="{q}">', 1)[1].split("</p>", 1)[0]) for q in ("unknown", "human-review")}
-    assert due == {"unknown": "2 overdue 1 due within 1 h", "human-review": "1 overdue 1 due within 1 h"}
+    queues = ("unknown", "human-review", "compensation-problems")
+    due = {q: page_text(body.split(f'data-due="{q}">', 1)[1].split("</p>", 1)[0]) for q in queues}
+    assert due == {
+        "unknown": "2 overdue 1 due within 1 h",
+        "human-review": "1 overdue 1 due within 1 h",
+        "compensation-problems": "1 overdue 1 due within 1 h",
+    }
     assert '<span class="tile-count" data-queue="unknown">4</span>' in body
-    assert 'data-due="compensation-problems"' not in body  # counted by the navigation's membership, without due times
 
 
 def test_it_lists_open_breakers_and_status_endpoints_and_not_closed_ones(people, world):

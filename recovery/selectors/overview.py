@@ -5,6 +5,7 @@ rollups (recovery.selectors.metrics), never from the attempts or the audit trail
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -12,7 +13,7 @@ from django.db.models import Count, Min, Q
 
 from recovery.engine import breaker as rules
 from recovery.engine import metrics as m
-from recovery.engine.due import due_seconds
+from recovery.engine.due import DUE_QUEUES, due_seconds
 from recovery.engine.states import CallState
 from recovery.engine.types import CLOSED, FAILURE_CLASSES
 from recovery.models import Breaker, Call, StatusBreaker
@@ -26,6 +27,7 @@ from recovery.selectors.queues import queue_counts
 S = CallState
 UNKNOWN_STATES = (S.UNKNOWN, S.STILL_UNKNOWN)  # the UNKNOWN queue (states.UNSETTLED), in the index's order
 QUEUE_STATES = {"unknown": UNKNOWN_STATES, "human-review": (S.HUMAN_REVIEW,)}
+COMPENSATION = "compensation-problems"
 EXACT = 10**12  # a count cap no backlog reaches: the overview counts exactly
 DUE_SOON = timedelta(hours=1)  # "due soon" on the overview: resolution due within the next hour
 WINDOW = "24h"  # recovery.selectors.metrics.WINDOWS: 24 hourly points, the current (partial) hour last
@@ -47,8 +49,8 @@ class QueueLoad:
     open: int  # exact
     oldest_at: datetime | None  # when the oldest open item entered its state
     # Of the open items, those past their due time (docs/notifications.md#due-times: the claim's while unclaimed,
-    # the resolution's always) and those due within DUE_SOON; None where the overview does not count them
-    # (compensation problems, counted by the navigation's membership).
+    # the resolution's always) and those due within DUE_SOON. Compensation problems: of its PARTIAL_COMPENSATED and
+    # COMPENSATION_FAILED calls, the states due times are set for (its other members wait on an entry, not a due time).
     overdue: int | None = None
     due_soon: int | None = None
 
@@ -101,8 +103,10 @@ def overview(*, now: datetime, sla: dict[str, int]) -> Overview:
     queues, breaches = _queues(now, sla)
     # The compensation problems queue as the navigation counts it (its COMPENSATING calls only while an entry needs a
     # person): the same membership, uncapped. Its SLA is not the unknown outcomes' (no risk column to split by).
+    # Its overdue and due-soon counts are those of its PARTIAL_COMPENSATED and COMPENSATION_FAILED calls, the states
+    # due times are set for (recovery.engine.due), read in _queues' statement.
     problems = queue_counts(EXACT, now=now)["compensation_problems"]
-    queues.append(QueueLoad(slug="compensation-problems", open=problems, oldest_at=None))
+    queues[-1] = dataclasses.replace(queues[-1], open=problems)
     report = metrics_report(now=now, window=WINDOW, with_queues=False)
     return Overview(
         now=now,
@@ -135,7 +139,7 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
             late |= Q(state__in=states, risk=risk, state_changed_at__lt=limit)
     overdue_q, soon = _due_filters(now)
     rows = (
-        Call.objects.filter(state__in=[*UNKNOWN_STATES, S.HUMAN_REVIEW])
+        Call.objects.filter(state__in=[*UNKNOWN_STATES, S.HUMAN_REVIEW, *DUE_QUEUES[COMPENSATION]])
         .values("state", "risk")
         .annotate(
             n=Count("id"),
@@ -146,28 +150,42 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
         )
         .order_by()
     )
-    slug_of = {state: slug for slug, states in QUEUE_STATES.items() for state in states}
+    due_states = {**QUEUE_STATES, COMPENSATION: DUE_QUEUES[COMPENSATION]}
+    slug_of = {state: slug for slug, states in due_states.items() for state in states}
     counts: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
-    overdue: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
-    due_soon: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
+    overdue: dict[str, int] = dict.fromkeys(due_states, 0)
+    due_soon: dict[str, int] = dict.fromkeys(due_states, 0)
     oldest: dict[str, datetime | None] = dict.fromkeys(QUEUE_STATES)
     by_risk: dict[str, dict[str, list[int]]] = {}
     for row in rows:
         slug = slug_of[row["state"]]
-        counts[slug] += row["n"]
         overdue[slug] += row["overdue"]
         due_soon[slug] += row["soon"]
+        if slug == COMPENSATION:  # due times only: its members are counted as the queue lists them (overview())
+            continue
+        counts[slug] += row["n"]
         if oldest[slug] is None or row["oldest"] < oldest[slug]:
             oldest[slug] = row["oldest"]
         tally = by_risk.setdefault(row["risk"], {}).setdefault(slug, [0, 0])
         tally[0] += row["n"]
         tally[1] += row["late"]
     queues = [
-        QueueLoad(slug=slug, open=counts[slug], oldest_at=oldest[slug], overdue=overdue[slug], due_soon=due_soon[slug])
-        for slug in QUEUE_STATES
+        QueueLoad(
+            slug=slug,
+            open=counts.get(slug, 0),
+            oldest_at=oldest.get(slug),
+            overdue=overdue[slug],
+            due_soon=due_soon[slug],
+        )
+        for slug in due_states
     ]
+    return queues, _breaches(risks, sla, by_risk)
+
+
+def _breaches(risks: list[str], sla: dict[str, int], by_risk: dict[str, dict[str, list[int]]]) -> list[SlaBreaches]:
+    """Per risk, the strictest SLA first: each queue's open items and those older than the SLA."""
     breaches = []
-    for risk in sorted(risks, key=sla.__getitem__):  # the strictest SLA first
+    for risk in sorted(risks, key=sla.__getitem__):
         tallies = by_risk.get(risk, {})
         breaches.append(
             SlaBreaches(
@@ -177,7 +195,7 @@ def _queues(now: datetime, sla: dict[str, int]) -> tuple[list[QueueLoad], list[S
                 breaches={slug: tallies.get(slug, [0, 0])[1] for slug in QUEUE_STATES},
             )
         )
-    return queues, breaches
+    return breaches
 
 
 def _due_filters(now: datetime) -> tuple[Q, Q]:
