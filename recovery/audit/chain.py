@@ -107,6 +107,7 @@ def _lock_heads(cursor, chains: list[str], now: datetime, *, ids: int) -> tuple[
     taken = sorted(rows[0][4]) if ids and rows else []
     heads = {row[0]: [int(row[1]), row[2], row[3]] for row in rows}
     if len(heads) < len(keys):
+        # raw SQL, the same statements' first-event path (docs/benchmarks.md, the protected benchmark's third round)
         if GLOBAL not in heads:  # nothing is locked yet: the global head made and locked first (the one lock order)
             _lock(cursor, GLOBAL, now)
         for key in chains:

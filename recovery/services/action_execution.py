@@ -203,18 +203,7 @@ def _execute_replay(request: ActionRequest, worker: str) -> None:
         outgoing = tool_request(call.tool, call)
     except TemplateError as exc:
         raise _Failed(f"the tool's request cannot be built: {exc}; nothing was sent", call_state=call.state) from None
-    replay = AttemptRequest(attempt_id=action_attempt_id(request.pk), evidence=(APPROVAL_GRANTED,))
-    try:
-        admission = attempt_admit(call=call, request=replay, actor=actor)
-    except Refusal as exc:
-        raise _Failed(
-            f"admission failed ({exc.code}: {exc.message}): nothing was sent", call_state=call.state
-        ) from None
-    if admission.status != 201:
-        gate = admission.response.get("gate") or {}
-        what = f"the gate denied the replay ({gate.get('reason', 'already admitted once')}): nothing was sent"
-        raise _Failed(what, gate=gate.get("reason"), call_state=call.state)
-    attempt = Attempt.objects.select_related("tool__provider").get(call_id=call.pk, attempt_id=replay.attempt_id)
+    attempt = _admit_approved(request, call, actor, "the replay")
     facts = send(outgoing)
     seen = f"HTTP {facts['http_status']}" if "http_status" in facts else (facts.get("error") or {}).get("kind", "?")
     common = {"attempt_id": attempt.attempt_id, "attempt_number": attempt.number, "sent": seen}
@@ -240,6 +229,23 @@ def _execute_replay(request: ActionRequest, worker: str) -> None:
     _finish_alone(request, worker, A.EXECUTED, result)
 
 
+def _admit_approved(request: ActionRequest, call: Call, actor: Actor, what: str) -> Attempt:
+    """The attempt an approved request sends: admitted on approval_granted under the request's own attempt id, or
+    _Failed with nothing sent (`what`: how the failure names the send, "the replay")."""
+    approved = AttemptRequest(attempt_id=action_attempt_id(request.pk), evidence=(APPROVAL_GRANTED,))
+    try:
+        admission = attempt_admit(call=call, request=approved, actor=actor)
+    except Refusal as exc:
+        raise _Failed(
+            f"admission failed ({exc.code}: {exc.message}): nothing was sent", call_state=call.state
+        ) from None
+    if admission.status != 201:
+        gate = admission.response.get("gate") or {}
+        denied = f"the gate denied {what} ({gate.get('reason', 'already admitted once')}): nothing was sent"
+        raise _Failed(denied, gate=gate.get("reason"), call_state=call.state)
+    return Attempt.objects.select_related("tool__provider").get(call_id=call.pk, attempt_id=approved.attempt_id)
+
+
 def _execute_held(request: ActionRequest, worker: str) -> None:
     """A held MCP call, approved (docs/mcp-gateway.md, "Approval holds"): admitted on approval_granted (an Attempt,
     the call SENT), the previewed `tools/call` sent once on a connection of this worker's own, and what came back
@@ -248,18 +254,7 @@ def _execute_held(request: ActionRequest, worker: str) -> None:
     actor = _job()
     call = _current(request)
     tool = call.tool
-    held = AttemptRequest(attempt_id=action_attempt_id(request.pk), evidence=(APPROVAL_GRANTED,))
-    try:
-        admission = attempt_admit(call=call, request=held, actor=actor)
-    except Refusal as exc:
-        raise _Failed(
-            f"admission failed ({exc.code}: {exc.message}): nothing was sent", call_state=call.state
-        ) from None
-    if admission.status != 201:
-        gate = admission.response.get("gate") or {}
-        what = f"the gate denied the held call ({gate.get('reason', 'already admitted once')}): nothing was sent"
-        raise _Failed(what, gate=gate.get("reason"), call_state=call.state)
-    attempt = Attempt.objects.select_related("tool__provider").get(call_id=call.pk, attempt_id=held.attempt_id)
+    attempt = _admit_approved(request, call, actor, "the held call")
     body = held_request(call)["body"]
     done = anyio.run(forward_once, tool.provider, body["name"], body["arguments"], body["_meta"])
     facts = facts_of_forward(tool, done)
