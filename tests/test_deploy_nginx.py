@@ -121,8 +121,19 @@ def test_slow_body_clients_starve_gunicorn_alone_but_never_through_nginx(web, st
     with slow_bodies(web.port, SLOW_CLIENTS):
         direct = probes(web.url)
     assert None in direct, direct  # the harm the front exists to prevent
+    # gunicorn works off the control's abandoned requests first: the fronted series starts once it answers again.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        try:
+            if requests.get(web.url + "/readyz", timeout=PROBE_TIMEOUT_S).ok and time.monotonic() - started < 0.5:
+                break
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
 
     with Nginx([f"127.0.0.1:{web.port}"], static_root=static_root, workdir=tmp_path / "nginx") as front:
+        requests.get(front.url + "/readyz", timeout=10)  # nginx's first connection upstream, before the slow bodies
         with slow_bodies(front.tls_port, SLOW_CLIENTS * 2, tls=True):
             fronted = probes(front.url)
         assert None not in fronted, (fronted, front.error_log()[-2000:])
