@@ -287,3 +287,137 @@ def test_a_registrations_key_and_intent_read_is_the_orms_reading(calls, settings
         settings, lambda: hot_reads.key_and_intent(task, busy.tool, busy.idempotency_key, busy.fingerprint)
     )
     assert (found.pk, [c.pk for c in same]) == (busy.pk, [busy.pk, twin.pk])
+
+
+def _first_read_of(call, tenants):
+    """The call as its registration holds it (read whole, its tool's alternates known as hot_reads.allowed_tool
+    says), the AdmissionRead call_for_attempt gives, and first_admission_read's for the same call."""
+    loaded, expected = hot_path.call_for_attempt(call.pk, tenants, attempt_id="a9")
+    loaded.tool.has_alternates = expected.tool_has_alternates
+    return loaded, expected, hot_path.first_admission_read(loaded)
+
+
+def test_a_first_admissions_read_says_what_the_admission_read_says_of_a_call_with_no_attempt(calls):
+    """hot_path.first_admission_read, for a call the same transaction registered: what call_for_attempt's read says
+    of it, the task's 2xx reports since its last admission, and two keys no row has (PostgreSQL; None elsewhere,
+    where the admission reads the call whole)."""
+    tenants, now = {calls["tenant"].pk}, timezone.now()
+    busy = calls["busy"]
+    Attempt.objects.filter(call=busy).update(admitted_at=now - timedelta(seconds=5))
+    answered = Attempt.objects.create(
+        call=calls["switched"], attempt_id="a2", number=1, tool=calls["switched"].tool, arguments={}, fingerprint="f"
+    )
+    Attempt.objects.filter(pk=answered.pk).update(
+        admitted_at=now - timedelta(seconds=9), reported_at=now, http_status=201
+    )
+    keys = set()
+    for name in ("plain", "dependent", "switched"):
+        loaded, expected, first = _first_read_of(calls[name], tenants)
+        if connection.vendor != "postgresql":
+            assert first is None
+            continue
+        assert {n: getattr(first, n) for n in ANNOTATIONS} == {n: getattr(expected, n) for n in ANNOTATIONS}, name
+        assert (first.breaker_row and _fields(first.breaker_row)) == (
+            expected.breaker_row and _fields(expected.breaker_row)
+        ), name
+        assert first.reported == hot_reads.reported_2xx_since_last_admission(loaded.task_id), name
+        keys.update(first.reserved_ids)
+        context = [
+            gate_context(
+                loaded,
+                tool=tool_policy(loaded.tool),
+                candidate_tool=None,
+                executing_tool=loaded.tool,
+                task=loaded.task,
+                now=now,
+                approval=False,
+                read=read,
+            )
+            for read in (first, None)
+        ]
+        assert context[0] == context[1], name
+    if connection.vendor == "postgresql":
+        assert first.reported == [(answered.call_id, "a2", None, None)]  # the dependent's and switched's task
+        assert len(keys) == 6 and not Attempt.objects.filter(pk__in=keys).exists()
+        assert not GateDecision.objects.filter(pk__in=keys).exists()
+
+
+def test_a_calls_insert_answers_a_taken_key_with_no_row_and_a_pair_goes_in_as_the_orm_writes_it(calls, settings):
+    from django.db import IntegrityError, transaction
+
+    plain = calls["plain"]
+    again = Call.objects.get(pk=plain.pk)
+    again.pk, again._state.adding = None, True
+    if hot_path.skips_conflicts(Call):
+        with CaptureQueriesContext(connection) as ran:
+            assert hot_path.insert_new(again) is None
+        assert len(ran) == 1  # no savepoint around it
+    else:
+        with pytest.raises(IntegrityError), transaction.atomic():
+            hot_path.insert_new(again)
+    again.pk, again.idempotency_key = None, "key-new"
+    assert hot_path.insert_new(again).pk == Call.objects.get(idempotency_key="key-new").pk
+
+    rows = []
+    top = max(Attempt.objects.order_by("-pk").values_list("pk", flat=True).first() or 0, 0)
+    for sql in (True, False):
+        settings.RECOVERY_HOT_PATH_SQL = sql
+        attempt = Attempt(
+            pk=top + 100 + sql, call=plain, attempt_id=f"a-{sql}", number=2 - sql, tool=plain.tool, arguments={"n": 1},
+            fingerprint="f", response={"admitted": True},
+        )  # fmt: skip
+        gate = GateDecision(
+            pk=top + 200 + sql, call=plain, attempt=attempt, candidate_attempt_id=f"a-{sql}", candidate={"tool": "t"},
+            allowed=True, reason="first_attempt", checks=[], required_next={},
+        )  # fmt: skip
+        hot_path.insert_together(attempt, gate)
+        assert not attempt._state.adding and not gate._state.adding
+        stored = Attempt.objects.get(pk=attempt.pk), GateDecision.objects.get(pk=gate.pk)
+        assert stored[1].attempt_id == attempt.pk
+        skip = ("id", "attempt_id", "number", "candidate_attempt_id", "created_at")
+        rows.append([{k: v for k, v in _fields(row).items() if k not in skip} for row in stored])
+    settings.RECOVERY_HOT_PATH_SQL = True
+    assert rows[0] == rows[1]
+
+
+def test_a_reports_locked_call_read_alone_keeps_the_tool_and_task_read_with_its_attempt(calls):
+    from django.db import transaction
+
+    busy = calls["busy"]
+    attempt = hot_reads.attempt_for_report(busy.pk, "a1", {calls["tenant"].pk})
+    with transaction.atomic():
+        whole = hot_reads.locked_call(busy.pk)
+        alone = hot_reads.locked_call(busy.pk, tool=attempt.tool, task=attempt.call.task)
+    assert _fields(alone) == _fields(whole)
+    assert alone.tool is attempt.tool and alone.task is attempt.call.task
+    assert (_fields(alone.tool), _fields(alone.task)) == (_fields(whole.tool), _fields(whole.task))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_registration_that_admits_its_first_attempt_costs_thirteen_statements(registry, task, client):
+    """The protected call's one round trip before the send (docs/benchmarks.md, the protected benchmark): the token,
+    the task, the tool, the key, the step and the call, the first admission's read, the task's counters, the call
+    moved, the attempt with its gate answer, and the audit events appended at the commit (three). Counted on the
+    task's second call: its first makes the task's audit head and marks the token used."""
+    _, raw = token_create(name="runtime", tenants=["acme"], actor=Actor.system("t"))
+
+    def register(step: int):
+        body = {"step": step, "tool": "refund.create", "arguments": {"order": step}, "idempotency_key": f"k-{step}"}
+        return client.post(
+            f"/api/v1/tasks/{task.pk}/calls",
+            {**body, "admit": {"attempt_id": "a1"}},
+            content_type="application/json",
+            headers={"authorization": f"Bearer {raw}"},
+        )
+
+    register(1)
+    with CaptureQueriesContext(connection) as ran:
+        answer = register(2)
+    assert answer.status_code == 201, answer.content
+    assert answer.json()["admission"]["attempt_id"] == "a1" and answer.json()["state"] == "SENT"
+    stored = Attempt.objects.get(call_id=answer.json()["call_id"])
+    assert stored.response == answer.json()["admission"]
+    assert GateDecision.objects.get(attempt=stored).pk == answer.json()["admission"]["gate"]["id"]
+    statements = [q["sql"] for q in ran if q["sql"] not in ("BEGIN", "COMMIT")]
+    assert len(statements) == 13, "\n".join(statements)

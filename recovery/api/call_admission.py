@@ -59,10 +59,14 @@ def admit_added(request, added: CallAdded, admit: AdmitIn, actor) -> dict:
     gate's stored denial), nothing when the call is past admitting."""
     if not _admissible(added, admit.attempt_id):
         return {"admission": None, "not_admitted": None}
-    found = hot_path.call_for_attempt(added.call.pk, request.tenant_ids, attempt_id=admit.attempt_id)
-    if found is None:  # the call just read is gone: nothing to admit (the runtime admits as before)
-        return {"admission": None, "not_admitted": None}
-    call, read = found
+    read = hot_path.first_admission_read(added.call) if added.created else None
+    if read is not None:  # the call, its tool and task as this request inserted and read them
+        call = added.call
+    else:
+        found = hot_path.call_for_attempt(added.call.pk, request.tenant_ids, attempt_id=admit.attempt_id)
+        if found is None:  # the call just read is gone: nothing to admit (the runtime admits as before)
+            return {"admission": None, "not_admitted": None}
+        call, read = found
     candidate = AttemptRequest(attempt_id=admit.attempt_id, evidence=tuple(admit.evidence))
     admission = attempt_admit(call=call, read=read, request=candidate, actor=actor, fresh=added.created)
     if admission.status == 409:

@@ -41,6 +41,12 @@ class AdmissionRead:
     tool_has_alternates: bool
     compensating_in_task: int
     breaker_row: Breaker | None  # the call's tool's (None: it never opened)
+    # A first admission in the request that registered the call (recovery.statemachine.hot_path.first_admission_read)
+    # reads two things more in the same statement: the task's 2xx reports since its last admission, as
+    # hot_reads.reported_2xx_since_last_admission answers them, and the keys its attempt and gate answer will have
+    # (attempt, gate decision), so that both rows go in at once with the stored answer. None: not read.
+    reported: list[tuple[int, str, dict | None, dict | None]] | None = None
+    reserved_ids: tuple[int, int] | None = None
 
 
 def task_view(task: Task, *, unsettled: int | None = None, compensating: int | None = None) -> TaskView:

@@ -40,7 +40,7 @@ from recovery.services.outcomes import (
     store_facts,
 )
 from recovery.services.report_terms import report_terms
-from recovery.statemachine.hot_path import Counters, count_on_task, insert
+from recovery.statemachine.hot_path import Counters, count_on_task, insert, insert_together
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -155,7 +155,7 @@ def attempt_admit(
     try:
         # The audit events are appended last: the global audit head is locked for the appends and the commit only.
         with transaction.atomic(savepoint=not fresh), appends_at_commit():
-            response = _admission(admitting) if judgement is None else _single_shot(admitting, facts, judgement)
+            response = _admission(admitting, read) if judgement is None else _single_shot(admitting, facts, judgement)
     except (TransitionConflict, IntegrityError):
         if fresh:  # no race is possible on a call no one else sees: a real fault, and the transaction is done
             raise
@@ -271,7 +271,19 @@ def _store_gate(
     dry_run: bool = False,
     attempt: Attempt | None = None,
 ) -> GateDecision:
-    row = GateDecision(
+    return insert(_gate_row(call, candidate, gate, actor=actor, dry_run=dry_run, attempt=attempt))
+
+
+def _gate_row(
+    call: Call,
+    candidate: Candidate,
+    gate: Gate,
+    *,
+    actor: Actor,
+    dry_run: bool = False,
+    attempt: Attempt | None = None,
+) -> GateDecision:
+    return GateDecision(
         call=call,
         attempt=attempt,
         candidate_attempt_id=candidate.attempt_id,
@@ -290,7 +302,6 @@ def _store_gate(
         actor_token_id=actor.token_id,
         actor_user_id=actor.user_id,
     )
-    return insert(row)
 
 
 def _stored_attempt(call: Call, attempt_id: str, *, read: AdmissionRead | None = None) -> Attempt | None:
@@ -367,27 +378,49 @@ def _sent(admitting: _Admitting) -> None:
     )
 
 
-def _admission(admitting: _Admitting) -> dict:
+def _admission(admitting: _Admitting, read: AdmissionRead | None) -> dict:
     """An admission without an outcome: the attempt, its gate answer, the approval it used, the call SENT."""
     call = admitting.call
-    earlier = earlier_verdicts(call.task_id)  # read before this admission is recorded: it bounds the next one's
+    # Read before this admission is recorded (or by the read that came before it): it bounds the next one's.
+    earlier = earlier_verdicts(call.task_id, read.reported if read is not None else None)
+    if read is not None and read.reserved_ids is not None and admitting.gate.evidence_used != APPROVAL_GRANTED:
+        return _first_admission(admitting, earlier, read.reserved_ids)
     attempt = _record_attempt(admitting, admitted_at=admitting.now, breaker_probe=admitting.probe)
     if admitting.gate.evidence_used == APPROVAL_GRANTED:
         _use_approval(call, attempt, admitting.now)
     _sent(admitting)
-    attempt.response = {
+    attempt.response = _admitted_json(admitting, attempt, attempt.gate_row, earlier)
+    attempt.save(update_fields=["response"])
+    return attempt.response
+
+
+def _first_admission(admitting: _Admitting, earlier: list[dict], reserved_ids: tuple[int, int]) -> dict:
+    """_admission for a call registered in this transaction, the keys of its attempt and gate rows reserved by its
+    read: the call moved first, so that the attempt goes in with its stored answer and the gate row with it, in one
+    statement (hot_path.insert_together) instead of three."""
+    _count_round(admitting.call, admitting.number)
+    _sent(admitting)
+    attempt = _new_attempt(admitting, admitted_at=admitting.now, breaker_probe=admitting.probe)
+    attempt.pk = reserved_ids[0]
+    row = _gate_row(admitting.call, admitting.candidate, admitting.gate, actor=admitting.actor, attempt=attempt)
+    row.pk = reserved_ids[1]
+    attempt.response = _admitted_json(admitting, attempt, row, earlier)
+    insert_together(attempt, row)
+    return attempt.response
+
+
+def _admitted_json(admitting: _Admitting, attempt: Attempt, gate_row: GateDecision, earlier: list[dict]) -> dict:
+    return {
         "admitted": True,
-        "call_id": call.pk,
+        "call_id": admitting.call.pk,
         "attempt_id": attempt.attempt_id,
         "attempt_number": attempt.number,
-        "call_state": call.state,
-        "gate": gate_json(admitting.gate, attempt.gate_row),
+        "call_state": admitting.call.state,
+        "gate": gate_json(admitting.gate, gate_row),
         "wire": wire_of(admitting.tool),
         "report": report_terms(admitting.tool, probe=admitting.probe),
         "earlier": earlier,
     }
-    attempt.save(update_fields=["response"])
-    return attempt.response
 
 
 def _judge(admitting: _Admitting, facts: Facts, *, probe: bool) -> Judgement:

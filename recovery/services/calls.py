@@ -25,7 +25,7 @@ from recovery.registry import tool_policy
 from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
 from recovery.services.errors import Refusal
-from recovery.statemachine import hot_reads
+from recovery.statemachine import hot_path, hot_reads
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -76,7 +76,9 @@ def call_add(
         _check_new_intent(policy.side_effect, print_, same_intent)
     preflight = validate_args(policy.args_schema, arguments)
     try:
-        with transaction.atomic():
+        # Where a concurrent add of the same key comes back as no row (hot_path.insert_new), nothing here can fail
+        # half-way for that race: no savepoint inside the caller's transaction (API 1.2 registers and admits in one).
+        with transaction.atomic(savepoint=not hot_path.skips_conflicts(Call)):
             step, made = _step(task, step_index, depends_on, compensation)
             call = call_insert(
                 task=task,
@@ -90,13 +92,15 @@ def call_add(
                 reason=f"{tool.name} step {step_index}",
                 evidence={"preflight_errors": len(preflight), **(evidence or {})},
             )
-            if with_call is not None:
+            if call is not None and with_call is not None:
                 with_call(call)
     except IntegrityError:
+        call = None
+    if call is None:
         # A concurrent add of the same key won: answer as for a repeated request.
         existing = Call.objects.filter(tenant=task.tenant, tool=tool, idempotency_key=idempotency_key).first()
         if existing is None:
-            raise
+            raise IntegrityError(f"task {task.pk}: the call {idempotency_key!r} conflicted with no call of that key")
         return _same_key(existing, task, print_)
     return _added(call, created=True, preflight=preflight, independent=made and not depends_on)
 
@@ -223,24 +227,30 @@ def call_insert(
     reason: str,
     evidence: dict,
     observed: bool = False,
-) -> Call:
+) -> Call | None:
     """Insert a new call (READY) and its `call.added` audit event, inside the caller's transaction: the one way a
     call row comes to be, whether a runtime registered it (call_add) or a trace reported it after the fact
-    (services.observed, `observed`). The evidence always carries the key and the fingerprint."""
-    call = Call.objects.create(
-        tenant=task.tenant,
-        task=task,
-        step=step,
-        tool=tool,
-        idempotency_key=idempotency_key,
-        arguments=arguments,
-        fingerprint=fingerprint,
-        side_effect=tool.side_effect,
-        risk=tool.risk,
-        max_attempts=max_attempts,  # None: no limit
-        outcome_timeout_s=tool.outcome_timeout_s,
-        observed=observed,
+    (services.observed, `observed`). The evidence always carries the key and the fingerprint. None: the tenant
+    already has a call of that tool and key, found by the insert itself where hot_path.skips_conflicts(Call) (an
+    IntegrityError otherwise)."""
+    call = hot_path.insert_new(
+        Call(
+            tenant=task.tenant,
+            task=task,
+            step=step,
+            tool=tool,
+            idempotency_key=idempotency_key,
+            arguments=arguments,
+            fingerprint=fingerprint,
+            side_effect=tool.side_effect,
+            risk=tool.risk,
+            max_attempts=max_attempts,  # None: no limit
+            outcome_timeout_s=tool.outcome_timeout_s,
+            observed=observed,
+        )
     )
+    if call is None:
+        return None
     append_event(
         action=AuditAction.CALL_ADDED,
         actor=actor,

@@ -10,10 +10,13 @@ from recovery.engine.states import CallState
 from recovery.statemachine.hot_reads import reported_2xx_since_last_admission
 
 
-def earlier_verdicts(task_id: int) -> list[dict]:
-    """For an admission about to be recorded in the task: the disagreeing verdicts reported since its last one."""
+def earlier_verdicts(task_id: int, reported: list[tuple] | None = None) -> list[dict]:
+    """For an admission about to be recorded in the task: the disagreeing verdicts reported since its last one.
+    `reported`: the task's 2xx reports since then, when the admission's read brought them (AdmissionRead.reported)."""
     earlier = []
-    for call_id, attempt_id, admission, answer in reported_2xx_since_last_admission(task_id):
+    if reported is None:
+        reported = reported_2xx_since_last_admission(task_id)
+    for call_id, attempt_id, admission, answer in reported:
         deferrable = ((admission or {}).get("report") or {}).get("may_defer") is True
         if deferrable and answer and answer.get("call_state") != CallState.COMMITTED:
             earlier.append(

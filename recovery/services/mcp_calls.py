@@ -336,8 +336,10 @@ def _register_and_admit(
         return Answer(
             failure["public_message"], True, {"call_id": call.pk, "call_state": call.state, "failure": failure}
         )
-    found = hot_path.call_for_attempt(call.pk, {call.tenant_id}, attempt_id="a1")
-    call, read = found if found is not None else (call, None)
+    read = hot_path.first_admission_read(call)  # the call as inserted (its tool and task read with it)
+    if read is None:
+        found = hot_path.call_for_attempt(call.pk, {call.tenant_id}, attempt_id="a1")
+        call, read = found if found is not None else (call, None)
     admission = attempt_admit(call=call, read=read, request=AttemptRequest(attempt_id="a1"), actor=actor, fresh=True)
     if admission.status == 200:  # attempt a1 was admitted already, by the re-issue's twin
         return absorbed(call)

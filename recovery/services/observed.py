@@ -278,6 +278,8 @@ def _observed_call(span: ToolSpan, task: Task, tool: Tool, actor: Actor) -> Call
                 },
                 observed=True,
             )
+            if call is None:  # the key taken meanwhile: the step goes with the savepoint
+                raise IntegrityError(f"call key {span.key!r}")
     except IntegrityError:
         raise Refusal("conflict", "another request recorded this step or key at the same moment", status=409) from None
     return call

@@ -12,11 +12,11 @@ from functools import cache
 from typing import Any
 
 from django.conf import settings
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import F, Model, signals
 
 from recovery.engine.states import UNSETTLED, CallState
-from recovery.models import ApiToken, Attempt, Breaker, Call, Provider, Receipt, Step, Task, Tenant, Tool
+from recovery.models import ApiToken, Attempt, Breaker, Call, GateDecision, Provider, Receipt, Step, Task, Tenant, Tool
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
 from recovery.selectors.context import AdmissionRead
@@ -53,12 +53,19 @@ def _loader(model: type[Model], vendor: str) -> tuple[list[str], tuple[tuple[int
 
 def _load(model: type[Model], row: Sequence, offset: int) -> tuple[Model, int]:
     """An instance of `model` from `row[offset:]`, and the offset after its columns."""
-    attnames, converting = _loader(model, connection.vendor)
+    db = _wrapper()
+    attnames, converting = _loader(model, db.vendor)
     values = list(row[offset : offset + len(attnames)])
     for position, col, functions in converting:
         for function in functions:
-            values[position] = function(values[position], col, connection)
-    return model.from_db(connection.alias, attnames, values), offset + len(attnames)
+            values[position] = function(values[position], col, db)
+    return model.from_db(db.alias, attnames, values), offset + len(attnames)
+
+
+def _wrapper():
+    """This thread's connection itself: `connection` is a proxy that finds it again on every attribute read, which
+    a row's many field conversions made a measurable part of a request (the protected benchmark's profile)."""
+    return connections[DEFAULT_DB_ALIAS]
 
 
 def _cache_related(instance: Model, name: str, related: Model | None) -> None:
@@ -160,6 +167,62 @@ def _orm_call_for_attempt(
     return call, AdmissionRead(**{name: getattr(call, name) for name in _ANNOTATIONS}, breaker_row=breaker_row)
 
 
+# --- a first admission, in the request that registered the call ----------------------------------------------------
+
+
+@cache
+def _first_sql() -> str:
+    calls, attempts = Call._meta.db_table, Attempt._meta.db_table
+    through = Step.depends_on.through._meta.db_table
+    unsettled = ", ".join(f"'{state}'" for state in sorted(UNSETTLED))  # literals from the state table
+    reported = (  # hot_reads.reported_2xx_since_last_admission, its rows as one JSON array
+        "SELECT json_agg(json_build_array(r.call_id, r.attempt_id, r.response, r.outcome_response) "
+        f"ORDER BY r.reported_at, r.id) FROM {attempts} r JOIN {calls} s ON r.call_id = s.id WHERE s.task_id = %s "
+        "AND r.http_status >= 200 AND r.http_status < 300 AND r.http_status <> 202 AND r.reported_at > "
+        f"(SELECT MAX(x.admitted_at) FROM {attempts} x JOIN {calls} y ON x.call_id = y.id WHERE y.task_id = %s)"
+    )
+    return (
+        f"SELECT {_columns(Breaker, 'b')}, "
+        f"(SELECT COUNT(*) FROM {calls} u WHERE u.task_id = %s AND u.state IN ({unsettled})), "
+        f"(SELECT COUNT(*) FROM {calls} v WHERE v.task_id = %s AND v.state = '{CallState.COMPENSATING}'), "
+        f"EXISTS(SELECT 1 FROM {calls} d WHERE d.step_id IN "
+        f"(SELECT e.to_step_id FROM {through} e WHERE e.from_step_id = %s)), ({reported}), "
+        f"nextval(pg_get_serial_sequence('{attempts}', 'id')), "
+        f"nextval(pg_get_serial_sequence('{GateDecision._meta.db_table}', 'id')) "
+        f"FROM (SELECT 1) one LEFT JOIN {Breaker._meta.db_table} b ON b.tool_id = %s"
+    )
+
+
+def first_admission_read(call: Call) -> AdmissionRead | None:
+    """What the first admission of `call` reads, for a call this transaction just inserted with its tool (provider and
+    alternates read: hot_reads.allowed_tool) and task: nothing of the call's own — no attempt, no receipt can exist
+    yet — so in place of call_for_attempt's re-read of the call, one statement of what else the gate and the stored
+    answer need (the breaker row, the task's unsettled and compensating calls, whether the step's dependencies have
+    calls, the task's reports since its last admission) and the keys of the attempt and gate rows about to be
+    inserted. PostgreSQL's sequences only: None elsewhere (the caller reads with call_for_attempt)."""
+    if not _sql() or connection.vendor != "postgresql":
+        return None
+    task = call.task_id
+    with connection.cursor() as cursor:
+        # raw SQL: it paid in a same-run alternating measurement (docs/benchmarks.md, the protected benchmark)
+        cursor.execute(_first_sql(), [task, task, call.step_id, task, task, call.tool_id])
+        row = cursor.fetchone()
+    breaker, at = _load(Breaker, row, 0)
+    unsettled, compensating, dependencies, reported, attempt_pk, gate_pk = row[at:]
+    return AdmissionRead(
+        stored_attempt_pk=None,
+        latest_receipt_observed=None,
+        latest_receipt_at=None,
+        has_dependency_calls=bool(dependencies),
+        unsettled_in_task=unsettled,
+        tool_has_alternates=bool(getattr(call.tool, "has_alternates", True)),
+        compensating_in_task=compensating,
+        breaker_row=breaker if breaker.pk is not None else None,
+        reported=[tuple(found) for found in reported or ()],
+        reserved_ids=(attempt_pk, gate_pk),
+    )
+
+
 # --- the task's counters -------------------------------------------------------------------------------------------
 
 
@@ -215,7 +278,8 @@ def update_call_state(call: Call, src: str, values: dict[str, Any]) -> int:
         where = Call.objects.filter(id=call.pk, state=src, version=call.version)
         return where.update(version=F("version") + 1, **values)
     names = tuple(values)
-    params = [Call._meta.get_field(name).get_db_prep_save(_pk(values[name]), connection) for name in names]
+    db = _wrapper()
+    params = [Call._meta.get_field(name).get_db_prep_save(_pk(values[name]), db) for name in names]
     with connection.cursor() as cursor:
         cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
         return cursor.rowcount
@@ -261,13 +325,31 @@ def token_links(prefix: str) -> list[tuple[Model, Model]]:
 
 
 @cache
-def _insert_sql(model: type[Model], returning: bool) -> tuple[str, tuple]:
-    fields = tuple(field for field in model._meta.concrete_fields if not field.primary_key)
+def _insert_sql(model: type[Model], returning: bool, keyed: bool = False, new_only: bool = False) -> tuple[str, tuple]:
+    """`keyed`: the primary key given (reserved beforehand); `new_only`: nothing inserted where a unique constraint
+    finds the row already there (ON CONFLICT DO NOTHING), which RETURNING then says by returning no row."""
+    fields = tuple(field for field in model._meta.concrete_fields if keyed or not field.primary_key)
     sql = (
         f"INSERT INTO {model._meta.db_table} ({', '.join(_q(field.column) for field in fields)}) "
         f"VALUES ({', '.join(['%s'] * len(fields))})"
     )
+    if new_only:
+        sql += " ON CONFLICT DO NOTHING"
     return (sql + f" RETURNING {_q(model._meta.pk.column)}" if returning else sql), fields
+
+
+def _listened(model: type[Model]) -> bool:
+    return signals.pre_save.has_listeners(model) or signals.post_save.has_listeners(model)
+
+
+def _values(instance: Model, fields: tuple) -> list:
+    db = _wrapper()
+    return [field.get_db_prep_save(field.pre_save(instance, True), db) for field in fields]
+
+
+def _inserted(instance: Model) -> Model:
+    instance._state.adding, instance._state.db = False, connection.alias
+    return instance
 
 
 def insert(instance: Model) -> Model:
@@ -275,18 +357,60 @@ def insert(instance: Model) -> Model:
     receipt): one INSERT, the primary key set, each value prepared by its field as the ORM prepares it. Through the
     ORM when anyone listens to the model's saves."""
     model = type(instance)
-    listened = signals.pre_save.has_listeners(model) or signals.post_save.has_listeners(model)
-    if not _sql() or listened:
+    if not _sql() or _listened(model):
         instance.save(force_insert=True)
         return instance
     returning = connection.features.can_return_columns_from_insert
-    sql, fields = _insert_sql(model, returning)
-    values = [field.get_db_prep_save(field.pre_save(instance, True), connection) for field in fields]
+    sql, fields = _insert_sql(model, returning, keyed=instance.pk is not None)
     with connection.cursor() as cursor:
-        cursor.execute(sql, values)
-        if returning:
-            (instance.pk,) = cursor.fetchone()
-        else:
-            instance.pk = connection.ops.last_insert_id(cursor, model._meta.db_table, model._meta.pk.column)
-    instance._state.adding, instance._state.db = False, connection.alias
-    return instance
+        cursor.execute(sql, _values(instance, fields))
+        if instance.pk is None:
+            if returning:
+                (instance.pk,) = cursor.fetchone()
+            else:
+                instance.pk = connection.ops.last_insert_id(cursor, model._meta.db_table, model._meta.pk.column)
+    return _inserted(instance)
+
+
+def skips_conflicts(model: type[Model]) -> bool:
+    """Whether insert_new() inserts `model` in one statement that answers a unique conflict with no row: otherwise
+    (the ORM twin, or anyone listening to its saves) the conflict is an IntegrityError, which the caller's savepoint
+    must catch."""
+    return _sql() and connection.features.can_return_columns_from_insert and not _listened(model)
+
+
+def insert_new(instance: Model) -> Model | None:
+    """Insert `instance` unless a unique constraint finds its row already there: the instance, or None for such a
+    conflict, in one statement and without the savepoint (two statements) that catching an IntegrityError needs.
+    Where skips_conflicts() is false, the conflict raises IntegrityError as save() does."""
+    model = type(instance)
+    if not skips_conflicts(model):
+        instance.save(force_insert=True)
+        return instance
+    sql, fields = _insert_sql(model, True, new_only=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _values(instance, fields))
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    (instance.pk,) = row
+    return _inserted(instance)
+
+
+def insert_together(first: Model, second: Model) -> None:
+    """Insert two rows whose keys were reserved (first_admission_read), the second referring to the first, in one
+    statement on PostgreSQL (WITH inserted AS (INSERT ...) INSERT ...: its foreign keys are checked at the statement's
+    end, when both rows are in); two inserts elsewhere."""
+    if not _sql() or connection.vendor != "postgresql" or _listened(type(first)) or _listened(type(second)):
+        insert(first)
+        insert(second)
+        return
+    first_sql, first_fields = _insert_sql(type(first), False, keyed=True)
+    second_sql, second_fields = _insert_sql(type(second), False, keyed=True)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH inserted AS ({first_sql}) {second_sql}",
+            [*_values(first, first_fields), *_values(second, second_fields)],
+        )
+    _inserted(first)
+    _inserted(second)
