@@ -234,9 +234,11 @@ def test_every_function_takes_a_fixed_number_of_statements(tool):
     assert statements(lambda: breaker_view(tool, now=at(0))) == ["SELECT"]
     assert statements(lambda: breaker_reserve_probe(tool, now=at(0))) == ["UPDATE"]
     assert statements(lambda: record(tool, None, 0)) == ["SELECT"]
-    assert statements(lambda: record(tool, False, 0)) == ["INSERT", "DELETE", "SELECT"]  # a new bucket prunes
+    # The count and the read: one statement on PostgreSQL (WITH counted AS (INSERT ...) SELECT ...), two elsewhere.
+    counted = ["WITH"] if connection.vendor == "postgresql" else ["INSERT", "SELECT"]
+    assert statements(lambda: record(tool, False, 0)) == [*counted[:1], "DELETE", *counted[1:]]  # a new bucket prunes
     for _ in range(20):  # the same count whatever the traffic
-        assert statements(lambda: record(tool, False, 1)) == ["INSERT", "SELECT"]
+        assert statements(lambda: record(tool, False, 1)) == counted
 
 
 @pytest.mark.django_db

@@ -94,12 +94,13 @@ def breaker_record(
     """
     policy = policy or breaker_policy(tool)
     actor = actor or Actor.system("breaker")
-    current = None
+    current, counted = None, None
     if counts_as_failure is not None:
         current = policy.bucket_of(now.timestamp())
-        _count(tool, current, failed=counts_as_failure, policy=policy)
+        counted = _count_and_read(tool, current, failed=counts_as_failure, policy=policy)
     for _ in range(_ROUNDS):
-        row, calls, failures = _read(tool, current, policy)
+        row, calls, failures = counted or _read(tool, current, policy)
+        counted = None  # a second round reads again
         step = rules.after_outcome(
             row,
             failed=counts_as_failure,
@@ -119,11 +120,34 @@ def breaker_record(
 _ROUNDS = 2
 
 
+def _count_and_read(
+    tool: Tool, current: int, *, failed: bool, policy: BreakerPolicy
+) -> tuple[rules.BreakerRow, int, int] | None:
+    """_count, and on PostgreSQL _read's answer with it, in one statement (None elsewhere: read it next)."""
+    if connection.vendor != "postgresql":
+        _count(tool, current, failed=failed, policy=policy)
+        return None
+    start = current - policy.window_s
+    with connection.cursor() as cursor:
+        window = [start, current, current]
+        cursor.execute(
+            _COUNT_AND_READ, [tool.pk, current, 0 if failed else 1, 1 if failed else 0, *window, *window, tool.pk]
+        )
+        state, opened_at, probes_reserved, lease_until, calls, failures, total = cursor.fetchone()
+    _prune(tool, current, total, policy)
+    row = rules.BreakerRow(state, _epoch(opened_at), probes_reserved or 0, _epoch(lease_until))
+    return row, int(calls), int(failures)
+
+
 def _count(tool: Tool, current: int, *, failed: bool, policy: BreakerPolicy) -> None:
     """Add the outcome to the current bucket; the first outcome of a bucket also prunes the ones outside the window."""
     with connection.cursor() as cursor:
         cursor.execute(_COUNT, [tool.pk, current, 0 if failed else 1, 1 if failed else 0])
         (total,) = cursor.fetchall()[0]
+    _prune(tool, current, total, policy)
+
+
+def _prune(tool: Tool, current: int, total: int, policy: BreakerPolicy) -> None:
     if total == 1:  # this outcome created the bucket: at most once per tool and bucket_s
         # _raw_delete: one DELETE, without the BEGIN/COMMIT that QuerySet.delete() wraps around it in autocommit.
         BreakerBucket.objects.filter(tool_id=tool.pk, bucket_start__lte=current - policy.window_s)._raw_delete(
@@ -141,6 +165,20 @@ _STATE_AND_WINDOW = (
     f"FROM {Tool._meta.db_table} t LEFT JOIN {_BREAKER} b ON b.tool_id = t.id WHERE t.id = %s"
 )
 _STATE_FIELDS = ("state", "opened_at", "probes_reserved", "probe_lease_until")
+# The count and the read in one statement (PostgreSQL, every counted outcome): the statement does not see its own
+# upsert, so the window's sums leave the current bucket out and add it as the upsert returned it.
+_OTHER_BUCKETS_SUM = (
+    f"COALESCE((SELECT SUM({{}}) FROM {_BUCKET} u WHERE u.tool_id = t.id AND u.bucket_start > %s "
+    "AND u.bucket_start <= %s AND u.bucket_start <> %s), 0)"
+)
+_COUNT_AND_READ = (
+    f"WITH counted AS ({_COUNT.removesuffix('RETURNING successes + failures')}RETURNING successes, failures) "
+    "SELECT b.state, b.opened_at, b.probes_reserved, b.probe_lease_until, "
+    f"{_OTHER_BUCKETS_SUM.format('u.successes + u.failures')} + (SELECT successes + failures FROM counted), "
+    f"{_OTHER_BUCKETS_SUM.format('u.failures')} + (SELECT failures FROM counted), "
+    "(SELECT successes + failures FROM counted) "
+    f"FROM {Tool._meta.db_table} t LEFT JOIN {_BREAKER} b ON b.tool_id = t.id WHERE t.id = %s"
+)
 
 
 def _aware(value: datetime | str | None) -> datetime | None:

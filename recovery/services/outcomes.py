@@ -148,7 +148,8 @@ def attempt_report(*, call: Call, attempt: Attempt, facts: Facts, actor: Actor) 
     with transaction.atomic(), appends_at_commit():  # the audit heads locked for the appends and the commit only
         # Locked: a provider's callback or a reconciliation check may settle this call at the same moment; whoever
         # comes second sees what the first wrote (a late outcome is then kept as evidence) instead of conflicting.
-        call = hot_reads.locked_call(call.pk)
+        same_tool = call.tool_id == attempt.tool_id and Call.task.is_cached(call)  # its tool and task read with it
+        call = hot_reads.locked_call(call.pk, **({"tool": attempt.tool, "task": call.task} if same_tool else {}))
         if call.tool_id == attempt.tool_id:  # the alternates its judgement read: not read again for the decision
             call.tool.alternate_names = attempt.tool.alternate_names
         response = _record(call, attempt, facts, judgement, actor=actor, now=now)

@@ -23,18 +23,20 @@ _ALTERNATES = f"EXISTS(SELECT 1 FROM {Tool.alternates.through._meta.db_table} x 
 
 @cache
 def _attempt_sql(tenants: int) -> str:
-    columns = ", ".join([_columns(Attempt, "a"), _columns(Tool, "t"), _columns(Provider, "p"), _columns(Call, "c")])
+    columns = ", ".join(
+        [_columns(Attempt, "a"), _columns(Tool, "t"), _columns(Provider, "p"), _columns(Call, "c"), _columns(Task, "k")]
+    )
     return (
         f"SELECT {columns}, {_ALTERNATES} FROM {Attempt._meta.db_table} a "
         f"JOIN {Call._meta.db_table} c ON a.call_id = c.id JOIN {Tool._meta.db_table} t ON a.tool_id = t.id "
-        f"JOIN {Provider._meta.db_table} p ON t.provider_id = p.id "
+        f"JOIN {Provider._meta.db_table} p ON t.provider_id = p.id JOIN {Task._meta.db_table} k ON c.task_id = k.id "
         f"WHERE a.call_id = %s AND a.attempt_id = %s AND c.tenant_id IN ({', '.join(['%s'] * tenants)})"
     )
 
 
 def attempt_for_report(call_id: int, attempt_id: str, tenant_ids: Collection[int]) -> Attempt | None:
     """selectors.tasks_calls.attempt_in_tenants() in one statement written once: the attempt, its tool (with its
-    provider) and its call, and whether the tool has alternates."""
+    provider) and its call (with its task), and whether the tool has alternates."""
     if not _sql():
         return tasks_calls.attempt_in_tenants(call_id, attempt_id, tenant_ids)
     low, high = connection.ops.integer_field_range("BigAutoField")
@@ -50,9 +52,11 @@ def attempt_for_report(call_id: int, attempt_id: str, tenant_ids: Collection[int
     tool, at = _load(Tool, row, at)
     provider, at = _load(Provider, row, at)
     call, at = _load(Call, row, at)
+    task, at = _load(Task, row, at)
     _cache_related(tool, "provider", provider)
     _cache_related(attempt, "tool", tool)
     _cache_related(attempt, "call", call)
+    _cache_related(call, "task", task)
     attempt.tool_has_alternates = bool(row[at])
     if not attempt.tool_has_alternates:
         with_alternates(tool, none=True)  # nothing to read for its policy
@@ -137,6 +141,11 @@ def reported_2xx_since_last_admission(task_id: int) -> list[tuple[int, str, dict
 
 
 @cache
+def _call_row_sql(lock: str) -> str:
+    return f"SELECT {_columns(Call, 'c')} FROM {Call._meta.db_table} c WHERE c.id = %s{lock}"
+
+
+@cache
 def _locked_call_sql(lock: str) -> str:
     columns = ", ".join([_columns(Call, "c"), _columns(Tool, "t"), _columns(Provider, "p"), _columns(Task, "k")])
     return (
@@ -146,21 +155,29 @@ def _locked_call_sql(lock: str) -> str:
     )
 
 
-def locked_call(call_id: int) -> Call:
+def locked_call(call_id: int, *, tool: Tool | None = None, task: Task | None = None) -> Call:
     """The call locked for the rest of the transaction (FOR UPDATE of its row only, where the backend locks rows),
     with its tool (and provider) and task: what a report reads inside its transaction, in one statement written once.
-    The ORM twin is select_for_update(of=("self",)) with select_related."""
+    The ORM twin is select_for_update(of=("self",)) with select_related. `tool` and `task`: the call's, as the
+    caller read them a moment before (neither row is locked either way): the call's own row alone is read again."""
     if not _sql():
         calls = Call.objects.select_for_update(of=("self",)).select_related("tool__provider", "task")
         return calls.get(pk=call_id)
     lock = " FOR UPDATE OF c" if connection.features.has_select_for_update_of else ""
+    known = tool is not None and task is not None
     with connection.cursor() as cursor:
         # raw SQL: it paid in a same-run alternating measurement (docs/benchmarks.md, the protected benchmark)
-        cursor.execute(_locked_call_sql(lock), [call_id])
+        cursor.execute(_call_row_sql(lock) if known else _locked_call_sql(lock), [call_id])
         row = cursor.fetchone()
     if row is None:
         raise Call.DoesNotExist(f"no call {call_id}")
     call, at = _load(Call, row, 0)
+    if known and call.tool_id == tool.pk and call.task_id == task.pk:
+        _cache_related(call, "tool", tool)
+        _cache_related(call, "task", task)
+        return call
+    if known:  # moved to another tool since (an approved alternate): read as a whole
+        return locked_call(call_id)
     tool, at = _load(Tool, row, at)
     provider, at = _load(Provider, row, at)
     task, _ = _load(Task, row, at)
