@@ -219,13 +219,20 @@ def test_the_protected_calls_reads_are_the_orms_reading(calls, settings):
         (listed, "order.lookup"),
         (calls["tenant"], "refund.create"),
     ]:
-        sql, orm = _both(settings, lambda t=tenant, n=name: hot_reads.allowed_tool(t, n))
+        task = Task(tenant=tenant, pk=busy.task_id)
+        (sql, keyed), (orm, none) = _both(
+            settings, lambda t=task, n=name: hot_reads.allowed_tool_and_key(t, n, busy.idempotency_key, "f")
+        )
+        assert none is None and keyed == hot_reads.key_and_intent(task, sql, busy.idempotency_key, "f")
         assert (_fields(sql), _fields(sql.provider), sql.has_alternates) == (
             _fields(orm),
             _fields(orm.provider),
             orm.has_alternates,
         )
-    assert _both(settings, lambda: hot_reads.allowed_tool(listed, "refund.create")) == (None, None)
+    assert _both(settings, lambda: hot_reads.allowed_tool_and_key(Task(tenant=listed), "refund.create", "k", "f")) == (
+        (None, None),
+        (None, None),
+    )
 
     now = timezone.now()
     Attempt.objects.filter(call=busy).update(admitted_at=now - timedelta(seconds=5))
@@ -290,7 +297,7 @@ def test_a_registrations_key_and_intent_read_is_the_orms_reading(calls, settings
 
 
 def _first_read_of(call, tenants):
-    """The call as its registration holds it (read whole, its tool's alternates known as hot_reads.allowed_tool
+    """The call as its registration holds it (read whole, its tool's alternates known as hot_reads.allowed_tool_and_key
     says), the AdmissionRead call_for_attempt gives, and first_admission_read's for the same call."""
     loaded, expected = hot_path.call_for_attempt(call.pk, tenants, attempt_id="a9")
     loaded.tool.has_alternates = expected.tool_has_alternates
@@ -310,7 +317,7 @@ def test_a_first_admissions_read_says_what_the_admission_read_says_of_a_call_wit
     Attempt.objects.filter(pk=answered.pk).update(
         admitted_at=now - timedelta(seconds=9), reported_at=now, http_status=201
     )
-    keys = set()
+    keys: tuple[set, set] = (set(), set())  # the attempts', the gate answers'
     for name in ("plain", "dependent", "switched"):
         loaded, expected, first = _first_read_of(calls[name], tenants)
         if connection.vendor != "postgresql":
@@ -321,7 +328,8 @@ def test_a_first_admissions_read_says_what_the_admission_read_says_of_a_call_wit
             expected.breaker_row and _fields(expected.breaker_row)
         ), name
         assert first.reported == hot_reads.reported_2xx_since_last_admission(loaded.task_id), name
-        keys.update(first.reserved_ids)
+        keys[0].add(first.reserved_ids[0])
+        keys[1].add(first.reserved_ids[1])
         context = [
             gate_context(
                 loaded,
@@ -338,8 +346,8 @@ def test_a_first_admissions_read_says_what_the_admission_read_says_of_a_call_wit
         assert context[0] == context[1], name
     if connection.vendor == "postgresql":
         assert first.reported == [(answered.call_id, "a2", None, None)]  # the dependent's and switched's task
-        assert len(keys) == 6 and not Attempt.objects.filter(pk__in=keys).exists()
-        assert not GateDecision.objects.filter(pk__in=keys).exists()
+        assert len(keys[0]) == len(keys[1]) == 3 and not Attempt.objects.filter(pk__in=keys[0]).exists()
+        assert not GateDecision.objects.filter(pk__in=keys[1]).exists()
 
 
 def test_a_calls_insert_answers_a_taken_key_with_no_row_and_a_pair_goes_in_as_the_orm_writes_it(calls, settings):
@@ -395,11 +403,11 @@ def test_a_reports_locked_call_read_alone_keeps_the_tool_and_task_read_with_its_
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_registration_that_admits_its_first_attempt_costs_thirteen_statements(registry, task, client):
+def test_a_registration_that_admits_its_first_attempt_costs_twelve_statements(registry, task, client):
     """The protected call's one round trip before the send (docs/benchmarks.md, the protected benchmark): the token,
-    the task, the tool, the key, the step and the call, the first admission's read, the task's counters, the call
-    moved, the attempt with its gate answer, and the audit events appended at the commit (three). Counted on the
-    task's second call: its first makes the task's audit head and marks the token used."""
+    the task, the tool with what its key and intent have, the step and the call, the first admission's read, the
+    task's counters, the call moved, the attempt with its gate answer, and the audit events appended at the commit
+    (three). Counted on the task's second call: its first makes the task's audit head and marks the token used."""
     _, raw = token_create(name="runtime", tenants=["acme"], actor=Actor.system("t"))
 
     def register(step: int):
@@ -420,4 +428,4 @@ def test_a_registration_that_admits_its_first_attempt_costs_thirteen_statements(
     assert stored.response == answer.json()["admission"]
     assert GateDecision.objects.get(attempt=stored).pk == answer.json()["admission"]["gate"]["id"]
     statements = [q["sql"] for q in ran if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 13, "\n".join(statements)
+    assert len(statements) == 12, "\n".join(statements)

@@ -63,13 +63,17 @@ def call_add(
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
     registry default (a saga's abort uses it, docs/compensation.md). `evidence`: more for the `call.added` event;
     `with_call`: run on the new call inside its insert's transaction (the MCP gateway stores the call's origin)."""
-    named = hot_reads.allowed_tool(task.tenant, tool_name) if compensation is None else None
+    print_ = fingerprint(tool_name, arguments)
+    named, keyed = (None, None)
+    if compensation is None:  # the tool and what its key and intent already have, in one read
+        named, keyed = hot_reads.allowed_tool_and_key(task, tool_name, idempotency_key, print_)
     # All the tenant's tools only where they are read: a refusal lists them, a step's own undo is checked against them.
     tools = {named.name: named} if named is not None else {t.name: t for t in allowed_tools(task.tenant)}
     tool = _check_admissible(task, tools, tool_name, step_index, depends_on, compensation)
     policy = tool_policy(tool)
-    print_ = fingerprint(tool.name, arguments)
-    existing, same_intent = hot_reads.key_and_intent(task, tool, idempotency_key, print_)
+    if keyed is None or tool is not named:
+        keyed = hot_reads.key_and_intent(task, tool, idempotency_key, print_)
+    existing, same_intent = keyed
     if existing is not None:
         return _same_key(existing, task, print_)
     if policy.is_write:

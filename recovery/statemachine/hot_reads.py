@@ -64,34 +64,53 @@ def attempt_for_report(call_id: int, attempt_id: str, tenant_ids: Collection[int
 
 
 @cache
-def _tool_sql(all_tools: bool) -> str:
+def _tool_and_key_sql(all_tools: bool) -> str:
     allowed = (
         "" if all_tools else f"JOIN {Tenant.tools.through._meta.db_table} g ON g.tool_id = t.id AND g.tenant_id = %s "
     )
+    same_key = "c.tenant_id = %s AND c.tool_id = t.id AND c.idempotency_key = %s"
     return (
-        f"SELECT {_columns(Tool, 't')}, {_columns(Provider, 'p')}, {_ALTERNATES} FROM {Tool._meta.db_table} t "
-        f"JOIN {Provider._meta.db_table} p ON t.provider_id = p.id {allowed}WHERE t.name = %s"
+        f"SELECT {_columns(Tool, 't')}, {_columns(Provider, 'p')}, {_ALTERNATES}, {_columns(Call, 'c')}, ({same_key}) "
+        f"FROM {Tool._meta.db_table} t JOIN {Provider._meta.db_table} p ON t.provider_id = p.id {allowed}"
+        f"LEFT JOIN {Call._meta.db_table} c ON ({same_key}) OR (c.task_id = %s AND c.fingerprint = %s) "
+        "WHERE t.name = %s ORDER BY c.id"
     )
 
 
-def allowed_tool(tenant: Tenant, name: str) -> Tool | None:
-    """selectors.tasks_calls.allowed_tool() in one statement written once: the tenant's capability `name` with its
-    provider, and whether it has alternates."""
+def allowed_tool_and_key(
+    task: Task, name: str, key: str, print_: str
+) -> tuple[Tool | None, tuple[Call | None, list[Call]] | None]:
+    """selectors.tasks_calls.allowed_tool() and key_and_intent() in one statement written once (a registration's two
+    reads before it inserts): the tenant's capability `name` with its provider and whether it has alternates, and
+    (the call registered under its key, the task's calls of the same intent).
+    The second is None where the ORM twins read (RECOVERY_HOT_PATH_SQL off): key_and_intent() reads it then."""
+    tenant = task.tenant
     if not _sql():
-        return tasks_calls.allowed_tool(tenant, name)
+        return tasks_calls.allowed_tool(tenant, name), None
+    keyed = [tenant.pk, key]
+    params = [*keyed, *([] if tenant.all_tools else [tenant.pk]), *keyed, task.pk, print_, name]
     with connection.cursor() as cursor:
         # raw SQL: it paid in a same-run alternating measurement (docs/benchmarks.md, the protected benchmark)
-        cursor.execute(_tool_sql(tenant.all_tools), [name] if tenant.all_tools else [tenant.pk, name])
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    tool, at = _load(Tool, row, 0)
-    provider, at = _load(Provider, row, at)
+        cursor.execute(_tool_and_key_sql(tenant.all_tools), params)
+        rows = cursor.fetchall()
+    if not rows:
+        return None, None
+    tool, at = _load(Tool, rows[0], 0)
+    provider, at = _load(Provider, rows[0], at)
     _cache_related(tool, "provider", provider)
-    tool.has_alternates = bool(row[at])
+    tool.has_alternates = bool(rows[0][at])
     if not tool.has_alternates:
         with_alternates(tool, none=True)  # nothing to read for its policy
-    return tool
+    existing, same_intent = None, []
+    for row in rows:
+        call, end = _load(Call, row, at + 1)
+        if call.pk is None:  # no call of either kind: the tool's row alone
+            continue
+        if row[end] and existing is None:
+            existing = call
+        if call.task_id == task.pk and call.fingerprint == print_:
+            same_intent.append(call)
+    return tool, (existing, same_intent)
 
 
 @cache

@@ -147,20 +147,21 @@ def _call(sql: _Statements, call_id: int, tenants: list[int], attempt_id: str) -
 
 
 def _count_breaker(sql: _Statements, call: dict, now: datetime) -> None:
-    """breaker_record on a closed breaker: the bucket upsert, then the state with the window's sums."""
+    """breaker_record on a closed breaker: the bucket upsert and the state with the window's sums in one statement,
+    the window's sums leaving the bucket just counted out and adding it as the upsert returned it."""
     bucket = int(now.timestamp() // BUCKET_S) * BUCKET_S
+    others = f"{WINDOW} AND u.bucket_start <> %s"
     sql(
-        "INSERT INTO recovery_breakerbucket (tool_id, bucket_start, successes, failures) VALUES (%s, %s, 1, 0) "
-        "ON CONFLICT (tool_id, bucket_start) DO UPDATE SET successes = recovery_breakerbucket.successes "
-        "+ excluded.successes, failures = recovery_breakerbucket.failures + excluded.failures "
-        "RETURNING successes + failures",
-        [call["tool_id"], bucket],
-    ).fetchone()
-    sql(
+        "WITH counted AS (INSERT INTO recovery_breakerbucket (tool_id, bucket_start, successes, failures) "
+        "VALUES (%s, %s, 1, 0) ON CONFLICT (tool_id, bucket_start) DO UPDATE SET successes = "
+        "recovery_breakerbucket.successes + excluded.successes, failures = recovery_breakerbucket.failures "
+        "+ excluded.failures RETURNING successes, failures) "
         "SELECT b.state, b.opened_at, b.probes_reserved, b.probe_lease_until, "
-        f"COALESCE(({WINDOW.format('u.successes + u.failures')}), 0), COALESCE(({WINDOW.format('u.failures')}), 0) "
+        f"COALESCE(({others.format('u.successes + u.failures')}), 0) + (SELECT successes + failures FROM counted), "
+        f"COALESCE(({others.format('u.failures')}), 0) + (SELECT failures FROM counted), "
+        "(SELECT successes + failures FROM counted) "
         "FROM recovery_tool t LEFT JOIN recovery_breaker b ON t.id = b.tool_id WHERE t.id = %s",
-        [bucket - WINDOW_S, bucket, bucket - WINDOW_S, bucket, call["tool_id"]],
+        [call["tool_id"], bucket, *[bucket - WINDOW_S, bucket, bucket] * 2, call["tool_id"]],
     ).fetchone()
 
 
