@@ -81,6 +81,7 @@ class AttemptRequest:
 class Admission:
     status: int  # 201 admitted, 200 replayed answer, 409 denied
     response: dict
+    attempt: Attempt | None = None  # the attempt admitted without an outcome (201), as its transaction wrote it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -155,7 +156,8 @@ def attempt_admit(
     try:
         # The audit events are appended last: the global audit head is locked for the appends and the commit only.
         with transaction.atomic(savepoint=not fresh), appends_at_commit():
-            response = _admission(admitting, read) if judgement is None else _single_shot(admitting, facts, judgement)
+            attempt = _admission(admitting, read) if judgement is None else None
+            response = attempt.response if attempt is not None else _single_shot(admitting, facts, judgement)
     except (TransitionConflict, IntegrityError):
         if fresh:  # no race is possible on a call no one else sees: a real fault, and the transaction is done
             raise
@@ -165,7 +167,7 @@ def attempt_admit(
         if raced is not None:
             return _replay(raced, digest)
         raise Refusal("conflict", "another attempt of this call was admitted at the same moment", status=409) from None
-    return Admission(201, response)
+    return Admission(201, response, attempt)
 
 
 def _candidate(call: Call, request: AttemptRequest) -> tuple[Candidate, Tool]:
@@ -378,8 +380,9 @@ def _sent(admitting: _Admitting) -> None:
     )
 
 
-def _admission(admitting: _Admitting, read: AdmissionRead | None) -> dict:
-    """An admission without an outcome: the attempt, its gate answer, the approval it used, the call SENT."""
+def _admission(admitting: _Admitting, read: AdmissionRead | None) -> Attempt:
+    """An admission without an outcome: the attempt (its stored answer in `response`), its gate answer, the approval
+    it used, the call SENT."""
     call = admitting.call
     # Read before this admission is recorded (or by the read that came before it): it bounds the next one's.
     earlier = earlier_verdicts(call.task_id, read.reported if read is not None else None)
@@ -391,10 +394,10 @@ def _admission(admitting: _Admitting, read: AdmissionRead | None) -> dict:
     _sent(admitting)
     attempt.response = _admitted_json(admitting, attempt, attempt.gate_row, earlier)
     attempt.save(update_fields=["response"])
-    return attempt.response
+    return attempt
 
 
-def _first_admission(admitting: _Admitting, earlier: list[dict], reserved_ids: tuple[int, int]) -> dict:
+def _first_admission(admitting: _Admitting, earlier: list[dict], reserved_ids: tuple[int, int]) -> Attempt:
     """_admission for a call registered in this transaction, the keys of its attempt and gate rows reserved by its
     read: the call moved first, so that the attempt goes in with its stored answer and the gate row with it, in one
     statement (hot_path.insert_together) instead of three."""
@@ -406,7 +409,7 @@ def _first_admission(admitting: _Admitting, earlier: list[dict], reserved_ids: t
     row.pk = reserved_ids[1]
     attempt.response = _admitted_json(admitting, attempt, row, earlier)
     insert_together(attempt, row)
-    return attempt.response
+    return attempt
 
 
 def _admitted_json(admitting: _Admitting, attempt: Attempt, gate_row: GateDecision, earlier: list[dict]) -> dict:

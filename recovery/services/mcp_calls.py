@@ -307,7 +307,7 @@ def _admit(task: Task, tool: Tool, arguments: dict, key: str, actor: Actor, orig
     the JSON API's registration with `admit` does (docs/api.md); the admission reads the call in one statement."""
     with transaction.atomic(), appends_at_commit():
         answer = _register_and_admit(task, tool, arguments, key, actor, origin)
-    if isinstance(answer, Begun):
+    if isinstance(answer, Begun) and answer.attempt is None:
         answer.attempt = Attempt.objects.get(call=answer.call, attempt_id="a1")
     return answer
 
@@ -355,10 +355,14 @@ def _register_and_admit(
             "call_id": call.pk,
         }
         return Answer(gate["public_message"] or gate["reason"], True, {"call_id": call.pk, "decision": decision})
-    return Begun(call=call, attempt=None, tool=tool, arguments=request["arguments"], meta=request["_meta"])
+    # The attempt as the admission wrote it (with its tool): read again only where the admission did not say.
+    return Begun(call=call, attempt=admission.attempt, tool=tool, arguments=request["arguments"], meta=request["_meta"])
 
 
 def finish(begun: Begun, facts: Facts, caller: Caller) -> dict:
-    """Report what the forwarded call came back with: the outcome's answer (the call's state, failure, decision)."""
-    call = Call.objects.select_related("tool__provider", "task").get(pk=begun.call.pk)
+    """Report what the forwarded call came back with: the outcome's answer (the call's state, failure, decision).
+    The call as its registration read it (its tool, provider and task): the report locks and re-reads its row."""
+    call = begun.call
+    if not (Call.tool.is_cached(call) and Call.task.is_cached(call)):
+        call = Call.objects.select_related("tool__provider", "task").get(pk=call.pk)
     return attempt_report(call=call, attempt=begun.attempt, facts=facts, actor=Actor.for_token(caller.token))

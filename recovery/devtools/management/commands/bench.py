@@ -294,14 +294,27 @@ class Command(BaseCommand):
             connection.settings_dict["TEST"]["NAME"] = str(settings.VAR_DIR / f"bench-{os.getpid()}.sqlite3")
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
         try:
-            results = [
-                BENCHMARKS[name](*([count] if count else []), **({"calls": calls} if name in SIZED else {}))
-                for name in (names or BENCHMARKS)
-            ]
+            results = []
+            for name in names or BENCHMARKS:
+                results.append(
+                    BENCHMARKS[name](*([count] if count else []), **({"calls": calls} if name in SIZED else {}))
+                )
+                self.stdout.write(json.dumps(results[-1]))  # each as it ends: a later failure loses none of them
+                if json_path:
+                    with open(json_path, "w") as fh:
+                        json.dump(results, fh, indent=2)
         finally:
+            _end_other_sessions()
             connection.creation.destroy_test_db(old_name, verbosity=0)
-        for result in results:
-            self.stdout.write(json.dumps(result))
-        if json_path:
-            with open(json_path, "w") as fh:
-                json.dump(results, fh, indent=2)
+
+
+def _end_other_sessions() -> None:
+    """The throwaway database dropped even where a server the benchmark started left a connection open behind it (a
+    worker thread's, closed with its process a moment later): PostgreSQL ends every other session on it first."""
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
