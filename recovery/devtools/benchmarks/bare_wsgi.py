@@ -42,18 +42,17 @@ def _hash(value: dict) -> str:
 
 
 def _audit(sql: _Statements, events: list[dict], now: datetime) -> None:
-    """recovery.audit.chain's statements for one transaction's events (all of one task's chain): the global head locked
-    with the events' ids taken, the chain head locked, every event in one INSERT, both heads moved in one UPDATE."""
+    """recovery.audit.chain's statements for one transaction's events (all of one task's chain): both heads locked in
+    one statement, the global one first, with the events' ids taken, every event in one INSERT, both heads moved in
+    one UPDATE."""
     chain = f"task:{events[0]['task_id']}"
-    length, _, _, ids = sql(
-        "SELECT length, head_hash, head_event_id, (SELECT array_agg(nextval(pg_get_serial_sequence("
+    heads = sql(
+        "SELECT key, length, head_hash, head_event_id, (SELECT array_agg(nextval(pg_get_serial_sequence("
         f"'recovery_auditevent', 'id'))) FROM generate_series(1, {len(events)})) FROM recovery_auditchainhead "
-        "WHERE key = %s FOR UPDATE",
-        ["global"],
-    ).fetchone()
-    chain_seq, prev_hash, prev_id = sql(
-        "SELECT length, head_hash, head_event_id FROM recovery_auditchainhead WHERE key = %s FOR UPDATE", [chain]
-    ).fetchone()
+        "WHERE key IN (%s, %s) ORDER BY key <> %s, key FOR UPDATE",
+        ["global", chain, "global"],
+    ).fetchall()
+    (_, length, _, _, ids), (_, chain_seq, prev_hash, prev_id, _) = heads
     rows, params = [], []
     for position, (event, event_id) in enumerate(zip(events, sorted(ids), strict=True)):
         fields = {
