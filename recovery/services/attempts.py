@@ -148,11 +148,9 @@ def attempt_admit(
                 409, {"admitted": False, "call_id": call.pk, "call_state": call.state, "gate": gate_json(gate, row)}
             )
         return _bypassed_single_shot(admitting, facts)
-    judgement = None
-    if facts is not None:
-        # Judged before our transaction: the breaker's short transaction never runs inside ours, so bucket rows
-        # are never locked after an audit head (one lock order, no deadlock).
-        judgement = _judge(admitting, facts, probe=probe)
+    # An outcome is judged before our transaction: the breaker's short transaction never runs inside ours, so bucket
+    # rows are never locked after an audit head (one lock order, no deadlock).
+    judgement = _judge(admitting, facts, probe=probe) if facts is not None else None
     try:
         # The audit events are appended last: the global audit head is locked for the appends and the commit only.
         with transaction.atomic(savepoint=not fresh), appends_at_commit():
