@@ -130,6 +130,7 @@ def _count_and_read(
     start = current - policy.window_s
     with connection.cursor() as cursor:
         window = [start, current, current]
+        # raw SQL: the count and the read in one statement (docs/benchmarks.md, the protected benchmark's fourth round)
         cursor.execute(
             _COUNT_AND_READ, [tool.pk, current, 0 if failed else 1, 1 if failed else 0, *window, *window, tool.pk]
         )

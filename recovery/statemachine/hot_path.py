@@ -389,6 +389,7 @@ def insert_new(instance: Model) -> Model | None:
         return instance
     sql, fields = _insert_sql(model, True, new_only=True)
     with connection.cursor() as cursor:
+        # raw SQL: no savepoint around the insert (docs/benchmarks.md, the protected benchmark's fourth round)
         cursor.execute(sql, _values(instance, fields))
         row = cursor.fetchone()
     if row is None:
@@ -408,6 +409,7 @@ def insert_together(first: Model, second: Model) -> None:
     first_sql, first_fields = _insert_sql(type(first), False, keyed=True)
     second_sql, second_fields = _insert_sql(type(second), False, keyed=True)
     with connection.cursor() as cursor:
+        # raw SQL: two rows in one statement (docs/benchmarks.md, the protected benchmark's fourth round)
         cursor.execute(
             f"WITH inserted AS ({first_sql}) {second_sql}",
             [*_values(first, first_fields), *_values(second, second_fields)],

@@ -314,6 +314,7 @@ def _end_other_sessions() -> None:
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:
+        # raw SQL: PostgreSQL's sessions view, which the ORM does not model (the benchmarks' throwaway database only)
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() "
             "AND pid <> pg_backend_pid()"
