@@ -439,7 +439,7 @@ DRILLS: dict[str, Drill] = {
         Drill(
             slug="eventually-consistent-search",
             name="eventually consistent search",
-            injected="refund.listed committed, reply dropped, and the sandbox lists a new refund only 3 s later"
+            injected="refund.listed committed, reply dropped, and the sandbox lists a new refund only 5 s later"
             " (the tool's lookup declares 8 s)",
             expected_end="UNKNOWN, pending while not listed, → COMMITTED once listed; never NOT_COMMITTED, never"
             " re-sent",
