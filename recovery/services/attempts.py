@@ -103,7 +103,7 @@ def gate_ask(*, call: Call, request: AttemptRequest, actor: Actor, read: Admissi
     """POST .../gate: would this candidate be admitted? Stored, never acted on. `read`: as for attempt_admit."""
     candidate, tool = _candidate(call, request)
     gate = _evaluate(call, candidate, tool, timezone.now(), read=read)
-    row = _store_gate(call, candidate, gate, actor=actor, dry_run=True)
+    row = insert(_gate_row(call, candidate, gate, actor=actor, dry_run=True))
     return gate_json(gate, row)
 
 
@@ -143,7 +143,7 @@ def attempt_admit(
     facts = request.outcome
     if not gate.allowed:
         if facts is None:
-            row = _store_gate(call, candidate, gate, actor=actor)
+            row = insert(_gate_row(call, candidate, gate, actor=actor))
             return Admission(
                 409, {"admitted": False, "call_id": call.pk, "call_state": call.state, "gate": gate_json(gate, row)}
             )
@@ -262,18 +262,6 @@ def _use_approval(call: Call, attempt: Attempt, now: datetime) -> None:
         raise TransitionConflict(f"call {call.pk}: the approval this admission relied on was used by another one")
 
 
-def _store_gate(
-    call: Call,
-    candidate: Candidate,
-    gate: Gate,
-    *,
-    actor: Actor,
-    dry_run: bool = False,
-    attempt: Attempt | None = None,
-) -> GateDecision:
-    return insert(_gate_row(call, candidate, gate, actor=actor, dry_run=dry_run, attempt=attempt))
-
-
 def _gate_row(
     call: Call,
     candidate: Candidate,
@@ -352,8 +340,8 @@ def _new_attempt(admitting: _Admitting, **fields: Any) -> Attempt:
 def _record_attempt(admitting: _Admitting, **fields: Any) -> Attempt:
     """The attempt row, its stored gate answer and the task's round, in the caller's transaction."""
     attempt = insert(_new_attempt(admitting, **fields))
-    attempt.gate_row = _store_gate(
-        admitting.call, admitting.candidate, admitting.gate, actor=admitting.actor, attempt=attempt
+    attempt.gate_row = insert(
+        _gate_row(admitting.call, admitting.candidate, admitting.gate, actor=admitting.actor, attempt=attempt)
     )
     _count_round(admitting.call, attempt.number)
     return attempt
@@ -453,10 +441,10 @@ def _single_shot(admitting: _Admitting, facts: Facts, judgement: Judgement) -> d
         answer = outcome_json(call, attempt, outcome, decision=None, card_id=None, breaker=breaker.state)
         attempt.response = attempt.outcome_response = answer
         insert(attempt)
-        _store_gate(call, admitting.candidate, gate, actor=actor, attempt=attempt)
+        insert(_gate_row(call, admitting.candidate, gate, actor=actor, attempt=attempt))
         return attempt.response
     insert(attempt)
-    _store_gate(call, admitting.candidate, gate, actor=actor, attempt=attempt)
+    insert(_gate_row(call, admitting.candidate, gate, actor=actor, attempt=attempt))
     if approved:
         _use_approval(call, attempt, now)
     card = store_decision(call, attempt, decision) if decision else None
@@ -537,7 +525,7 @@ def replay_admit(*, call: Call, actor: Actor, now: datetime) -> tuple[Gate, Atte
             call=call, candidate_attempt_id=REPLAY_ATTEMPT_ID, allowed=False, reason=gate.reason
         ).exists()
         if not told:  # once per reason: the checks that follow would only repeat it
-            _store_gate(call, candidate, gate, actor=actor)
+            insert(_gate_row(call, candidate, gate, actor=actor))
         return gate, None
     probe = gate.uses_probe
     if probe and not breaker_reserve_probe(call.tool, now=now):
