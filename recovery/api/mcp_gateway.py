@@ -17,6 +17,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
 
+from recovery.api import mcp_tasks
 from recovery.audit.chain import Actor
 from recovery.models import Call, Tool
 from recovery.providers.mcp import facts_of_forward, forward
@@ -174,7 +175,7 @@ def _answered(begun: mcp_calls.Begun, done, outcome: dict) -> types.CallToolResu
     return _result(message, is_error=True, recovery=recovery)
 
 
-async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult | dict:
     meta = dict(params.meta or {})
     arguments = params.arguments or {}
 
@@ -197,6 +198,8 @@ async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Call
         tool = await _db(mcp_calls.register_unregistered, provider, wire, Actor.for_token(caller.token))
         caller, tools, begun = await _db(start, tool)
     if isinstance(begun, mcp_calls.Answer):
+        if begun.waiting and mcp_tasks.declared(ctx):  # a task handle instead of a wait (docs/mcp-gateway.md, "Tasks")
+            return await _db(mcp_tasks.handle, begun.recovery["call_id"], begun.text)
         if begun.waiting and _progress_token(ctx, params) is not None:
             begun = await _hold(ctx, begun)
         return _absorbed(begun)
@@ -235,13 +238,15 @@ def _where_it_stands(call_id: int) -> mcp_calls.Answer:
 
 
 def mcp_server() -> Server:
-    return Server(
+    server = Server(
         "recovery-console",
         version="1",
         on_list_tools=list_tools,
         on_call_tool=call_tool,
         get_tool_input_schema=input_schema,
     )
+    mcp_tasks.install(server, _db, _caller, _absorbed)
+    return server
 
 
 class BearerToken:

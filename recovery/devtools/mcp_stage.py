@@ -216,7 +216,9 @@ class Gateway:
         self.thread.join(timeout=10)
 
 
-def client(url: str, token: str, *, mode: str = "auto", name: str = "tests", version: str = "1") -> Client:
+def client(
+    url: str, token: str, *, mode: str = "auto", name: str = "tests", version: str = "1", extensions=None
+) -> Client:
     import httpx2
     from mcp_types import Implementation
 
@@ -226,6 +228,7 @@ def client(url: str, token: str, *, mode: str = "auto", name: str = "tests", ver
         mode=mode,
         cache=None,
         client_info=Implementation(name=name, version=version),
+        extensions=extensions,
     )
 
 

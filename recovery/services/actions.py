@@ -343,6 +343,28 @@ def refuse_held(call_id: int, actor: Actor, reason: str) -> None:
         call_abandon(call=call, actor=actor, reason=reason)
 
 
+def cancel_held(call_id: int, actor: Actor, now: datetime | None = None) -> bool:
+    """The client cancels its held call (the MCP tasks extension's `tasks/cancel`, docs/mcp-gateway.md "Tasks"):
+    while no one has approved it, its holds are withdrawn, marked cancelled by the client, and the call ends
+    FAILED_PERMANENT, never executed. Once approved it runs once regardless (cancellation is cooperative): False."""
+    now = now or timezone.now()
+    why = f"cancelled by its MCP client (tasks/cancel) before anyone approved call {call_id}"
+    holds = ActionRequest.objects.filter(call_id=call_id, action=HOLD_ACTION)
+    withdrawn = False
+    with transaction.atomic():
+        if not list(Call.objects.select_for_update().filter(pk=call_id, state=S.READY).values_list("pk", flat=True)):
+            return False
+        if holds.filter(status__in=(A.APPROVED, A.EXECUTING, A.EXECUTED)).exists():
+            return False
+        for request in holds.filter(status__in=(A.PREVIEWED, A.REQUESTED)).select_related("call", "requested_by"):
+            if approvals.mark(KIND, request, actor, to=A.WITHDRAWN, reason=why, now=now):
+                ActionRequest.objects.filter(pk=request.pk).update(result={"what": why, "cancelled_by_client": True})
+                withdrawn = True
+        if withdrawn:
+            refuse_held(call_id, actor, why)
+    return withdrawn
+
+
 def supersede_others(approved: ActionRequest, actor: Actor, now: datetime) -> list[int]:
     """Approving one hold refuses the task's other undecided holds of the same tool (a re-issue whose arguments
     differed): each request goes stale, marked superseded, and its call ends — none is ever executed. In the

@@ -52,7 +52,12 @@ class Held:
     call: Call
     request: ActionRequest
     waiting: bool
-    refusal: str = ""  # why it was refused (rejected, superseded, expired); "" when it was not
+    refusal: str = ""  # why it was refused (rejected, superseded, expired, cancelled); "" when it was not
+
+    @property
+    def cancelled(self) -> bool:
+        """The client cancelled it (the tasks extension's `tasks/cancel`) before anyone approved it."""
+        return bool((self.request.result or {}).get("cancelled_by_client"))
 
     @property
     def waited_s(self) -> int:
@@ -69,6 +74,8 @@ def where(call_id: int, now: datetime | None = None) -> Held | None:
         return None
     now = now or timezone.now()
     call = Call.objects.select_related("tool__provider").get(pk=call_id)
+    if (request.result or {}).get("cancelled_by_client"):
+        return Held(call, request, False, f"call {call.pk} was cancelled by its client before approval; it never ran")
     superseded = (request.result or {}).get("superseded_by")
     if superseded:
         why = f"call {call.pk} was not executed: another hold of the same tool (call {superseded}) was approved"
