@@ -263,6 +263,9 @@ SECURE_REFERRER_POLICY = "same-origin"
 
 # Django's technical pages (DEBUG's URL list and tracebacks) instead of the console's 404 and 500 pages.
 RECOVERY_TECHNICAL_ERRORS = env_bool("RECOVERY_TECHNICAL_ERRORS", False)
+# The hot endpoints' answers (register, admit, report) are written as built; on, each is also checked against its
+# schema and a difference is a 500 (recovery/api/answering.py). The test suite turns it on.
+RECOVERY_CHECK_ANSWERS = env_bool("RECOVERY_CHECK_ANSWERS", False)
 
 LOGGING = {
     "version": 1,

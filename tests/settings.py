@@ -11,6 +11,9 @@ from console.settings import *  # noqa: F403
 # checks the production storage for real, in a server of its own).
 STORAGES = {**STORAGES, "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"}}  # noqa: F405
 
+# Every answer the hot endpoints write as built is checked against its schema (recovery/api/answering.py).
+RECOVERY_CHECK_ANSWERS = True
+
 # Hashing passwords with PBKDF2's production cost dominates tests that create users; the algorithm is not under test.
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 

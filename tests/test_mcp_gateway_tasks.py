@@ -209,6 +209,8 @@ def test_tasks_methods_answer_only_declaring_clients_and_known_tasks(gateway, re
     token = _load(repo, control, hold_s=20)
     stage_file(repo, "a.txt", "a")
     handle = _handle(gateway.url, token, repo, "a")
+    again = _handle(gateway.url, token, repo, "a")  # the handle lost, the call re-issued: the same task
+    assert again.task_id == handle.task_id and again.status == "working" and Call.objects.count() == 1
     get = GetTask(params=TaskRef(task_id=handle.task_id))
     with pytest.raises(MCPError) as undeclared:
         _on_task(gateway.url, token, get, extensions=[])

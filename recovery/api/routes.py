@@ -16,6 +16,7 @@ from ninja.errors import ValidationError as NinjaValidationError
 from ninja.security import HttpBearer
 
 from recovery.api.admission_answers import AdmittedOut
+from recovery.api.answering import written
 from recovery.api.answers import (
     CallOut,
     CapabilitiesOut,
@@ -315,12 +316,14 @@ def add_call(request, task_id: int, payload: CallIn):
         "blocked_by": added.blocked_by,
         "blocked_by_steps": added.blocked_by_steps,
         "poll": f"/api/v1/calls/{added.call.pk}",
+        "admission": None,
+        "not_admitted": None,
     }
     if admitted is not None:
         body.update(admitted)
         answered = admitted["admission"] or admitted["not_admitted"]
         body["state"] = answered["call_state"] if answered else body["state"]
-    return Status(201 if added.created else 200, body)
+    return written(api, request, 201 if added.created else 200, body, CallAdmittedOut)
 
 
 @api.get("/calls/{id:call_id}", response={200: CallOut, **ERRORS}, tags=["calls"], **TYPED)
@@ -454,7 +457,7 @@ def create_attempt(request, call_id: int, payload: CandidateIn):
             field_errors=gate["field_errors"],
             detail=admission.response,
         )
-    return Status(admission.status, admission.response)
+    return written(api, request, admission.status, admission.response, AttemptAnswer)
 
 
 @api.post(
@@ -469,7 +472,8 @@ def report_outcome(request, call_id: int, attempt_id: AttemptId, payload: Outcom
         raise Http404("no such attempt of a call of this token's tenants")
     with_alternates(attempt.tool)
     facts = facts_of(payload.model_dump(exclude_unset=True))
-    return Status(200, attempt_report(call=attempt.call, attempt=attempt, facts=facts, actor=_actor(request)))
+    answer = attempt_report(call=attempt.call, attempt=attempt, facts=facts, actor=_actor(request))
+    return written(api, request, 200, answer, OutcomeOut)
 
 
 @api.get("/capabilities", response={200: CapabilitiesOut, **ERRORS}, tags=["tasks"], **TYPED)

@@ -90,4 +90,5 @@ def outcome_json(
         "breaker_state": breaker,
         "provider_ref": call.provider_ref,
         "late": late,
+        "gate": None,  # a single shot's bypassed denial, when there was one (recovery.services.attempts)
     }
