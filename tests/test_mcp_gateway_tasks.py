@@ -104,6 +104,7 @@ def test_a_client_that_declares_tasks_follows_a_held_write_to_its_one_execution(
 
     async def call():
         async with client(gateway.url, token, extensions=[tasks]) as mcp:
+            results.append(TASKS in (mcp.server_capabilities.extensions or {}))  # the gateway advertises it
             results.append(await mcp.call_tool("git_commit", _commit_args(repo, "release 7"), meta=TASK))
 
     following = threading.Thread(target=lambda: run(call))
@@ -122,7 +123,8 @@ def test_a_client_that_declares_tasks_follows_a_held_write_to_its_one_execution(
     _work(rq_queue)  # the worker executes the approved call once, whether or not anyone polls
     following.join(timeout=30)
     assert not following.is_alive()
-    result = results[0]
+    advertised, result = results
+    assert advertised is True
     assert result.is_error is False and result.structured_content["recovery"]["call_state"] == "COMMITTED"
     assert tasks.seen[-1].status == "completed" and tasks.seen[-2].status == "working"
     assert commits(repo) == 1 and [c["name"] for c in forwarded(control)] == ["git_commit"]

@@ -56,8 +56,7 @@ class Held:
 
     @property
     def cancelled(self) -> bool:
-        """The client cancelled it (the tasks extension's `tasks/cancel`) before anyone approved it."""
-        return bool((self.request.result or {}).get("cancelled_by_client"))
+        return _cancelled(self.request)
 
     @property
     def waited_s(self) -> int:
@@ -67,6 +66,11 @@ class Held:
         return {"request_id": self.request.pk, "status": self.request.status, "waiting_s": self.waited_s}
 
 
+def _cancelled(request: ActionRequest) -> bool:
+    """Its client cancelled it (the tasks extension's `tasks/cancel`) before anyone approved it."""
+    return bool((request.result or {}).get("cancelled_by_client"))
+
+
 def where(call_id: int, now: datetime | None = None) -> Held | None:
     """The call's hold as the client is answered, or None when the call has none."""
     request = latest_hold(call_id)
@@ -74,7 +78,7 @@ def where(call_id: int, now: datetime | None = None) -> Held | None:
         return None
     now = now or timezone.now()
     call = Call.objects.select_related("tool__provider").get(pk=call_id)
-    if (request.result or {}).get("cancelled_by_client"):
+    if _cancelled(request):
         return Held(call, request, False, f"call {call.pk} was cancelled by its client before approval; it never ran")
     superseded = (request.result or {}).get("superseded_by")
     if superseded:
