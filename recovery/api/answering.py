@@ -29,7 +29,7 @@ def _adapter(schema: Any) -> TypeAdapter:
 def written(api, request, status: int, body: dict, schema: Any) -> HttpResponse:
     """`body` as the API's JSON answer with `status`; under RECOVERY_CHECK_ANSWERS, checked against `schema` first."""
     response = api.create_response(request, body, status=status)
-    if getattr(settings, "RECOVERY_CHECK_ANSWERS", False):
+    if settings.RECOVERY_CHECK_ANSWERS:
         adapter = _adapter(schema)
         checked = adapter.dump_python(adapter.validate_python(body), by_alias=True)
         expected = json.loads(api.renderer.render(request, checked, response_status=status))

@@ -19,7 +19,6 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import Field
 
 from recovery.audit.chain import Actor
-from recovery.models import Call
 from recovery.services import mcp_calls, mcp_holds
 from recovery.services.actions import cancel_held
 
@@ -73,14 +72,13 @@ def _not_found(task_id: str) -> MCPError:
 
 
 def _held(task_id: str, tenant) -> mcp_holds.Held:
-    """The held call a task id names, of the caller's tenant; a JSON-RPC invalid-params error for any other id."""
+    """The held call a task id names, of the caller's tenant; a JSON-RPC invalid-params error for any other id. Only
+    the gateway holds calls (an MCP tool's approval policy), so a call with a hold is an MCP call."""
     number = task_id.removeprefix(PREFIX)
     if not task_id.startswith(PREFIX) or not number.isdigit():
         raise _not_found(task_id)
-    if not Call.objects.filter(pk=int(number), tenant=tenant, mcp_origin__isnull=False).exists():
-        raise _not_found(task_id)
     held = mcp_holds.where(int(number))
-    if held is None:  # a call the gateway never answered with a handle
+    if held is None or held.call.tenant_id != tenant.pk:  # never held, or another tenant's
         raise _not_found(task_id)
     return held
 
@@ -91,7 +89,7 @@ def detailed(task_id: str, tenant, result_of) -> dict:
     held = _held(task_id, tenant)
     if held.cancelled:
         return _task(held, "cancelled", held.refusal)
-    answer = mcp_calls.held_answer(held.call.pk) or mcp_calls.absorbed_plain(held.call)
+    answer = mcp_calls.held_answer(held.call.pk, held=held) or mcp_calls.absorbed_plain(held.call)
     call = held.call
     if answer.waiting or call.state in mcp_calls.IN_FLIGHT or call.state in mcp_calls.BEING_CONFIRMED:
         return _task(held, "working", answer.text)

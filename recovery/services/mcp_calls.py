@@ -197,11 +197,11 @@ _DUPLICATE = (
 )
 
 
-def held_answer(call_id: int, *, replayed: bool = False) -> Answer | None:
+def held_answer(call_id: int, *, replayed: bool = False, held: mcp_holds.Held | None = None) -> Answer | None:
     """A held call's answer (docs/mcp-gateway.md, "Approval holds"): "waiting for approval: call N" while undecided,
     the kept result of its one execution once approved and done, the refusal once rejected, superseded or expired;
-    None when the call was never held."""
-    held = mcp_holds.where(call_id)
+    None when the call was never held. `held`: where its hold stands, when the caller read it already."""
+    held = held or mcp_holds.where(call_id)
     if held is None:
         return None
     call = held.call
