@@ -4,6 +4,8 @@ changed is sent when its transaction commits, never for a rolled-back one."""
 
 from __future__ import annotations
 
+import logging
+import socket
 import threading
 import time
 
@@ -128,3 +130,25 @@ def test_the_word_that_a_call_changed_goes_out_on_commit_only(rq_queue, unknown)
     message = pubsub.get_message(timeout=5)
     assert message is not None and message["channel"].decode() == call_watch.CHANNEL.format(unknown["call_id"])
     pubsub.close()
+
+
+def test_a_change_is_not_held_up_by_a_redis_that_does_not_answer(settings, unknown, caplog):
+    """The word goes out from the process's publishing thread, not from the request that committed the change: a
+    Redis that takes the connection and never answers leaves the transition untouched. Its PUBLISH fails there
+    later (its timeout), which the log says; waiters then re-read on their own."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        settings.REDIS_URL = f"redis://127.0.0.1:{silent.getsockname()[1]}/0"
+        call = Call.objects.get(pk=unknown["call_id"])
+        try:
+            with caplog.at_level(logging.WARNING, logger="recovery.call_watch"):
+                transition_call(call, "COMMITTED", actor=TESTS, reason="a receipt proved it")
+                assert "did not take the word" not in caplog.text  # the transition did not wait for Redis
+                deadline = time.monotonic() + 10
+                while "did not take the word" not in caplog.text and time.monotonic() < deadline:
+                    time.sleep(0.05)
+            assert f"calls {call.pk} changed, but Redis did not take the word" in caplog.text
+        finally:
+            call_watch._state["paused_until"] = 0.0  # the next tests' words go out at once
+    assert Call.objects.get(pk=call.pk).state == "COMMITTED"

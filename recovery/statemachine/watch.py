@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import time
 
@@ -27,6 +28,7 @@ CHANNEL = "recovery:call-changed:{}"
 _changed = threading.Condition()
 _state = {"paused_until": 0.0, "generation": 0}
 _clients: dict[tuple[int, str, str], redis.Redis] = {}
+_outbox: dict = {}  # the publishing thread of this process: its pid and queue
 
 
 def announce(call_id: int) -> None:
@@ -40,13 +42,37 @@ def _announce_now(call_id: int) -> None:
         _changed.notify_all()
     if not settings.REDIS_URL or time.monotonic() < _state["paused_until"]:
         return
-    try:
-        _client("publish").publish(CHANNEL.format(call_id), b"1")
-    except redis.RedisError as exc:
-        _state["paused_until"] = time.monotonic() + PUBLISH_PAUSE_S
-        logger.warning(
-            "call %s changed, but Redis did not take the word (%s): waiters re-read on their own", call_id, exc
-        )
+    _publisher().put(call_id)
+
+
+def _publisher() -> queue.SimpleQueue:
+    """This process's publishing thread's queue, the thread started on first use (a forked process starts its own).
+    The PUBLISH leaves from there, not from the request that committed the change: a request does not wait for
+    Redis to hear it (docs/benchmarks.md, the protected benchmark), and the word is only ever a hint to re-read."""
+    with _changed:
+        if _outbox.get("pid") != os.getpid():
+            _outbox.update(pid=os.getpid(), queue=queue.SimpleQueue())
+            threading.Thread(target=_publish_forever, args=(_outbox["queue"],), name="call-watch", daemon=True).start()
+        return _outbox["queue"]
+
+
+def _publish_forever(outbox: queue.SimpleQueue) -> None:
+    while True:
+        changed = [outbox.get()]
+        while not outbox.empty() and len(changed) < 100:  # a burst goes out in one round trip
+            changed.append(outbox.get_nowait())
+        try:
+            with _client("publish").pipeline(transaction=False) as pipe:
+                for call_id in dict.fromkeys(changed):
+                    pipe.publish(CHANNEL.format(call_id), b"1")
+                pipe.execute()
+        except redis.RedisError as exc:
+            _state["paused_until"] = time.monotonic() + PUBLISH_PAUSE_S
+            logger.warning(
+                "calls %s changed, but Redis did not take the word (%s): waiters re-read on their own",
+                ", ".join(str(c) for c in changed),
+                exc,
+            )
 
 
 def current_version(call_id: int) -> int | None:
