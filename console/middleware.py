@@ -2,17 +2,20 @@
 session sent to sign-in as a whole page."""
 
 import sys
+from functools import partialmethod
 from urllib.parse import urlencode, urlsplit
 
 from django.conf import settings
 from django.core.signals import got_request_exception
 from django.http import HttpResponse
+from django.utils.module_loading import import_string
 
 from recovery.api.errors import error_response, exception_response, request_id, status_response
 from recovery.api.versions import HEADER as API_VERSION_HEADER
 from recovery.api.versions import api_version, refuse_old_client
 
 API_PREFIX = "/api/"
+API_DOCS = "/api/v1/docs"  # the API's one HTML page (Swagger UI): a page, with the pages' headers
 
 
 class ApiEdgeMiddleware:
@@ -127,3 +130,38 @@ class ConsoleErrorPagesMiddleware:
 
             return errors.not_found(request) if response.status_code == 404 else errors.server_error(request)
         return response
+
+
+def _api_call(request) -> bool:
+    path = request.path_info
+    return path.startswith(API_PREFIX) and not path.startswith(API_DOCS)
+
+
+def _pages_only(path: str) -> type:
+    """A middleware of the console's pages (sessions, signed-in users, messages, CSP, htmx) made to skip the
+    API's calls: a runtime's request carries a bearer token and takes JSON, and none of them has anything to do
+    there, while each cost a share of every API request's time (docs/benchmarks.md, the protected benchmark's fifth
+    round). A subclass of the middleware itself (Django's checks still find it); its hooks (process_view,
+    process_exception, process_template_response) run for pages only."""
+    base = import_string(path)
+
+    def __call__(self, request):
+        return self.get_response(request) if _api_call(request) else base.__call__(self, request)
+
+    body = {"__call__": __call__, "__module__": __name__, "__doc__": f"{path}, for the console's pages only."}
+    for hook in ("process_view", "process_exception", "process_template_response"):
+        method = getattr(base, hook, None)
+        if method is not None:
+            body[hook] = partialmethod(_page_hook, method)
+    return type(f"PagesOnly{base.__name__}", (base,), body)
+
+
+def _page_hook(self, method, request, *args):
+    return None if _api_call(request) else method(self, request, *args)
+
+
+PagesOnlySessionMiddleware = _pages_only("django.contrib.sessions.middleware.SessionMiddleware")
+PagesOnlyAuthenticationMiddleware = _pages_only("django.contrib.auth.middleware.AuthenticationMiddleware")
+PagesOnlyMessageMiddleware = _pages_only("django.contrib.messages.middleware.MessageMiddleware")
+PagesOnlyCSPMiddleware = _pages_only("csp.middleware.CSPMiddleware")
+PagesOnlyHtmxMiddleware = _pages_only("django_htmx.middleware.HtmxMiddleware")

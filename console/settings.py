@@ -63,14 +63,17 @@ MIDDLEWARE = [
     "console.middleware.ConsoleErrorPagesMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
+    # The pages' own middleware, each skipped for the API's calls (console/middleware.py, _pages_only): sessions,
+    # signed-in users, messages, CSP and htmx are the pages' business, not a bearer token's. CSRF stays whole (the
+    # API's views are exempt from it, and the deployment checks look for it by name).
+    "console.middleware.PagesOnlySessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
+    "console.middleware.PagesOnlyAuthenticationMiddleware",
+    "console.middleware.PagesOnlyMessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "csp.middleware.CSPMiddleware",
-    "django_htmx.middleware.HtmxMiddleware",
+    "console.middleware.PagesOnlyCSPMiddleware",
+    "console.middleware.PagesOnlyHtmxMiddleware",
     "console.middleware.HtmxSignInRedirectMiddleware",
 ]
 
