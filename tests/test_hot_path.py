@@ -4,6 +4,10 @@ the backend the suite runs on (SQLite by default, PostgreSQL in CI)."""
 
 from __future__ import annotations
 
+import itertools
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
@@ -420,7 +424,7 @@ def test_a_registration_that_admits_its_first_attempt_costs_twelve_statements(re
         )
 
     register(1)
-    with CaptureQueriesContext(connection) as ran:
+    with CaptureQueriesContext(connection) as ran, round_trips() as trips:
         answer = register(2)
     assert answer.status_code == 201, answer.content
     assert answer.json()["admission"]["attempt_id"] == "a1" and answer.json()["state"] == "SENT"
@@ -429,3 +433,25 @@ def test_a_registration_that_admits_its_first_attempt_costs_twelve_statements(re
     assert GateDecision.objects.get(attempt=stored).pk == answer.json()["admission"]["gate"]["id"]
     statements = [q["sql"] for q in ran if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(statements) == 12, "\n".join(statements)
+    # With BEGIN and COMMIT, waited for one by one, they were 14 round trips. The attempt with its gate answer, the
+    # task's counters and the call's move leave together (hot_path.pipelined: their answers in 2), and so do the
+    # audit events' INSERT and the heads' UPDATE (1).
+    assert trips == [12], "\n".join(statements)
+
+
+@contextmanager
+def round_trips() -> Iterator[list[int]]:
+    """The round trips this thread's connection makes to PostgreSQL inside the block (appended at its end): from
+    libpq's protocol trace, each run of messages the client sent that the server's answer then follows."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    counted: list[int] = []
+    with tempfile.TemporaryFile("w+") as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            yield counted
+        finally:
+            pgconn.untrace()
+        trace.seek(0)
+        sides = [line.split("\t")[1] for line in trace.read().splitlines() if line.count("\t") >= 2]
+    counted.append(sum(1 for sent, answer in itertools.pairwise(sides) if (sent, answer) == ("F", "B")))

@@ -40,7 +40,7 @@ from recovery.services.outcomes import (
     store_facts,
 )
 from recovery.services.report_terms import report_terms
-from recovery.statemachine.hot_path import Counters, count_on_task, insert, insert_together
+from recovery.statemachine.hot_path import Counters, count_on_task, insert, insert_together, pipelined
 from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 S = CallState
@@ -347,10 +347,10 @@ def _record_attempt(admitting: _Admitting, **fields: Any) -> Attempt:
     return attempt
 
 
-def _count_round(call: Call, number: int, *, tokens: int = 0) -> Counters:
+def _count_round(call: Call, number: int, *, tokens: int = 0, read_back: bool = True) -> Counters | None:
     """Count one admitted attempt on the task (a round; a write's retry after its first attempt)."""
     retry = 1 if call.side_effect == "write" and number > 1 else 0
-    return count_on_task(call.task_id, rounds=1, write_retries=retry, tokens=tokens)
+    return count_on_task(call.task_id, rounds=1, write_retries=retry, tokens=tokens, read_back=read_back)
 
 
 def _sent(admitting: _Admitting) -> None:
@@ -385,26 +385,31 @@ def _admission(admitting: _Admitting, read: AdmissionRead | None) -> Attempt:
 
 def _first_admission(admitting: _Admitting, earlier: list[dict], reserved_ids: tuple[int, int]) -> Attempt:
     """_admission for a call registered in this transaction, the keys of its attempt and gate rows reserved by its
-    read: the call moved first, so that the attempt goes in with its stored answer and the gate row with it, in one
-    statement (hot_path.insert_together) instead of three."""
-    _count_round(admitting.call, admitting.number)
-    _sent(admitting)
+    read: the attempt goes in with its stored answer (the call SENT, as the move below leaves it) and the gate row
+    with it, in one statement (hot_path.insert_together) instead of three. Those rows, the task's round and the
+    call's move leave together (hot_path.pipelined): their answers in two round trips instead of three, the move's
+    awaited, which says whether it held (if not, the conflict undoes the whole registration's transaction)."""
     attempt = _new_attempt(admitting, admitted_at=admitting.now, breaker_probe=admitting.probe)
     attempt.pk = reserved_ids[0]
     row = _gate_row(admitting.call, admitting.candidate, admitting.gate, actor=admitting.actor, attempt=attempt)
     row.pk = reserved_ids[1]
-    attempt.response = _admitted_json(admitting, attempt, row, earlier)
-    insert_together(attempt, row)
+    attempt.response = _admitted_json(admitting, attempt, row, earlier, call_state=S.SENT)  # the move it answers
+    with pipelined():
+        insert_together(attempt, row)
+        _count_round(admitting.call, admitting.number, read_back=False)
+        _sent(admitting)
     return attempt
 
 
-def _admitted_json(admitting: _Admitting, attempt: Attempt, gate_row: GateDecision, earlier: list[dict]) -> dict:
+def _admitted_json(
+    admitting: _Admitting, attempt: Attempt, gate_row: GateDecision, earlier: list[dict], call_state: str = ""
+) -> dict:
     return {
         "admitted": True,
         "call_id": admitting.call.pk,
         "attempt_id": attempt.attempt_id,
         "attempt_number": attempt.number,
-        "call_state": admitting.call.state,
+        "call_state": call_state or admitting.call.state,
         "gate": gate_json(admitting.gate, gate_row),
         "wire": wire_of(admitting.tool),
         "report": report_terms(admitting.tool, probe=admitting.probe),

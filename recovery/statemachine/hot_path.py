@@ -6,7 +6,8 @@ as the ORM makes them; each function reads through its ORM twin when RECOVERY_HO
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -20,6 +21,7 @@ from recovery.models import ApiToken, Attempt, Breaker, Call, GateDecision, Prov
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
 from recovery.selectors.context import AdmissionRead
+from recovery.statemachine.field_values import from_row, prepared
 
 
 def _sql() -> bool:
@@ -59,7 +61,7 @@ def _load(model: type[Model], row: Sequence, offset: int) -> tuple[Model, int]:
     for position, col, functions in converting:
         for function in functions:
             values[position] = function(values[position], col, db)
-    return model.from_db(db.alias, attnames, values), offset + len(attnames)
+    return from_row(model, db.alias, attnames, values), offset + len(attnames)
 
 
 def _wrapper():
@@ -241,10 +243,17 @@ _COUNT = (
 )
 
 
-def count_on_task(task_id: int, *, rounds: int = 0, write_retries: int = 0, tokens: int = 0) -> Counters:
+def count_on_task(
+    task_id: int, *, rounds: int = 0, write_retries: int = 0, tokens: int = 0, read_back: bool = True
+) -> Counters | None:
     """Add to a task's counters (rounds, write retries, tokens) and read all three back: UPDATE ... RETURNING, one
     statement where the ORM needs an UPDATE and a SELECT. The decision that follows reads them as this transaction
-    left them (another call of the task may have moved them a moment before)."""
+    left them (another call of the task may have moved them a moment before). `read_back=False`: nothing read back
+    (None), so that inside pipelined() the statement waits for no answer of its own."""
+    if not read_back and _sql():
+        with connection.cursor() as cursor:
+            cursor.execute(_COUNT, [rounds, write_retries, tokens, task_id])
+        return None
     if not _sql():
         tasks = Task.objects.filter(pk=task_id)
         tasks.update(
@@ -265,7 +274,8 @@ def count_on_task(task_id: int, *, rounds: int = 0, write_retries: int = 0, toke
 def _transition_sql(columns: tuple[str, ...]) -> str:
     sets = ", ".join(f"{_q(Call._meta.get_field(name).column)} = %s" for name in columns)
     return (
-        f"UPDATE {Call._meta.db_table} SET {sets}, version = version + 1 WHERE id = %s AND state = %s AND version = %s"
+        f"UPDATE {Call._meta.db_table} SET {sets}, version = version + 1 WHERE id = %s AND state = %s AND version = %s "
+        "RETURNING version"  # the rows it changed are read back, not counted: inside pipelined() that is the wait
     )
 
 
@@ -282,7 +292,22 @@ def update_call_state(call: Call, src: str, values: dict[str, Any]) -> int:
     params = [Call._meta.get_field(name).get_db_prep_save(_pk(values[name]), db) for name in names]
     with connection.cursor() as cursor:
         cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
-        return cursor.rowcount
+        return len(cursor.fetchall())
+
+
+@contextmanager
+def pipelined() -> Iterator[None]:
+    """The statements inside sent without waiting for each one's answer (psycopg's pipeline mode, PostgreSQL and
+    RECOVERY_HOT_PATH_SQL only): a statement whose rows are read waits for it and every one sent before it, in one
+    round trip; a failure is raised there as Django's error. For statements that need nothing from the ones before
+    them but their success (docs/benchmarks.md, the protected benchmark's fifth round)."""
+    db = _wrapper()
+    if not _sql() or db.vendor != "postgresql":
+        yield
+        return
+    db.ensure_connection()
+    with db.wrap_database_errors, db.connection.pipeline():
+        yield
 
 
 def _pk(value: Any) -> Any:
@@ -343,8 +368,7 @@ def _listened(model: type[Model]) -> bool:
 
 
 def _values(instance: Model, fields: tuple) -> list:
-    db = _wrapper()
-    return [field.get_db_prep_save(field.pre_save(instance, True), db) for field in fields]
+    return prepared(instance, fields, _wrapper())
 
 
 def _inserted(instance: Model) -> Model:
