@@ -21,6 +21,7 @@ def test_an_api_call_gets_json_without_the_pages_headers_or_cookies(registry, ta
     assert "Cookie" not in answer.headers.get("Vary", "")  # no session was read
     assert not answer.cookies
     assert answer.headers["X-Request-Id"] and answer.headers["X-Content-Type-Options"] == "nosniff"  # the API's own
+    assert answer.headers["X-Frame-Options"] == "DENY" and answer.headers["Referrer-Policy"]
 
 
 def test_the_pages_keep_their_middleware(registry):
