@@ -20,6 +20,7 @@ from rq.exceptions import StopRequested
 from rq.worker import Worker
 
 from recovery.jobs.outages import REDIS_ERRORS, Backoff, Outage
+from recovery.statemachine import watch as call_watch
 
 logger = logging.getLogger("recovery.jobs")
 
@@ -39,6 +40,13 @@ class RecoveryWorker(Worker):
     def _answered(self) -> None:
         if self.outage is not None and self.outage.ongoing:
             self.outage.back(self.connection)
+
+    def perform_job(self, *args, **kwargs):
+        try:
+            return super().perform_job(*args, **kwargs)
+        finally:
+            # The work horse ends with os._exit: the word of the calls its job moved goes out first (long polls).
+            call_watch.flush()
 
     def heartbeat(self, timeout=None, pipeline=None):
         if pipeline is not None:  # queued on a pipeline: nothing is sent yet

@@ -5,6 +5,7 @@ on its own clock, so a lost or failed wake-up costs time, never a wrong answer (
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
@@ -53,26 +54,48 @@ def _publisher() -> queue.SimpleQueue:
         if _outbox.get("pid") != os.getpid():
             _outbox.update(pid=os.getpid(), queue=queue.SimpleQueue())
             threading.Thread(target=_publish_forever, args=(_outbox["queue"],), name="call-watch", daemon=True).start()
+            atexit.register(flush)
         return _outbox["queue"]
+
+
+def flush(timeout_s: float = 2.0) -> None:
+    """Wait (at most `timeout_s`) until this process's publishing thread has sent every word queued so far: before
+    a process ends that would not wait for it (an RQ work horse ends with os._exit; the interpreter's exit)."""
+    if _outbox.get("pid") != os.getpid():
+        return
+    done = threading.Event()
+    _outbox["queue"].put(done)
+    done.wait(timeout_s)
 
 
 def _publish_forever(outbox: queue.SimpleQueue) -> None:
     while True:
-        changed = [outbox.get()]
-        while not outbox.empty() and len(changed) < 100:  # a burst goes out in one round trip
-            changed.append(outbox.get_nowait())
+        taken = [outbox.get()]
+        while not outbox.empty() and len(taken) < 100:  # a burst goes out in one round trip
+            taken.append(outbox.get_nowait())
+        changed = [item for item in taken if not isinstance(item, threading.Event)]
         try:
-            with _client("publish").pipeline(transaction=False) as pipe:
-                for call_id in dict.fromkeys(changed):
-                    pipe.publish(CHANNEL.format(call_id), b"1")
-                pipe.execute()
-        except redis.RedisError as exc:
-            _state["paused_until"] = time.monotonic() + PUBLISH_PAUSE_S
-            logger.warning(
-                "calls %s changed, but Redis did not take the word (%s): waiters re-read on their own",
-                ", ".join(str(c) for c in changed),
-                exc,
-            )
+            if changed:
+                _publish(changed)
+        finally:
+            for item in taken:
+                if isinstance(item, threading.Event):
+                    item.set()
+
+
+def _publish(changed: list[int]) -> None:
+    try:
+        with _client("publish").pipeline(transaction=False) as pipe:
+            for call_id in dict.fromkeys(changed):
+                pipe.publish(CHANNEL.format(call_id), b"1")
+            pipe.execute()
+    except Exception as exc:  # the thread outlives any failure: a lost word costs waiters time only
+        _state["paused_until"] = time.monotonic() + PUBLISH_PAUSE_S
+        logger.warning(
+            "calls %s changed, but Redis did not take the word (%s): waiters re-read on their own",
+            ", ".join(str(c) for c in changed),
+            exc,
+        )
 
 
 def current_version(call_id: int) -> int | None:
