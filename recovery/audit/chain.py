@@ -203,6 +203,7 @@ def _append_all(using: str, queued: list[dict]) -> list[AuditEvent]:
         with _pipeline(connection) if many else nullcontext():
             if many:
                 _insert(cursor, events, using)
+            # raw SQL: every head moved in one UPDATE (docs/benchmarks.md, the protected benchmark's third round)
             cursor.execute(*_move_heads(moved, now))
     return events
 

@@ -252,6 +252,7 @@ def count_on_task(
     (None), so that inside pipelined() the statement waits for no answer of its own."""
     if not read_back and _sql():
         with connection.cursor() as cursor:
+            # raw SQL: the same UPDATE, its answer not read (docs/benchmarks.md, the protected benchmark's fifth round)
             cursor.execute(_COUNT, [rounds, write_retries, tokens, task_id])
         return None
     if not _sql():
