@@ -23,7 +23,7 @@ from recovery.audit.signing import Keyring, event_hash, hash_of
 from recovery.engine.canonical import normalize
 from recovery.models import ActorKind, AuditChainHead, AuditEvent
 from recovery.statemachine import dbguards
-from recovery.statemachine.field_values import prepared
+from recovery.statemachine.field_values import pipeline, prepared
 
 GLOBAL = "global"
 SYSTEM_CHAIN = "system"
@@ -179,9 +179,9 @@ def _append_all(using: str, queued: list[dict]) -> list[AuditEvent]:
     connection = connections[using]
     now, keyring = queued[-1]["created_at"], Keyring.from_settings()
     chains = [chain_key(fields["task_id"]) for fields in queued]
-    many = connection.vendor == "postgresql"
+    reserved = connection.vendor == "postgresql"  # the events' ids taken with the heads' lock
     with connection.cursor() as cursor:
-        heads, ids = _lock_heads(cursor, list(dict.fromkeys(chains)), now, ids=len(queued) if many else 0)
+        heads, ids = _lock_heads(cursor, list(dict.fromkeys(chains)), now, ids=len(queued) if reserved else 0)
         length = heads.pop(GLOBAL)[0]
         tails = heads
         events = []
@@ -192,7 +192,7 @@ def _append_all(using: str, queued: list[dict]) -> list[AuditEvent]:
             event = AuditEvent(
                 prev_id=tail[2], hash=digest, key_id=keyring.signing_id, hmac=keyring.sign(digest), **fields
             )
-            if many:
+            if reserved:
                 event.pk = ids[position]
             else:  # one at a time: the next event of the chain links to this one's id
                 _insert(cursor, [event], using)
@@ -200,21 +200,12 @@ def _append_all(using: str, queued: list[dict]) -> list[AuditEvent]:
             events.append(event)
         moved = {chain: (number, digest, pk) for chain, (number, digest, pk) in tails.items()}
         moved[GLOBAL] = (length + len(events), events[-1].hash, events[-1].pk)
-        with _pipeline(connection) if many else nullcontext():
-            if many:
+        with pipeline(connection) if reserved else nullcontext():
+            if reserved:
                 _insert(cursor, events, using)
             # raw SQL: every head moved in one UPDATE (docs/benchmarks.md, the protected benchmark's third round)
             cursor.execute(*_move_heads(moved, now))
     return events
-
-
-@contextmanager
-def _pipeline(connection) -> Iterator[None]:
-    """psycopg's pipeline mode for the statements inside: sent one after the other without waiting, answered in one
-    round trip when the block ends (a failure raised there, as Django's error). The events' INSERT and the heads'
-    UPDATE need nothing from each other's answer (docs/benchmarks.md, the protected benchmark's fifth round)."""
-    with connection.wrap_database_errors, connection.connection.pipeline():
-        yield
 
 
 def _move_heads(moved: dict[str, tuple[int, str, int]], now: datetime) -> tuple[str, list]:
@@ -233,7 +224,7 @@ def _move_heads(moved: dict[str, tuple[int, str, int]], now: datetime) -> tuple[
     return sql, [*params, now, *keys]
 
 
-_EVENT_FIELDS = [field for field in AuditEvent._meta.concrete_fields if not field.primary_key]
+_EVENT_FIELDS = tuple(field for field in AuditEvent._meta.concrete_fields if not field.primary_key)
 _COLUMNS = ", ".join(field.column for field in _EVENT_FIELDS)
 
 
@@ -246,10 +237,9 @@ def _insert(cursor, events: list[AuditEvent], using: str) -> None:
             event.save(using=using, force_insert=True)  # someone listens: go through the ORM
         return
     with_ids = events[0].pk is not None
-    fields = ([AuditEvent._meta.pk] if with_ids else []) + _EVENT_FIELDS
+    fields = ((AuditEvent._meta.pk,) if with_ids else ()) + _EVENT_FIELDS
     row = f"({', '.join(['%s'] * len(fields))})"
     sql = f"INSERT INTO {_EVENTS} ({'id, ' if with_ids else ''}{_COLUMNS}) VALUES {', '.join([row] * len(events))}"
-    fields = tuple(fields)
     values = [value for event in events for value in prepared(event, fields, connection, pre_save=False)]
     if with_ids:
         cursor.execute(sql, values)

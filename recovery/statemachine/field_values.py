@@ -1,11 +1,13 @@
 """Rows in and out of the hot paths' own statements without the ORM's per-value detours (docs/benchmarks.md, the
 protected benchmark's fifth round): a value that its field would hand to the driver unchanged goes as it is, and a
-row read back becomes an instance as Model.from_db makes it. Anything else takes the ORM's own way.
+row read back becomes an instance as Model.from_db makes it. Anything else takes the ORM's own way. And statements
+that need nothing from each other's answers sent together (pipeline()).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -78,3 +80,13 @@ def from_row(model: type[Model], alias: str, attnames: Sequence[str], values: Se
     state.adding, state.db = False, alias
     instance._state = state
     return instance
+
+
+@contextmanager
+def pipeline(connection) -> Iterator[None]:
+    """psycopg's pipeline mode on `connection` (PostgreSQL) for the statements inside: sent without waiting for each
+    one's answer; a statement whose rows are read waits for it and every one sent before it, in one round trip, and
+    the rest are answered together when the block ends. A failure is raised there as Django's error."""
+    connection.ensure_connection()
+    with connection.wrap_database_errors, connection.connection.pipeline():
+        yield

@@ -21,7 +21,7 @@ from recovery.models import ApiToken, Attempt, Breaker, Call, GateDecision, Prov
 from recovery.registry import with_alternates
 from recovery.selectors import tasks_calls
 from recovery.selectors.context import AdmissionRead
-from recovery.statemachine.field_values import from_row, prepared
+from recovery.statemachine.field_values import from_row, pipeline, prepared
 
 
 def _sql() -> bool:
@@ -250,11 +250,6 @@ def count_on_task(
     statement where the ORM needs an UPDATE and a SELECT. The decision that follows reads them as this transaction
     left them (another call of the task may have moved them a moment before). `read_back=False`: nothing read back
     (None), so that inside pipelined() the statement waits for no answer of its own."""
-    if not read_back and _sql():
-        with connection.cursor() as cursor:
-            # raw SQL: the same UPDATE, its answer not read (docs/benchmarks.md, the protected benchmark's fifth round)
-            cursor.execute(_COUNT, [rounds, write_retries, tokens, task_id])
-        return None
     if not _sql():
         tasks = Task.objects.filter(pk=task_id)
         tasks.update(
@@ -265,7 +260,7 @@ def count_on_task(
         return Counters(*tasks.values_list("rounds_used", "tokens_used", "write_retries_used").get())
     with connection.cursor() as cursor:
         cursor.execute(_COUNT, [rounds, write_retries, tokens, task_id])
-        return Counters(*cursor.fetchone())
+        return Counters(*cursor.fetchone()) if read_back else None
 
 
 # --- a call's state ------------------------------------------------------------------------------------------------
@@ -276,7 +271,9 @@ def _transition_sql(columns: tuple[str, ...]) -> str:
     sets = ", ".join(f"{_q(Call._meta.get_field(name).column)} = %s" for name in columns)
     return (
         f"UPDATE {Call._meta.db_table} SET {sets}, version = version + 1 WHERE id = %s AND state = %s AND version = %s "
-        "RETURNING version"  # the rows it changed are read back, not counted: inside pipelined() that is the wait
+        # read back, not counted: inside pipelined() that is the wait (docs/benchmarks.md, the protected benchmark's
+        # fifth round)
+        "RETURNING version"
     )
 
 
@@ -306,8 +303,7 @@ def pipelined() -> Iterator[None]:
     if not _sql() or db.vendor != "postgresql":
         yield
         return
-    db.ensure_connection()
-    with db.wrap_database_errors, db.connection.pipeline():
+    with pipeline(db):
         yield
 
 
