@@ -112,7 +112,7 @@ def database_from_env(name: str, *, sqlite_default: Path) -> dict:
     scheme = urlsplit(url).scheme
     if scheme in {"postgres", "postgresql", "pgsql"}:
         config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
-        config["ENGINE"] = "django.db.backends.postgresql"
+        config["ENGINE"] = "console.postgresql"  # Django's, its health check without a round trip
         # Behind PgBouncer in transaction mode (docs/deploy.md) a server connection serves another client between
         # two transactions: nothing may outlive one — no prepared statement, no cursor held open between queries.
         pooled = env_bool("DATABASE_TRANSACTION_POOLING", False)
