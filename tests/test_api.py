@@ -392,6 +392,21 @@ def test_blocked_by_names_the_waited_for_calls_and_blocked_by_steps_the_steps(cl
     assert (again.call_id, again.blocked_by, again.blocked_by_steps) == (notice.call_id, [shipment.call_id], [2])
 
 
+def test_another_call_of_a_step_that_waits_waits_too(client):
+    """A step made by an earlier call keeps its dependencies for the calls registered on it later, which say none of
+    their own (the step is found, not made, by the statement that inserts the call: docs/benchmarks.md)."""
+    task, payment = new_call(client)  # step 1, not committed
+    shipment = client.add_call(
+        task.id, step=2, depends_on=[1], tool="order.lookup", arguments={"order_id": "O-2"}, idempotency_key="k-s1"
+    )
+    again = client.add_call(
+        task.id, step=2, depends_on=[], tool="order.lookup", arguments={"order_id": "O-3"}, idempotency_key="k-s2"
+    )
+    assert again.call_id != shipment.call_id
+    assert (again.blocked_by, again.blocked_by_steps) == ([payment.call_id], [1])
+    assert Call.objects.get(pk=again.call_id).step_id == Call.objects.get(pk=shipment.call_id).step_id
+
+
 def test_a_call_without_an_attempt_limit_says_null(client):
     data = copy.deepcopy(REGISTRY)
     next(tool for tool in data["tools"] if tool["name"] == "order.lookup")["budgets"] = {}  # no limit, nor the task's

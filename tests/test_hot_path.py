@@ -8,6 +8,7 @@ import itertools
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -354,6 +355,29 @@ def test_a_first_admissions_read_says_what_the_admission_read_says_of_a_call_wit
         assert not GateDecision.objects.filter(pk__in=keys[1]).exists()
 
 
+@pytest.mark.postgres
+def test_a_call_inserted_with_its_step_is_the_orms_row_and_reads_what_its_first_admission_reads(calls):
+    """hot_path.insert_with_step: the step made or found, the call as the ORM writes it, whether the step is new, and
+    the read first_admission_read makes after the insert (the reserved keys aside, which each statement draws)."""
+    busy = calls["busy"]
+
+    def new(key: str) -> Call:
+        return Call(
+            tenant=busy.tenant, task=busy.task, tool=busy.tool, idempotency_key=key, arguments={"n": key},
+            fingerprint=f"f-{key}", side_effect=busy.tool.side_effect, risk=busy.tool.risk, outcome_timeout_s=30,
+        )  # fmt: skip
+
+    for index, key, made in ((5, "in-later", False), (9, "in-new", True)):  # step 5 waits on busy's step
+        call, was_made, read = hot_path.insert_with_step(new(key), index, read=True)
+        assert was_made is made and call.step.index == index and call.step.task_id == busy.task_id
+        assert _fields(call) == _fields(Call.objects.get(pk=call.pk))
+        after = hot_path.first_admission_read(call)
+        assert replace(read, reserved_ids=None) == replace(after, reserved_ids=None), key
+        assert read.has_dependency_calls is (index == 5) and read.unsettled_in_task == 1
+    assert Step.objects.filter(task=busy.task, index=9).count() == 1
+    assert hot_path.insert_with_step(new("in-new"), 9, read=True) == (None, False, None)  # its key is taken
+
+
 def test_a_calls_insert_answers_a_taken_key_with_no_row_and_a_pair_goes_in_as_the_orm_writes_it(calls, settings):
     from django.db import IntegrityError, transaction
 
@@ -407,11 +431,12 @@ def test_a_reports_locked_call_read_alone_keeps_the_tool_and_task_read_with_its_
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_registration_that_admits_its_first_attempt_costs_twelve_statements(registry, task, client):
+def test_a_registration_that_admits_its_first_attempt_costs_ten_statements(registry, task, client):
     """The protected call's one round trip before the send (docs/benchmarks.md, the protected benchmark): the token,
-    the task, the tool with what its key and intent have, the step and the call, the first admission's read, the
-    task's counters, the call moved, the attempt with its gate answer, and the audit events appended at the commit
-    (three). Counted on the task's second call: its first makes the task's audit head and marks the token used."""
+    the task, the tool with what its key and intent have, the step and the call with what the first admission reads
+    (one statement), the task's counters, the call moved, the attempt with its gate answer, and the audit events
+    appended at the commit (three). Counted on the task's second call: its first makes the task's audit head and
+    marks the token used."""
     _, raw = token_create(name="runtime", tenants=["acme"], actor=Actor.system("t"))
 
     def register(step: int):
@@ -432,11 +457,11 @@ def test_a_registration_that_admits_its_first_attempt_costs_twelve_statements(re
     assert stored.response == answer.json()["admission"]
     assert GateDecision.objects.get(attempt=stored).pk == answer.json()["admission"]["gate"]["id"]
     statements = [q["sql"] for q in ran if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 12, "\n".join(statements)
-    # With BEGIN and COMMIT, waited for one by one, they were 14 round trips. The attempt with its gate answer, the
+    assert len(statements) == 10, "\n".join(statements)
+    # With BEGIN and COMMIT, waited for one by one, they were 12 round trips. The attempt with its gate answer, the
     # task's counters and the call's move leave together (hot_path.pipelined: their answers in 2), and so do the
     # audit events' INSERT and the heads' UPDATE (1).
-    assert trips == [12], "\n".join(statements)
+    assert trips == [10], "\n".join(statements)
 
 
 @contextmanager

@@ -59,7 +59,8 @@ def admit_added(request, added: CallAdded, admit: AdmitIn, actor) -> dict:
     gate's stored denial), nothing when the call is past admitting."""
     if not _admissible(added, admit.attempt_id):
         return {"admission": None, "not_admitted": None}
-    read = hot_path.first_admission_read(added.call) if added.created else None
+    # What the admission reads: read with the call's insert (call_add's `admitting`), or now.
+    read = (added.read or hot_path.first_admission_read(added.call)) if added.created else None
     if read is not None:  # the call, its tool and task as this request inserted and read them
         call = added.call
     else:

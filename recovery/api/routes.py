@@ -303,6 +303,7 @@ def add_call(request, task_id: int, payload: CallIn):
             idempotency_key=payload.idempotency_key,
             actor=actor,
             compensation=payload.compensation.model_dump() if payload.compensation else None,
+            admitting=payload.admit is not None,
         )
         admitted = admit_added(request, added, payload.admit, actor) if payload.admit is not None else None
     failure, required_next = calls.preflight_answer(added.call, added.preflight)

@@ -22,6 +22,7 @@ from recovery.engine.types import FieldError, RequiredNext
 from recovery.engine.validation import validate_args
 from recovery.models import Call, Step, Task, TaskStatus, Tool
 from recovery.registry import tool_policy
+from recovery.selectors.context import AdmissionRead
 from recovery.selectors.tasks_calls import allowed_tools, blocking
 from recovery.services.answers import public_failure
 from recovery.services.errors import Refusal
@@ -38,13 +39,23 @@ class CallAdded:
     preflight: tuple[FieldError, ...]
     blocked_by: list[int] = field(default_factory=list)  # calls of the dependencies not COMMITTED yet
     blocked_by_steps: list[int] = field(default_factory=list)  # the dependency steps waited for, by index
+    read: AdmissionRead | None = None  # what its first admission reads, read with its insert (call_add's `admitting`)
 
 
-def _added(call: Call, *, created: bool, preflight: tuple[FieldError, ...], independent: bool = False) -> CallAdded:
+def _added(
+    call: Call,
+    *,
+    created: bool,
+    preflight: tuple[FieldError, ...],
+    independent: bool = False,
+    read: AdmissionRead | None = None,
+) -> CallAdded:
     """The answer's parts; `independent`: the call's step was made by this request with no dependencies, so nothing
     blocks it (no query)."""
     calls, steps = ([], []) if independent else blocking(call)
-    return CallAdded(call=call, created=created, preflight=preflight, blocked_by=calls, blocked_by_steps=steps)
+    return CallAdded(
+        call=call, created=created, preflight=preflight, blocked_by=calls, blocked_by_steps=steps, read=read
+    )
 
 
 def call_add(
@@ -59,10 +70,13 @@ def call_add(
     compensation: dict | None = None,
     evidence: dict | None = None,
     with_call: Callable[[Call], object] | None = None,
+    admitting: bool = False,
 ) -> CallAdded:
     """Register a call of `task`'s step; `compensation` ({tool, args}): the step's own undo, instead of its tool's
     registry default (a saga's abort uses it, docs/compensation.md). `evidence`: more for the `call.added` event;
-    `with_call`: run on the new call inside its insert's transaction (the MCP gateway stores the call's origin)."""
+    `with_call`: run on the new call inside its insert's transaction (the MCP gateway stores the call's origin);
+    `admitting`: its first attempt is admitted next, in this transaction (what that reads comes with the insert where
+    hot_path.insert_with_step applies)."""
     print_ = fingerprint(tool_name, arguments)
     named, keyed = (None, None)
     if compensation is None:  # the tool and what its key and intent already have, in one read
@@ -83,19 +97,25 @@ def call_add(
         # Where a concurrent add of the same key comes back as no row (hot_path.insert_new), nothing here can fail
         # half-way for that race: no savepoint inside the caller's transaction (API 1.2 registers and admits in one).
         with transaction.atomic(savepoint=not hot_path.skips_conflicts(Call)):
-            step, made = _step(task, step_index, depends_on, compensation)
-            call = call_insert(
+            row = _new_call(
                 task=task,
-                step=step,
+                step=None,
                 tool=tool,
                 idempotency_key=idempotency_key,
                 arguments=arguments,
                 fingerprint=print_,
                 max_attempts=_max_attempts(policy.budgets.max_attempts, task),
-                actor=actor,
-                reason=f"{tool.name} step {step_index}",
-                evidence={"preflight_errors": len(preflight), **(evidence or {})},
             )
+            call, made, read = _insert_in_step(
+                row, task, step_index, depends_on, compensation, admitting and not preflight
+            )
+            if call is not None:
+                _call_added(
+                    call,
+                    actor,
+                    f"{tool.name} step {step_index}",
+                    {"preflight_errors": len(preflight), **(evidence or {})},
+                )
             if call is not None and with_call is not None:
                 with_call(call)
     except IntegrityError:
@@ -106,7 +126,22 @@ def call_add(
         if existing is None:
             raise IntegrityError(f"task {task.pk}: the call {idempotency_key!r} conflicted with no call of that key")
         return _same_key(existing, task, print_)
-    return _added(call, created=True, preflight=preflight, independent=made and not depends_on)
+    return _added(call, created=True, preflight=preflight, independent=made and not depends_on, read=read)
+
+
+def _insert_in_step(
+    row: Call, task: Task, step_index: int, depends_on: list[int], compensation: dict | None, admitting: bool
+) -> tuple[Call | None, bool, AdmissionRead | None]:
+    """`row` inserted in the task's step `step_index`: the call (None: its key is taken), whether this request made
+    the step, and what its first admission reads when `admitting` and it came with the insert. A step with nothing
+    of its own to record (no dependencies, no undo of its own) is made with the call in one statement where
+    hot_path.insert_with_step applies."""
+    if compensation is None and not depends_on:
+        together = hot_path.insert_with_step(row, step_index, read=admitting)
+        if together is not None:
+            return together
+    row.step, made = _step(task, step_index, depends_on, compensation)
+    return hot_path.insert_new(row), made, None
 
 
 def _check_admissible(
@@ -232,39 +267,65 @@ def call_insert(
     evidence: dict,
     observed: bool = False,
 ) -> Call | None:
-    """Insert a new call (READY) and its `call.added` audit event, inside the caller's transaction: the one way a
-    call row comes to be, whether a runtime registered it (call_add) or a trace reported it after the fact
-    (services.observed, `observed`). The evidence always carries the key and the fingerprint. None: the tenant
-    already has a call of that tool and key, found by the insert itself where hot_path.skips_conflicts(Call) (an
-    IntegrityError otherwise)."""
-    call = hot_path.insert_new(
-        Call(
-            tenant=task.tenant,
-            task=task,
-            step=step,
-            tool=tool,
-            idempotency_key=idempotency_key,
-            arguments=arguments,
-            fingerprint=fingerprint,
-            side_effect=tool.side_effect,
-            risk=tool.risk,
-            max_attempts=max_attempts,  # None: no limit
-            outcome_timeout_s=tool.outcome_timeout_s,
-            observed=observed,
-        )
+    """Insert a new call (READY) and its `call.added` audit event, inside the caller's transaction, for a trace that
+    reported it after the fact (services.observed, `observed`). A runtime's registration (call_add) inserts its row
+    with its step; either way the row is _new_call's and the event _call_added's, which always carries the key and
+    the fingerprint. None: the tenant already has a call of that tool and key, found by the insert itself where
+    hot_path.skips_conflicts(Call) (an IntegrityError otherwise)."""
+    row = _new_call(
+        task=task,
+        step=step,
+        tool=tool,
+        idempotency_key=idempotency_key,
+        arguments=arguments,
+        fingerprint=fingerprint,
+        max_attempts=max_attempts,
+        observed=observed,
     )
-    if call is None:
-        return None
+    call = hot_path.insert_new(row)
+    if call is not None:
+        _call_added(call, actor, reason, evidence)
+    return call
+
+
+def _new_call(
+    *,
+    task: Task,
+    step: Step | None,
+    tool: Tool,
+    idempotency_key: str,
+    arguments: dict,
+    fingerprint: str,
+    max_attempts: int | None,
+    observed: bool = False,
+) -> Call:
+    return Call(
+        tenant=task.tenant,
+        task=task,
+        step=step,
+        tool=tool,
+        idempotency_key=idempotency_key,
+        arguments=arguments,
+        fingerprint=fingerprint,
+        side_effect=tool.side_effect,
+        risk=tool.risk,
+        max_attempts=max_attempts,  # None: no limit
+        outcome_timeout_s=tool.outcome_timeout_s,
+        observed=observed,
+    )
+
+
+def _call_added(call: Call, actor: Actor, reason: str, evidence: dict) -> None:
+    """The new call's `call.added` event: its key and fingerprint, and `evidence`."""
     append_event(
         action=AuditAction.CALL_ADDED,
         actor=actor,
-        task_id=task.pk,
+        task_id=call.task_id,
         call_id=call.pk,
         to_state=call.state,
         reason=reason,
-        evidence={"idempotency_key": idempotency_key, "fingerprint": fingerprint, **evidence},
+        evidence={"idempotency_key": call.idempotency_key, "fingerprint": call.fingerprint, **evidence},
     )
-    return call
 
 
 def _check_compensation(compensation: dict, tool, tools: dict) -> None:

@@ -327,6 +327,7 @@ def _register_and_admit(
         actor=actor,
         evidence={"mcp": origin.evidence(tool)},
         with_call=lambda call: origin.store(call, tool, request),
+        admitting=True,
     )
     call = added.call
     if not added.created:  # the same intent registered at the same moment by a re-issue: never sent twice
@@ -336,7 +337,8 @@ def _register_and_admit(
         return Answer(
             failure["public_message"], True, {"call_id": call.pk, "call_state": call.state, "failure": failure}
         )
-    read = hot_path.first_admission_read(call)  # the call as inserted (its tool and task read with it)
+    # What the admission reads, read with the insert (or now): the call as inserted, its tool and task read with it.
+    read = added.read or hot_path.first_admission_read(call)
     if read is None:
         found = hot_path.call_for_attempt(call.pk, {call.tenant_id}, attempt_id="a1")
         call, read = found if found is not None else (call, None)

@@ -15,6 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.models import F, Model, signals
+from django.utils import timezone
 
 from recovery.engine.states import UNSETTLED, CallState
 from recovery.models import ApiToken, Attempt, Breaker, Call, GateDecision, Provider, Receipt, Step, Task, Tenant, Tool
@@ -173,7 +174,9 @@ def _orm_call_for_attempt(
 
 
 @cache
-def _first_sql() -> str:
+def _first_columns(step: str) -> str:
+    """What a first admission reads (first_admission_read), as a select list over the breaker `b`; `step`, the SQL of
+    the call's step id. Its parameters: the task's id four times."""
     calls, attempts = Call._meta.db_table, Attempt._meta.db_table
     through = Step.depends_on.through._meta.db_table
     unsettled = ", ".join(f"'{state}'" for state in sorted(UNSETTLED))  # literals from the state table
@@ -184,15 +187,19 @@ def _first_sql() -> str:
         f"(SELECT MAX(x.admitted_at) FROM {attempts} x JOIN {calls} y ON x.call_id = y.id WHERE y.task_id = %s)"
     )
     return (
-        f"SELECT {_columns(Breaker, 'b')}, "
+        f"{_columns(Breaker, 'b')}, "
         f"(SELECT COUNT(*) FROM {calls} u WHERE u.task_id = %s AND u.state IN ({unsettled})), "
         f"(SELECT COUNT(*) FROM {calls} v WHERE v.task_id = %s AND v.state = '{CallState.COMPENSATING}'), "
         f"EXISTS(SELECT 1 FROM {calls} d WHERE d.step_id IN "
-        f"(SELECT e.to_step_id FROM {through} e WHERE e.from_step_id = %s)), ({reported}), "
+        f"(SELECT e.to_step_id FROM {through} e WHERE e.from_step_id = {step})), ({reported}), "
         f"nextval(pg_get_serial_sequence('{attempts}', 'id')), "
-        f"nextval(pg_get_serial_sequence('{GateDecision._meta.db_table}', 'id')) "
-        f"FROM (SELECT 1) one LEFT JOIN {Breaker._meta.db_table} b ON b.tool_id = %s"
+        f"nextval(pg_get_serial_sequence('{GateDecision._meta.db_table}', 'id'))"
     )
+
+
+@cache
+def _first_sql() -> str:
+    return f"SELECT {_first_columns('%s')} FROM (SELECT 1) one LEFT JOIN {Breaker._meta.db_table} b ON b.tool_id = %s"
 
 
 def first_admission_read(call: Call) -> AdmissionRead | None:
@@ -209,7 +216,11 @@ def first_admission_read(call: Call) -> AdmissionRead | None:
         # raw SQL: it paid in a same-run alternating measurement (docs/benchmarks.md, the protected benchmark)
         cursor.execute(_first_sql(), [task, task, call.step_id, task, task, call.tool_id])
         row = cursor.fetchone()
-    breaker, at = _load(Breaker, row, 0)
+    return _admission_read(call, row, 0)
+
+
+def _admission_read(call: Call, row: Sequence, offset: int) -> AdmissionRead:
+    breaker, at = _load(Breaker, row, offset)
     unsettled, compensating, dependencies, reported, attempt_pk, gate_pk = row[at:]
     return AdmissionRead(
         stored_attempt_pk=None,
@@ -223,6 +234,63 @@ def first_admission_read(call: Call) -> AdmissionRead | None:
         reported=[tuple(found) for found in reported or ()],
         reserved_ids=(attempt_pk, gate_pk),
     )
+
+
+# --- a new call with its step --------------------------------------------------------------------------------------
+
+_STEP_COLUMNS = ("task_id", "index", "name", "compensation", "created_at")
+
+
+@cache
+def _with_step_sql(read: bool) -> tuple[str, tuple, tuple]:
+    """The step made or found (ON CONFLICT DO UPDATE returns the row either way, a concurrent insert's too once it
+    commits; `xmax = 0` on a row this statement inserted), the call inserted in it unless its key is taken, and with
+    `read` what its first admission reads; the step's fields and the call's other than its step, in their parameters'
+    order."""
+    steps = Step._meta.db_table
+    step_columns = ", ".join(_q(Step._meta.get_field(name).column) for name in _STEP_COLUMNS)
+    fields = tuple(field for field in Call._meta.concrete_fields if not field.primary_key)
+    values = ", ".join("(SELECT id FROM made_step)" if field.attname == "step_id" else "%s" for field in fields)
+    sql = (
+        f"WITH made_step AS (INSERT INTO {steps} ({step_columns}) VALUES (%s, %s, %s, %s, %s) ON CONFLICT "
+        f"({_q('task_id')}, {_q('index')}) DO UPDATE SET {_q('name')} = {steps}.{_q('name')} RETURNING id, xmax = 0), "
+        f"made_call AS (INSERT INTO {Call._meta.db_table} ({', '.join(_q(field.column) for field in fields)}) "
+        f"VALUES ({values}) ON CONFLICT DO NOTHING RETURNING id) SELECT made_step.*, (SELECT id FROM made_call)"
+    )
+    breaker = Breaker._meta.db_table
+    if read:
+        sql += f", {_first_columns('made_step.id')} FROM made_step LEFT JOIN {breaker} b ON b.tool_id = %s"
+    else:
+        sql += " FROM made_step"
+    step_fields = tuple(Step._meta.get_field(name) for name in _STEP_COLUMNS)
+    return sql, step_fields, tuple(field for field in fields if field.attname != "step_id")
+
+
+def insert_with_step(call: Call, index: int, *, read: bool) -> tuple[Call | None, bool, AdmissionRead | None] | None:
+    """`call` inserted in its task's step `index`, the step made when missing, in one statement where insert_new()
+    after the step's own insert take two (PostgreSQL, with nothing listening to the saves of either): the call (None:
+    the tenant already has a call of that tool and key), whether the step is new, and with `read` what the call's
+    first admission reads (first_admission_read). None where this does not apply: the caller inserts one by one."""
+    if not skips_conflicts(Call) or connection.vendor != "postgresql" or _listened(Step):
+        return None
+    db = _wrapper()
+    step = Step(task_id=call.task_id, index=index, name="", compensation={}, created_at=timezone.now())
+    sql, step_fields, fields = _with_step_sql(read)
+    params = [*prepared(step, step_fields, db), *prepared(call, fields, db)]
+    if read:
+        params += [call.task_id] * 4 + [call.tool_id]
+    with connection.cursor() as cursor:
+        # raw SQL: the step, the call and the admission's read in one round trip (docs/benchmarks.md, the protected
+        # benchmark's sixth round)
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    step.pk, made, call.pk = row[:3]
+    if call.pk is None:
+        return None, made, None
+    call.step_id = step.pk
+    if made:
+        _cache_related(call, "step", _inserted(step))
+    return _inserted(call), made, _admission_read(call, row, 3) if read else None
 
 
 # --- the task's counters -------------------------------------------------------------------------------------------
