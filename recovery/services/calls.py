@@ -97,27 +97,16 @@ def call_add(
         # Where a concurrent add of the same key comes back as no row (hot_path.insert_new), nothing here can fail
         # half-way for that race: no savepoint inside the caller's transaction (API 1.2 registers and admits in one).
         with transaction.atomic(savepoint=not hot_path.skips_conflicts(Call)):
-            row = _new_call(
-                task=task,
-                step=None,
-                tool=tool,
-                idempotency_key=idempotency_key,
-                arguments=arguments,
-                fingerprint=print_,
-                max_attempts=_max_attempts(policy.budgets.max_attempts, task),
-            )
+            budget = _max_attempts(policy.budgets.max_attempts, task)
+            row = _new_call(task, None, tool, idempotency_key, arguments, print_, budget)
             call, made, read = _insert_in_step(
                 row, task, step_index, depends_on, compensation, admitting and not preflight
             )
             if call is not None:
-                _call_added(
-                    call,
-                    actor,
-                    f"{tool.name} step {step_index}",
-                    {"preflight_errors": len(preflight), **(evidence or {})},
-                )
-            if call is not None and with_call is not None:
-                with_call(call)
+                more = {"preflight_errors": len(preflight), **(evidence or {})}
+                _call_added(call, actor, f"{tool.name} step {step_index}", more)
+                if with_call is not None:
+                    with_call(call)
     except IntegrityError:
         call = None
     if call is None:
@@ -272,16 +261,7 @@ def call_insert(
     with its step; either way the row is _new_call's and the event _call_added's, which always carries the key and
     the fingerprint. None: the tenant already has a call of that tool and key, found by the insert itself where
     hot_path.skips_conflicts(Call) (an IntegrityError otherwise)."""
-    row = _new_call(
-        task=task,
-        step=step,
-        tool=tool,
-        idempotency_key=idempotency_key,
-        arguments=arguments,
-        fingerprint=fingerprint,
-        max_attempts=max_attempts,
-        observed=observed,
-    )
+    row = _new_call(task, step, tool, idempotency_key, arguments, fingerprint, max_attempts, observed=observed)
     call = hot_path.insert_new(row)
     if call is not None:
         _call_added(call, actor, reason, evidence)
@@ -289,16 +269,17 @@ def call_insert(
 
 
 def _new_call(
-    *,
     task: Task,
     step: Step | None,
     tool: Tool,
     idempotency_key: str,
     arguments: dict,
-    fingerprint: str,
+    print_: str,
     max_attempts: int | None,
+    *,
     observed: bool = False,
 ) -> Call:
+    """The new call's row, READY."""
     return Call(
         tenant=task.tenant,
         task=task,
@@ -306,7 +287,7 @@ def _new_call(
         tool=tool,
         idempotency_key=idempotency_key,
         arguments=arguments,
-        fingerprint=fingerprint,
+        fingerprint=print_,
         side_effect=tool.side_effect,
         risk=tool.risk,
         max_attempts=max_attempts,  # None: no limit
