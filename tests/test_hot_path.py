@@ -163,11 +163,19 @@ def test_a_state_update_writes_what_the_orm_writes(calls, settings):
 def test_token_links_are_the_orms_reading(registry, settings):
     other = registry["tenant"].__class__.objects.create(name="globex", sandbox=True, all_tools=True)
     token, raw = token_create(name="runtime", tenants=["acme", "globex"], actor=Actor.system("t"))
-    sql, orm = _both(settings, lambda: hot_path.token_links(raw[:12]))
+    (sql, none), (orm, _) = _both(settings, lambda: hot_path.token_links(raw[:12]))
     assert [(_fields(t), _fields(n)) for t, n in sql] == [(_fields(t), _fields(n)) for t, n in orm]
     assert [n.name for _, n in sql] == ["acme", "globex"] and {t.pk for t, _ in sql} == {token.pk}
-    assert other.pk in {n.pk for _, n in sql}
-    assert _both(settings, lambda: hot_path.token_links("rc_unknown00")) == ([], [])
+    assert other.pk in {n.pk for _, n in sql} and none is None
+    assert _both(settings, lambda: hot_path.token_links("rc_unknown00")) == (([], None), ([], None))
+    # The task a path names, read with the token: found only among the token's tenants, its tenant with it.
+    mine = Task.objects.create(tenant=other, external_id="mine", agent="a", goal="g")
+    alien = Tenant.objects.create(name="initech", sandbox=True, all_tools=True)
+    theirs = Task.objects.create(tenant=alien, external_id="theirs", agent="a", goal="g")
+    (_, sql), (_, orm) = _both(settings, lambda: hot_path.token_links(raw[:12], mine.pk))
+    assert _fields(sql) == _fields(orm) == _fields(mine) and _fields(sql.tenant) == _fields(other)
+    for absent in (theirs.pk, 2**62):
+        assert _both(settings, lambda a=absent: hot_path.token_links(raw[:12], a)[1]) == (None, None)
 
 
 def test_an_insert_writes_the_row_the_orm_writes(calls, settings):
@@ -431,12 +439,12 @@ def test_a_reports_locked_call_read_alone_keeps_the_tool_and_task_read_with_its_
 
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
-def test_a_registration_that_admits_its_first_attempt_costs_ten_statements(registry, task, client):
-    """The protected call's one round trip before the send (docs/benchmarks.md, the protected benchmark): the token,
-    the task, the tool with what its key and intent have, the step and the call with what the first admission reads
-    (one statement), the task's counters, the call moved, the attempt with its gate answer, and the audit events
-    appended at the commit (three). Counted on the task's second call: its first makes the task's audit head and
-    marks the token used."""
+def test_a_registration_that_admits_its_first_attempt_costs_nine_statements(registry, task, client):
+    """The protected call's one round trip before the send (docs/benchmarks.md, the protected benchmark): the token
+    with the task its path names, the tool with what its key and intent have, the step and the call with what the
+    first admission reads (one statement), the task's counters, the call moved, the attempt with its gate answer,
+    and the audit events appended at the commit (three). Counted on the task's second call: its first makes the
+    task's audit head and marks the token used."""
     _, raw = token_create(name="runtime", tenants=["acme"], actor=Actor.system("t"))
 
     def register(step: int):
@@ -457,11 +465,11 @@ def test_a_registration_that_admits_its_first_attempt_costs_ten_statements(regis
     assert stored.response == answer.json()["admission"]
     assert GateDecision.objects.get(attempt=stored).pk == answer.json()["admission"]["gate"]["id"]
     statements = [q["sql"] for q in ran if q["sql"] not in ("BEGIN", "COMMIT")]
-    assert len(statements) == 10, "\n".join(statements)
-    # With BEGIN and COMMIT, waited for one by one, they were 12 round trips. The attempt with its gate answer, the
+    assert len(statements) == 9, "\n".join(statements)
+    # With BEGIN and COMMIT, waited for one by one, they were 11 round trips. The attempt with its gate answer, the
     # task's counters and the call's move leave together (hot_path.pipelined: their answers in 2), and so do the
     # audit events' INSERT and the heads' UPDATE (1).
-    assert trips == [10], "\n".join(statements)
+    assert trips == [9], "\n".join(statements)
 
 
 @contextmanager

@@ -79,9 +79,11 @@ def token_create(
     return token, raw
 
 
-def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | None:
+def token_authenticate(raw: str, *, now: datetime | None = None, task_id: int | None = None) -> ApiToken | None:
     """The live token `raw` names, with `tenant_list` (its tenants by name, read with it in the one statement every
     API request runs: recovery.statemachine.hot_path.token_links) and `tenant_ids` set; None for anything else.
+    `task_id`: the task the request's path names, read in the same statement: `tasks_read` maps it to the task (with
+    its tenant) if one of the token's tenants has it, to None otherwise.
 
     A token always has at least one tenant (token_create refuses none), so its tenant links are the token. Unknown,
     malformed and revoked tokens and wrong secrets all answer None, so a caller cannot tell them apart.
@@ -89,7 +91,7 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | N
     if len(raw) <= PREFIX_LENGTH or len(raw) > 200 or not TOKEN_SHAPE.fullmatch(raw):
         return None
     digest = token_digest(raw)
-    links = token_links(raw[:PREFIX_LENGTH])
+    links, named = token_links(raw[:PREFIX_LENGTH], task_id)
     token = links[0][0] if links else None
     if token is None or not hmac.compare_digest(token.digest, digest):
         return None
@@ -102,6 +104,7 @@ def token_authenticate(raw: str, *, now: datetime | None = None) -> ApiToken | N
             token.last_used_at = now
     token.tenant_list = tuple(tenant for _, tenant in links)
     token.tenant_ids = {tenant.pk for tenant in token.tenant_list}
+    token.tasks_read = {task_id: named} if task_id is not None else {}
     return token
 
 

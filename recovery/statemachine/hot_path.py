@@ -384,31 +384,48 @@ def _pk(value: Any) -> Any:
 
 
 @cache
-def _token_sql() -> str:
+def _token_sql(with_task: bool) -> str:
     through = ApiToken.tenants.through._meta.db_table
+    task, join = "", ""
+    if with_task:  # on the row of its tenant, if it has one among the token's
+        task = f", {_columns(Task, 't')}"
+        join = f" LEFT JOIN {Task._meta.db_table} t ON t.id = %s AND t.tenant_id = n.id"
     return (
-        f"SELECT {_columns(ApiToken, 'k')}, {_columns(Tenant, 'n')} FROM {through} a "
+        f"SELECT {_columns(ApiToken, 'k')}, {_columns(Tenant, 'n')}{task} FROM {through} a "
         f"JOIN {ApiToken._meta.db_table} k ON a.apitoken_id = k.id "
-        f"JOIN {Tenant._meta.db_table} n ON a.tenant_id = n.id "
+        f"JOIN {Tenant._meta.db_table} n ON a.tenant_id = n.id{join} "
         "WHERE k.prefix = %s AND k.revoked_at IS NULL ORDER BY n.name"
     )
 
 
-def token_links(prefix: str) -> list[tuple[Model, Model]]:
+def token_links(prefix: str, task_id: int | None = None) -> tuple[list[tuple[Model, Model]], Task | None]:
     """(token, tenant) for each tenant of the unrevoked token with this prefix, by tenant name, in one statement
-    (every API request runs it): services.tokens' reading of its tenant links with select_related."""
+    (every API request runs it): services.tokens' reading of its tenant links with select_related. With `task_id`
+    (the task a request's path names), that task with its tenant too, if one of the token's tenants has it
+    (hot_reads.task_in_tenants' answer, read in the same statement: docs/benchmarks.md, the protected benchmark's
+    sixth round)."""
     if not _sql():
         links = ApiToken.tenants.through.objects.select_related("apitoken", "tenant").filter(
             apitoken__prefix=prefix, apitoken__revoked_at__isnull=True
         )
-        return [(link.apitoken, link.tenant) for link in links.order_by("tenant__name")]
+        pairs = [(link.apitoken, link.tenant) for link in links.order_by("tenant__name")]
+        tenants = {tenant.pk for _, tenant in pairs}
+        named = Task.objects.select_related("tenant").filter(pk=task_id, tenant_id__in=tenants).first()
+        return pairs, named if task_id is not None else None
     with connection.cursor() as cursor:
-        cursor.execute(_token_sql(), [prefix])
+        cursor.execute(_token_sql(task_id is not None), [task_id, prefix] if task_id is not None else [prefix])
         rows = cursor.fetchall()
     if not rows:
-        return []
+        return [], None
     token, at = _load(ApiToken, rows[0], 0)  # the same token on every row: one instance
-    return [(token, _load(Tenant, row, at)[0]) for row in rows]
+    pairs, named = [], None
+    for row in rows:
+        tenant, after = _load(Tenant, row, at)
+        pairs.append((token, tenant))
+        if task_id is not None and row[after] is not None:
+            named = _load(Task, row, after)[0]
+            _cache_related(named, "tenant", tenant)
+    return pairs, named
 
 
 # --- the attempt's rows --------------------------------------------------------------------------------------------
