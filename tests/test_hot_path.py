@@ -12,17 +12,18 @@ from dataclasses import replace
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from recovery.audit.chain import Actor
-from recovery.models import Attempt, Breaker, Call, GateDecision, Receipt, Step, Task, Tenant
+from recovery.models import Attempt, AuditEvent, Breaker, Call, GateDecision, Receipt, Step, Task, Tenant
 from recovery.registry import tool_policy
 from recovery.selectors.context import gate_context
 from recovery.services import attempts
 from recovery.services.tokens import token_create
 from recovery.statemachine import hot_path, hot_reads
+from recovery.statemachine.transitions import TransitionConflict, transition_call
 
 
 def _both(settings, read):
@@ -149,12 +150,17 @@ def test_a_state_update_writes_what_the_orm_writes(calls, settings):
         settings.RECOVERY_HOT_PATH_SQL = sql
         call = Call.objects.get(pk=calls["plain"].pk if sql else calls["dependent"].pk)
         stale = hot_path.update_call_state(
-            call, "SENT", {"state": "SENT", "state_changed_at": now, "updated_at": now}
+            call, "SENT", {"state": "SENT", "state_changed_at": now, "updated_at": now}, RuntimeError
         )  # not in that state: nothing changes
         moved = hot_path.update_call_state(
-            call, "READY", {"state": "SENT", "state_changed_at": now, "updated_at": now, "attempts_count": 1}
+            call,
+            "READY",
+            {"state": "SENT", "state_changed_at": now, "updated_at": now, "attempts_count": 1},
+            RuntimeError,
         )
-        again = hot_path.update_call_state(call, "READY", {"state": "SENT", "updated_at": now})  # the old version
+        again = hot_path.update_call_state(  # the old version
+            call, "READY", {"state": "SENT", "updated_at": now}, RuntimeError
+        )
         after = Call.objects.get(pk=call.pk)
         written.append((stale, moved, again, after.state, after.version, after.attempts_count, after.state_changed_at))
     assert written[0] == written[1] == (0, 1, 0, "SENT", 1, 1, now)
@@ -386,6 +392,19 @@ def test_a_call_inserted_with_its_step_is_the_orms_row_and_reads_what_its_first_
     assert hot_path.insert_with_step(new("in-new"), 9, read=True) == (None, False, None)  # its key is taken
 
 
+def test_a_move_inside_a_pipelined_block_that_meets_a_moved_call_raises_its_conflict_and_records_nothing(calls):
+    """hot_path.pipelined(): a call's move is answered at the block's end, and a move that did not hold (someone
+    moved the call first) raises the transition's conflict there, the caller's transaction undone with the move's
+    audit event."""
+    stale = calls["plain"]
+    events = AuditEvent.objects.filter(call_id=stale.pk, action="call.transition")
+    first = transition_call(Call.objects.get(pk=stale.pk), "SENT", actor=Actor.system("t"), reason="another request")
+    with pytest.raises(TransitionConflict), transaction.atomic(), hot_path.pipelined():
+        transition_call(stale, "SENT", actor=Actor.system("t"), reason="attempt 1 admitted (first_attempt)")
+    after = Call.objects.get(pk=stale.pk)
+    assert (after.state, after.version) == ("SENT", first.version) and events.count() == 1
+
+
 def test_a_calls_insert_answers_a_taken_key_with_no_row_and_a_pair_goes_in_as_the_orm_writes_it(calls, settings):
     from django.db import IntegrityError, transaction
 
@@ -467,9 +486,9 @@ def test_a_registration_that_admits_its_first_attempt_costs_nine_statements(regi
     statements = [q["sql"] for q in ran if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(statements) == 9, "\n".join(statements)
     # With BEGIN and COMMIT, waited for one by one, they were 11 round trips. The attempt with its gate answer, the
-    # task's counters and the call's move leave together (hot_path.pipelined: their answers in 2), and so do the
+    # task's counters and the call's move leave together (hot_path.pipelined: their answers in 1), and so do the
     # audit events' INSERT and the heads' UPDATE (1).
-    assert trips == [9], "\n".join(statements)
+    assert trips == [8], "\n".join(statements)
 
 
 @contextmanager

@@ -387,8 +387,9 @@ def _first_admission(admitting: _Admitting, earlier: list[dict], reserved_ids: t
     """_admission for a call registered in this transaction, the keys of its attempt and gate rows reserved by its
     read: the attempt goes in with its stored answer (the call SENT, as the move below leaves it) and the gate row
     with it, in one statement (hot_path.insert_together) instead of three. Those rows, the task's round and the
-    call's move leave together (hot_path.pipelined): their answers in two round trips instead of three, the move's
-    awaited, which says whether it held (if not, the conflict undoes the whole registration's transaction)."""
+    call's move leave together (hot_path.pipelined): their answers in one round trip instead of three, the move's
+    read at the block's end, which says whether it held (if not, the conflict undoes the whole registration's
+    transaction)."""
     attempt = _new_attempt(admitting, admitted_at=admitting.now, breaker_probe=admitting.probe)
     attempt.pk = reserved_ids[0]
     row = _gate_row(admitting.call, admitting.candidate, admitting.gate, actor=admitting.actor, attempt=attempt)

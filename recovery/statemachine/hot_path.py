@@ -6,8 +6,9 @@ as the ORM makes them; each function reads through its ORM twin when RECOVERY_HO
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -339,40 +340,67 @@ def _transition_sql(columns: tuple[str, ...]) -> str:
     sets = ", ".join(f"{_q(Call._meta.get_field(name).column)} = %s" for name in columns)
     return (
         f"UPDATE {Call._meta.db_table} SET {sets}, version = version + 1 WHERE id = %s AND state = %s AND version = %s "
-        # read back, not counted: inside pipelined() that is the wait (docs/benchmarks.md, the protected benchmark's
-        # fifth round)
+        # read back, not counted: inside pipelined(), at the block's end (docs/benchmarks.md, the protected
+        # benchmark's fifth and sixth rounds)
         "RETURNING version"
     )
 
 
-def update_call_state(call: Call, src: str, values: dict[str, Any]) -> int:
+def update_call_state(call: Call, src: str, values: dict[str, Any], conflict: Callable[[], Exception]) -> int:
     """recovery.statemachine.transitions' conditional UPDATE on (id, state, version): `values` (the new state, its times
     and the other columns the transition writes, plain values) set and the version bumped by one; the rows it changed
     (0: someone else moved the call first). Every attempt runs it twice; the ORM twin is `update()` with
-    F("version")."""
+    F("version"). Inside pipelined(), its answer is read when the block's statements have all been answered, in the
+    block's one round trip: it answers 1 now, and the block raises `conflict()` at its end if the call had moved."""
     if not _sql():
         where = Call.objects.filter(id=call.pk, state=src, version=call.version)
         return where.update(version=F("version") + 1, **values)
     names = tuple(values)
     db = _wrapper()
     params = [Call._meta.get_field(name).get_db_prep_save(_pk(values[name]), db) for name in names]
-    with connection.cursor() as cursor:
-        cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
-        return len(cursor.fetchall())
+    checks = _CHECKS.get()
+    if checks is None:
+        with connection.cursor() as cursor:
+            cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
+            return len(cursor.fetchall())
+    cursor = connection.cursor()  # read, and closed, at the block's end
+    cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
+
+    def moved() -> None:
+        with cursor:
+            if len(cursor.fetchall()) != 1:
+                raise conflict()
+
+    checks.append(moved)
+    return 1
+
+
+# The checks of the pipelined() block this context is in: what its statements answered, read at its end.
+_CHECKS: ContextVar[list[Callable[[], None]] | None] = ContextVar("hot_path_pipelined_checks", default=None)
 
 
 @contextmanager
 def pipelined() -> Iterator[None]:
     """The statements inside sent without waiting for each one's answer (psycopg's pipeline mode, PostgreSQL and
-    RECOVERY_HOT_PATH_SQL only): a statement whose rows are read waits for it and every one sent before it, in one
-    round trip; a failure is raised there as Django's error. For statements that need nothing from the ones before
-    them but their success (docs/benchmarks.md, the protected benchmark's fifth round)."""
+    RECOVERY_HOT_PATH_SQL only), in one round trip at the block's end, where a failure is raised as Django's error;
+    a statement whose rows are read inside waits for it and every one sent before it (one more round trip). A call's
+    move (update_call_state) is checked at the end: the block raises the transition's conflict after the others'
+    answers, and the caller's transaction, which it must be inside, is undone (docs/benchmarks.md, the protected
+    benchmark's fifth and sixth rounds). For statements that need nothing from the ones before them but their
+    success."""
     db = _wrapper()
     if not _sql() or db.vendor != "postgresql":
         yield
         return
-    with pipeline(db):
-        yield
+    checks: list[Callable[[], None]] = []
+    token = _CHECKS.set(checks)
+    try:
+        with pipeline(db):
+            yield
+    finally:
+        _CHECKS.reset(token)
+    for check in checks:
+        check()
 
 
 def _pk(value: Any) -> Any:

@@ -5,6 +5,7 @@ TransitionConflict, an edge not in the table IllegalTransition.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from django.db import transaction
@@ -62,10 +63,13 @@ def transition_call(
         # and what the metrics fold counts budget exhaustion and human takeovers by (recovery.engine.metrics).
         evidence = {**(evidence or {}), "outcome": changes["outcome"]}
     now = timezone.now()
+
     # No savepoint: a refused UPDATE changes nothing, so there is nothing to roll back to, and the conflict is
     # raised after the block, which leaves a caller's transaction usable. Two statements fewer per transition.
+    conflict = partial(_conflict, call.pk, src, call.version)
+    # Inside hot_path.pipelined(), the UPDATE's answer is read at the block's end, which raises the conflict then.
     with transaction.atomic(savepoint=False):
-        updated = _update(call, src, dst, now, changes)
+        updated = _update(call, src, dst, now, changes, conflict)
         if updated == 1:
             append_event(
                 action=action,
@@ -80,9 +84,7 @@ def transition_call(
             if src in NEEDS_PERSON or dst in NEEDS_PERSON:  # who must hear of it (recovery.statemachine.notices)
                 notice_call_moved(call, src, dst, outcome=changes.get("outcome", call.outcome))
     if updated != 1:
-        raise TransitionConflict(
-            f"call {call.pk} is no longer {src} at version {call.version}: someone else changed it first"
-        )
+        raise conflict()
     announce(
         call.pk
     )  # long polls waiting on this call answer once the change is committed (recovery.statemachine.watch)
@@ -92,11 +94,16 @@ def transition_call(
     return call
 
 
-def _update(call: Call, src: CallState, dst: CallState, now, changes: dict[str, Any]) -> int:
+def _conflict(call_id: int, src: CallState, version: int) -> TransitionConflict:
+    return TransitionConflict(f"call {call_id} is no longer {src} at version {version}: someone else changed it first")
+
+
+def _update(call: Call, src: CallState, dst: CallState, now, changes: dict[str, Any], conflict) -> int:
     """The conditional UPDATE on (id, state, version), the version bumped by one; the number of rows it changed (1,
     or 0 on a conflict). Every attempt moves its call twice: the statement is the hot path's
     (recovery.statemachine.hot_path)."""
-    return update_call_state(call, src, {"state": dst, "state_changed_at": now, "updated_at": now, **changes})
+    values = {"state": dst, "state_changed_at": now, "updated_at": now, **changes}
+    return update_call_state(call, src, values, conflict)
 
 
 _ENTRY_FORBIDDEN_CHANGES = {"id", "state", "version", "state_changed_at", "call", "call_id", "number"}
