@@ -364,6 +364,8 @@ def update_call_state(call: Call, src: str, values: dict[str, Any], conflict: Ca
             cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
             return len(cursor.fetchall())
     cursor = connection.cursor()  # read, and closed, at the block's end
+    # raw SQL: its answer read with the block's others, in its one round trip (docs/benchmarks.md, the protected
+    # benchmark's sixth round)
     cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
 
     def moved() -> None:
@@ -441,6 +443,8 @@ def token_links(prefix: str, task_id: int | None = None) -> tuple[list[tuple[Mod
         named = Task.objects.select_related("tenant").filter(pk=task_id, tenant_id__in=tenants).first()
         return pairs, named if task_id is not None else None
     with connection.cursor() as cursor:
+        # raw SQL: the token, its tenants and the task the path names in one round trip (docs/benchmarks.md, the
+        # protected benchmark's sixth round)
         cursor.execute(_token_sql(task_id is not None), [task_id, prefix] if task_id is not None else [prefix])
         rows = cursor.fetchall()
     if not rows:
