@@ -215,7 +215,7 @@ def _step(task: Task, step_index: int, depends_on: list[int], compensation: dict
 @cache
 def _insert_step_sql() -> str:
     quote = connection.ops.quote_name
-    columns = ", ".join(quote(Step._meta.get_field(name).column) for name in _STEP_COLUMNS)
+    columns = ", ".join(quote(Step._meta.get_field(name).column) for name in hot_path.STEP_COLUMNS)
     return (
         f"INSERT INTO {quote(Step._meta.db_table)} ({columns}) VALUES (%s, %s, %s, %s, %s) "
         f"ON CONFLICT ({quote('task_id')}, {quote('index')}) DO NOTHING RETURNING {quote('id')}"
@@ -228,7 +228,7 @@ def _step_row(task: Task, index: int) -> tuple[Step, bool]:
     exists (or a concurrent insert that won) is read as before."""
     now = timezone.now()
     values = {"task_id": task.pk, "index": index, "name": "", "compensation": {}, "created_at": now}
-    params = [Step._meta.get_field(name).get_db_prep_save(values[name], connection) for name in _STEP_COLUMNS]
+    params = [Step._meta.get_field(name).get_db_prep_save(values[name], connection) for name in hot_path.STEP_COLUMNS]
     with connection.cursor() as cursor:
         cursor.execute(_insert_step_sql(), params)
         row = cursor.fetchone()
@@ -237,9 +237,6 @@ def _step_row(task: Task, index: int) -> tuple[Step, bool]:
     step = Step(id=row[0], task=task, **{k: v for k, v in values.items() if k != "task_id"})
     step._state.adding = False
     return step, True
-
-
-_STEP_COLUMNS = ("task_id", "index", "name", "compensation", "created_at")
 
 
 def call_insert(

@@ -239,7 +239,8 @@ def _admission_read(call: Call, row: Sequence, offset: int) -> AdmissionRead:
 
 # --- a new call with its step --------------------------------------------------------------------------------------
 
-_STEP_COLUMNS = ("task_id", "index", "name", "compensation", "created_at")
+# A new step's columns, in its inserts' parameter order (here and services.calls' own, for a step with more to record).
+STEP_COLUMNS = ("task_id", "index", "name", "compensation", "created_at")
 
 
 @cache
@@ -249,7 +250,7 @@ def _with_step_sql(read: bool) -> tuple[str, tuple, tuple]:
     `read` what its first admission reads; the step's fields and the call's other than its step, in their parameters'
     order."""
     steps = Step._meta.db_table
-    step_columns = ", ".join(_q(Step._meta.get_field(name).column) for name in _STEP_COLUMNS)
+    step_columns = ", ".join(_q(Step._meta.get_field(name).column) for name in STEP_COLUMNS)
     fields = tuple(field for field in Call._meta.concrete_fields if not field.primary_key)
     values = ", ".join("(SELECT id FROM made_step)" if field.attname == "step_id" else "%s" for field in fields)
     sql = (
@@ -263,7 +264,7 @@ def _with_step_sql(read: bool) -> tuple[str, tuple, tuple]:
         sql += f", {_first_columns('made_step.id')} FROM made_step LEFT JOIN {breaker} b ON b.tool_id = %s"
     else:
         sql += " FROM made_step"
-    step_fields = tuple(Step._meta.get_field(name) for name in _STEP_COLUMNS)
+    step_fields = tuple(Step._meta.get_field(name) for name in STEP_COLUMNS)
     return sql, step_fields, tuple(field for field in fields if field.attname != "step_id")
 
 
@@ -358,17 +359,17 @@ def update_call_state(call: Call, src: str, values: dict[str, Any], conflict: Ca
     names = tuple(values)
     db = _wrapper()
     params = [Call._meta.get_field(name).get_db_prep_save(_pk(values[name]), db) for name in names]
+    cursor = connection.cursor()
+    # raw SQL: one statement where the ORM's update() and its version check take more, and inside pipelined() its
+    # answer read with the block's others in one round trip (docs/benchmarks.md, the protected benchmark's fifth
+    # and sixth rounds)
+    cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
     checks = _CHECKS.get()
     if checks is None:
-        with connection.cursor() as cursor:
-            cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
+        with cursor:
             return len(cursor.fetchall())
-    cursor = connection.cursor()  # read, and closed, at the block's end
-    # raw SQL: its answer read with the block's others, in its one round trip (docs/benchmarks.md, the protected
-    # benchmark's sixth round)
-    cursor.execute(_transition_sql(names), [*params, call.pk, src, call.version])
 
-    def moved() -> None:
+    def moved() -> None:  # at the block's end
         with cursor:
             if len(cursor.fetchall()) != 1:
                 raise conflict()
